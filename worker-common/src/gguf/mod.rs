@@ -1,0 +1,288 @@
+//! A zero-copy GGUF v3 reader.
+//!
+//! [`Gguf::open`] maps the file and parses its header, metadata and tensor infos once, checking
+//! every count, length and offset against the bytes that exist before using it. Metadata strings,
+//! arrays and tensor data are then borrowed from the mapping, never copied.
+//!
+//! Layout (little-endian): magic `GGUF`, version u32, tensor count u64, metadata count u64, the
+//! metadata entries, the tensor infos, padding to `general.alignment` (default 32), tensor data.
+
+mod cursor;
+mod error;
+mod ggml_type;
+mod metadata;
+mod tensor;
+mod value;
+
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+
+pub use error::GgufError;
+pub use ggml_type::{GgmlType, file_type_label};
+pub use metadata::FromValue;
+pub use tensor::MAX_DIMS;
+pub use value::{ArrayIter, ArrayValue, MAX_ARRAY_DEPTH, Value, ValueType};
+
+use cursor::{Cursor, Span};
+use tensor::{MIN_TENSOR_INFO_SIZE, TensorInfo};
+use value::RawValue;
+
+/// The only GGUF version read.
+pub const GGUF_VERSION: u32 = 3;
+/// Data alignment when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// The metadata key that overrides the alignment.
+pub const ALIGNMENT_KEY: &str = "general.alignment";
+
+/// Smallest encoding of one metadata entry: key length, type, a one-byte value.
+const MIN_METADATA_ENTRY_SIZE: u64 = 8 + 4 + 1;
+
+/// A parsed GGUF file over its bytes `B` (a memory mapping, or any byte buffer).
+pub struct Gguf<B = Mmap> {
+    bytes: B,
+    metadata: Vec<(Span, RawValue)>,
+    /// Indices into `metadata`, sorted by key, for lookups.
+    metadata_by_key: Vec<usize>,
+    tensors: Vec<TensorInfo>,
+    /// Indices into `tensors`, sorted by name, for lookups.
+    tensors_by_name: Vec<usize>,
+    alignment: u64,
+    data_offset: usize,
+}
+
+/// One tensor: its description and its data, borrowed from the file.
+#[derive(Debug, Clone, Copy)]
+pub struct Tensor<'a> {
+    /// The tensor's name, e.g. `blk.0.attn_q.weight`.
+    pub name: &'a str,
+    /// Element type.
+    pub ggml_type: GgmlType,
+    /// Dimensions in ggml order: `shape[0]` is the row length (contiguous).
+    pub shape: &'a [u64],
+    /// Offset of the data inside the data section, as stored in the file.
+    pub offset: u64,
+    /// The tensor's bytes in its on-disk block format.
+    pub data: &'a [u8],
+}
+
+impl Tensor<'_> {
+    /// Number of elements.
+    pub fn elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+impl Gguf<Mmap> {
+    /// Maps and parses the file at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
+        let path = path.as_ref();
+        let io_error = |source| GgufError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(io_error)?;
+        // SAFETY: the mapping is read-only. Another process truncating or rewriting the model file
+        // while the worker runs is outside what any mmap-based loader (llama.cpp included) defends
+        // against; the worker's model files are immutable by operation.
+        let mapping = unsafe { Mmap::map(&file) }.map_err(io_error)?;
+        Self::parse(mapping)
+    }
+}
+
+impl<B: AsRef<[u8]>> Gguf<B> {
+    /// Parses and validates `bytes` as a GGUF v3 file.
+    pub fn parse(bytes: B) -> Result<Self, GgufError> {
+        let data = bytes.as_ref();
+        let mut cursor = Cursor::new(data);
+        read_preamble(&mut cursor)?;
+        let tensor_count = cursor.count("tensors", MIN_TENSOR_INFO_SIZE)?;
+        let metadata_count = cursor.count("metadata entries", MIN_METADATA_ENTRY_SIZE)?;
+
+        let metadata = read_metadata(&mut cursor, metadata_count)?;
+        let metadata_by_key = sorted_unique(
+            &metadata,
+            |(key, _)| key.of(data),
+            |key| GgufError::DuplicateKey {
+                key: String::from_utf8_lossy(key).into_owned(),
+            },
+        )?;
+        let mut tensors = Vec::with_capacity(tensor_count as usize);
+        for index in 0..tensor_count {
+            tensors.push(tensor::read_tensor_info(&mut cursor, index)?);
+        }
+        let tensors_by_name = sorted_unique(
+            &tensors,
+            |t| t.name.of(data),
+            |name| GgufError::DuplicateTensor {
+                name: String::from_utf8_lossy(name).into_owned(),
+            },
+        )?;
+
+        let header_end = cursor.pos() as u64;
+        let mut gguf = Self {
+            bytes,
+            metadata,
+            metadata_by_key,
+            tensors,
+            tensors_by_name,
+            alignment: DEFAULT_ALIGNMENT,
+            data_offset: 0,
+        };
+        gguf.alignment = gguf.read_alignment()?;
+        let data_offset = header_end.next_multiple_of(gguf.alignment);
+        gguf.data_offset = usize::try_from(data_offset).unwrap_or(usize::MAX);
+        tensor::validate_layout(
+            gguf.bytes.as_ref(),
+            &gguf.tensors,
+            gguf.data_offset,
+            gguf.alignment,
+        )?;
+        Ok(gguf)
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        self.bytes.as_ref()
+    }
+
+    /// Data alignment in bytes.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// File offset of the data section (tensor offsets are relative to it).
+    pub fn data_offset(&self) -> usize {
+        self.data_offset
+    }
+
+    /// Number of metadata entries.
+    pub fn metadata_len(&self) -> usize {
+        self.metadata.len()
+    }
+
+    /// Metadata entries in file order.
+    pub fn metadata(&self) -> impl ExactSizeIterator<Item = (&str, Value<'_>)> {
+        let bytes = self.bytes.as_ref();
+        self.metadata
+            .iter()
+            .map(move |(key, raw)| (utf8(key.of(bytes)), raw.resolve(bytes)))
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, key: &str) -> Option<Value<'_>> {
+        let bytes = self.bytes.as_ref();
+        let found = self
+            .metadata_by_key
+            .binary_search_by(|&i| self.metadata[i].0.of(bytes).cmp(key.as_bytes()))
+            .ok()?;
+        let (_, raw) = self.metadata[self.metadata_by_key[found]];
+        Some(raw.resolve(bytes))
+    }
+
+    /// Number of tensors.
+    pub fn tensor_count(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Tensors in file order.
+    pub fn tensors(&self) -> impl ExactSizeIterator<Item = Tensor<'_>> {
+        self.tensors.iter().map(|info| self.tensor_at(info))
+    }
+
+    /// The tensor called `name`, if present.
+    pub fn tensor(&self, name: &str) -> Option<Tensor<'_>> {
+        let bytes = self.bytes.as_ref();
+        let found = self
+            .tensors_by_name
+            .binary_search_by(|&i| self.tensors[i].name.of(bytes).cmp(name.as_bytes()))
+            .ok()?;
+        Some(self.tensor_at(&self.tensors[self.tensors_by_name[found]]))
+    }
+
+    fn tensor_at<'a>(&'a self, info: &'a TensorInfo) -> Tensor<'a> {
+        let bytes = self.bytes.as_ref();
+        // Validated at parse time: the range lies inside the file.
+        let start = self.data_offset + info.offset as usize;
+        let data = bytes
+            .get(start..start + info.size as usize)
+            .unwrap_or_default();
+        Tensor {
+            name: utf8(info.name.of(bytes)),
+            ggml_type: info.ggml_type,
+            shape: info.shape(),
+            offset: info.offset,
+            data,
+        }
+    }
+
+    fn read_alignment(&self) -> Result<u64, GgufError> {
+        let Some(alignment) = self.optional::<u32>(ALIGNMENT_KEY)? else {
+            return Ok(DEFAULT_ALIGNMENT);
+        };
+        let alignment = u64::from(alignment);
+        if !alignment.is_power_of_two() {
+            return Err(GgufError::BadAlignment { value: alignment });
+        }
+        Ok(alignment)
+    }
+}
+
+fn read_preamble(cursor: &mut Cursor<'_>) -> Result<(), GgufError> {
+    let magic = cursor.take(4, || "magic".to_owned())?.of(cursor.bytes());
+    if magic != b"GGUF" {
+        let mut found = [0u8; 4];
+        found.copy_from_slice(magic);
+        return Err(GgufError::BadMagic { found });
+    }
+    let version = cursor.u32(|| "version".to_owned())?;
+    if version != GGUF_VERSION {
+        let hint = if version.swap_bytes() <= GGUF_VERSION {
+            " (this looks like a big-endian GGUF file)"
+        } else {
+            ""
+        };
+        return Err(GgufError::UnsupportedVersion { version, hint });
+    }
+    Ok(())
+}
+
+fn read_metadata(cursor: &mut Cursor<'_>, count: u64) -> Result<Vec<(Span, RawValue)>, GgufError> {
+    let mut entries = Vec::with_capacity(count as usize);
+    for index in 0..count {
+        let key_span = cursor.utf8(|| format!("key of metadata entry #{index}"))?;
+        let key = utf8(key_span.of(cursor.bytes()));
+        let type_id = cursor.u32(|| format!("value type of metadata key {key:?}"))?;
+        let value_type =
+            ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
+                key: key.to_owned(),
+                type_id,
+            })?;
+        let value = value::read_value(cursor, value_type, key, MAX_ARRAY_DEPTH)?;
+        entries.push((key_span, value));
+    }
+    Ok(entries)
+}
+
+/// Indices of `items` sorted by `key`; a repeated key is an error built by `duplicate`.
+fn sorted_unique<'a, T>(
+    items: &[T],
+    key: impl Fn(&T) -> &'a [u8],
+    duplicate: impl Fn(&[u8]) -> GgufError,
+) -> Result<Vec<usize>, GgufError> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_unstable_by(|&a, &b| key(&items[a]).cmp(key(&items[b])));
+    for pair in order.windows(2) {
+        let first = key(&items[pair[0]]);
+        if first == key(&items[pair[1]]) {
+            return Err(duplicate(first));
+        }
+    }
+    Ok(order)
+}
+
+/// Keys and names were checked to be UTF-8 while parsing.
+fn utf8(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or_default()
+}

@@ -1,0 +1,7 @@
+//! Backend-agnostic core of the llama-orch workers.
+//!
+//! - [`gguf`]: a zero-copy GGUF v3 reader that validates every offset before use.
+//! - [`model`]: a validated [`model::ModelSpec`] built from a GGUF file's metadata and tensors.
+
+pub mod gguf;
+pub mod model;
