@@ -1,1 +1,1 @@
-//! backend-cpu
+//! CPU inference backend of `llorch-cpud`; the kernels arrive with the CPU inference issue.

@@ -108,16 +108,19 @@ impl<'a> Cursor<'a> {
     }
 
     /// Reads a count and refuses it unless `count × min_size` bytes could still follow.
-    pub fn count(&mut self, what: &str, min_size: u64) -> Result<u64, GgufError> {
+    ///
+    /// `what` is only built on failure: nested arrays call this once per element, and building
+    /// a name that quotes the key each time made parsing quadratic in the key length.
+    pub fn count(&mut self, what: impl Fn() -> String, min_size: u64) -> Result<u64, GgufError> {
         let offset = self.pos;
-        let count = self.u64(|| format!("count of {what}"))?;
+        let count = self.u64(|| format!("count of {}", what()))?;
         let available = self.remaining();
         if count
             .checked_mul(min_size)
             .is_none_or(|need| need > available as u64)
         {
             return Err(GgufError::CountTooLarge {
-                what: what.to_owned(),
+                what: what(),
                 count,
                 offset,
                 available,

@@ -97,8 +97,9 @@ impl<B: AsRef<[u8]>> Gguf<B> {
         let data = bytes.as_ref();
         let mut cursor = Cursor::new(data);
         read_preamble(&mut cursor)?;
-        let tensor_count = cursor.count("tensors", MIN_TENSOR_INFO_SIZE)?;
-        let metadata_count = cursor.count("metadata entries", MIN_METADATA_ENTRY_SIZE)?;
+        let tensor_count = cursor.count(|| "tensors".to_owned(), MIN_TENSOR_INFO_SIZE)?;
+        let metadata_count =
+            cursor.count(|| "metadata entries".to_owned(), MIN_METADATA_ENTRY_SIZE)?;
 
         let metadata = read_metadata(&mut cursor, metadata_count)?;
         let metadata_by_key = sorted_unique(

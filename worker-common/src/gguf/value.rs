@@ -344,7 +344,7 @@ fn read_array(
         type_id,
     })?;
     let len = cursor.count(
-        &format!("elements in array {key:?}"),
+        || format!("elements in array {key:?}"),
         element_type.min_size(),
     )?;
     let start = cursor.pos();

@@ -1,0 +1,86 @@
+//! The one place tests find assets: `${LLORCH_ASSETS:-$HOME/.cache/llorch}`, filled by
+//! `scripts/fetch-assets.sh`. A missing asset fails the test with the command that fetches it;
+//! tests never skip silently.
+
+use std::path::{Path, PathBuf};
+
+/// The models of ASSETS.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Model {
+    /// SmolLM2-135M-Instruct, Q4_1 (llama).
+    SmolLm2,
+    /// Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (qwen2).
+    Qwen05,
+    /// Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (qwen2).
+    Qwen15,
+    /// gemma-3-270m, Q4_K_M (gemma3).
+    Gemma3,
+}
+
+impl Model {
+    /// Every model, smallest first.
+    pub const ALL: [Model; 4] = [Model::SmolLm2, Model::Gemma3, Model::Qwen05, Model::Qwen15];
+
+    /// The file name in the cache.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Model::SmolLm2 => "SmolLM2-135M-Instruct.Q4_1.gguf",
+            Model::Qwen05 => "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            Model::Qwen15 => "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            Model::Gemma3 => "gemma-3-270m-q4_k_m.gguf",
+        }
+    }
+
+    /// The `scripts/fetch-assets.sh` target that fetches it.
+    pub fn fetch_target(self) -> &'static str {
+        match self {
+            Model::SmolLm2 => "smollm2",
+            Model::Qwen05 => "qwen05",
+            Model::Qwen15 => "qwen15",
+            Model::Gemma3 => "gemma3",
+        }
+    }
+
+    /// The model's path; panics (failing the test) with the fetch command when it is missing.
+    pub fn path(self) -> PathBuf {
+        require(
+            assets_dir().join("models").join(self.file_name()),
+            self.fetch_target(),
+        )
+    }
+}
+
+/// The asset cache: `$LLORCH_ASSETS`, else `$HOME/.cache/llorch`.
+pub fn assets_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("LLORCH_ASSETS") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_default();
+    Path::new(&home).join(".cache").join("llorch")
+}
+
+/// llama.cpp's vocab-only files (`ggml-vocab-<name>.gguf`), sorted by name.
+pub fn vocab_files() -> Vec<PathBuf> {
+    let dir = require(assets_dir().join("vocab"), "vocab");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|err| panic!("cannot list {}: {err}", dir.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|ext| ext == "gguf"))
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no ggml-vocab-*.gguf in {}; run scripts/fetch-assets.sh vocab",
+        dir.display()
+    );
+    files
+}
+
+fn require(path: PathBuf, target: &str) -> PathBuf {
+    assert!(
+        path.exists(),
+        "test asset {} is missing; run `scripts/fetch-assets.sh {target}` (cache: LLORCH_ASSETS)",
+        path.display()
+    );
+    path
+}

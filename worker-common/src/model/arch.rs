@@ -1,0 +1,91 @@
+//! The architectures the workers run, and what differs between them.
+
+use std::fmt;
+
+use super::ModelError;
+
+/// A supported `general.architecture`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Architecture {
+    /// Llama 2/3 family (SmolLM2 is one).
+    Llama,
+    /// Qwen2 / Qwen2.5: Q/K/V biases, NEOX rope.
+    Qwen2,
+    /// Gemma 3: q/k norms, pre and post norms, GELU-tanh FFN, sliding-window layers.
+    Gemma3,
+    /// Phi-3: fused QKV and fused gate-up FFN.
+    Phi3,
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): llama.cpp's `LLAMA_ROPE_TYPE_NORM`.
+    Normal,
+    /// Halves (i, i + d/2): llama.cpp's `LLAMA_ROPE_TYPE_NEOX`.
+    Neox,
+}
+
+impl Architecture {
+    /// Every supported architecture.
+    pub const ALL: [Architecture; 4] =
+        [Architecture::Llama, Architecture::Qwen2, Architecture::Gemma3, Architecture::Phi3];
+
+    /// Parses a `general.architecture` value.
+    pub fn from_name(name: &str) -> Result<Self, ModelError> {
+        Self::ALL.into_iter().find(|arch| arch.name() == name).ok_or_else(|| {
+            ModelError::UnsupportedArchitecture {
+                architecture: name.to_owned(),
+                supported: Self::ALL.map(Architecture::name).join(", "),
+            }
+        })
+    }
+
+    /// The name used in GGUF metadata and as the key prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Gemma3 => "gemma3",
+            Architecture::Phi3 => "phi3",
+        }
+    }
+
+    /// The RoPE pairing llama.cpp uses for this architecture (`llama_model_rope_type`).
+    pub fn rope_style(self) -> RopeStyle {
+        match self {
+            Architecture::Llama => RopeStyle::Normal,
+            Architecture::Qwen2 | Architecture::Gemma3 | Architecture::Phi3 => RopeStyle::Neox,
+        }
+    }
+
+    /// Whether the FFN's gate and up projections are one fused tensor (`ffn_up` of width 2 × n_ff).
+    pub fn fused_gate_up(self) -> bool {
+        self == Architecture::Phi3
+    }
+
+    /// Whether layers carry Gemma's extra norms: q/k norms and post-attention / post-FFN norms.
+    pub fn has_gemma_norms(self) -> bool {
+        self == Architecture::Gemma3
+    }
+
+    /// Whether `{arch}.attention.sliding_window` is honoured. llama.cpp b11434 reads it for
+    /// gemma3 only and deliberately disables it for phi3; we match the reference.
+    pub fn uses_sliding_window(self) -> bool {
+        self == Architecture::Gemma3
+    }
+
+    /// The sliding-window layer pattern when the file gives none: every n-th layer is global.
+    pub fn default_swa_pattern(self) -> u32 {
+        match self {
+            Architecture::Gemma3 => 6,
+            _ => 0,
+        }
+    }
+}
+
+impl fmt::Display for Architecture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,97 @@
+//! Flags both workers share; each is also read from `LLORCH_<FLAG>` in the environment.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line (the default, for log shippers).
+    Json,
+    /// Human-readable lines.
+    Text,
+}
+
+/// The command line of `specs/CONTRACT.md`, minus the backend-specific flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonFlags {
+    /// The GGUF model file to serve for the life of the process.
+    #[arg(long, env = "LLORCH_MODEL")]
+    pub model: PathBuf,
+
+    /// Worker identity reported to the pool manager (default: a fresh UUIDv4).
+    #[arg(long, env = "LLORCH_WORKER_ID", default_value_t = uuid::Uuid::new_v4().to_string())]
+    pub worker_id: String,
+
+    /// Port to listen on; 0 picks a free one, which is logged and used in the callback.
+    #[arg(long, env = "LLORCH_PORT", default_value_t = 0)]
+    pub port: u16,
+
+    /// Address to listen on.
+    #[arg(long, env = "LLORCH_HOST", default_value = "127.0.0.1")]
+    pub host: IpAddr,
+
+    /// URL to POST the ready callback to once the model is loaded.
+    #[arg(long, env = "LLORCH_CALLBACK_URL")]
+    pub callback_url: Option<String>,
+
+    /// Host name put in the callback's `uri` (default: the listen address).
+    #[arg(long, env = "LLORCH_ADVERTISE_HOST")]
+    pub advertise_host: Option<String>,
+
+    /// Context length in tokens (default: min(model context, 8192)).
+    #[arg(long, env = "LLORCH_CTX_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
+    pub ctx_size: Option<u32>,
+
+    /// Upper bound on `max_tokens` of any request.
+    #[arg(long, env = "LLORCH_MAX_TOKENS_OUT", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens_out: u32,
+
+    /// Jobs that may wait behind the running one.
+    #[arg(long, env = "LLORCH_QUEUE_DEPTH", default_value_t = 16)]
+    pub queue_depth: u32,
+
+    /// Seconds a job may run before it ends with INFERENCE_TIMEOUT.
+    #[arg(long, env = "LLORCH_INFERENCE_TIMEOUT_SEC", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub inference_timeout_sec: u64,
+
+    /// Seconds a running job may continue after a shutdown request before it is cancelled.
+    #[arg(long, env = "LLORCH_SHUTDOWN_GRACE_SEC", default_value_t = 30)]
+    pub shutdown_grace_sec: u64,
+
+    /// Log line format.
+    #[arg(long, env = "LLORCH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
+    pub log_format: LogFormat,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: CommonFlags,
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let cli = Cli::try_parse_from(["worker", "--model", "m.gguf"]).unwrap();
+        let flags = cli.common;
+        assert_eq!(flags.port, 0);
+        assert_eq!(flags.host.to_string(), "127.0.0.1");
+        assert_eq!((flags.max_tokens_out, flags.queue_depth), (2048, 16));
+        assert_eq!((flags.inference_timeout_sec, flags.shutdown_grace_sec), (300, 30));
+        assert_eq!(flags.log_format, LogFormat::Json);
+        assert!(uuid::Uuid::parse_str(&flags.worker_id).is_ok());
+    }
+
+    #[test]
+    fn missing_model_and_bad_values_are_usage_errors() {
+        assert!(Cli::try_parse_from(["worker"]).is_err());
+        assert!(Cli::try_parse_from(["worker", "--model", "m", "--port", "70000"]).is_err());
+        assert!(Cli::try_parse_from(["worker", "--model", "m", "--log-format", "xml"]).is_err());
+    }
+}
