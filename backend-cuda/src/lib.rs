@@ -8,7 +8,9 @@
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
     /// `libcuda.so.1` could not be loaded.
-    #[error("no CUDA driver found (libcuda could not be loaded); worker-orcd needs an NVIDIA GPU with driver 580+")]
+    #[error(
+        "no CUDA driver found (libcuda could not be loaded); worker-orcd needs an NVIDIA GPU with driver 580+"
+    )]
     NoDriver,
 }
 
@@ -16,5 +18,9 @@ pub enum CudaError {
 /// without it.
 pub fn check_driver() -> Result<(), CudaError> {
     // SAFETY: `is_culib_present` only tries to dlopen the driver library and drops the handle.
-    if unsafe { cudarc::driver::sys::is_culib_present() } { Ok(()) } else { Err(CudaError::NoDriver) }
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(CudaError::NoDriver)
+    }
 }

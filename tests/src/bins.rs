@@ -9,9 +9,14 @@ use std::path::PathBuf;
 /// Path of the workspace binary `name` (`llorch-cpud`, `worker-orcd`); fails the test with the
 /// build command when it has not been built.
 pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_else(|err| panic!("cannot locate the test executable: {err}"));
+    let exe = std::env::current_exe()
+        .unwrap_or_else(|err| panic!("cannot locate the test executable: {err}"));
     // target/<profile>/deps/<test> → target/<profile>/<name>
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).map(PathBuf::from).unwrap_or_default();
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(PathBuf::from)
+        .unwrap_or_default();
     let path = profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(
         path.exists(),

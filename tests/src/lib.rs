@@ -4,5 +4,5 @@
 //! llama.cpp's vocab files that `scripts/fetch-assets.sh` puts in the asset cache.
 
 pub mod assets;
-pub mod gguf_writer;
 pub mod bins;
+pub mod gguf_writer;

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use llorch_tests::assets::{Model, vocab_files};
-use worker_common::gguf::{ArrayValue, GgmlType, Gguf, GgufError, Value, ValueType};
+use worker_common::gguf::{ArrayValue, GgmlType, Gguf, Value, ValueType};
 
 /// What one model's header must hold.
 struct Facts {
@@ -302,31 +302,10 @@ fn vocab_summary<B: AsRef<[u8]>>(name: &str, gguf: &Gguf<B>) -> String {
 #[test]
 fn every_llama_cpp_vocab_file_parses_with_a_tokenizer_model_and_its_tokens() {
     let files = vocab_files();
-    let mut refused_v2 = Vec::new();
     for path in &files {
         let name = path.file_name().unwrap().to_string_lossy();
-        let summary = match Gguf::open(path) {
-            Ok(gguf) => vocab_summary(&name, &gguf),
-            // The reader reads GGUF v3 only; llama.cpp also reads v2, whose layout v3 kept (v3
-            // only added big-endian files). Reading the same bytes labelled v3 proves the version
-            // field is all that stands in the way.
-            Err(GgufError::UnsupportedVersion { version: 2, .. }) => {
-                let mut bytes = std::fs::read(path).unwrap();
-                bytes[4..8].copy_from_slice(&3u32.to_le_bytes());
-                let gguf = Gguf::parse(bytes).unwrap_or_else(|err| panic!("{name} as v3: {err}"));
-                refused_v2.push(name.clone());
-                format!(
-                    "{} (GGUF v2: refused, read as v3)",
-                    vocab_summary(&name, &gguf)
-                )
-            }
-            Err(err) => panic!("{name}: {err}"),
-        };
-        eprintln!("{summary}");
+        let gguf = Gguf::open(path).unwrap_or_else(|err| panic!("{name}: {err}"));
+        eprintln!("{}", vocab_summary(&name, &gguf));
     }
-    eprintln!(
-        "{} vocab files read, {} of them refused as GGUF v2: {refused_v2:?}",
-        files.len(),
-        refused_v2.len()
-    );
+    eprintln!("{} vocab files read", files.len());
 }

@@ -1,9 +1,12 @@
 //! `ModelSpec` on the four real models: the hyper-parameters of ASSETS.md, and errors that name
 //! the tensor when a copy of a model loses or reshapes one.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use llorch_tests::assets::Model;
+use llorch_tests::gguf_writer::{GgufBuilder, OwnedValue};
 use worker_common::gguf::Gguf;
-use worker_common::model::{Architecture, ModelSpec, QkvLayout, RopeStyle};
+use worker_common::model::{Architecture, ModelError, ModelSpec, QkvLayout, RopeStyle};
 
 fn spec(model: Model) -> ModelSpec {
     let gguf = Gguf::open(model.path()).expect("model parses");
@@ -97,4 +100,131 @@ fn every_tensor_of_every_model_is_expected() {
             .count();
         assert_eq!(present, gguf.tensor_count(), "{}", model.file_name());
     }
+}
+
+/// Builds the spec of a copy of SmolLM2 changed by `edit`; the copy must still be valid GGUF.
+fn spec_of_edited_smollm2(
+    edit: impl FnOnce(&mut GgufBuilder<'_>),
+) -> Result<ModelSpec, ModelError> {
+    let original = Gguf::open(Model::SmolLm2.path()).expect("model parses");
+    let mut copy = GgufBuilder::from_gguf(&original);
+    edit(&mut copy);
+    let edited = Gguf::parse(copy.to_bytes()).expect("the edited copy is valid GGUF");
+    ModelSpec::from_gguf(&edited)
+}
+
+#[test]
+fn an_unedited_copy_still_builds() {
+    assert_eq!(
+        spec_of_edited_smollm2(|_| {}).expect("copy builds"),
+        spec(Model::SmolLm2)
+    );
+}
+
+#[test]
+fn a_removed_tensor_is_named() {
+    let err = spec_of_edited_smollm2(|copy| assert!(copy.remove_tensor("blk.7.ffn_up.weight")))
+        .unwrap_err();
+    assert!(
+        matches!(&err, ModelError::MissingTensor { name, .. } if name == "blk.7.ffn_up.weight"),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "tensor \"blk.7.ffn_up.weight\" is missing (required by architecture llama)"
+    );
+}
+
+#[test]
+fn a_reshaped_tensor_is_named_with_both_shapes() {
+    // Same bytes, transposed: still valid GGUF, wrong for the model.
+    let err = spec_of_edited_smollm2(|copy| {
+        assert!(copy.set_tensor_shape("blk.3.attn_k.weight", &[192, 576]))
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"blk.3.attn_k.weight\" has shape [192, 576], expected [576, 192]"
+    );
+}
+
+#[test]
+fn a_tensor_the_architecture_does_not_read_is_refused() {
+    let err = spec_of_edited_smollm2(|copy| {
+        copy.tensor(
+            "blk.0.mystery.weight",
+            worker_common::gguf::GgmlType::F32,
+            &[4],
+            vec![0u8; 16],
+        );
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "unexpected tensor \"blk.0.mystery.weight\" for architecture llama"
+    );
+}
+
+#[test]
+fn an_unsupported_architecture_lists_the_supported_ones() {
+    let err = spec_of_edited_smollm2(|copy| {
+        copy.metadata("general.architecture", OwnedValue::string("gpt2"));
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "unsupported architecture gpt2, supported: llama, qwen2, gemma3, phi3"
+    );
+}
+
+#[test]
+fn missing_and_wrongly_typed_keys_are_named() {
+    let err = spec_of_edited_smollm2(|copy| {
+        copy.remove_metadata("llama.block_count");
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "metadata key \"llama.block_count\" is missing"
+    );
+
+    let err = spec_of_edited_smollm2(|copy| {
+        copy.metadata("llama.embedding_length", OwnedValue::string("576"));
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "metadata key \"llama.embedding_length\" has type string, expected u64"
+    );
+}
+
+#[test]
+fn inconsistent_or_hostile_hyper_parameters_are_refused() {
+    let err = spec_of_edited_smollm2(|copy| {
+        copy.metadata("llama.attention.head_count_kv", OwnedValue::U32(4));
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("llama.attention.head_count_kv\" = 4 is invalid"),
+        "{err}"
+    );
+
+    let err = spec_of_edited_smollm2(|copy| {
+        copy.metadata("llama.block_count", OwnedValue::U32(100_000));
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("the file has only 272 tensors"),
+        "{err}"
+    );
+
+    let err = spec_of_edited_smollm2(|copy| {
+        copy.metadata("llama.feed_forward_length", OwnedValue::U64(u64::MAX));
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("expected a count in 1..=16777216"),
+        "{err}"
+    );
 }

@@ -83,7 +83,10 @@ mod tests {
         assert_eq!(flags.port, 0);
         assert_eq!(flags.host.to_string(), "127.0.0.1");
         assert_eq!((flags.max_tokens_out, flags.queue_depth), (2048, 16));
-        assert_eq!((flags.inference_timeout_sec, flags.shutdown_grace_sec), (300, 30));
+        assert_eq!(
+            (flags.inference_timeout_sec, flags.shutdown_grace_sec),
+            (300, 30)
+        );
         assert_eq!(flags.log_format, LogFormat::Json);
         assert!(uuid::Uuid::parse_str(&flags.worker_id).is_ok());
     }

@@ -34,7 +34,8 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> anyhow::Result<()> {
-    backend_cuda::check_driver().with_context(|| format!("MODEL_LOAD_FAILED: GPU {}", cli.gpu_device))?;
+    backend_cuda::check_driver()
+        .with_context(|| format!("MODEL_LOAD_FAILED: GPU {}", cli.gpu_device))?;
     let model = ModelFile::open(&cli.common.model)
         .with_context(|| format!("MODEL_LOAD_FAILED: model {}", cli.common.model.display()))?;
     println!("{}", model.spec);

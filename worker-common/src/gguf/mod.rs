@@ -1,4 +1,4 @@
-//! A zero-copy GGUF v3 reader.
+//! A zero-copy GGUF v3 (and v2) reader.
 //!
 //! [`Gguf::open`] maps the file and parses its header, metadata and tensor infos once, checking
 //! every count, length and offset against the bytes that exist before using it. Metadata strings,
@@ -29,8 +29,11 @@ use cursor::{Cursor, Span};
 use tensor::{MIN_TENSOR_INFO_SIZE, TensorInfo};
 use value::RawValue;
 
-/// The only GGUF version read.
+/// The GGUF version written by current llama.cpp, and the newest read.
 pub const GGUF_VERSION: u32 = 3;
+/// The oldest version read: v2 has v3's layout (v3 only added big-endian files), and llama.cpp's
+/// own vocab test files still include v2 files.
+pub const GGUF_OLDEST_VERSION: u32 = 2;
 /// Data alignment when `general.alignment` is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// The metadata key that overrides the alignment.
@@ -238,7 +241,7 @@ fn read_preamble(cursor: &mut Cursor<'_>) -> Result<(), GgufError> {
         return Err(GgufError::BadMagic { found });
     }
     let version = cursor.u32(|| "version".to_owned())?;
-    if version != GGUF_VERSION {
+    if !(GGUF_OLDEST_VERSION..=GGUF_VERSION).contains(&version) {
         let hint = if version.swap_bytes() <= GGUF_VERSION {
             " (this looks like a big-endian GGUF file)"
         } else {
@@ -286,4 +289,70 @@ fn sorted_unique<'a, T>(
 /// Keys and names were checked to be UTF-8 while parsing.
 fn utf8(bytes: &[u8]) -> &str {
     std::str::from_utf8(bytes).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(version: u32, tensors: u64, metadata: u64) -> Vec<u8> {
+        let mut bytes = b"GGUF".to_vec();
+        bytes.extend_from_slice(&version.to_le_bytes());
+        bytes.extend_from_slice(&tensors.to_le_bytes());
+        bytes.extend_from_slice(&metadata.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn an_empty_file_parses() {
+        let gguf = Gguf::parse(header(3, 0, 0)).unwrap();
+        assert_eq!(
+            (gguf.tensor_count(), gguf.metadata_len(), gguf.alignment()),
+            (0, 0, 32)
+        );
+    }
+
+    #[test]
+    fn a_huge_tensor_count_fails_before_allocating() {
+        // 16 bytes: magic, version, and a tensor count of 2^60 with nothing after it.
+        let bytes = &header(3, 1 << 60, 0)[..16];
+        let err = Gguf::parse(bytes).err().unwrap();
+        assert!(
+            matches!(err, GgufError::CountTooLarge { count, .. } if count == 1 << 60),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wrong_magic_and_versions_are_named() {
+        let err = Gguf::parse(&b"GGML\x03\0\0\0"[..]).err().unwrap();
+        assert!(err.to_string().contains("not a GGUF file"), "{err}");
+        let err = Gguf::parse(header(2, 0, 0)).err().unwrap();
+        assert!(
+            err.to_string().contains("unsupported GGUF version 2"),
+            "{err}"
+        );
+        let err = Gguf::parse(header(3u32.swap_bytes(), 0, 0)).err().unwrap();
+        assert!(err.to_string().contains("big-endian"), "{err}");
+    }
+
+    #[test]
+    fn typed_getters_name_the_key_and_both_types() {
+        let mut bytes = header(3, 0, 1);
+        bytes.extend_from_slice(&5u64.to_le_bytes());
+        bytes.extend_from_slice(b"a.key");
+        bytes.extend_from_slice(&8u32.to_le_bytes()); // string
+        bytes.extend_from_slice(&2u64.to_le_bytes());
+        bytes.extend_from_slice(b"hi");
+        let gguf = Gguf::parse(bytes).unwrap();
+        assert_eq!(gguf.require::<&str>("a.key").unwrap(), "hi");
+        let err = gguf.require::<u32>("a.key").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "metadata key \"a.key\" has type string, expected u32"
+        );
+        let err = gguf.require::<u32>("b.key").unwrap_err();
+        assert_eq!(err.to_string(), "metadata key \"b.key\" is missing");
+        assert_eq!(gguf.optional::<u32>("b.key").unwrap(), None);
+    }
 }

@@ -28,17 +28,22 @@ pub enum RopeStyle {
 
 impl Architecture {
     /// Every supported architecture.
-    pub const ALL: [Architecture; 4] =
-        [Architecture::Llama, Architecture::Qwen2, Architecture::Gemma3, Architecture::Phi3];
+    pub const ALL: [Architecture; 4] = [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Gemma3,
+        Architecture::Phi3,
+    ];
 
     /// Parses a `general.architecture` value.
     pub fn from_name(name: &str) -> Result<Self, ModelError> {
-        Self::ALL.into_iter().find(|arch| arch.name() == name).ok_or_else(|| {
-            ModelError::UnsupportedArchitecture {
+        Self::ALL
+            .into_iter()
+            .find(|arch| arch.name() == name)
+            .ok_or_else(|| ModelError::UnsupportedArchitecture {
                 architecture: name.to_owned(),
                 supported: Self::ALL.map(Architecture::name).join(", "),
-            }
-        })
+            })
     }
 
     /// The name used in GGUF metadata and as the key prefix.

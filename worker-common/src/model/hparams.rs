@@ -87,9 +87,11 @@ impl<B: AsRef<[u8]>> Keys<'_, B> {
         let key = self.key(suffix);
         let value = self.gguf.optional::<f32>(&key)?;
         match value {
-            Some(v) if !v.is_finite() || v <= 0.0 => {
-                Err(ModelError::invalid(&key, v, "expected a finite positive number"))
-            }
+            Some(v) if !v.is_finite() || v <= 0.0 => Err(ModelError::invalid(
+                &key,
+                v,
+                "expected a finite positive number",
+            )),
             other => Ok(other),
         }
     }
@@ -104,14 +106,24 @@ fn positive(key: &str, value: u64) -> Result<usize, ModelError> {
     if (1..=MAX_COUNT).contains(&value) {
         Ok(value as usize)
     } else {
-        Err(ModelError::invalid(key, value, &format!("expected a count in 1..={MAX_COUNT}")))
+        Err(ModelError::invalid(
+            key,
+            value,
+            &format!("expected a count in 1..={MAX_COUNT}"),
+        ))
     }
 }
 
 impl HyperParams {
     /// Reads and checks the hyper-parameters of `arch` from `gguf`.
-    pub(super) fn read<B: AsRef<[u8]>>(gguf: &Gguf<B>, arch: Architecture) -> Result<Self, ModelError> {
-        let keys = Keys { gguf, prefix: arch.name() };
+    pub(super) fn read<B: AsRef<[u8]>>(
+        gguf: &Gguf<B>,
+        arch: Architecture,
+    ) -> Result<Self, ModelError> {
+        let keys = Keys {
+            gguf,
+            prefix: arch.name(),
+        };
         let n_layers = keys.required_count("block_count")?;
         // Each layer has several tensors, so a layer count above the tensor count is hostile or
         // corrupt; refusing it here keeps later per-layer allocations bounded by the file.
@@ -125,7 +137,8 @@ impl HyperParams {
         let n_embd = keys.required_count("embedding_length")?;
         let n_head = uniform_count(gguf, &keys.key("attention.head_count"), n_layers)?
             .ok_or_else(|| ModelError::missing(&keys.key("attention.head_count")))?;
-        let n_head_kv = uniform_count(gguf, &keys.key("attention.head_count_kv"), n_layers)?.unwrap_or(n_head);
+        let n_head_kv =
+            uniform_count(gguf, &keys.key("attention.head_count_kv"), n_layers)?.unwrap_or(n_head);
         if n_head % n_head_kv != 0 {
             return Err(ModelError::invalid(
                 &keys.key("attention.head_count_kv"),
@@ -133,8 +146,12 @@ impl HyperParams {
                 &format!("must divide attention.head_count = {n_head}"),
             ));
         }
-        let head_dim_k = keys.count("attention.key_length")?.unwrap_or(n_embd / n_head);
-        let head_dim_v = keys.count("attention.value_length")?.unwrap_or(n_embd / n_head);
+        let head_dim_k = keys
+            .count("attention.key_length")?
+            .unwrap_or(n_embd / n_head);
+        let head_dim_v = keys
+            .count("attention.value_length")?
+            .unwrap_or(n_embd / n_head);
         Ok(Self {
             n_layers,
             n_embd,
@@ -147,7 +164,9 @@ impl HyperParams {
             context_length: keys.required_count("context_length")?,
             norm_eps: keys
                 .float("attention.layer_norm_rms_epsilon")?
-                .ok_or_else(|| ModelError::missing(&keys.key("attention.layer_norm_rms_epsilon")))?,
+                .ok_or_else(|| {
+                    ModelError::missing(&keys.key("attention.layer_norm_rms_epsilon"))
+                })?,
             rope: read_rope(&keys, arch, head_dim_k)?,
             sliding_window: read_sliding_window(&keys, arch, n_layers)?,
             final_logit_softcapping: keys.float("final_logit_softcapping")?,
@@ -176,22 +195,40 @@ impl HyperParams {
 }
 
 /// A per-model count that may be stored per layer as an array; all layers must agree.
-fn uniform_count<B: AsRef<[u8]>>(gguf: &Gguf<B>, key: &str, n_layers: usize) -> Result<Option<usize>, ModelError> {
+fn uniform_count<B: AsRef<[u8]>>(
+    gguf: &Gguf<B>,
+    key: &str,
+    n_layers: usize,
+) -> Result<Option<usize>, ModelError> {
     match gguf.get(key) {
         None => Ok(None),
         Some(Value::Array(array)) => uniform_array(key, array, n_layers).map(Some),
-        Some(_) => gguf.optional::<u64>(key)?.map(|v| positive(key, v)).transpose(),
+        Some(_) => gguf
+            .optional::<u64>(key)?
+            .map(|v| positive(key, v))
+            .transpose(),
     }
 }
 
 fn uniform_array(key: &str, array: ArrayValue<'_>, n_layers: usize) -> Result<usize, ModelError> {
     if array.len() != n_layers as u64 {
-        return Err(ModelError::invalid(key, array.len(), &format!("expected one entry per layer ({n_layers})")));
+        return Err(ModelError::invalid(
+            key,
+            array.len(),
+            &format!("expected one entry per layer ({n_layers})"),
+        ));
     }
     let mut values = array.iter().map(|v| v.as_integer());
-    let first = values.next().flatten().ok_or_else(|| ModelError::invalid(key, "[…]", "expected integers"))?;
+    let first = values
+        .next()
+        .flatten()
+        .ok_or_else(|| ModelError::invalid(key, "[…]", "expected integers"))?;
     if values.any(|v| v != Some(first)) {
-        return Err(ModelError::invalid(key, "[…]", "per-layer values differ; only uniform models are supported"));
+        return Err(ModelError::invalid(
+            key,
+            "[…]",
+            "per-layer values differ; only uniform models are supported",
+        ));
     }
     positive(key, u64::try_from(first).unwrap_or(0))
 }
@@ -203,11 +240,18 @@ fn vocab_size<B: AsRef<[u8]>>(gguf: &Gguf<B>, keys: &Keys<'_, B>) -> Result<usiz
     }
     match gguf.optional::<ArrayValue>("tokenizer.ggml.tokens")? {
         Some(tokens) => positive("tokenizer.ggml.tokens", tokens.len()),
-        None => Err(ModelError::missing(&format!("{} (or tokenizer.ggml.tokens)", keys.key("vocab_size")))),
+        None => Err(ModelError::missing(&format!(
+            "{} (or tokenizer.ggml.tokens)",
+            keys.key("vocab_size")
+        ))),
     }
 }
 
-fn read_rope<B: AsRef<[u8]>>(keys: &Keys<'_, B>, arch: Architecture, head_dim_k: usize) -> Result<Rope, ModelError> {
+fn read_rope<B: AsRef<[u8]>>(
+    keys: &Keys<'_, B>,
+    arch: Architecture,
+    head_dim_k: usize,
+) -> Result<Rope, ModelError> {
     let dimensions = keys.count("rope.dimension_count")?.unwrap_or(head_dim_k);
     if dimensions > head_dim_k || dimensions % 2 != 0 {
         return Err(ModelError::invalid(
@@ -217,7 +261,11 @@ fn read_rope<B: AsRef<[u8]>>(keys: &Keys<'_, B>, arch: Architecture, head_dim_k:
         ));
     }
     let scaling_key = keys.key("rope.scaling.type");
-    let scaling_type = keys.gguf.optional::<&str>(&scaling_key)?.unwrap_or("linear").to_owned();
+    let scaling_type = keys
+        .gguf
+        .optional::<&str>(&scaling_key)?
+        .unwrap_or("linear")
+        .to_owned();
     Ok(Rope {
         style: arch.rope_style(),
         dimensions,
@@ -252,12 +300,22 @@ fn read_sliding_window<B: AsRef<[u8]>>(
 /// is global; 0 makes every layer sliding.
 fn swa_layers_from_period(period: u32, n_layers: usize) -> Vec<bool> {
     let period = period as usize;
-    (0..n_layers).map(|il| period == 0 || il % period < period - 1).collect()
+    (0..n_layers)
+        .map(|il| period == 0 || il % period < period - 1)
+        .collect()
 }
 
-fn swa_layers_from_array(key: &str, array: ArrayValue<'_>, n_layers: usize) -> Result<Vec<bool>, ModelError> {
+fn swa_layers_from_array(
+    key: &str,
+    array: ArrayValue<'_>,
+    n_layers: usize,
+) -> Result<Vec<bool>, ModelError> {
     if array.len() != n_layers as u64 {
-        return Err(ModelError::invalid(key, array.len(), &format!("expected one entry per layer ({n_layers})")));
+        return Err(ModelError::invalid(
+            key,
+            array.len(),
+            &format!("expected one entry per layer ({n_layers})"),
+        ));
     }
     array
         .iter()

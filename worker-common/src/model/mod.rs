@@ -92,11 +92,17 @@ pub enum ModelError {
 
 impl ModelError {
     fn missing(key: &str) -> Self {
-        Self::MissingKey { key: key.to_owned() }
+        Self::MissingKey {
+            key: key.to_owned(),
+        }
     }
 
     fn invalid(key: &str, value: impl fmt::Display, reason: &str) -> Self {
-        Self::InvalidValue { key: key.to_owned(), value: value.to_string(), reason: reason.to_owned() }
+        Self::InvalidValue {
+            key: key.to_owned(),
+            value: value.to_string(),
+            reason: reason.to_owned(),
+        }
     }
 }
 
@@ -135,7 +141,10 @@ impl ModelSpec {
         let qkv_bias = uniform_qkv_bias(gguf, hparams.n_layers, qkv_layout)?;
         Ok(Self {
             architecture,
-            name: gguf.optional::<&str>("general.name")?.unwrap_or(architecture.name()).to_owned(),
+            name: gguf
+                .optional::<&str>("general.name")?
+                .unwrap_or(architecture.name())
+                .to_owned(),
             quant_kind: quant_kind(gguf.optional::<u32>("general.file_type")?),
             hparams,
             qkv_layout,
@@ -193,7 +202,11 @@ fn quant_kind(file_type: Option<u32>) -> String {
 
 /// Q/K/V biases are all-or-nothing per layer and the same in every layer; a file that mixes them
 /// is malformed (a backend would silently drop some biases otherwise).
-fn uniform_qkv_bias<B: AsRef<[u8]>>(gguf: &Gguf<B>, n_layers: usize, layout: QkvLayout) -> Result<bool, ModelError> {
+fn uniform_qkv_bias<B: AsRef<[u8]>>(
+    gguf: &Gguf<B>,
+    n_layers: usize,
+    layout: QkvLayout,
+) -> Result<bool, ModelError> {
     let names: &[&str] = match layout {
         QkvLayout::Fused => &["attn_qkv.bias"],
         QkvLayout::Separate => &["attn_q.bias", "attn_k.bias", "attn_v.bias"],
@@ -206,7 +219,9 @@ fn uniform_qkv_bias<B: AsRef<[u8]>>(gguf: &Gguf<B>, n_layers: usize, layout: Qkv
                 let state = if first { "absent" } else { "present" };
                 return Err(ModelError::InconsistentTensor {
                     name: full,
-                    problem: format!("{state} here but not in layer 0; Q/K/V biases must be in every layer or none"),
+                    problem: format!(
+                        "{state} here but not in layer 0; Q/K/V biases must be in every layer or none"
+                    ),
                 });
             }
         }

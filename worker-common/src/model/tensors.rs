@@ -42,7 +42,11 @@ struct Expected {
 
 impl Expected {
     fn add(&mut self, name: String, shape: &[usize], presence: Presence) {
-        self.specs.push(TensorSpec { name, shape: shape.iter().map(|&d| d as u64).collect(), presence });
+        self.specs.push(TensorSpec {
+            name,
+            shape: shape.iter().map(|&d| d as u64).collect(),
+            presence,
+        });
     }
 
     fn required(&mut self, name: String, shape: &[usize]) {
@@ -55,8 +59,14 @@ impl Expected {
 }
 
 /// The full list of tensors `arch` reads, given its hyper-parameters and QKV layout.
-pub(super) fn expected_tensors(arch: Architecture, hp: &HyperParams, qkv: QkvLayout) -> Vec<TensorSpec> {
-    let mut expected = Expected { specs: Vec::with_capacity(16 * hp.n_layers + 8) };
+pub(super) fn expected_tensors(
+    arch: Architecture,
+    hp: &HyperParams,
+    qkv: QkvLayout,
+) -> Vec<TensorSpec> {
+    let mut expected = Expected {
+        specs: Vec::with_capacity(16 * hp.n_layers + 8),
+    };
     let (n_embd, n_vocab, n_ff) = (hp.n_embd, hp.vocab_size, hp.n_ff);
     expected.required("token_embd.weight".into(), &[n_embd, n_vocab]);
     expected.required("output_norm.weight".into(), &[n_embd]);
@@ -147,14 +157,20 @@ pub(super) fn check_tensors<B: AsRef<[u8]>>(
                 });
             }
             None if spec.presence == Presence::Required => {
-                return Err(ModelError::MissingTensor { name: spec.name.clone(), architecture: arch.name() });
+                return Err(ModelError::MissingTensor {
+                    name: spec.name.clone(),
+                    architecture: arch.name(),
+                });
             }
             _ => {}
         }
     }
     let known: HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
     if let Some(extra) = gguf.tensors().find(|t| !known.contains(t.name)) {
-        return Err(ModelError::UnexpectedTensor { name: extra.name.to_owned(), architecture: arch.name() });
+        return Err(ModelError::UnexpectedTensor {
+            name: extra.name.to_owned(),
+            architecture: arch.name(),
+        });
     }
     Ok(())
 }
