@@ -5,7 +5,7 @@
 
 use llorch_tests::assets::Model;
 use llorch_tests::gguf_writer::{GgufBuilder, OwnedValue};
-use worker_common::gguf::Gguf;
+use worker_common::gguf::{GgmlType, Gguf};
 use worker_common::model::{Architecture, ModelError, ModelSpec, QkvLayout, RopeStyle};
 
 fn spec(model: Model) -> ModelSpec {
@@ -226,5 +226,75 @@ fn inconsistent_or_hostile_hyper_parameters_are_refused() {
     assert!(
         err.to_string().contains("expected a count in 1..=16777216"),
         "{err}"
+    );
+}
+
+/// A tiny phi3 model (F32 zeros) with fused QKV and fused gate-up, as no phi3 weights are among
+/// the assets: the spec must accept the fused layout and derive the widths from it.
+fn tiny_phi3(builder: &mut GgufBuilder<'_>) {
+    let (n_embd, n_ff, n_vocab) = (64u64, 128u64, 32u64);
+    builder
+        .metadata("general.architecture", OwnedValue::string("phi3"))
+        .metadata("phi3.block_count", OwnedValue::U32(2))
+        .metadata("phi3.embedding_length", OwnedValue::U32(n_embd as u32))
+        .metadata("phi3.feed_forward_length", OwnedValue::U32(n_ff as u32))
+        .metadata("phi3.attention.head_count", OwnedValue::U32(4))
+        .metadata("phi3.attention.head_count_kv", OwnedValue::U32(4))
+        .metadata("phi3.context_length", OwnedValue::U32(4096))
+        .metadata("phi3.attention.sliding_window", OwnedValue::U32(2047))
+        .metadata(
+            "phi3.attention.layer_norm_rms_epsilon",
+            OwnedValue::F32(1e-5),
+        )
+        .metadata("phi3.vocab_size", OwnedValue::U32(n_vocab as u32));
+    let mut tensor = |name: &str, shape: &[u64]| {
+        let bytes = shape.iter().product::<u64>() as usize * 4;
+        builder.tensor(name, GgmlType::F32, shape, vec![0u8; bytes]);
+    };
+    tensor("token_embd.weight", &[n_embd, n_vocab]);
+    tensor("output_norm.weight", &[n_embd]);
+    tensor("output.weight", &[n_embd, n_vocab]);
+    for il in 0..2 {
+        tensor(&format!("blk.{il}.attn_norm.weight"), &[n_embd]);
+        tensor(&format!("blk.{il}.attn_qkv.weight"), &[n_embd, 3 * n_embd]);
+        tensor(&format!("blk.{il}.attn_output.weight"), &[n_embd, n_embd]);
+        tensor(&format!("blk.{il}.ffn_norm.weight"), &[n_embd]);
+        tensor(&format!("blk.{il}.ffn_up.weight"), &[n_embd, 2 * n_ff]);
+        tensor(&format!("blk.{il}.ffn_down.weight"), &[n_ff, n_embd]);
+    }
+}
+
+#[test]
+fn a_phi3_model_with_fused_qkv_and_gate_up_builds() {
+    let mut builder = GgufBuilder::new();
+    tiny_phi3(&mut builder);
+    let gguf = Gguf::parse(builder.to_bytes()).unwrap();
+    let spec = ModelSpec::from_gguf(&gguf).unwrap();
+    assert_eq!(spec.architecture, Architecture::Phi3);
+    assert_eq!(spec.qkv_layout, QkvLayout::Fused);
+    assert_eq!(spec.hparams.rope.style, RopeStyle::Neox);
+    assert_eq!((spec.hparams.head_dim_k, spec.hparams.n_head_kv), (16, 4));
+    assert!(
+        spec.hparams.sliding_window.is_none(),
+        "llama.cpp disables phi3's window; so do we"
+    );
+    assert!(!spec.tied_output && !spec.qkv_bias);
+    assert_eq!(spec.quant_kind, "unknown");
+}
+
+#[test]
+fn a_phi3_model_with_a_split_gate_is_refused_naming_the_tensor() {
+    let mut builder = GgufBuilder::new();
+    tiny_phi3(&mut builder);
+    builder.tensor(
+        "blk.1.ffn_up.weight",
+        GgmlType::F32,
+        &[64, 128],
+        vec![0u8; 64 * 128 * 4],
+    );
+    let err = ModelSpec::from_gguf(&Gguf::parse(builder.to_bytes()).unwrap()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"blk.1.ffn_up.weight\" has shape [64, 128], expected [64, 256]"
     );
 }
