@@ -175,8 +175,20 @@ pub enum GgufError {
 impl GgufError {
     pub(crate) fn bad_tensor(tensor: &str, problem: impl Into<String>) -> Self {
         Self::BadTensor {
-            tensor: tensor.to_owned(),
+            tensor: excerpt(tensor),
             problem: problem.into(),
         }
+    }
+}
+
+/// Longest key or tensor name quoted in full by an error.
+const EXCERPT_CHARS: usize = 96;
+
+/// A key or name as errors quote it: cut to [`EXCERPT_CHARS`] characters, so a hostile
+/// megabyte-long key cannot make an error message many times larger than the file.
+pub(crate) fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(EXCERPT_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
     }
 }

@@ -26,6 +26,7 @@ pub use tensor::MAX_DIMS;
 pub use value::{ArrayIter, ArrayValue, MAX_ARRAY_DEPTH, Value, ValueType};
 
 use cursor::{Cursor, Span};
+use error::excerpt;
 use tensor::{MIN_TENSOR_INFO_SIZE, TensorInfo};
 use value::RawValue;
 
@@ -109,7 +110,7 @@ impl<B: AsRef<[u8]>> Gguf<B> {
             &metadata,
             |(key, _)| key.of(data),
             |key| GgufError::DuplicateKey {
-                key: String::from_utf8_lossy(key).into_owned(),
+                key: excerpt(&String::from_utf8_lossy(key)),
             },
         )?;
         let mut tensors = Vec::with_capacity(tensor_count as usize);
@@ -120,7 +121,7 @@ impl<B: AsRef<[u8]>> Gguf<B> {
             &tensors,
             |t| t.name.of(data),
             |name| GgufError::DuplicateTensor {
-                name: String::from_utf8_lossy(name).into_owned(),
+                name: excerpt(&String::from_utf8_lossy(name)),
             },
         )?;
 
@@ -257,10 +258,10 @@ fn read_metadata(cursor: &mut Cursor<'_>, count: u64) -> Result<Vec<(Span, RawVa
     for index in 0..count {
         let key_span = cursor.utf8(|| format!("key of metadata entry #{index}"))?;
         let key = utf8(key_span.of(cursor.bytes()));
-        let type_id = cursor.u32(|| format!("value type of metadata key {key:?}"))?;
+        let type_id = cursor.u32(|| format!("value type of metadata key {:?}", excerpt(key)))?;
         let value_type =
             ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
-                key: key.to_owned(),
+                key: excerpt(key),
                 type_id,
             })?;
         let value = value::read_value(cursor, value_type, key, MAX_ARRAY_DEPTH)?;
@@ -327,11 +328,12 @@ mod tests {
     fn wrong_magic_and_versions_are_named() {
         let err = Gguf::parse(&b"GGML\x03\0\0\0"[..]).err().unwrap();
         assert!(err.to_string().contains("not a GGUF file"), "{err}");
-        let err = Gguf::parse(header(2, 0, 0)).err().unwrap();
+        let err = Gguf::parse(header(1, 0, 0)).err().unwrap();
         assert!(
-            err.to_string().contains("unsupported GGUF version 2"),
+            err.to_string().contains("unsupported GGUF version 1"),
             "{err}"
         );
+        assert!(Gguf::parse(header(2, 0, 0)).is_ok(), "v2 has v3's layout");
         let err = Gguf::parse(header(3u32.swap_bytes(), 0, 0)).err().unwrap();
         assert!(err.to_string().contains("big-endian"), "{err}");
     }

@@ -1,6 +1,7 @@
 //! Tensor infos: read, then validated against the file before any data is touched.
 
 use super::cursor::{Cursor, Span};
+use super::error::excerpt;
 use super::{GgmlType, GgufError};
 
 /// Most dimensions a ggml tensor has (`GGML_MAX_DIMS`).
@@ -35,7 +36,7 @@ pub(crate) fn read_tensor_info(
 ) -> Result<TensorInfo, GgufError> {
     let name = cursor.utf8(|| format!("name of tensor #{index}"))?;
     let name_str = std::str::from_utf8(name.of(cursor.bytes())).unwrap_or_default();
-    let n_dims = cursor.u32(|| format!("n_dims of tensor {name_str:?}"))?;
+    let n_dims = cursor.u32(|| format!("n_dims of tensor {:?}", excerpt(name_str)))?;
     if !(1..=MAX_DIMS as u32).contains(&n_dims) {
         return Err(GgufError::bad_tensor(
             name_str,
@@ -45,14 +46,14 @@ pub(crate) fn read_tensor_info(
     let n_dims = n_dims as usize;
     let mut dims = [1u64; MAX_DIMS];
     for (axis, dim) in dims.iter_mut().enumerate().take(n_dims) {
-        *dim = cursor.u64(|| format!("dimension {axis} of tensor {name_str:?}"))?;
+        *dim = cursor.u64(|| format!("dimension {axis} of tensor {:?}", excerpt(name_str)))?;
     }
-    let type_id = cursor.u32(|| format!("type of tensor {name_str:?}"))?;
+    let type_id = cursor.u32(|| format!("type of tensor {:?}", excerpt(name_str)))?;
     let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownGgmlType {
-        tensor: name_str.to_owned(),
+        tensor: excerpt(name_str),
         type_id,
     })?;
-    let offset = cursor.u64(|| format!("offset of tensor {name_str:?}"))?;
+    let offset = cursor.u64(|| format!("offset of tensor {:?}", excerpt(name_str)))?;
     let size = data_size(name_str, ggml_type, &dims[..n_dims])?;
     Ok(TensorInfo {
         name,
@@ -102,7 +103,7 @@ pub(crate) fn validate_layout(
     alignment: u64,
 ) -> Result<(), GgufError> {
     let data_len = (bytes.len() as u64).saturating_sub(data_offset as u64);
-    let name_of = |t: &TensorInfo| String::from_utf8_lossy(t.name.of(bytes)).into_owned();
+    let name_of = |t: &TensorInfo| excerpt(&String::from_utf8_lossy(t.name.of(bytes)));
     for tensor in tensors {
         if tensor.offset % alignment != 0 {
             return Err(GgufError::bad_tensor(

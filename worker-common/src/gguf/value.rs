@@ -4,6 +4,7 @@ use std::fmt;
 
 use super::GgufError;
 use super::cursor::{Cursor, Span};
+use super::error::excerpt;
 
 /// How deeply arrays may nest; real files use at most 2, and a limit keeps hostile files from
 /// exhausting the stack.
@@ -309,7 +310,7 @@ pub(crate) fn read_value(
     key: &str,
     depth_left: usize,
 ) -> Result<RawValue, GgufError> {
-    let what = || format!("value of metadata key {key:?}");
+    let what = || format!("value of metadata key {:?}", excerpt(key));
     Ok(RawValue::Scalar(match ty {
         ValueType::U8 => Value::U8(cursor.u8(what)?),
         ValueType::I8 => Value::I8(cursor.u8(what)? as i8),
@@ -334,24 +335,27 @@ fn read_array(
 ) -> Result<RawValue, GgufError> {
     if depth_left == 0 {
         return Err(GgufError::NestingTooDeep {
-            key: key.to_owned(),
+            key: excerpt(key),
             max: MAX_ARRAY_DEPTH,
         });
     }
-    let type_id = cursor.u32(|| format!("array element type of metadata key {key:?}"))?;
+    let type_id =
+        cursor.u32(|| format!("array element type of metadata key {:?}", excerpt(key)))?;
     let element_type = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
-        key: key.to_owned(),
+        key: excerpt(key),
         type_id,
     })?;
     let len = cursor.count(
-        || format!("elements in array {key:?}"),
+        || format!("elements in array {:?}", excerpt(key)),
         element_type.min_size(),
     )?;
     let start = cursor.pos();
     match element_type.fixed_size() {
         // `count` checked len × size fits in what remains.
         Some(size) => {
-            cursor.take(len * size, || format!("elements of array {key:?}"))?;
+            cursor.take(len * size, || {
+                format!("elements of array {:?}", excerpt(key))
+            })?;
         }
         None => {
             for _ in 0..len {
