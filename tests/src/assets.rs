@@ -84,3 +84,50 @@ fn require(path: PathBuf, target: &str) -> PathBuf {
     );
     path
 }
+
+/// llama.cpp's test vectors for one vocab: each input text with the ids llama.cpp encodes it
+/// to (add_special and parse_special off), from `ggml-vocab-<name>.gguf.inp` / `.out`.
+pub struct VocabVectors {
+    /// Path of the vocab-only GGUF.
+    pub vocab: PathBuf,
+    /// `(input, expected ids)` in file order.
+    pub cases: Vec<(String, Vec<u32>)>,
+}
+
+/// Reads the vectors of `ggml-vocab-<name>.gguf`; inputs are separated by a
+/// `__ggml_vocab_test__` line, and each output line holds one input's ids.
+pub fn vocab_vectors(name: &str) -> VocabVectors {
+    const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
+    let dir = require(assets_dir().join("vocab"), "vocab");
+    let vocab = require(dir.join(format!("ggml-vocab-{name}.gguf")), "vocab");
+    let read = |ext: &str| {
+        let path = dir.join(format!("ggml-vocab-{name}.gguf.{ext}"));
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()))
+    };
+    let inputs = read("inp");
+    let outputs = read("out");
+    let mut texts: Vec<&str> = inputs.split(SEPARATOR).collect();
+    // As in llama.cpp's read_tests, the separator after the last input is optional (the
+    // gemma-4 file has none); when present it leaves one empty piece, which is no input.
+    if texts.last() == Some(&"") {
+        texts.pop();
+    }
+    let ids: Vec<Vec<u32>> = outputs
+        .lines()
+        .map(|line| {
+            line.split_whitespace()
+                .map(|id| id.parse().unwrap_or_else(|e| panic!("{name}.out: {e}")))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        texts.len(),
+        ids.len(),
+        "{name}: inputs and outputs differ in count"
+    );
+    VocabVectors {
+        vocab,
+        cases: texts.into_iter().map(str::to_owned).zip(ids).collect(),
+    }
+}
