@@ -5,3 +5,4 @@
 
 pub mod gguf;
 pub mod model;
+pub mod tokenizer;

@@ -1,0 +1,442 @@
+//! Chat templates: the GGUF's `tokenizer.chat_template` (a Jinja template, as shipped in the
+//! model's Hugging Face `tokenizer_config.json`) rendered with MiniJinja.
+//!
+//! What the template sees mirrors llama.cpp's server (b11434, `common/chat.cpp`) and
+//! Hugging Face's `apply_chat_template`, which the reference fixtures are rendered with
+//! (`scripts/gen-tokenizer-fixtures.py`, Python `jinja2`):
+//!
+//! - variables `messages` (a list of `{role, content}` maps), `add_generation_prompt`,
+//!   `bos_token`, `eos_token` (the special tokens' text), and `enable_thinking = true` (llama.cpp
+//!   passes it; templates that read it, such as Qwen3's, then default to thinking as in HF);
+//! - the function `raise_exception(message)`, which fails the render with
+//!   [`TemplateError::Raised`];
+//! - Jinja's `trim_blocks` and `lstrip_blocks` on, `keep_trailing_newline` off: HF's and
+//!   llama.cpp's settings for chat templates;
+//! - Python string/dict/list methods (`.strip()`, `.startswith()`, `.items()`, …) through
+//!   `minijinja-contrib`'s `pycompat` callback, and `{% break %}`/`{% continue %}` (HF enables
+//!   `jinja2.ext.loopcontrols`), and the `tojson` filter.
+//!
+//! Not provided: `strftime_now` (llama.cpp and llama-cpp-python offer it for Llama 3.x
+//! templates; none of our models uses it), the `tools`/`documents` variables (M0 has no tool
+//! calls), and HF's `{% generation %}` training tag. A template using them fails to compile or
+//! render with an error naming the line, or takes its `is defined` branch. Booleans print as
+//! Python prints them (`True`), as in jinja2.
+//!
+//! A model without `tokenizer.chat_template` has no [`ChatTemplate`]: its prompt is tokenized
+//! as is (CONTRACT.md, `raw`). llama.cpp's server would fall back to ChatML there; we do not,
+//! because a base model (gemma-3-270m) was not trained on ChatML.
+
+use std::fmt;
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Object, ObjectRepr};
+use minijinja::{Environment, Error, ErrorKind, Value, context};
+
+/// The name the template is registered under in its private environment.
+const TEMPLATE_NAME: &str = "tokenizer.chat_template";
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant` (passed through: templates decide what they accept).
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message from its role and content.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A message as the template sees it: a map with the keys `role` and `content`, enumerated in
+/// that order (a Python dict's insertion order, for templates that iterate over a message). Any
+/// other key (`tool_calls`, `name`, …) is undefined.
+#[derive(Debug)]
+struct MessageObject {
+    role: Value,
+    content: Value,
+}
+
+impl Object for MessageObject {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "role" => Some(self.role.clone()),
+            "content" => Some(self.content.clone()),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["role", "content"])
+    }
+}
+
+/// A line of the template, when MiniJinja knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Line(pub Option<usize>);
+
+impl fmt::Display for Line {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(line) => write!(f, "line {line}"),
+            None => f.write_str("unknown line"),
+        }
+    }
+}
+
+/// Why a chat template could not be compiled or rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The template source is not valid Jinja (as MiniJinja reads it).
+    #[error("chat template syntax error at {line}: {detail}")]
+    Syntax {
+        /// Where the error is.
+        line: Line,
+        /// MiniJinja's description.
+        detail: String,
+    },
+    /// The template called `raise_exception(message)`, e.g. for an unsupported role order.
+    #[error("chat template raised an exception: {0}")]
+    Raised(String),
+    /// Rendering failed otherwise (an unknown filter or function, a type error, …).
+    #[error("chat template failed to render at {line}: {detail}")]
+    Render {
+        /// Where the error is.
+        line: Line,
+        /// MiniJinja's description.
+        detail: String,
+    },
+}
+
+/// The message of a `raise_exception` call, attached to MiniJinja's error as its source so
+/// that [`ChatTemplate::render`] can tell it from the engine's own failures.
+#[derive(Debug)]
+struct RaisedByTemplate(String);
+
+impl fmt::Display for RaisedByTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RaisedByTemplate {}
+
+/// `raise_exception(message)`: fails the render with the template's message.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(
+        Error::new(ErrorKind::InvalidOperation, "raise_exception called")
+            .with_source(RaisedByTemplate(message)),
+    )
+}
+
+/// A compiled chat template with the model's BOS and EOS texts.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source` once. `bos_token` and `eos_token` are the texts of the vocab's BOS and
+    /// EOS tokens (llama.cpp: `token_to_piece(id, special = true)`; empty when the vocab has
+    /// none).
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        let mut syntax = minijinja::syntax::SyntaxConfig::builder();
+        syntax
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .keep_trailing_newline(false);
+        // The builder fails only on custom delimiters, which we do not set; still no panic.
+        let syntax = syntax.build().map_err(|err| syntax_error(&err))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+            .map_err(|err| syntax_error(&err))?;
+        Ok(Self {
+            env,
+            bos_token: bos_token.to_owned(),
+            eos_token: eos_token.to_owned(),
+        })
+    }
+
+    /// The BOS text given to [`ChatTemplate::new`].
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
+    /// The EOS text given to [`ChatTemplate::new`].
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
+    /// Renders `messages`; with `add_generation_prompt` the template appends the opening of the
+    /// assistant's turn (e.g. `<|im_start|>assistant\n`). This is exactly the template's output,
+    /// as Python's `jinja2` renders it for Hugging Face.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                Value::from_object(MessageObject {
+                    role: Value::from(m.role.as_str()),
+                    content: Value::from(m.content.as_str()),
+                })
+            })
+            .collect();
+        let ctx = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+            enable_thinking => true,
+        };
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|err| render_error(&err))?;
+        template.render(ctx).map_err(|err| render_error(&err))
+    }
+
+    /// Renders as [`ChatTemplate::render`], then removes a leading BOS text when the tokenizer
+    /// adds BOS itself (`add_bos`) and a trailing EOS text when it adds EOS (`add_eos`), so the
+    /// prompt does not get them twice. This is what llama.cpp's server tokenizes
+    /// (`common_chat_template_direct_apply`).
+    pub fn render_prompt(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        add_bos: bool,
+        add_eos: bool,
+    ) -> Result<String, TemplateError> {
+        let mut text = self.render(messages, add_generation_prompt)?;
+        if add_bos && !self.bos_token.is_empty() && text.starts_with(&self.bos_token) {
+            text.drain(..self.bos_token.len());
+        }
+        if add_eos && !self.eos_token.is_empty() && text.ends_with(&self.eos_token) {
+            text.truncate(text.len() - self.eos_token.len());
+        }
+        Ok(text)
+    }
+}
+
+fn syntax_error(err: &Error) -> TemplateError {
+    TemplateError::Syntax {
+        line: Line(err.line()),
+        detail: describe(err),
+    }
+}
+
+fn render_error(err: &Error) -> TemplateError {
+    // The raised message may sit below MiniJinja's own wrapping errors (e.g. from a macro).
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(current) = source {
+        if let Some(raised) = current.downcast_ref::<RaisedByTemplate>() {
+            return TemplateError::Raised(raised.0.clone());
+        }
+        source = current.source();
+    }
+    TemplateError::Render {
+        line: Line(err.line()),
+        detail: describe(err),
+    }
+}
+
+/// MiniJinja's kind and detail, without its multi-line debug rendering of the source.
+fn describe(err: &Error) -> String {
+    match err.detail() {
+        Some(detail) => format!("{}: {detail}", err.kind()),
+        None => err.kind().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ChatML as SmolLM2 and Qwen2.5 ship it, trimmed to the parts that matter here.
+    const CHATML: &str = "{% for message in messages %}\
+{% if loop.first and messages[0]['role'] != 'system' %}\
+{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}{% endif %}\
+{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    fn user(text: &str) -> ChatMessage {
+        ChatMessage::new("user", text)
+    }
+
+    #[test]
+    fn chatml_single_user_message() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        assert_eq!(
+            t.render(&[user("Hi")], true).unwrap(),
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n\
+             <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            t.render(&[user("Hi")], false).unwrap(),
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        );
+    }
+
+    #[test]
+    fn chatml_system_and_multi_turn() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let messages = [
+            ChatMessage::new("system", "Be brief."),
+            user("2+2?"),
+            ChatMessage::new("assistant", "4"),
+            user("And 3+3?"),
+        ];
+        assert_eq!(
+            t.render(&messages, true).unwrap(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n\
+             <|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n\
+             <|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn block_whitespace_follows_trim_and_lstrip_blocks() {
+        // With trim_blocks the newline after `%}` goes; with lstrip_blocks the indentation before
+        // `{%` goes; the text lines keep theirs.
+        let source = "{% for m in messages %}\n    {% if m.role == 'user' %}\n  [{{ m.content }}]\n    {% endif %}\n{% endfor %}\n";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        assert_eq!(
+            t.render(&[user("a"), user("b")], false).unwrap(),
+            "  [a]\n  [b]\n"
+        );
+    }
+
+    #[test]
+    fn python_string_methods_work() {
+        let source = "{% for m in messages %}{{ m.content.strip() }}|{{ m.content.startswith(' x') }}|{{ m['content'].upper() }}{% endfor %}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        assert_eq!(t.render(&[user(" xy ")], false).unwrap(), "xy|True| XY ");
+    }
+
+    #[test]
+    fn bos_and_eos_are_variables_and_render_prompt_strips_bos() {
+        let source =
+            "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}";
+        let t = ChatTemplate::new(source, "<s>", "</s>").unwrap();
+        assert_eq!(t.render(&[user("hi")], false).unwrap(), "<s>hi</s>");
+        assert_eq!(
+            t.render_prompt(&[user("hi")], false, true, false).unwrap(),
+            "hi</s>"
+        );
+        assert_eq!(
+            t.render_prompt(&[user("hi")], false, true, true).unwrap(),
+            "hi"
+        );
+        assert_eq!(
+            t.render_prompt(&[user("hi")], false, false, false).unwrap(),
+            "<s>hi</s>"
+        );
+    }
+
+    #[test]
+    fn raise_exception_is_reported_with_its_message() {
+        let source = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}ok";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        assert_eq!(t.render(&[user("x")], false).unwrap(), "ok");
+        let err = t
+            .render(&[ChatMessage::new("assistant", "x")], false)
+            .unwrap_err();
+        match &err {
+            TemplateError::Raised(message) => assert_eq!(
+                message,
+                "Conversation roles must alternate user/assistant/user/assistant/..."
+            ),
+            other => panic!("expected Raised, got {other:?}"),
+        }
+        assert!(err.to_string().contains("roles must alternate"), "{err}");
+    }
+
+    #[test]
+    fn syntax_error_names_the_line() {
+        let err = ChatTemplate::new("line one\n{% if x %}\n{{ oops(\n", "", "").unwrap_err();
+        match &err {
+            TemplateError::Syntax { line, .. } => assert_eq!(*line, Line(Some(3))),
+            other => panic!("expected Syntax, got {other:?}"),
+        }
+        assert!(
+            err.to_string()
+                .starts_with("chat template syntax error at line 3"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn render_error_names_the_line() {
+        let t = ChatTemplate::new("a\n{{ messages | no_such_filter }}", "", "").unwrap();
+        let err = t.render(&[user("x")], false).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TemplateError::Render {
+                    line: Line(Some(2)),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn namespace_and_loop_controls_and_tojson() {
+        let source = "{% set ns = namespace(n=0) %}{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }} {{ messages[0].content | tojson }}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        let messages = [ChatMessage::new("system", "s\"q"), user("a"), user("b")];
+        assert_eq!(t.render(&messages, false).unwrap(), "2 \"s\\\"q\"");
+    }
+
+    /// Defined either way, and printed as Python prints booleans (as jinja2 does).
+    #[test]
+    fn generation_prompt_is_false_not_undefined_when_off() {
+        let t = ChatTemplate::new(
+            "{{ add_generation_prompt }} {{ add_generation_prompt is defined }}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(t.render(&[], false).unwrap(), "False True");
+        assert_eq!(t.render(&[], true).unwrap(), "True True");
+    }
+
+    /// Messages are maps in Python's key order; keys they lack are undefined, not errors.
+    #[test]
+    fn messages_behave_like_python_dicts() {
+        let source = "{% for m in messages %}{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}\
+{{ m.tool_calls is defined }} {{ 'content' in m }} {{ m.get('name', 'anon') }} {{ m | length }}{% endfor %}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        assert_eq!(
+            t.render(&[user("hi")], false).unwrap(),
+            "role=user;content=hi;False True anon 2"
+        );
+    }
+}
