@@ -5,4 +5,5 @@
 
 pub mod assets;
 pub mod bins;
+pub mod fixtures;
 pub mod gguf_writer;

@@ -4,23 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-
 use llorch_tests::assets::Model;
+use llorch_tests::fixtures::tokenizer_fixture;
 use serde_json::Value as Json;
 use worker_common::gguf::{ArrayValue, Gguf, Value};
 use worker_common::tokenizer::template::{ChatMessage, ChatTemplate};
 
 const TEMPLATE_KEY: &str = "tokenizer.chat_template";
-
-fn fixture(model: Model) -> Json {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/tokenizer")
-        .join(format!("{}.chat.json", model.fetch_target()));
-    let text =
-        std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
-}
 
 fn open(model: Model) -> Gguf {
     Gguf::open(model.path()).unwrap_or_else(|err| panic!("{}: {err}", model.file_name()))
@@ -49,7 +39,7 @@ fn messages(case: &Json) -> Vec<ChatMessage> {
 
 fn assert_matches_jinja2(model: Model) {
     let gguf = open(model);
-    let fixture = fixture(model);
+    let fixture = tokenizer_fixture(model, Some("chat"));
     assert_eq!(fixture["ground_truth"], "jinja2");
     assert_eq!(fixture["model"], model.file_name());
 
@@ -102,7 +92,7 @@ fn qwen15_template_matches_jinja2() {
 fn gemma3_has_no_template() {
     let gguf = open(Model::Gemma3);
     assert_eq!(gguf.optional::<&str>(TEMPLATE_KEY).unwrap(), None);
-    let fixture = fixture(Model::Gemma3);
+    let fixture = tokenizer_fixture(Model::Gemma3, Some("chat"));
     assert_eq!(fixture["has_template"], false);
     assert!(fixture["cases"].as_array().unwrap().is_empty());
 }

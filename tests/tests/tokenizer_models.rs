@@ -5,23 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
-
 use llorch_tests::assets::Model;
+use llorch_tests::fixtures::{tokenizer_fixture, unhex};
 use serde_json::Value as Json;
+use std::collections::BTreeSet;
 use worker_common::gguf::Gguf;
 use worker_common::tokenizer::stream::StreamDecoder;
 use worker_common::tokenizer::{Tokenizer, TokenizerKind};
-
-fn fixture(model: Model) -> Json {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/tokenizer")
-        .join(format!("{}.json", model.fetch_target()));
-    let text =
-        std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
-    serde_json::from_str(&text).unwrap()
-}
 
 fn ids(value: &Json) -> Vec<u32> {
     value
@@ -29,13 +19,6 @@ fn ids(value: &Json) -> Vec<u32> {
         .unwrap()
         .iter()
         .map(|id| id.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn unhex(hex: &str) -> Vec<u8> {
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
         .collect()
 }
 
@@ -54,7 +37,7 @@ fn streamed(tokenizer: &Tokenizer, ids: &[u32]) -> String {
 }
 
 fn check(model: Model, kind: TokenizerKind) {
-    let fixture = fixture(model);
+    let fixture = tokenizer_fixture(model, None);
     let gguf = Gguf::open(model.path()).unwrap();
     let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
     assert_eq!(tokenizer.kind(), kind);

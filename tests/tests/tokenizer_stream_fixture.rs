@@ -5,33 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-
 use llorch_tests::assets::Model;
-use serde_json::Value as Json;
+use llorch_tests::fixtures::{tokenizer_fixture, unhex};
 use worker_common::tokenizer::stream::StreamDecoder;
-
-fn fixture(model: Model) -> Json {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/tokenizer")
-        .join(format!("{}.json", model.fetch_target()));
-    let text =
-        std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
-}
-
-fn unhex(hex: &str) -> Vec<u8> {
-    assert!(hex.len() % 2 == 0, "odd hex {hex:?}");
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect()
-}
 
 #[test]
 fn streamed_pieces_equal_one_shot_detokenize() {
     for model in Model::ALL {
-        let fixture = fixture(model);
+        let fixture = tokenizer_fixture(model, None);
         let mut split_code_points = 0;
         for sample in fixture["samples"].as_array().unwrap() {
             let name = sample["name"].as_str().unwrap();
