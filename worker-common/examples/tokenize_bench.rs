@@ -5,6 +5,10 @@
 //! each distinct word once per call); `unique` is pseudo-random words that almost never recur,
 //! the worst case, which measures the merge loop itself.
 //!
+//! A 4 MiB mixed text checks that time grows linearly with length. When `LLORCH_BENCH_TEXT_DIR`
+//! is set, the texts are also written there (`mixed.txt`, `unique.txt`) so that
+//! `scripts/bench-tokenizer.sh` can time llama.cpp on the same bytes.
+//!
 //! `cargo run --release -p worker-common --example tokenize_bench -- <file.gguf> [rounds]`
 
 use std::process::ExitCode;
@@ -48,11 +52,25 @@ fn main() -> ExitCode {
         "{path}: loaded in {:.0} ms",
         load.elapsed().as_secs_f64() * 1e3
     );
+    let text_dir = std::env::var_os("LLORCH_BENCH_TEXT_DIR").map(std::path::PathBuf::from);
     for (label, text) in [
         ("mixed", mixed_text(1 << 20)),
         ("unique", unique_words(1 << 20)),
+        ("mixed-4MiB", mixed_text(4 << 20)),
     ] {
-        let ids = tokenizer.encode(&text, false, false);
+        if let Some(dir) = &text_dir
+            && let Err(err) = std::fs::write(dir.join(format!("{label}.txt")), &text)
+        {
+            eprintln!("cannot write the {label} text to {}: {err}", dir.display());
+            return ExitCode::FAILURE;
+        }
+        let ids = match tokenizer.encode(&text, false, false) {
+            Ok(ids) => ids,
+            Err(err) => {
+                eprintln!("{path}: {label}: {err}");
+                return ExitCode::FAILURE;
+            }
+        };
         if tokenizer.decode(&ids) != text {
             eprintln!("{path}: {label}: decoding the encoding does not give the text back");
             return ExitCode::FAILURE;
@@ -60,7 +78,7 @@ fn main() -> ExitCode {
         let mut best = f64::INFINITY;
         for _ in 0..rounds.max(1) {
             let start = Instant::now();
-            std::hint::black_box(tokenizer.encode(&text, false, false));
+            let _ = std::hint::black_box(tokenizer.encode(&text, false, false));
             best = best.min(start.elapsed().as_secs_f64());
         }
         let mb = text.len() as f64 / 1e6;

@@ -18,7 +18,11 @@ pub mod hf;
 pub mod stream;
 pub mod template;
 
+use std::path::Path;
+
 use crate::gguf::{Gguf, GgufError};
+
+use hf::{HfError, HfTokenizer};
 
 pub use vocab::{SpecialIds, TokenType, Vocab, VocabModel};
 
@@ -48,6 +52,10 @@ pub enum TokenizerError {
         /// The ones we implement.
         supported: String,
     },
+
+    /// A `tokenizer.json` could not be loaded or failed on a text.
+    #[error(transparent)]
+    Hf(#[from] HfError),
 
     /// The vocabulary, its scores, types or merges are inconsistent.
     #[error("invalid vocabulary: {reason}")]
@@ -90,11 +98,14 @@ pub(crate) trait Encoder: Send + Sync + std::fmt::Debug {
     fn token_bytes(&self, vocab: &Vocab, id: u32) -> Vec<u8>;
 }
 
-/// A GGUF vocabulary with its encoding algorithm.
+/// A model's tokenizer: the GGUF vocabulary with its algorithm, or a `tokenizer.json` beside
+/// the model. The GGUF vocabulary provides the special ids and the end-of-generation set either
+/// way (the two describe the same token ids).
 #[derive(Debug)]
 pub struct Tokenizer {
     vocab: Vocab,
     encoder: Box<dyn Encoder>,
+    hf: Option<HfTokenizer>,
 }
 
 impl Tokenizer {
@@ -106,11 +117,46 @@ impl Tokenizer {
             VocabModel::Spm => Box::new(spm::SpmEncoder::new(&vocab)?),
             VocabModel::Gemma4 => Box::new(gemma4::Gemma4Encoder::new(gguf, &vocab)?),
         };
-        Ok(Self { vocab, encoder })
+        Ok(Self {
+            vocab,
+            encoder,
+            hf: None,
+        })
+    }
+
+    /// The tokenizer a worker uses for the model at `model_path`: the `tokenizer.json` named by
+    /// `tokenizer_json`, else one beside the model file, else the GGUF vocabulary.
+    pub fn for_model<B: AsRef<[u8]>>(
+        gguf: &Gguf<B>,
+        model_path: &Path,
+        tokenizer_json: Option<&Path>,
+    ) -> Result<Self, TokenizerError> {
+        let mut tokenizer = Self::from_gguf(gguf)?;
+        let json = tokenizer_json
+            .map(Path::to_path_buf)
+            .or_else(|| hf::tokenizer_json_beside(model_path));
+        if let Some(path) = json {
+            let hf = HfTokenizer::from_file(&path)?;
+            if hf.vocab_size() > tokenizer.vocab.len() {
+                return Err(TokenizerError::InvalidVocab {
+                    reason: format!(
+                        "{} has {} tokens, more than the model's {}",
+                        path.display(),
+                        hf.vocab_size(),
+                        tokenizer.vocab.len()
+                    ),
+                });
+            }
+            tokenizer.hf = Some(hf);
+        }
+        Ok(tokenizer)
     }
 
     /// Which implementation this is.
     pub fn kind(&self) -> TokenizerKind {
+        if self.hf.is_some() {
+            return TokenizerKind::HfJson;
+        }
         match self.vocab.model() {
             VocabModel::Bpe => TokenizerKind::GgufBpe,
             VocabModel::Spm | VocabModel::Gemma4 => TokenizerKind::GgufSpm,
@@ -123,8 +169,17 @@ impl Tokenizer {
     }
 
     /// Token ids of `text`. `add_special` adds BOS/EOS as the vocabulary asks; `parse_special`
-    /// matches control tokens written in the text (user-defined tokens are always matched).
-    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+    /// matches control tokens written in the text (user-defined tokens are always matched; a
+    /// `tokenizer.json` always matches its added tokens). Only `hf-json` can fail.
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        if let Some(hf) = &self.hf {
+            return Ok(hf.encode(text, add_special)?);
+        }
         let mut ids = Vec::new();
         let special = self.vocab.special();
         if add_special && self.vocab.add_bos() {
@@ -147,12 +202,19 @@ impl Tokenizer {
         if add_special && self.vocab.add_eos() {
             ids.extend(special.eos);
         }
-        ids
+        Ok(ids)
     }
 
     /// The bytes token `id` adds to decoded text: nothing for control and unknown tokens or
     /// ids outside the vocabulary, the stored text for user-defined tokens.
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        if let Some(hf) = &self.hf {
+            return if self.vocab.is_special(id) {
+                Vec::new()
+            } else {
+                hf.token_bytes(id)
+            };
+        }
         match self.vocab.token_type(id) {
             None | Some(TokenType::Control | TokenType::Unknown) => Vec::new(),
             Some(TokenType::UserDefined) => {
@@ -172,12 +234,21 @@ impl Tokenizer {
         for (i, &id) in ids.iter().enumerate() {
             let piece = self.token_bytes(id);
             let piece = match piece.split_first() {
-                Some((b' ', rest)) if i == 0 && self.vocab.add_space_prefix() => rest,
+                Some((b' ', rest)) if i == 0 && self.strips_leading_space() => rest,
                 _ => &piece,
             };
             bytes.extend_from_slice(piece);
         }
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Whether decoding drops one leading space from the first token (SentencePiece's space
+    /// prefix; llama.cpp's `llama_detokenize` does the same).
+    pub fn strips_leading_space(&self) -> bool {
+        match &self.hf {
+            Some(hf) => hf.strips_leading_space(),
+            None => self.vocab.add_space_prefix(),
+        }
     }
 
     /// Whether `id` ends generation (eos, end of turn, …).

@@ -59,7 +59,7 @@ fn tiny(pre: &str, tokens: &[&str], merges: &[&str]) -> Result<Tokenizer, Tokeni
 }
 
 fn encode(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
-    tokenizer.encode(text, false, false)
+    tokenizer.encode(text, false, false).unwrap()
 }
 
 #[test]
@@ -253,7 +253,7 @@ fn llama3_family_adds_bos_unless_the_file_says_otherwise() {
     // ggml-vocab-llama-bpe.gguf has no add_bos_token: llama.cpp's llama3 default applies.
     let llama = real_vocab("llama-bpe");
     assert!(llama.vocab().add_bos());
-    let ids = llama.encode("Hi", true, false);
+    let ids = llama.encode("Hi", true, false).unwrap();
     assert_eq!(ids.first().copied(), llama.vocab().special().bos);
     assert!(!real_vocab("gpt-2").vocab().add_bos());
 }
