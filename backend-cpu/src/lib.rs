@@ -1,1 +1,3 @@
 //! CPU inference backend of `llorch-cpud`; the kernels arrive with the CPU inference issue.
+
+pub mod quant;

@@ -2,7 +2,7 @@
 //! (`gguf-spm`), and `tokenizer.json` files (`hf-json`).
 //!
 //! Encoding runs in three steps that every algorithm shares: special tokens are matched as a
-//! whole ([`special`]), the text between them goes to the vocabulary's algorithm ([`Encoder`]),
+//! whole (`special.rs`), the text between them goes to the vocabulary's algorithm (`Encoder`),
 //! and BOS/EOS are added as the vocabulary asks. Decoding maps each id to its bytes; special
 //! tokens decode to nothing, so they can never leak into generated text.
 

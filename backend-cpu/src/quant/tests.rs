@@ -1,0 +1,327 @@
+//! Hand-built blocks with known values, length errors, and random input that must never panic.
+
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+const F16_ONE: [u8; 2] = [0x00, 0x3C];
+const F16_HALF: [u8; 2] = [0x00, 0x38];
+const F16_QUARTER: [u8; 2] = [0x00, 0x34];
+const F16_MINUS_ONE: [u8; 2] = [0x00, 0xBC];
+
+fn run(ggml_type: GgmlType, data: &[u8]) -> Vec<f32> {
+    let mut out = vec![f32::NAN; element_count(ggml_type, data.len()).unwrap()];
+    dequantize(ggml_type, data, &mut out).unwrap();
+    out
+}
+
+/// Asserts bit equality, so `-0.0` and `0.0` differ.
+fn assert_bits(ours: &[f32], expected: &[f32]) {
+    assert_eq!(ours.len(), expected.len());
+    for (i, (a, b)) in ours.iter().zip(expected).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "element {i}: {a} vs {b}");
+    }
+}
+
+#[test]
+fn plain_floats() {
+    let mut data = Vec::new();
+    for x in [1.5f32, -2.0, f32::INFINITY, -0.0] {
+        data.extend_from_slice(&x.to_le_bytes());
+    }
+    assert_bits(
+        &run(GgmlType::F32, &data),
+        &[1.5, -2.0, f32::INFINITY, -0.0],
+    );
+    // A NaN payload survives F32 untouched.
+    let nan = run(GgmlType::F32, &0x7FA0_0001u32.to_le_bytes());
+    assert_eq!(nan[0].to_bits(), 0x7FA0_0001);
+
+    let f16 = [F16_ONE, [0x00, 0xC0], [0x01, 0x00], [0x00, 0x7C]].concat();
+    let smallest_subnormal = 2f32.powi(-24);
+    assert_bits(
+        &run(GgmlType::F16, &f16),
+        &[1.0, -2.0, smallest_subnormal, f32::INFINITY],
+    );
+
+    let bf16 = [[0x80, 0x3F], [0x20, 0xC0], [0x81, 0x7F]].concat();
+    let out = run(GgmlType::BF16, &bf16);
+    assert_bits(&out[..2], &[1.0, -2.5]);
+    // A signalling NaN keeps its bits, as ggml's shift does (half would set the quiet bit).
+    assert_eq!(out[2].to_bits(), 0x7F81_0000);
+}
+
+#[test]
+fn q4_0_is_signed_nibbles_times_d() {
+    let mut block = F16_HALF.to_vec();
+    block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let expected: Vec<f32> = (0..16)
+        .map(|j| (j - 8) as f32 * 0.5)
+        .chain((0..16).map(|j| (7 - j) as f32 * 0.5))
+        .collect();
+    assert_bits(&run(GgmlType::Q4_0, &block), &expected);
+}
+
+#[test]
+fn q4_1_adds_the_min() {
+    let mut block = [F16_HALF, F16_MINUS_ONE].concat();
+    block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let expected: Vec<f32> = (0..16)
+        .map(|j| j as f32 * 0.5 - 1.0)
+        .chain((0..16).map(|j| (15 - j) as f32 * 0.5 - 1.0))
+        .collect();
+    assert_bits(&run(GgmlType::Q4_1, &block), &expected);
+}
+
+#[test]
+fn q5_0_takes_the_fifth_bit_from_qh() {
+    // Fifth bits set for elements 16..32 and for element 3.
+    let qh: u32 = 0xFFFF_0000 | (1 << 3);
+    let mut block = F16_ONE.to_vec();
+    block.extend_from_slice(&qh.to_le_bytes());
+    block.extend((0..16u8).map(|j| j | (j << 4)));
+    let expected: Vec<f32> = (0..16)
+        .map(|j| if j == 3 { 3.0 } else { j as f32 - 16.0 })
+        .chain((0..16).map(|j| j as f32))
+        .collect();
+    assert_bits(&run(GgmlType::Q5_0, &block), &expected);
+}
+
+#[test]
+fn q5_1_takes_the_fifth_bit_and_adds_the_min() {
+    let qh: u32 = 0x0000_FFFF;
+    let mut block = [F16_ONE, F16_HALF].concat();
+    block.extend_from_slice(&qh.to_le_bytes());
+    block.extend((0..16u8).map(|j| j | (j << 4)));
+    let expected: Vec<f32> = (0..16)
+        .map(|j| (j + 16) as f32 + 0.5)
+        .chain((0..16).map(|j| j as f32 + 0.5))
+        .collect();
+    assert_bits(&run(GgmlType::Q5_1, &block), &expected);
+}
+
+#[test]
+fn q8_0_is_signed_bytes_times_d() {
+    let mut block = F16_QUARTER.to_vec();
+    block.extend((0..32i8).map(|j| (j * 4 - 64) as u8));
+    let expected: Vec<f32> = (0..32).map(|j| (j * 4 - 64) as f32 * 0.25).collect();
+    assert_bits(&run(GgmlType::Q8_0, &block), &expected);
+}
+
+/// Packs 8 six-bit scales and mins the way `get_scale_min_k4` unpacks them.
+fn pack_scales(sc: [u8; 8], m: [u8; 8]) -> [u8; 12] {
+    let mut packed = [0u8; 12];
+    for j in 0..4 {
+        packed[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+        packed[j + 4] = (m[j] & 63) | ((m[j + 4] >> 4) << 6);
+        packed[j + 8] = (sc[j + 4] & 0x0F) | ((m[j + 4] & 0x0F) << 4);
+    }
+    packed
+}
+
+const SCALES: [u8; 8] = [1, 2, 3, 63, 17, 33, 48, 5];
+const MINS: [u8; 8] = [0, 1, 62, 3, 40, 21, 7, 63];
+
+#[test]
+fn k4_scales_unpack_to_what_was_packed() {
+    let packed = pack_scales(SCALES, MINS);
+    for j in 0..8 {
+        assert_eq!(
+            super::k_quants::scale_min(j, &packed),
+            (SCALES[j], MINS[j]),
+            "{j}"
+        );
+    }
+}
+
+/// Low nibble `l % 16`, high nibble `15 - l % 16`: every quant value in every sub-block.
+fn nibbles(l: usize) -> u8 {
+    let q = (l % 16) as u8;
+    q | ((15 - q) << 4)
+}
+
+#[test]
+fn q4_k_is_scaled_nibbles_minus_scaled_mins() {
+    let mut block = [F16_ONE, F16_HALF].concat();
+    block.extend_from_slice(&pack_scales(SCALES, MINS));
+    block.extend((0..128).map(nibbles));
+    // Sub-block s covers elements 32s..32s+32; its quants are in bytes 32(s/2).. of qs, low
+    // nibbles for even s, high for odd. All values are small, so they are exact in f32.
+    let expected: Vec<f32> = (0..256)
+        .map(|e| {
+            let (s, l) = (e / 32, e % 32);
+            let byte = nibbles(32 * (s / 2) + l);
+            let q = if s % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+            f32::from(SCALES[s]) * f32::from(q) - 0.5 * f32::from(MINS[s])
+        })
+        .collect();
+    assert_bits(&run(GgmlType::Q4_K, &block), &expected);
+}
+
+#[test]
+fn q5_k_adds_sixteen_for_the_high_bit() {
+    let qh: Vec<u8> = (0..32u8).map(|l| l.wrapping_mul(37) ^ 0x5A).collect();
+    let mut block = [F16_ONE, F16_HALF].concat();
+    block.extend_from_slice(&pack_scales(SCALES, MINS));
+    block.extend_from_slice(&qh);
+    block.extend((0..128).map(nibbles));
+    let expected: Vec<f32> = (0..256)
+        .map(|e| {
+            let (s, l) = (e / 32, e % 32);
+            let byte = nibbles(32 * (s / 2) + l);
+            let low = if s % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+            // The fifth bit of sub-block s is bit s of qh[l].
+            let q = low + 16 * ((qh[l] >> s) & 1);
+            f32::from(SCALES[s]) * f32::from(q) - 0.5 * f32::from(MINS[s])
+        })
+        .collect();
+    assert_bits(&run(GgmlType::Q5_K, &block), &expected);
+}
+
+#[test]
+fn q6_k_is_signed_six_bit_quants_times_signed_scales() {
+    let ql: Vec<u8> = (0..128u8).map(|i| i.wrapping_mul(29) ^ 0x3C).collect();
+    let qh: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(53) ^ 0xA5).collect();
+    let scales: Vec<i8> = (0..16i8).map(|i| (i - 8) * 15).collect();
+    let mut block = ql.clone();
+    block.extend_from_slice(&qh);
+    block.extend(scales.iter().map(|&s| s as u8));
+    block.extend_from_slice(&F16_HALF);
+    // Written from the layout, not the C loop: element e is in half e / 128, at l + 32k there.
+    let expected: Vec<f32> = (0..256)
+        .map(|e| {
+            let (half, r) = (e / 128, e % 128);
+            let (k, l) = (r / 32, r % 32);
+            let byte = ql[64 * half + l + 32 * (k % 2)];
+            let low = if k < 2 { byte & 0x0F } else { byte >> 4 };
+            let high = (qh[32 * half + l] >> (2 * k)) & 3;
+            let q = i32::from(low | (high << 4)) - 32;
+            let sc = scales[8 * half + l / 16 + 2 * k];
+            0.5 * f32::from(sc) * q as f32
+        })
+        .collect();
+    assert_bits(&run(GgmlType::Q6_K, &block), &expected);
+}
+
+#[test]
+fn several_blocks_come_out_in_order() {
+    let mut data = Vec::new();
+    for d in [F16_ONE, F16_HALF, F16_QUARTER] {
+        data.extend_from_slice(&d);
+        data.extend(std::iter::repeat_n(2u8, 32));
+    }
+    let out = run(GgmlType::Q8_0, &data);
+    assert_eq!(out.len(), 96);
+    assert!(out[..32].iter().all(|&x| x == 2.0));
+    assert!(out[32..64].iter().all(|&x| x == 1.0));
+    assert!(out[64..].iter().all(|&x| x == 0.5));
+}
+
+#[test]
+fn empty_input_is_empty_output() {
+    for &t in GgmlType::ALL.iter().filter(|&&t| is_supported(t)) {
+        assert_eq!(dequantize(t, &[], &mut []), Ok(()), "{t}");
+    }
+}
+
+#[test]
+fn partial_blocks_and_wrong_output_lengths_are_errors_that_leave_the_output_alone() {
+    let mut out = vec![7.0f32; 64];
+    let err = dequantize(GgmlType::Q4_K, &[0; 143], &mut out[..0]).unwrap_err();
+    assert_eq!(
+        err,
+        QuantError::PartialBlock {
+            ggml_type: GgmlType::Q4_K,
+            bytes: 143,
+            block_bytes: 144
+        }
+    );
+    assert!(err.to_string().contains("Q4_K"), "{err}");
+    let err = dequantize(GgmlType::F32, &[0; 6], &mut out).unwrap_err();
+    assert!(matches!(err, QuantError::PartialBlock { .. }), "{err}");
+
+    for len in [0, 31, 33, 64] {
+        let err = dequantize(GgmlType::Q8_0, &[0; 34], &mut out[..len]).unwrap_err();
+        assert_eq!(
+            err,
+            QuantError::OutputLength {
+                ggml_type: GgmlType::Q8_0,
+                expected: 32,
+                actual: len
+            }
+        );
+    }
+    assert!(out.iter().all(|&x| x == 7.0));
+}
+
+#[test]
+fn unsupported_types_are_errors_naming_the_type() {
+    for &t in GgmlType::ALL.iter().filter(|&&t| !is_supported(t)) {
+        let bytes = t.block_bytes() as usize;
+        let mut out = vec![0.0; t.block_size() as usize];
+        let err = dequantize(t, &vec![0; bytes], &mut out).unwrap_err();
+        assert_eq!(err, QuantError::Unsupported(t));
+        assert!(err.to_string().contains(t.name()), "{err}");
+    }
+    assert!(!is_supported(GgmlType::Q2_K));
+}
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[test]
+fn random_bytes_and_lengths_never_panic() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for round in 0..4000 {
+        let t = GgmlType::ALL[rng.below(GgmlType::ALL.len())];
+        let block_bytes = t.block_bytes() as usize;
+        // Mostly whole blocks (so the kernels run on random bits), sometimes ragged.
+        let len = match round % 4 {
+            0 => rng.below(3 * block_bytes + 2),
+            _ => block_bytes * rng.below(5),
+        };
+        let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let expected = element_count(t, len).ok();
+        let out_len = match (round % 3, expected) {
+            (0, _) | (_, None) => rng.below(4 * t.block_size() as usize + 1),
+            (_, Some(n)) => n,
+        };
+        let mut out = vec![0.0f32; out_len];
+        let result = dequantize(t, &data, &mut out);
+        let should_work = is_supported(t) && expected == Some(out_len);
+        assert_eq!(
+            result.is_ok(),
+            should_work,
+            "{t}, {len} bytes, {out_len} out: {result:?}"
+        );
+    }
+}
+
+#[test]
+fn every_output_element_is_written_and_scales_propagate() {
+    // Three blocks of zeros must give exactly zeros everywhere: the output starts as NaN, so an
+    // element a kernel skipped (e.g. a block size out of step with ggml's table) shows up.
+    // All-ones bytes make every f16 scale (and plain value) NaN, which must propagate.
+    for &t in GgmlType::ALL.iter().filter(|&&t| is_supported(t)) {
+        let bytes = 3 * t.block_bytes() as usize;
+        let n = 3 * t.block_size() as usize;
+        let mut out = vec![f32::NAN; n];
+        dequantize(t, &vec![0u8; bytes], &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0.0), "{t}: zeros");
+        dequantize(t, &vec![0xFFu8; bytes], &mut out).unwrap();
+        assert!(out.iter().all(|x| x.is_nan()), "{t}: all ones");
+    }
+}

@@ -1,0 +1,303 @@
+//! Token sampling: the contract's chain, seeded and bit-for-bit reproducible.
+//!
+//! The order is fixed by `specs/CONTRACT.md`: repetition penalty (over prompt and generated ids)
+//! → temperature → top-k → top-p → min-p → draw, greedy at T = 0, normalising in f64. Where the
+//! contract is silent the stages follow llama.cpp's samplers:
+//!
+//! 1. **Penalty** (`penalty_repeat`): each *distinct* id in `history` (ids outside the vocabulary
+//!    are ignored) has its logit divided by the penalty when > 0, multiplied otherwise.
+//! 2. **Temperature**: logits are divided by T. At T = 0 the sampler returns the argmax of the
+//!    penalised logits (lowest id on ties) and skips everything below, drawing no random number.
+//! 3. **Top-k**: keeps the k highest logits, ties to the lower id, by `select_nth_unstable_by`
+//!    (O(V)); only the k survivors are ever sorted.
+//! 4. **Softmax** over the survivors in f64, after subtracting their maximum.
+//! 5. **Top-p**: keeps the smallest prefix, by probability descending (ties: lower id), whose
+//!    cumulative probability is ≥ p, at least one token. The probabilities are those after top-k,
+//!    as in llama.cpp. Only the most probable candidates are sorted, in a prefix that widens until
+//!    it reaches p; a flat distribution with top-k off degrades to a full sort, O(V log V).
+//! 6. **Min-p**: keeps tokens with p ≥ min_p × p_max (a ratio, so it needs no renormalisation).
+//! 7. **Draw**: one uniform f64 `u` in [0, 1) from the generator; the first survivor whose
+//!    cumulative probability exceeds `u` × (sum of survivors' probabilities) is returned, which is
+//!    the renormalised distribution without a division per token.
+//!
+//! **Walk order.** When top-k or top-p ran, survivors are sorted by probability descending, ties
+//! to the lower id, and the draw walks that order. When neither ran (the contract's defaults) the
+//! draw walks ascending ids: sorting 150k–262k candidates per token would cost more than the rest
+//! of the chain, and the sampled distribution is the same. Either way the order is a function of
+//! the request alone.
+//!
+//! **Determinism.** Every sum, maximum and sort is sequential over a fixed order with a total
+//! tie-break on the id; there is no hashing and no threading. The generator is ChaCha20
+//! ([`rand_chacha::ChaCha20Rng::seed_from_u64`]), whose output does not depend on the platform.
+//! Each non-greedy call consumes exactly one `u64`, so draw *n* is always the *n*-th output.
+//!
+//! **Hostile logits.** NaN counts as -inf; +inf counts as `f32::MAX` (all arithmetic is in f64,
+//! where that stays finite through penalty and temperature). If every logit is -inf the lowest
+//! id, 0, is returned. An empty `logits` slice returns 0 (a caller bug, but not a panic).
+//!
+//! **Use.** Build one [`Sampler`] per request from the request's parameters and seed, and feed
+//! it the full history (prompt + generated ids) at each step. There is deliberately no `reset`:
+//! a fresh sampler per request cannot leak generator state from one request into another.
+
+mod params;
+#[cfg(test)]
+mod tests;
+
+use std::cmp::Ordering;
+
+use rand_chacha::ChaCha20Rng;
+use rand_core::{RngCore, SeedableRng};
+
+use params::Resolved;
+pub use params::SamplingParams;
+
+/// One vocabulary entry on its way through the chain.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Candidate {
+    id: u32,
+    /// Penalised, then temperature-scaled logit; never NaN, never +inf.
+    logit: f64,
+    /// Probability after the softmax (0 before it).
+    p: f64,
+}
+
+/// The sampler of one request: its settings, its seeded generator and reusable buffers.
+///
+/// After the first call with a given vocabulary size, [`Sampler::sample`] allocates nothing.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    cfg: Resolved,
+    rng: ChaCha20Rng,
+    candidates: Vec<Candidate>,
+    /// Bit per vocabulary id: "already penalised in this call"; all zero between calls.
+    seen: Vec<u64>,
+}
+
+impl Sampler {
+    /// A sampler for one request; its generator is seeded from `params.seed`.
+    pub fn new(params: SamplingParams) -> Self {
+        Self {
+            params,
+            cfg: params.resolve(),
+            rng: ChaCha20Rng::seed_from_u64(params.seed),
+            candidates: Vec::new(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// The settings this sampler was built from.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token id from `logits` (one per vocabulary id), given `history`: the
+    /// prompt's ids followed by those generated so far. See the module doc for the chain.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        if logits.is_empty() {
+            return 0;
+        }
+        self.load(logits);
+        if let Some(penalty) = self.cfg.penalty {
+            apply_penalty(&mut self.candidates, &mut self.seen, history, penalty);
+        }
+        let Some(temperature) = self.cfg.temperature else {
+            return argmax(&self.candidates);
+        };
+        // Drawn first so that every non-greedy call consumes exactly one output, whatever the
+        // logits: the n-th draw of a request never depends on earlier degenerate steps.
+        let u = unit_f64(&mut self.rng);
+        let c = &mut self.candidates;
+        c.iter_mut().for_each(|x| x.logit /= temperature);
+        let top_k_ran = top_k(c, self.cfg.top_k);
+        if !softmax(c) {
+            return 0;
+        }
+        if let Some(p) = self.cfg.top_p {
+            top_p(c, p);
+        } else if top_k_ran {
+            c.sort_unstable_by(by_probability);
+        }
+        if let Some(m) = self.cfg.min_p {
+            min_p(c, m);
+        }
+        draw(c, u)
+    }
+
+    /// Fills the candidate buffer in id order, NaN → -inf and +inf → `f32::MAX`.
+    fn load(&mut self, logits: &[f32]) {
+        self.candidates.clear();
+        self.candidates
+            .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+                // Vocabularies are far below 2^32 entries; ids are u32 throughout the workers.
+                id: i as u32,
+                logit: sanitize(l),
+                p: 0.0,
+            }));
+    }
+}
+
+fn sanitize(logit: f32) -> f64 {
+    if logit.is_nan() {
+        f64::NEG_INFINITY
+    } else if logit == f32::INFINITY {
+        f64::from(f32::MAX)
+    } else {
+        f64::from(logit)
+    }
+}
+
+/// Uniform in [0, 1) with 53 random bits: the top bits of one `u64`, the same construction
+/// `rand` uses for `f64`, written out so the mapping is pinned here and not in a dependency.
+fn unit_f64(rng: &mut ChaCha20Rng) -> f64 {
+    const SCALE: f64 = 1.0 / (1u64 << 53) as f64;
+    (rng.next_u64() >> 11) as f64 * SCALE
+}
+
+/// Descending by value, ties to the lower id: the one total order every stage sorts by.
+/// Values are never NaN here, so `partial_cmp` is total (and -0.0 ties with 0.0).
+fn desc_then_id(a: f64, a_id: u32, b: f64, b_id: u32) -> Ordering {
+    b.partial_cmp(&a)
+        .unwrap_or(Ordering::Equal)
+        .then(a_id.cmp(&b_id))
+}
+
+/// Probability descending, ties to the lower id: the order top-p cuts and the draw walks.
+fn by_probability(a: &Candidate, b: &Candidate) -> Ordering {
+    desc_then_id(a.p, a.id, b.p, b.id)
+}
+
+/// llama.cpp's `penalty_repeat` over each distinct in-vocabulary id of `history`.
+/// `candidates` must be in id order (index = id), as [`Sampler::load`] leaves them.
+fn apply_penalty(candidates: &mut [Candidate], seen: &mut Vec<u64>, history: &[u32], penalty: f64) {
+    // A bitset rather than a set type: O(V/64) to clear, no hashing, no allocation once sized.
+    seen.clear();
+    seen.resize(candidates.len().div_ceil(64), 0);
+    for &id in history {
+        let i = id as usize;
+        let Some(c) = candidates.get_mut(i) else {
+            continue;
+        };
+        let (word, bit) = (i / 64, 1u64 << (i % 64));
+        if seen[word] & bit != 0 {
+            continue;
+        }
+        seen[word] |= bit;
+        c.logit = if c.logit > 0.0 {
+            c.logit / penalty
+        } else {
+            c.logit * penalty
+        };
+    }
+}
+
+/// The highest logit, the lowest id on ties (a strict `>` never replaces an earlier id).
+fn argmax(candidates: &[Candidate]) -> u32 {
+    let mut best = match candidates.first() {
+        Some(c) => *c,
+        None => return 0,
+    };
+    for c in candidates {
+        if c.logit > best.logit {
+            best = *c;
+        }
+    }
+    best.id
+}
+
+/// Keeps the `k` highest logits (ties: lower id), unordered; returns whether it cut anything.
+fn top_k(candidates: &mut Vec<Candidate>, k: usize) -> bool {
+    if k == 0 || k >= candidates.len() {
+        return false;
+    }
+    candidates.select_nth_unstable_by(k - 1, |a, b| desc_then_id(a.logit, a.id, b.logit, b.id));
+    candidates.truncate(k);
+    true
+}
+
+/// Softmax in f64 with max subtraction; `false` when every logit is -inf (nothing to sample).
+fn softmax(candidates: &mut [Candidate]) -> bool {
+    let max = candidates
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, c| m.max(c.logit));
+    // Logits are never NaN or +inf here, so "not finite" means every one is -inf.
+    if !max.is_finite() {
+        return false;
+    }
+    let mut sum = 0.0;
+    for c in candidates.iter_mut() {
+        c.p = (c.logit - max).exp();
+        sum += c.p;
+    }
+    // sum ≥ 1: the maximum contributes exp(0).
+    candidates.iter_mut().for_each(|c| c.p /= sum);
+    true
+}
+
+/// Keeps the smallest prefix, by probability descending (ties: lower id), whose cumulative
+/// probability is ≥ `p` (at least one token), and leaves it sorted.
+///
+/// Rather than sorting every candidate, it sorts the `n` most probable (`select_nth_unstable_by`,
+/// O(V)) and widens `n` eightfold until their prefix reaches `p`. The first `n` of the total
+/// order and their sequential prefix sums are exactly those of a full sort, so the result is
+/// bit-identical to one; a flat distribution degrades to a full sort, O(V log V).
+fn top_p(candidates: &mut Vec<Candidate>, p: f64) {
+    let len = candidates.len();
+    let mut n = TOP_P_FIRST_PREFIX.min(len);
+    while n > 0 {
+        if n < len {
+            candidates.select_nth_unstable_by(n - 1, by_probability);
+        }
+        let prefix = &mut candidates[..n];
+        prefix.sort_unstable_by(by_probability);
+        if let Some(keep) = nucleus_len(prefix, p) {
+            candidates.truncate(keep);
+            return;
+        }
+        // Rounding can leave the total just under p: then every token stays.
+        if n == len {
+            return;
+        }
+        n = n.saturating_mul(8).min(len);
+    }
+}
+
+/// How many candidates top-p sorts first: nuclei are usually far smaller.
+const TOP_P_FIRST_PREFIX: usize = 1024;
+
+/// The length of the shortest prefix of sorted `candidates` whose cumulative probability is ≥ `p`.
+fn nucleus_len(candidates: &[Candidate], p: f64) -> Option<usize> {
+    let mut cumulative = 0.0;
+    for (i, c) in candidates.iter().enumerate() {
+        cumulative += c.p;
+        if cumulative >= p {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// Keeps tokens with probability ≥ `min_p` × the highest; order is preserved.
+fn min_p(candidates: &mut Vec<Candidate>, min_p: f64) {
+    let p_max = candidates.iter().fold(0.0_f64, |m, c| m.max(c.p));
+    let threshold = min_p * p_max;
+    candidates.retain(|c| c.p >= threshold);
+}
+
+/// Walks the survivors in their order; returns the first whose cumulative probability exceeds
+/// `u` × total. Zero-probability tokens are never returned.
+fn draw(candidates: &[Candidate], u: f64) -> u32 {
+    let total = candidates.iter().fold(0.0, |s, c| s + c.p);
+    let target = u * total;
+    let mut cumulative = 0.0;
+    let mut last = candidates.first().map_or(0, |c| c.id);
+    for c in candidates.iter().filter(|c| c.p > 0.0) {
+        cumulative += c.p;
+        last = c.id;
+        if target < cumulative {
+            return c.id;
+        }
+    }
+    // Only reachable when u × total rounds up to total: the last token with mass is the answer.
+    last
+}
