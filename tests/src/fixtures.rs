@@ -32,3 +32,29 @@ pub fn unhex(hex: &str) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A fixture's array of token ids.
+pub fn fixture_ids(value: &Value) -> Vec<u32> {
+    let array = value
+        .as_array()
+        .unwrap_or_else(|| panic!("expected an array of ids, got {value}"));
+    array
+        .iter()
+        .map(|id| {
+            id.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .unwrap_or_else(|| panic!("bad id {id}"))
+        })
+        .collect()
+}
+
+/// A sample's per-token pieces (`pieces_plain`), as bytes.
+pub fn fixture_pieces(sample: &Value) -> Vec<Vec<u8>> {
+    let array = sample["pieces_plain"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no pieces_plain in {sample}"));
+    array
+        .iter()
+        .map(|piece| unhex(piece.as_str().unwrap_or_default()))
+        .collect()
+}

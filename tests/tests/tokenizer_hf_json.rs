@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use llorch_tests::assets::Model;
-use llorch_tests::fixtures::tokenizer_fixture;
+use llorch_tests::fixtures::{fixture_ids, tokenizer_fixture};
 use serde_json::{Value as Json, json};
 use worker_common::gguf::{ArrayValue, Gguf, Value};
 use worker_common::tokenizer::{TokenType, Tokenizer, TokenizerKind};
@@ -74,15 +74,6 @@ fn model_dir_with_tokenizer_json(gguf: &Gguf) -> (PathBuf, PathBuf) {
     (dir, model)
 }
 
-fn ids(value: &Json) -> Vec<u32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 fn a_tokenizer_json_beside_the_model_is_used_and_agrees_with_llama_cpp() {
     let gguf = Gguf::open(Model::SmolLm2.path()).unwrap();
@@ -98,7 +89,12 @@ fn a_tokenizer_json_beside_the_model_is_used_and_agrees_with_llama_cpp() {
             continue;
         }
         let got = tokenizer.encode(text, false, false).unwrap();
-        assert_eq!(got, ids(&sample["ids_plain"]), "{:?}", sample["name"]);
+        assert_eq!(
+            got,
+            fixture_ids(&sample["ids_plain"]),
+            "{:?}",
+            sample["name"]
+        );
         assert_eq!(tokenizer.decode(&got), text, "{:?}", sample["name"]);
         compared += 1;
     }

@@ -6,21 +6,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use llorch_tests::assets::Model;
-use llorch_tests::fixtures::{tokenizer_fixture, unhex};
-use serde_json::Value as Json;
+use llorch_tests::fixtures::{fixture_ids, fixture_pieces, tokenizer_fixture};
 use std::collections::BTreeSet;
 use worker_common::gguf::Gguf;
 use worker_common::tokenizer::stream::StreamDecoder;
 use worker_common::tokenizer::{Tokenizer, TokenizerKind};
-
-fn ids(value: &Json) -> Vec<u32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// Streams `ids` through the decoder; every fragment must be non-empty valid UTF-8 (a `String`).
 fn streamed(tokenizer: &Tokenizer, ids: &[u32]) -> String {
@@ -41,7 +31,7 @@ fn check(model: Model, kind: TokenizerKind) {
     let gguf = Gguf::open(model.path()).unwrap();
     let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
     assert_eq!(tokenizer.kind(), kind);
-    let eog: BTreeSet<u32> = ids(&fixture["eog_ids"]).into_iter().collect();
+    let eog: BTreeSet<u32> = fixture_ids(&fixture["eog_ids"]).into_iter().collect();
     assert_eq!(
         tokenizer.vocab().end_of_generation(),
         &eog,
@@ -53,26 +43,21 @@ fn check(model: Model, kind: TokenizerKind) {
         let name = sample["name"].as_str().unwrap();
         let text = sample["text"].as_str().unwrap();
         let plain = tokenizer.encode(text, false, false).unwrap();
-        if plain != ids(&sample["ids_plain"]) {
+        if plain != fixture_ids(&sample["ids_plain"]) {
             failures.push(format!(
                 "{name}: plain ids {plain:?} != {:?}",
-                ids(&sample["ids_plain"])
+                fixture_ids(&sample["ids_plain"])
             ));
             continue;
         }
         let special = tokenizer.encode(text, true, true).unwrap();
-        if special != ids(&sample["ids_special"]) {
+        if special != fixture_ids(&sample["ids_special"]) {
             failures.push(format!(
                 "{name}: special ids {special:?} != {:?}",
-                ids(&sample["ids_special"])
+                fixture_ids(&sample["ids_special"])
             ));
         }
-        let pieces: Vec<Vec<u8>> = sample["pieces_plain"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| unhex(p.as_str().unwrap()))
-            .collect();
+        let pieces = fixture_pieces(sample);
         let ours: Vec<Vec<u8>> = plain.iter().map(|&id| tokenizer.token_bytes(id)).collect();
         if ours != pieces {
             failures.push(format!(

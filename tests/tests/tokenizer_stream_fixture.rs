@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use llorch_tests::assets::Model;
-use llorch_tests::fixtures::{tokenizer_fixture, unhex};
+use llorch_tests::fixtures::{fixture_pieces, tokenizer_fixture};
 use worker_common::tokenizer::stream::StreamDecoder;
 
 #[test]
@@ -16,12 +16,7 @@ fn streamed_pieces_equal_one_shot_detokenize() {
         let mut split_code_points = 0;
         for sample in fixture["samples"].as_array().unwrap() {
             let name = sample["name"].as_str().unwrap();
-            let pieces: Vec<Vec<u8>> = sample["pieces_plain"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| unhex(p.as_str().unwrap()))
-                .collect();
+            let pieces = fixture_pieces(sample);
             split_code_points += pieces
                 .iter()
                 .filter(|p| std::str::from_utf8(p).is_err())
