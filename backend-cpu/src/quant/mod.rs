@@ -11,6 +11,8 @@
 //! same bits). Faster kernels may reorder the products freely, but must not, say, precompute
 //! `1/d` or fold `m` into a different sum.
 
+pub mod activation;
+pub mod dot;
 mod float;
 mod k_quants;
 mod legacy;
