@@ -138,4 +138,6 @@ fn f16_le(bytes: [u8; 2]) -> f32 {
 }
 
 #[cfg(test)]
+mod test_rng;
+#[cfg(test)]
 mod tests;

@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use super::test_rng::Rng;
 use super::*;
 
 const F16_ONE: [u8; 2] = [0x00, 0x3C];
@@ -264,22 +265,6 @@ fn unsupported_types_are_errors_naming_the_type() {
         assert!(err.to_string().contains(t.name()), "{err}");
     }
     assert!(!is_supported(GgmlType::Q2_K));
-}
-
-/// A small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 #[test]

@@ -9,24 +9,16 @@ use worker_common::gguf::GgmlType;
 use super::*;
 use crate::quant::activation::{quantize_q8_0, quantize_q8_1};
 use crate::quant::dequantize;
+use crate::quant::test_rng::Rng;
 
-/// xorshift64*: deterministic, dependency-free test data.
-struct Rng(u64);
+/// Test data beyond the shared generator: scales and quants with the edge cases kernels miss.
+trait QuantData {
+    fn scale(&mut self) -> f16;
+    fn quant(&mut self) -> u8;
+    fn q8(&mut self) -> [i8; 32];
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn byte(&mut self) -> u8 {
-        (self.next() >> 56) as u8
-    }
-    /// Uniform in `[-1, 1)`.
-    fn unit(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
-    }
+impl QuantData for Rng {
     /// A scale: often random of either sign and varied magnitude, sometimes exactly zero.
     fn scale(&mut self) -> f16 {
         match self.next() % 8 {
