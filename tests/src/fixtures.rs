@@ -21,6 +21,18 @@ pub fn tokenizer_fixture(model: Model, kind: Option<&str>) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
 }
 
+/// `tests/fixtures/logits/<model file stem>.json`: llama.cpp's top-20 logits at every position
+/// of a few token sequences, from `scripts/gen-logit-fixtures.py`.
+pub fn logit_fixture(model: Model) -> Value {
+    let stem = model.file_name().trim_end_matches(".gguf");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/logits")
+        .join(format!("{stem}.json"));
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+}
+
 /// Bytes of a lower-case hex string, as the fixtures store token pieces.
 pub fn unhex(hex: &str) -> Vec<u8> {
     assert!(hex.len() % 2 == 0, "odd-length hex {hex:?}");

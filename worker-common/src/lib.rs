@@ -2,8 +2,12 @@
 //!
 //! - [`gguf`]: a zero-copy GGUF v3 reader that validates every offset before use.
 //! - [`model`]: a validated [`model::ModelSpec`] built from a GGUF file's metadata and tensors.
+//! - [`backend`]: the [`backend::InferenceBackend`] trait every compute backend implements.
+//! - [`generate`]: the one generation loop both workers run.
 //! - [`sampling`]: the contract's seeded sampler chain (penalty → temperature → top-k/p → min-p).
 
+pub mod backend;
+pub mod generate;
 pub mod gguf;
 pub mod model;
 pub mod sampling;

@@ -98,3 +98,74 @@ pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) -> Result<(), DotError
     }));
     Ok(())
 }
+
+/// Elements per Q8_K (and Q4_K, Q5_K, Q6_K) super-block (`QK_K`).
+pub const QK_K: usize = 256;
+
+/// One Q8_K activation super-block, as ggml's `block_q8_K`: `x[j] ≈ d * qs[j]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ8K {
+    /// Scale, `1 / (-127 / max)` in f32, where `max` is the signed element of largest
+    /// magnitude (so `d` has the opposite sign of `max`); 0 for an all-zero block.
+    pub d: f32,
+    /// Quants, in `-127..=127` when produced by [`quantize_q8_k`] (any i8 is accepted by the
+    /// dot kernels).
+    pub qs: [i8; QK_K],
+    /// `bsums[k] = Σ qs[16k..16k + 16]`; the Q4_K / Q5_K kernels use these for the min term,
+    /// as ggml does, so they must agree with `qs` for a meaningful result (any values are
+    /// safe: no overflow, no panic).
+    pub bsums: [i16; QK_K / 16],
+}
+
+/// `nearest_int` of ggml for the finite values it is asked about: round half to even (ggml
+/// adds `1.5 · 2^23`, which rounds the same way for `|x| < 2^22`), then `MIN(127, v)`. Clamped
+/// to the i8 range and NaN mapped to 0 so that non-finite activations cannot panic (ggml's
+/// result is undefined there).
+fn nearest_q8_k(x: f32) -> i8 {
+    (x.round_ties_even() as i32).clamp(-128, 127) as i8
+}
+
+/// Quantizes `x` (a whole number of 256-element super-blocks) into `out` as Q8_K, replacing
+/// its contents; bit-exact with ggml's `quantize_row_q8_K_ref` (b11434) for finite input.
+///
+/// Errors, leaving `out` untouched, when `x.len()` is not a multiple of 256.
+pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>) -> Result<(), DotError> {
+    if x.len() % QK_K != 0 {
+        return Err(DotError::PartialSuperBlock { elements: x.len() });
+    }
+    out.clear();
+    out.extend(
+        x.chunks_exact(QK_K)
+            .filter_map(|b| <&[f32; QK_K]>::try_from(b).ok())
+            .map(|x| {
+                // The first element of largest magnitude, with its sign (ggml's strict `>`;
+                // NaNs never compare greater, so they are skipped as in C).
+                let (mut amax, mut max) = (0.0f32, 0.0f32);
+                for &v in x {
+                    if v.abs() > amax {
+                        amax = v.abs();
+                        max = v;
+                    }
+                }
+                if amax == 0.0 {
+                    return BlockQ8K {
+                        d: 0.0,
+                        qs: [0; QK_K],
+                        bsums: [0; QK_K / 16],
+                    };
+                }
+                let iscale = -127.0 / max;
+                let qs = x.map(|v| nearest_q8_k(iscale * v));
+                // 16 quants of at most 128 in magnitude: fits i16 exactly.
+                let bsums = std::array::from_fn(|k| {
+                    qs[16 * k..16 * k + 16].iter().map(|&q| i16::from(q)).sum()
+                });
+                BlockQ8K {
+                    d: 1.0 / iscale,
+                    qs,
+                    bsums,
+                }
+            }),
+    );
+    Ok(())
+}

@@ -1,30 +1,83 @@
-//! Dot products of one quantized weight row with one quantized activation row, the ggml way.
+//! Dot products of one weight row with one activation row, the ggml way.
 //!
 //! # Summation order
 //!
-//! For every block `i = 0, 1, …, n-1`, in that order:
+//! Every kernel has one fixed order, documented here; the SIMD kernels (runtime-detected)
+//! compute the same exact integer sums and the same f32 operations in the same order, so they
+//! are bit-identical to the [`scalar`] reference, and a row's result never depends on the
+//! thread count or on which kernel ran. Separate multiply and add (no FMA) are used in the
+//! quantized kernels on purpose: Rust never contracts `a * b + c` on its own.
 //!
-//! 1. an exact i32 sum `isum_i` of the 32 integer products (at most `32 * 128 * 128 = 2^19`
-//!    in magnitude, so no overflow, and exactly representable in f32);
-//! 2. `sum = sum + (d_w * d_a) * isum_i` in f32, starting from `sum = 0.0`. Q4_1 adds its
-//!    offset term inside the same step: `sum = sum + ((d_w * d_a) * isum_i + m_w * s_a)`.
+//! Kernel choice, detected once per process: AVX-512 VNNI (256-bit, `avx512vnni` +
+//! `avx512vl`, integer formats only) before AVX2 + FMA + F16C before [`scalar`]. The legacy
+//! SIMD kernels take blocks eight at a time and compute the eight f32 block terms in one
+//! vector with the scalar step's own operations, then add them to the sum one by one in block
+//! order, which keeps them bit-identical.
+//!
+//! **Legacy formats** (32-element blocks; Q8_0, Q4_0, Q5_0 × Q8_0 and Q4_1, Q5_1 × Q8_1). For
+//! every block `i = 0, 1, …, n-1`, in that order:
+//!
+//! 1. an exact i32 sum `isum_i` of the 32 integer products (weight quants after their offset,
+//!    `q - 8` for Q4_0 and `q - 16` for Q5_0; at most `32 * 128 * 128 = 2^19` in magnitude, so
+//!    no overflow, and exactly representable in f32);
+//! 2. `sum = sum + (d_w * d_a) * isum_i` in f32, starting from `sum = 0.0`. Q4_1 and Q5_1 add
+//!    their offset term inside the same step: `sum = sum + ((d_w * d_a) * isum_i + m_w * s_a)`.
 //!
 //! `d_w * d_a` and `m_w * s_a` are products of two f16 values, hence exact in f32, so each
-//! block term is rounded once, and the result depends only on the row's data, never on how
-//! rows are spread over threads or which kernel ([`scalar`] or AVX2) ran. Separate multiply
-//! and add (no FMA) are used on purpose: Rust never contracts `a * b + c` on its own, and the
-//! AVX2 kernels keep the same scalar f32 steps, so they are bit-identical to the scalar ones.
+//! block term is rounded once. This is the order of ggml's `ggml_vec_dot_*_generic`, except
+//! for Q4_0, where ggml computes `(isum * d_w) * d_a`, which may round differently in the last
+//! bit; we use the one formula for all formats.
 //!
-//! This is the order of ggml's `ggml_vec_dot_*_generic`, except for Q4_0, where ggml computes
-//! `(isum * d_w) * d_a`, which may round differently in the last bit; we use the one formula
-//! for all three formats.
+//! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q4_K, Q5_K, Q6_K). For every
+//! super-block in order, exact i32 sums, then one f32 step:
+//!
+//! - Q4_K / Q5_K: `isum = Σ_j sc_j · Σ_{l in sub-block j} q_l · y_l` over the 8 sub-blocks of
+//!   32 (`q` the unsigned 4- or 5-bit quant, `sc_j` the 6-bit scale), and
+//!   `msum = Σ_j m_j · (bsums[2j] + bsums[2j+1])` (`m_j` the 6-bit min, `bsums` the activation
+//!   block's stored sums, as ggml uses them); then
+//!   `sum = sum + ((d_w * d_a) * isum - (dmin_w * d_a) * msum)`.
+//! - Q6_K: `isum = Σ_k sc_k · Σ_{l in sub-block k} (q_l - 32) · y_l` over the 16 sub-blocks of
+//!   16 (`sc_k` the signed 8-bit scale), computed from the quants (not `bsums`); then
+//!   `sum = sum + (d_w * d_a) * isum`.
+//!
+//! `isum` and `msum` are converted to f32 with one rounding (they may exceed 2^24). No
+//! overflow for any input bytes: Q4_K `|isum| ≤ 256·15·128·63 < 2^25`, Q5_K
+//! `≤ 256·31·128·63 < 2^26`, Q6_K `≤ 256·32·128·128 = 2^27`, and `|msum| ≤ 8·63·2·32768 < 2^25`
+//! even for arbitrary i16 `bsums`.
+//!
+//! **Float rows** (F32, F16, BF16 weights × f32 activations): 32 lane accumulators
+//! `acc[l]`, `l = 0..32`, all `+0.0`; for every full chunk `c` of 32 elements in order,
+//! `acc[l] = fma(w[32c + l], a[32c + l], acc[l])` (one rounding, `f32::mul_add`). Then the
+//! fixed pairwise reduction `acc[l] += acc[l + 16]` (l < 16), `acc[l] += acc[l + 8]` (l < 8),
+//! `acc[l] += acc[l + 4]` (l < 4), `acc[l] += acc[l + 2]` (l < 2), `sum = acc[0] + acc[1]`,
+//! and finally the tail (`n mod 32` elements) in order, `sum = fma(w[j], a[j], sum)`. F16 and
+//! BF16 weights are widened exactly first. Bit-identity holds for finite results; NaN payloads
+//! are not specified.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_float;
+#[cfg(target_arch = "x86_64")]
+mod avx2_k;
+#[cfg(target_arch = "x86_64")]
+mod batch;
+mod float;
+mod k_quants;
+mod legacy;
+pub mod scalar;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_float;
+#[cfg(test)]
+mod tests_k;
+#[cfg(test)]
+mod tests_vnni;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
-use super::activation::{BlockQ8_0, BlockQ8_1, QK8};
+use super::activation::{BlockQ8_0, BlockQ8_1, BlockQ8K, QK_K, QK8};
 use super::f16_le;
 
 /// Bytes per Q8_0 weight block: `d: f16`, `qs: [i8; 32]`.
@@ -33,6 +86,17 @@ pub const Q8_0_BYTES: usize = 34;
 pub const Q4_0_BYTES: usize = 18;
 /// Bytes per Q4_1 weight block: `d: f16`, `m: f16`, `qs: [u8; 16]`.
 pub const Q4_1_BYTES: usize = 20;
+/// Bytes per Q5_0 weight block: `d: f16`, `qh: u32`, `qs: [u8; 16]`.
+pub const Q5_0_BYTES: usize = 22;
+/// Bytes per Q5_1 weight block: `d: f16`, `m: f16`, `qh: u32`, `qs: [u8; 16]`.
+pub const Q5_1_BYTES: usize = 24;
+/// Bytes per Q4_K super-block: `d, dmin: f16`, `scales: [u8; 12]`, `qs: [u8; 128]`.
+pub const Q4_K_BYTES: usize = 144;
+/// Bytes per Q5_K super-block: `d, dmin: f16`, `scales: [u8; 12]`, `qh: [u8; 32]`,
+/// `qs: [u8; 128]`.
+pub const Q5_K_BYTES: usize = 176;
+/// Bytes per Q6_K super-block: `ql: [u8; 128]`, `qh: [u8; 64]`, `scales: [i8; 16]`, `d: f16`.
+pub const Q6_K_BYTES: usize = 210;
 
 /// Why a row could not be quantized or dotted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,16 +107,23 @@ pub enum DotError {
         /// Length of the activation row.
         elements: usize,
     },
-    /// The weight row's bytes do not hold exactly one block per activation block.
+    /// An activation row is not a whole number of 256-element super-blocks (Q8_K).
+    #[error("{elements} activations is not a whole number of {QK_K}-element super-blocks")]
+    PartialSuperBlock {
+        /// Length of the activation row.
+        elements: usize,
+    },
+    /// The weight row's bytes do not hold exactly one block per activation block (for float
+    /// rows: one element per activation).
     #[error(
         "weight row of {bytes} bytes does not match {blocks} activation blocks of {block_bytes} bytes"
     )]
     LengthMismatch {
         /// Length of the weight row.
         bytes: usize,
-        /// Number of activation blocks.
+        /// Number of activation blocks (or activations, for float rows).
         blocks: usize,
-        /// Bytes per weight block.
+        /// Bytes per weight block (or element).
         block_bytes: usize,
     },
 }
@@ -78,102 +149,82 @@ fn weight_blocks<const B: usize>(w: &[u8]) -> impl Iterator<Item = &[u8; B]> {
     w.chunks_exact(B).filter_map(|b| b.try_into().ok())
 }
 
-/// Dot product of a Q8_0 weight row (`w`, raw little-endian blocks from the model file) with
-/// Q8_0 activations, using AVX2 when the CPU has it; bit-identical either way.
-///
-/// Errors when `w` is not exactly one 34-byte block per activation block; never panics.
-pub fn dot_q8_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, DotError> {
-    let w = check_len::<Q8_0_BYTES>(w, a.len())?;
-    #[cfg(target_arch = "x86_64")]
-    if let Some(sum) = avx2::q8_0_q8_0(w, a) {
-        return Ok(sum);
-    }
-    Ok(scalar::q8_0_q8_0(w, a))
-}
-
-/// Dot product of a Q4_0 weight row with Q8_0 activations; see [`dot_q8_0_q8_0`].
-pub fn dot_q4_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, DotError> {
-    let w = check_len::<Q4_0_BYTES>(w, a.len())?;
-    #[cfg(target_arch = "x86_64")]
-    if let Some(sum) = avx2::q4_0_q8_0(w, a) {
-        return Ok(sum);
-    }
-    Ok(scalar::q4_0_q8_0(w, a))
-}
-
-/// Dot product of a Q4_1 weight row with Q8_1 activations; see [`dot_q8_0_q8_0`].
-pub fn dot_q4_1_q8_1(w: &[u8], a: &[BlockQ8_1]) -> Result<f32, DotError> {
-    let w = check_len::<Q4_1_BYTES>(w, a.len())?;
-    #[cfg(target_arch = "x86_64")]
-    if let Some(sum) = avx2::q4_1_q8_1(w, a) {
-        return Ok(sum);
-    }
-    Ok(scalar::q4_1_q8_1(w, a))
-}
-
-/// The scalar reference kernels: the oracle the SIMD kernels must match bit for bit.
-///
-/// Public so benchmarks and tests can force the scalar path; lengths are checked as by the
-/// dispatching functions.
-pub mod scalar {
-    use super::*;
-
-    /// [`dot_q8_0_q8_0`](super::dot_q8_0_q8_0) without SIMD.
-    pub fn dot_q8_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, DotError> {
-        Ok(q8_0_q8_0(check_len::<Q8_0_BYTES>(w, a.len())?, a))
-    }
-
-    /// [`dot_q4_0_q8_0`](super::dot_q4_0_q8_0) without SIMD.
-    pub fn dot_q4_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, DotError> {
-        Ok(q4_0_q8_0(check_len::<Q4_0_BYTES>(w, a.len())?, a))
-    }
-
-    /// [`dot_q4_1_q8_1`](super::dot_q4_1_q8_1) without SIMD.
-    pub fn dot_q4_1_q8_1(w: &[u8], a: &[BlockQ8_1]) -> Result<f32, DotError> {
-        Ok(q4_1_q8_1(check_len::<Q4_1_BYTES>(w, a.len())?, a))
-    }
-
-    /// Low nibble of byte `j` is element `j`, high nibble element `j + 16` (ggml's layout).
-    fn nibble_dot(qs: &[u8], y: &[i8; QK8], offset: i32) -> i32 {
-        let (y_lo, y_hi) = y.split_at(QK8 / 2);
-        qs.iter()
-            .zip(y_lo.iter().zip(y_hi))
-            .map(|(&q, (&y0, &y1))| {
-                (i32::from(q & 0x0F) - offset) * i32::from(y0)
-                    + (i32::from(q >> 4) - offset) * i32::from(y1)
-            })
-            .sum()
-    }
-
-    pub(super) fn q8_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-        let mut sum = 0.0f32;
-        for (w, a) in weight_blocks::<Q8_0_BYTES>(w).zip(a) {
-            let isum: i32 = w[2..]
-                .iter()
-                .zip(&a.qs)
-                .map(|(&q, &y)| i32::from(q as i8) * i32::from(y))
-                .sum();
-            sum += (f16_le([w[0], w[1]]) * a.d.to_f32()) * isum as f32;
+/// Defines a public dispatching dot: check lengths, try the SIMD kernels, else scalar.
+macro_rules! dispatch {
+    ($(#[$doc:meta])* $name:ident, $act:ty, $bytes:expr, $kernel:ident, [$($simd:path),*]) => {
+        $(#[$doc])*
+        pub fn $name(w: &[u8], a: &[$act]) -> Result<f32, DotError> {
+            let w = check_len::<{ $bytes }>(w, a.len())?;
+            $(
+                #[cfg(target_arch = "x86_64")]
+                if let Some(sum) = $simd(w, a) {
+                    return Ok(sum);
+                }
+            )*
+            Ok(scalar::$kernel(w, a))
         }
-        sum
-    }
-
-    pub(super) fn q4_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-        let mut sum = 0.0f32;
-        for (w, a) in weight_blocks::<Q4_0_BYTES>(w).zip(a) {
-            let isum = nibble_dot(&w[2..], &a.qs, 8);
-            sum += (f16_le([w[0], w[1]]) * a.d.to_f32()) * isum as f32;
-        }
-        sum
-    }
-
-    pub(super) fn q4_1_q8_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-        let mut sum = 0.0f32;
-        for (w, a) in weight_blocks::<Q4_1_BYTES>(w).zip(a) {
-            let isum = nibble_dot(&w[4..], &a.qs, 0);
-            let (d, m) = (f16_le([w[0], w[1]]), f16_le([w[2], w[3]]));
-            sum += (d * a.d.to_f32()) * isum as f32 + m * a.s.to_f32();
-        }
-        sum
-    }
+    };
 }
+
+dispatch!(
+    /// Dot product of a Q8_0 weight row (`w`, raw little-endian blocks from the model file)
+    /// with Q8_0 activations, using AVX-512 VNNI or AVX2 when the CPU has them; bit-identical
+    /// either way.
+    ///
+    /// Errors when `w` is not exactly one 34-byte block per activation block; never panics.
+    dot_q8_0_q8_0, BlockQ8_0, Q8_0_BYTES, q8_0_q8_0, [vnni::q8_0_q8_0, avx2::q8_0_q8_0]
+);
+dispatch!(
+    /// Dot product of a Q4_0 weight row with Q8_0 activations; see [`dot_q8_0_q8_0`].
+    dot_q4_0_q8_0, BlockQ8_0, Q4_0_BYTES, q4_0_q8_0, [vnni::q4_0_q8_0, avx2::q4_0_q8_0]
+);
+dispatch!(
+    /// Dot product of a Q4_1 weight row with Q8_1 activations; see [`dot_q8_0_q8_0`].
+    dot_q4_1_q8_1, BlockQ8_1, Q4_1_BYTES, q4_1_q8_1, [vnni::q4_1_q8_1, avx2::q4_1_q8_1]
+);
+dispatch!(
+    /// Dot product of a Q5_0 weight row (22-byte blocks) with Q8_0 activations; see
+    /// [`dot_q8_0_q8_0`].
+    dot_q5_0_q8_0, BlockQ8_0, Q5_0_BYTES, q5_0_q8_0, [vnni::q5_0_q8_0, avx2::q5_0_q8_0]
+);
+dispatch!(
+    /// Dot product of a Q5_1 weight row (24-byte blocks) with Q8_1 activations; see
+    /// [`dot_q8_0_q8_0`].
+    dot_q5_1_q8_1, BlockQ8_1, Q5_1_BYTES, q5_1_q8_1, [vnni::q5_1_q8_1, avx2::q5_1_q8_1]
+);
+dispatch!(
+    /// Dot product of a Q4_K weight row (144-byte super-blocks) with Q8_K activations (one
+    /// super-block each), using AVX-512 VNNI or AVX2 when the CPU has them; bit-identical
+    /// either way.
+    ///
+    /// Errors when `w` is not exactly one super-block per activation block; never panics.
+    dot_q4_k_q8_k, BlockQ8K, Q4_K_BYTES, q4_k_q8_k, [vnni::q4_k_q8_k, avx2_k::q4_k_q8_k]
+);
+dispatch!(
+    /// Dot product of a Q5_K weight row (176-byte super-blocks) with Q8_K activations; see
+    /// [`dot_q4_k_q8_k`].
+    dot_q5_k_q8_k, BlockQ8K, Q5_K_BYTES, q5_k_q8_k, [vnni::q5_k_q8_k, avx2_k::q5_k_q8_k]
+);
+dispatch!(
+    /// Dot product of a Q6_K weight row (210-byte super-blocks) with Q8_K activations; see
+    /// [`dot_q4_k_q8_k`].
+    dot_q6_k_q8_k, BlockQ8K, Q6_K_BYTES, q6_k_q8_k, [vnni::q6_k_q8_k, avx2_k::q6_k_q8_k]
+);
+dispatch!(
+    /// Dot product of an F32 weight row (`w`, raw little-endian bytes, any alignment) with f32
+    /// activations, using AVX2+FMA when the CPU has it; bit-identical either way (for finite
+    /// results; see the module docs for the order).
+    ///
+    /// Errors when `w` is not exactly 4 bytes per activation; never panics.
+    dot_f32_f32, f32, 4, f32_f32, [avx2_float::f32_f32]
+);
+dispatch!(
+    /// Dot product of an F16 weight row (raw little-endian bytes) with f32 activations, using
+    /// AVX2+FMA+F16C when the CPU has it; see [`dot_f32_f32`].
+    dot_f16_f32, f32, 2, f16_f32, [avx2_float::f16_f32]
+);
+dispatch!(
+    /// Dot product of a BF16 weight row (raw little-endian bytes) with f32 activations; see
+    /// [`dot_f32_f32`].
+    dot_bf16_f32, f32, 2, bf16_f32, [avx2_float::bf16_f32]
+);

@@ -138,6 +138,6 @@ fn f16_le(bytes: [u8; 2]) -> f32 {
 }
 
 #[cfg(test)]
-mod test_rng;
+pub(crate) mod test_rng;
 #[cfg(test)]
 mod tests;

@@ -12,7 +12,7 @@ use crate::quant::dequantize;
 use crate::quant::test_rng::Rng;
 
 /// Test data beyond the shared generator: scales and quants with the edge cases kernels miss.
-trait QuantData {
+pub(super) trait QuantData {
     fn scale(&mut self) -> f16;
     fn quant(&mut self) -> u8;
     fn q8(&mut self) -> [i8; 32];
@@ -40,10 +40,10 @@ impl QuantData for Rng {
     }
 }
 
-const SIZES: [usize; 5] = [1, 3, 7, 33, 100];
+pub(super) const SIZES: [usize; 5] = [1, 3, 7, 33, 100];
 
 /// Random weight rows: `head` scale/offset bytes as random f16 scales, the rest quants.
-fn weights(rng: &mut Rng, blocks: usize, block_bytes: usize, head: usize) -> Vec<u8> {
+pub(super) fn weights(rng: &mut Rng, blocks: usize, block_bytes: usize, head: usize) -> Vec<u8> {
     let mut w = Vec::with_capacity(blocks * block_bytes);
     for _ in 0..blocks {
         for _ in 0..head / 2 {
@@ -54,7 +54,7 @@ fn weights(rng: &mut Rng, blocks: usize, block_bytes: usize, head: usize) -> Vec
     w
 }
 
-fn q8_0_acts(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8_0> {
+pub(super) fn q8_0_acts(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8_0> {
     (0..blocks)
         .map(|_| BlockQ8_0 {
             d: rng.scale(),
@@ -63,7 +63,7 @@ fn q8_0_acts(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8_0> {
         .collect()
 }
 
-fn q8_1_acts(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8_1> {
+pub(super) fn q8_1_acts(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8_1> {
     (0..blocks)
         .map(|_| BlockQ8_1 {
             d: rng.scale(),
@@ -75,7 +75,7 @@ fn q8_1_acts(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8_1> {
 
 /// Whether the AVX2 kernels run here; says so loudly when they do not, since the SIMD
 /// comparisons then only exercise the scalar path.
-fn simd_available() -> bool {
+pub(super) fn simd_available() -> bool {
     let available = avx2::q8_0_q8_0(&[], &[]).is_some();
     if !available {
         eprintln!(
@@ -122,6 +122,25 @@ fn avx2_matches_scalar_bit_for_bit() {
                 let v = avx2::q4_1_q8_1(&w, &a).unwrap();
                 assert_eq!(v.to_bits(), reference.to_bits(), "q4_1 avx2 {ctx}");
             }
+
+            let w = weights(&mut rng, blocks, Q5_1_BYTES, 4);
+            let reference = scalar::dot_q5_1_q8_1(&w, &a).unwrap();
+            let dispatched = dot_q5_1_q8_1(&w, &a).unwrap();
+            assert_eq!(dispatched.to_bits(), reference.to_bits(), "q5_1 {ctx}");
+            if simd {
+                let v = avx2::q5_1_q8_1(&w, &a).unwrap();
+                assert_eq!(v.to_bits(), reference.to_bits(), "q5_1 avx2 {ctx}");
+            }
+
+            let w = weights(&mut rng, blocks, Q5_0_BYTES, 2);
+            let a = q8_0_acts(&mut rng, blocks);
+            let reference = scalar::dot_q5_0_q8_0(&w, &a).unwrap();
+            let dispatched = dot_q5_0_q8_0(&w, &a).unwrap();
+            assert_eq!(dispatched.to_bits(), reference.to_bits(), "q5_0 {ctx}");
+            if simd {
+                let v = avx2::q5_0_q8_0(&w, &a).unwrap();
+                assert_eq!(v.to_bits(), reference.to_bits(), "q5_0 avx2 {ctx}");
+            }
         }
     }
 }
@@ -142,6 +161,52 @@ fn extreme_quants_are_exact() {
         assert_eq!(dot_q8_0_q8_0(&w, &a).unwrap(), expected);
         if simd {
             assert_eq!(avx2::q8_0_q8_0(&w, &a).unwrap(), expected);
+        }
+    }
+}
+
+/// All-extreme 5-bit blocks (every quant 31, or 0, against ±128 / 127) and a Q5_0 block
+/// whose fifth bits alternate, against hand-computed sums.
+#[test]
+fn extreme_five_bit_quants_are_exact() {
+    let simd = simd_available();
+    for (qh, qs, aq) in [
+        (u32::MAX, 0xFFu8, -128i8),
+        (u32::MAX, 0xFF, 127),
+        (0, 0, -128),
+        (0, 0, 127),
+        (0xAAAA_AAAA, 0x5A, -128),
+    ] {
+        let q = |j: usize| {
+            let nib = if j < 16 { qs & 0x0F } else { qs >> 4 };
+            i32::from(nib) | (((qh >> j) & 1) << 4) as i32
+        };
+        let dot0: i32 = (0..32).map(|j| (q(j) - 16) * i32::from(aq)).sum();
+        let dot1: i32 = (0..32).map(|j| q(j) * i32::from(aq)).sum();
+
+        let mut w0 = f16::ONE.to_le_bytes().to_vec();
+        w0.extend(qh.to_le_bytes());
+        w0.extend([qs; 16]);
+        let a0 = [BlockQ8_0 {
+            d: f16::ONE,
+            qs: [aq; 32],
+        }];
+        let mut w1 = f16::ONE.to_le_bytes().to_vec();
+        w1.extend(f16::from_f32(0.5).to_le_bytes());
+        w1.extend(qh.to_le_bytes());
+        w1.extend([qs; 16]);
+        let a1 = [BlockQ8_1 {
+            d: f16::ONE,
+            s: f16::from_f32(2.0),
+            qs: [aq; 32],
+        }];
+        assert_eq!(scalar::dot_q5_0_q8_0(&w0, &a0).unwrap(), dot0 as f32);
+        assert_eq!(dot_q5_0_q8_0(&w0, &a0).unwrap(), dot0 as f32);
+        assert_eq!(scalar::dot_q5_1_q8_1(&w1, &a1).unwrap(), dot1 as f32 + 1.0);
+        assert_eq!(dot_q5_1_q8_1(&w1, &a1).unwrap(), dot1 as f32 + 1.0);
+        if simd {
+            assert_eq!(avx2::q5_0_q8_0(&w0, &a0).unwrap(), dot0 as f32);
+            assert_eq!(avx2::q5_1_q8_1(&w1, &a1).unwrap(), dot1 as f32 + 1.0);
         }
     }
 }
@@ -170,6 +235,10 @@ fn length_mismatches_are_errors() {
     assert_eq!(dot_q4_0_q8_0(&[0; 17], &a), err(17, 1, 18));
     assert_eq!(dot_q4_1_q8_1(&[0; 21], &b), err(21, 1, 20));
     assert_eq!(dot_q4_1_q8_1(&[0; 20], &[]), err(20, 0, 20));
+    assert_eq!(dot_q5_0_q8_0(&[0; 23], &a), err(23, 1, 22));
+    assert_eq!(scalar::dot_q5_0_q8_0(&[0; 21], &a), err(21, 1, 22));
+    assert_eq!(dot_q5_1_q8_1(&[0; 22], &b), err(22, 1, 24));
+    assert_eq!(scalar::dot_q5_1_q8_1(&[0; 25], &b), err(25, 1, 24));
     assert_eq!(dot_q8_0_q8_0(&[], &[]), Ok(0.0));
 
     let mut out = vec![a[0]];
@@ -192,7 +261,7 @@ fn q8_0_bytes(blocks: &[BlockQ8_0]) -> Vec<u8> {
 }
 
 /// Random activations with per-block magnitudes from 0.1 to ~1000, so `d` is a normal f16.
-fn activations(rng: &mut Rng, blocks: usize) -> Vec<f32> {
+pub(super) fn activations(rng: &mut Rng, blocks: usize) -> Vec<f32> {
     let mut x = Vec::with_capacity(blocks * 32);
     for _ in 0..blocks {
         let magnitude = 0.1 * 2f32.powi((rng.next() % 13) as i32);
@@ -258,7 +327,7 @@ fn quantize_known_values() {
 
 /// f64 dot of the dequantized weights with the dequantized activations, and the sum of the
 /// magnitudes of its terms (for a relative tolerance).
-fn reference(ggml_type: GgmlType, w: &[u8], a: &[f64]) -> (f64, f64) {
+pub(super) fn reference(ggml_type: GgmlType, w: &[u8], a: &[f64]) -> (f64, f64) {
     let mut wf = vec![f32::NAN; a.len()];
     dequantize(ggml_type, w, &mut wf).unwrap();
     wf.iter()
@@ -285,17 +354,20 @@ fn scalar_dots_match_f64_reference() {
             (GgmlType::Q8_0, Q8_0_BYTES, 2),
             (GgmlType::Q4_0, Q4_0_BYTES, 2),
             (GgmlType::Q4_1, Q4_1_BYTES, 4),
+            (GgmlType::Q5_0, Q5_0_BYTES, 2),
+            (GgmlType::Q5_1, Q5_1_BYTES, 4),
         ] {
             let w = weights(&mut rng, blocks, block_bytes, head);
             let (want, magnitude) = reference(ggml_type, &w, &a);
             let (got, mut tol) = match ggml_type {
                 GgmlType::Q8_0 => (scalar::dot_q8_0_q8_0(&w, &q).unwrap(), 0.0),
                 GgmlType::Q4_0 => (scalar::dot_q4_0_q8_0(&w, &q).unwrap(), 0.0),
+                GgmlType::Q5_0 => (scalar::dot_q5_0_q8_0(&w, &q).unwrap(), 0.0),
                 _ => {
                     // The min term uses s, f16-rounded from the unrounded d, where the
                     // reference uses the f16 d times the quant sum: allow f16's error there.
                     let slack: f64 = w
-                        .chunks(Q4_1_BYTES)
+                        .chunks(block_bytes)
                         .zip(&q1)
                         .map(|(w, b)| {
                             let m = f16::from_le_bytes([w[2], w[3]]).to_f64();
@@ -303,7 +375,12 @@ fn scalar_dots_match_f64_reference() {
                             m.abs() * (b.s.to_f64().abs() + f64::from(sum.abs()) * b.d.to_f64())
                         })
                         .sum();
-                    (scalar::dot_q4_1_q8_1(&w, &q1).unwrap(), slack * 2e-3)
+                    let got = if ggml_type == GgmlType::Q4_1 {
+                        scalar::dot_q4_1_q8_1(&w, &q1).unwrap()
+                    } else {
+                        scalar::dot_q5_1_q8_1(&w, &q1).unwrap()
+                    };
+                    (got, slack * 2e-3)
                 }
             };
             tol += 1e-5 * magnitude + 1e-30;

@@ -1,0 +1,341 @@
+//! The transformer forward pass for `llama`, `qwen2`, `gemma3` and `phi3`: one code path whose
+//! per-architecture differences (biases, fused projections, Gemma's norms and scales, sliding
+//! windows) come from the loaded [`Weights`] and [`ModelSpec`].
+
+use worker_common::backend::BackendError;
+use worker_common::model::{Architecture, HyperParams, ModelSpec};
+
+use crate::attention::{AttentionShape, KvCache, attention};
+use crate::matmul::{MatmulScratch, matmul};
+use crate::ops::{self, Rope};
+use crate::quant;
+use crate::weights::{GateUp, Layer, Matrix, Qkv, Weights};
+
+/// Per-model constants derived once at load time.
+#[derive(Debug)]
+pub struct Plan {
+    hp: HyperParams,
+    /// Gemma multiplies embeddings by `√n_embd`.
+    embedding_scale: Option<f32>,
+    attention_scale: f32,
+    gelu: bool,
+    rope_global: Rope,
+    rope_sliding: Rope,
+}
+
+impl Plan {
+    /// Derives the constants of `spec`, refusing RoPE scalings we do not implement.
+    pub fn new(spec: &ModelSpec) -> Result<Self, BackendError> {
+        let hp = spec.hparams.clone();
+        let rope = &hp.rope;
+        let freq_scale = match rope.scaling_type.as_str() {
+            "linear" => 1.0 / rope.scaling_factor,
+            "none" => 1.0,
+            _ if rope.scaling_factor == 1.0 => 1.0,
+            other => {
+                return Err(BackendError::Unsupported {
+                    backend: "cpu",
+                    what: format!("RoPE scaling {other:?}"),
+                });
+            }
+        };
+        let gemma = spec.architecture == Architecture::Gemma3;
+        // Gemma 3 27B scales queries by the model width per head, the others by the head width.
+        let scale_dim = if gemma && hp.n_layers == 62 {
+            hp.n_embd / hp.n_head
+        } else {
+            hp.head_dim_k
+        };
+        Ok(Self {
+            embedding_scale: gemma.then(|| (hp.n_embd as f32).sqrt()),
+            attention_scale: 1.0 / (scale_dim as f32).sqrt(),
+            gelu: gemma,
+            rope_global: Rope::new(rope.style, rope.dimensions, rope.freq_base, freq_scale),
+            rope_sliding: Rope::new(rope.style, rope.dimensions, rope.freq_base_swa, 1.0),
+            hp,
+        })
+    }
+}
+
+/// Activation buffers, reused across calls so decode steps do not allocate.
+#[derive(Debug, Default)]
+pub struct Buffers {
+    x: Vec<f32>,
+    normed: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    fused: Vec<f32>,
+    attn: Vec<f32>,
+    projected: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    angles: Vec<(f32, f32)>,
+    /// The logits of the last position.
+    pub logits: Vec<f32>,
+    matmul: MatmulScratch,
+}
+
+impl Buffers {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        let floats = [
+            &self.x,
+            &self.normed,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.fused,
+            &self.attn,
+            &self.projected,
+            &self.gate,
+            &self.up,
+            &self.logits,
+        ]
+        .iter()
+        .map(|v| v.capacity())
+        .sum::<usize>();
+        floats * size_of::<f32>() + self.matmul.bytes()
+    }
+}
+
+/// Everything one forward call reads.
+pub struct Model<'a> {
+    /// Derived constants.
+    pub plan: &'a Plan,
+    /// Tensor locations.
+    pub weights: &'a Weights,
+    /// The mapped file.
+    pub file: &'a [u8],
+}
+
+impl Model<'_> {
+    /// Runs `tokens` at `start_pos..` and leaves in `buf.logits` the logits of the last
+    /// position, or of every position (row-major) with `all_logits`.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        start_pos: usize,
+        all_logits: bool,
+        kv: &mut KvCache,
+        buf: &mut Buffers,
+    ) -> Result<(), BackendError> {
+        let hp = &self.plan.hp;
+        if tokens.is_empty() || start_pos + tokens.len() > kv.max_len() {
+            return Err(BackendError::InvalidInput(format!(
+                "{} tokens at position {start_pos} do not fit a sequence of {}",
+                tokens.len(),
+                kv.max_len()
+            )));
+        }
+        self.embed(tokens, buf)?;
+        for (il, layer) in self.weights.layers.iter().enumerate() {
+            self.attention_block(il, layer, tokens.len(), start_pos, kv, buf)?;
+            self.ffn_block(layer, tokens.len(), buf)?;
+        }
+        let rows = if all_logits { tokens.len() } else { 1 };
+        let last = &buf.x[(tokens.len() - rows) * hp.n_embd..];
+        ops::rms_norm_into(
+            last,
+            &self.weights.output_norm,
+            hp.norm_eps,
+            &mut buf.normed,
+        );
+        buf.logits.resize(rows * hp.vocab_size, 0.0);
+        let output = &self.weights.output;
+        matmul(
+            output,
+            self.file,
+            &buf.normed,
+            rows,
+            &mut buf.logits,
+            &mut buf.matmul,
+        )?;
+        if let Some(bias) = &self.weights.output_bias {
+            ops::add_bias(&mut buf.logits, bias);
+        }
+        if let Some(cap) = hp.final_logit_softcapping {
+            ops::softcap(&mut buf.logits, cap);
+        }
+        Ok(())
+    }
+
+    fn embed(&self, tokens: &[u32], buf: &mut Buffers) -> Result<(), BackendError> {
+        let table = &self.weights.token_embd;
+        let n_embd = self.plan.hp.n_embd;
+        buf.x.resize(tokens.len() * n_embd, 0.0);
+        for (&token, row) in tokens.iter().zip(buf.x.chunks_exact_mut(n_embd)) {
+            let id = token as usize;
+            if id >= table.rows {
+                return Err(BackendError::InvalidInput(format!(
+                    "token id {id} is outside the vocabulary of {}",
+                    table.rows
+                )));
+            }
+            let start = table.range.start + id * table.row_bytes;
+            let bytes = &self.file[start..start + table.row_bytes];
+            quant::dequantize(table.ggml_type, bytes, row)
+                .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", table.name)))?;
+            if let Some(scale) = self.plan.embedding_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        Ok(())
+    }
+
+    fn project(
+        &self,
+        w: &Matrix,
+        input: &[f32],
+        n: usize,
+        out: &mut Vec<f32>,
+        scratch: &mut MatmulScratch,
+    ) -> Result<(), BackendError> {
+        out.resize(n * w.rows, 0.0);
+        matmul(w, self.file, input, n, out, scratch)
+    }
+
+    fn attention_block(
+        &self,
+        il: usize,
+        layer: &Layer,
+        n: usize,
+        start_pos: usize,
+        kv: &mut KvCache,
+        buf: &mut Buffers,
+    ) -> Result<(), BackendError> {
+        let hp = &self.plan.hp;
+        ops::rms_norm_into(&buf.x, &layer.attn_norm, hp.norm_eps, &mut buf.normed);
+        self.qkv(layer, n, buf)?;
+        if let Some((q_norm, k_norm)) = &layer.qk_norm {
+            ops::rms_norm(&mut buf.q, q_norm, hp.norm_eps);
+            ops::rms_norm(&mut buf.k, k_norm, hp.norm_eps);
+        }
+        let rope = if layer.sliding {
+            &self.plan.rope_sliding
+        } else {
+            &self.plan.rope_global
+        };
+        for t in 0..n {
+            rope.angles(start_pos + t, &mut buf.angles);
+            let q_row = &mut buf.q[t * hp.q_width()..(t + 1) * hp.q_width()];
+            let k_row = &mut buf.k[t * hp.k_width()..(t + 1) * hp.k_width()];
+            for head in q_row.chunks_exact_mut(hp.head_dim_k) {
+                rope.apply(head, &buf.angles);
+            }
+            for head in k_row.chunks_exact_mut(hp.head_dim_k) {
+                rope.apply(head, &buf.angles);
+            }
+        }
+        let (keys, values) = kv.store(il, start_pos, &buf.k, &buf.v).ok_or_else(|| {
+            BackendError::InvalidInput(format!("position {start_pos} is not the next one"))
+        })?;
+        let shape = AttentionShape {
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim_k: hp.head_dim_k,
+            head_dim_v: hp.head_dim_v,
+            scale: self.plan.attention_scale,
+            window: layer
+                .sliding
+                .then(|| hp.sliding_window.as_ref().map(|w| w.size))
+                .flatten(),
+        };
+        buf.attn.resize(n * hp.attn_out_width(), 0.0);
+        attention(&shape, &buf.q, keys, values, start_pos, &mut buf.attn);
+        let attn = std::mem::take(&mut buf.attn);
+        let result = self.project(
+            &layer.attn_output,
+            &attn,
+            n,
+            &mut buf.projected,
+            &mut buf.matmul,
+        );
+        buf.attn = attn;
+        result?;
+        if let Some(norm) = &layer.post_attn_norm {
+            ops::rms_norm(&mut buf.projected, norm, hp.norm_eps);
+        }
+        ops::add_in_place(&mut buf.x, &buf.projected);
+        Ok(())
+    }
+
+    /// Fills `buf.q`, `buf.k`, `buf.v` (biases added) from `buf.normed`.
+    fn qkv(&self, layer: &Layer, n: usize, buf: &mut Buffers) -> Result<(), BackendError> {
+        let hp = &self.plan.hp;
+        let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
+        match &layer.qkv {
+            Qkv::Separate { q, k, v } => {
+                self.project(q, &buf.normed, n, &mut buf.q, &mut buf.matmul)?;
+                self.project(k, &buf.normed, n, &mut buf.k, &mut buf.matmul)?;
+                self.project(v, &buf.normed, n, &mut buf.v, &mut buf.matmul)?;
+            }
+            Qkv::Fused(qkv) => {
+                self.project(qkv, &buf.normed, n, &mut buf.fused, &mut buf.matmul)?;
+                let mut parts = [&mut buf.q, &mut buf.k, &mut buf.v];
+                split(&buf.fused, &[qw, kw, vw], &mut parts);
+            }
+        }
+        if let Some(bias) = &layer.qkv_bias {
+            ops::add_bias(&mut buf.q, &bias[..qw]);
+            ops::add_bias(&mut buf.k, &bias[qw..qw + kw]);
+            ops::add_bias(&mut buf.v, &bias[qw + kw..]);
+        }
+        Ok(())
+    }
+
+    fn ffn_block(&self, layer: &Layer, n: usize, buf: &mut Buffers) -> Result<(), BackendError> {
+        let hp = &self.plan.hp;
+        ops::rms_norm_into(&buf.x, &layer.ffn_norm, hp.norm_eps, &mut buf.normed);
+        match &layer.gate_up {
+            GateUp::Separate { gate, up } => {
+                self.project(gate, &buf.normed, n, &mut buf.gate, &mut buf.matmul)?;
+                self.project(up, &buf.normed, n, &mut buf.up, &mut buf.matmul)?;
+            }
+            GateUp::Fused(gate_up) => {
+                self.project(gate_up, &buf.normed, n, &mut buf.fused, &mut buf.matmul)?;
+                let half = gate_up.rows / 2;
+                let mut parts = [&mut buf.gate, &mut buf.up];
+                split(&buf.fused, &[half, half], &mut parts);
+            }
+        }
+        let activation = if self.plan.gelu {
+            ops::gelu_tanh
+        } else {
+            ops::silu
+        };
+        for (g, u) in buf.gate.iter_mut().zip(&buf.up) {
+            *g = activation(*g) * u;
+        }
+        let gate = std::mem::take(&mut buf.gate);
+        let result = self.project(
+            &layer.ffn_down,
+            &gate,
+            n,
+            &mut buf.projected,
+            &mut buf.matmul,
+        );
+        buf.gate = gate;
+        result?;
+        if let Some(norm) = &layer.post_ffn_norm {
+            ops::rms_norm(&mut buf.projected, norm, hp.norm_eps);
+        }
+        ops::add_in_place(&mut buf.x, &buf.projected);
+        Ok(())
+    }
+}
+
+/// Splits each row of `fused` (the concatenation of parts of `widths`) into `outs`.
+fn split(fused: &[f32], widths: &[usize], outs: &mut [&mut Vec<f32>]) {
+    for out in outs.iter_mut() {
+        out.clear();
+    }
+    let row_width: usize = widths.iter().sum();
+    for row in fused.chunks_exact(row_width) {
+        let mut offset = 0;
+        for (out, &width) in outs.iter_mut().zip(widths) {
+            out.extend_from_slice(&row[offset..offset + width]);
+            offset += width;
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! AVX2 (+FMA, F16C) row kernels, bit-identical to [`super::scalar`]: the lanes are exact i32
+//! sums and the f32 steps are the reference's, in the same order.
+//!
+//! Unsigned weight codes (all but Q8_0) go through `vpmaddubsw`, whose i16 pair sums cannot
+//! saturate here (at most 2·31·128); the format's offset is subtracted as `offset·Σy` per lane.
+//! Q8_0's signed weights are widened to i16 instead (`vpmaddubsw` needs one unsigned operand
+//! and would saturate on 255·127 pairs).
+//!
+//! Intrinsics sit in `unsafe` blocks for older compilers, which treat them as unsafe to call.
+#![allow(unused_unsafe)]
+
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use super::{Legacy, MAX_COLS, Q8Rows};
+use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
+
+fn available() -> bool {
+    static AVX2: OnceLock<bool> = OnceLock::new();
+    *AVX2.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
+}
+
+/// Runs the AVX2 kernel if this CPU has AVX2, FMA and F16C; `false` otherwise. Shapes must
+/// have been checked by the caller: `rows` holds `out.len() / cols` rows of `row_bytes`.
+pub(super) fn dot_rows(
+    format: Legacy,
+    rows: &[u8],
+    row_bytes: usize,
+    activations: Q8Rows<'_>,
+    cols: usize,
+    out: &mut [f32],
+) -> bool {
+    if !available() {
+        return false;
+    }
+    // SAFETY: the features were detected above; the caller checked the shapes.
+    unsafe {
+        match activations {
+            Q8Rows::Q8_0(a) => by_format(format, rows, row_bytes, a, cols, out),
+            Q8Rows::Q8_1(a) => by_format(format, rows, row_bytes, a, cols, out),
+        }
+    }
+    true
+}
+
+/// An activation block type: quants, scale bits, and the Q8_1 sum bits (0 for Q8_0).
+trait ActBlock: Copy {
+    fn qs(&self) -> &[i8; 32];
+    fn d_bits(&self) -> u16;
+    fn s_bits(&self) -> u16;
+}
+
+impl ActBlock for BlockQ8_0 {
+    #[inline(always)]
+    fn qs(&self) -> &[i8; 32] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn d_bits(&self) -> u16 {
+        self.d.to_bits()
+    }
+    #[inline(always)]
+    fn s_bits(&self) -> u16 {
+        0
+    }
+}
+
+impl ActBlock for BlockQ8_1 {
+    #[inline(always)]
+    fn qs(&self) -> &[i8; 32] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn d_bits(&self) -> u16 {
+        self.d.to_bits()
+    }
+    #[inline(always)]
+    fn s_bits(&self) -> u16 {
+        self.s.to_bits()
+    }
+}
+
+/// Monomorphises the tile loop per format, so its inner loop has no format branches.
+unsafe fn by_format<A: ActBlock>(
+    format: Legacy,
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[A],
+    cols: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match format {
+            Legacy::Q4_0 => tiles::<0, A>(rows, row_bytes, a, cols, out),
+            Legacy::Q4_1 => tiles::<1, A>(rows, row_bytes, a, cols, out),
+            Legacy::Q5_0 => tiles::<2, A>(rows, row_bytes, a, cols, out),
+            Legacy::Q5_1 => tiles::<3, A>(rows, row_bytes, a, cols, out),
+            Legacy::Q8_0 => tiles::<4, A>(rows, row_bytes, a, cols, out),
+        }
+    }
+}
+
+/// The format a kernel code stands for (const generics cannot take the enum itself).
+#[inline(always)]
+const fn format_of(code: u8) -> Legacy {
+    match code {
+        0 => Legacy::Q4_0,
+        1 => Legacy::Q4_1,
+        2 => Legacy::Q5_0,
+        3 => Legacy::Q5_1,
+        _ => Legacy::Q8_0,
+    }
+}
+
+/// Covers the `rows × cols` outputs with register tiles: four rows at a time against one
+/// column (decode: each activation block is loaded once for four rows), two rows against four
+/// columns (prefill), and single rows or columns for the rest.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiles<const F: u8, A: ActBlock>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[A],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let n_rows = out.len() / cols;
+    let blocks = a.len() / cols;
+    let row = |r: usize| &rows[r * row_bytes..(r + 1) * row_bytes];
+    let col = |c: usize| &a[c * blocks..(c + 1) * blocks];
+    // SAFETY: the caller guarantees the features and the shapes.
+    unsafe {
+        let mut r = 0;
+        if cols == 1 {
+            while r + 4 <= n_rows {
+                let quad = [row(r), row(r + 1), row(r + 2), row(r + 3)];
+                for (i, sums) in tile::<F, A, 4, 1>(quad, [col(0)]).iter().enumerate() {
+                    out[r + i] = sums[0];
+                }
+                r += 4;
+            }
+        }
+        while r < n_rows {
+            let height = if cols >= MAX_COLS && r + 2 <= n_rows {
+                2
+            } else {
+                1
+            };
+            let mut c = 0;
+            while c + MAX_COLS <= cols {
+                let group = [col(c), col(c + 1), col(c + 2), col(c + 3)];
+                if height == 2 {
+                    let sums = tile::<F, A, 2, MAX_COLS>([row(r), row(r + 1)], group);
+                    out[r * cols + c..][..MAX_COLS].copy_from_slice(&sums[0]);
+                    out[(r + 1) * cols + c..][..MAX_COLS].copy_from_slice(&sums[1]);
+                } else {
+                    let sums = tile::<F, A, 1, MAX_COLS>([row(r)], group);
+                    out[r * cols + c..][..MAX_COLS].copy_from_slice(&sums[0]);
+                }
+                c += MAX_COLS;
+            }
+            for rr in r..r + height {
+                for cc in c..cols {
+                    out[rr * cols + cc] = tile::<F, A, 1, 1>([row(rr)], [col(cc)])[0][0];
+                }
+            }
+            r += height;
+        }
+    }
+}
+
+/// f16 bits to f32 with one F16C instruction (the `half` crate's call is not inlined).
+#[inline(always)]
+fn f16_to_f32(bits: u16) -> f32 {
+    // SAFETY: F16C was detected by every caller (these functions are only reached from
+    // `#[target_feature]` kernels).
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
+}
+
+#[inline(always)]
+fn le_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// The 32 weight codes of a block as unsigned bytes in element order (nibble formats).
+#[inline(always)]
+unsafe fn unsigned_codes(format: Legacy, b: &[u8]) -> __m256i {
+    unsafe {
+        let (qs_at, qh_at) = match format {
+            Legacy::Q4_0 => (2, None),
+            Legacy::Q4_1 => (4, None),
+            Legacy::Q5_0 => (6, Some(2)),
+            _ => (8, Some(4)),
+        };
+        let q = _mm_loadu_si128(b[qs_at..qs_at + 16].as_ptr().cast());
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(q, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
+        let codes = _mm256_set_m128i(hi, lo);
+        match qh_at {
+            None => codes,
+            Some(at) => {
+                let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                _mm256_or_si256(codes, fifth_bits(qh))
+            }
+        }
+    }
+}
+
+/// `0x10` in byte `j` where bit `j` of `qh` is set.
+#[inline(always)]
+unsafe fn fifth_bits(qh: u32) -> __m256i {
+    unsafe {
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(qh as i32),
+            _mm256_setr_epi64x(
+                0,
+                0x0101_0101_0101_0101,
+                0x0202_0202_0202_0202,
+                0x0303_0303_0303_0303,
+            ),
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+}
+
+/// Lanes `Σ x·y` over elements `4g..4g+4`, for unsigned codes `x` minus `offset` (0, 8 or 16).
+#[inline(always)]
+unsafe fn unsigned_lanes(codes: __m256i, y: __m256i, offset: i32) -> __m256i {
+    unsafe {
+        let ones16 = _mm256_set1_epi16(1);
+        let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, y), ones16);
+        if offset == 0 {
+            return lanes;
+        }
+        let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y), ones16);
+        _mm256_sub_epi32(lanes, _mm256_mullo_epi32(sums, _mm256_set1_epi32(offset)))
+    }
+}
+
+/// Lanes for signed Q8_0 weights: exact i16 products, pairs, then groups of four in order.
+#[inline(always)]
+unsafe fn signed_lanes(x: __m256i, y: __m256i) -> __m256i {
+    unsafe {
+        let widen = |v: __m256i, hi: bool| {
+            _mm256_cvtepi8_epi16(if hi {
+                _mm256_extracti128_si256::<1>(v)
+            } else {
+                _mm256_castsi256_si128(v)
+            })
+        };
+        let lo = _mm256_madd_epi16(widen(x, false), widen(y, false));
+        let hi = _mm256_madd_epi16(widen(x, true), widen(y, true));
+        // hadd yields groups [0, 1, 4, 5, 2, 3, 6, 7]; the permutation restores element order.
+        let grouped = _mm256_hadd_epi32(lo, hi);
+        _mm256_permutevar8x32_epi32(grouped, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7))
+    }
+}
+
+/// `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`, the reference's reduction.
+#[inline(always)]
+unsafe fn reduce(acc: __m256) -> f32 {
+    unsafe {
+        let x = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        let x = _mm_add_ss(x, _mm_movehdup_ps(x));
+        _mm_cvtss_f32(x)
+    }
+}
+
+/// `R` rows against `C` columns: `R·C` independent accumulations, each in the reference order.
+#[inline(always)]
+unsafe fn tile<const F: u8, A: ActBlock, const R: usize, const C: usize>(
+    rows: [&[u8]; R],
+    cols: [&[A]; C],
+) -> [[f32; C]; R] {
+    // SAFETY: only reached from `tiles`, whose caller guarantees AVX2, FMA and F16C.
+    unsafe {
+        let format = format_of(F);
+        let block_bytes = format.block_bytes();
+        let offset = match format {
+            Legacy::Q4_0 => 8,
+            Legacy::Q5_0 => 16,
+            _ => 0,
+        };
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let mut offsets = [[0.0f32; C]; R];
+        for i in 0..cols[0].len() {
+            let mut codes = [_mm256_setzero_si256(); R];
+            let mut d_w = [0.0f32; R];
+            let mut m_w = [0.0f32; R];
+            for r in 0..R {
+                let w = &rows[r][i * block_bytes..(i + 1) * block_bytes];
+                d_w[r] = f16_to_f32(le_u16(w, 0));
+                if format.uses_q8_1() {
+                    m_w[r] = f16_to_f32(le_u16(w, 2));
+                }
+                codes[r] = if format == Legacy::Q8_0 {
+                    _mm256_loadu_si256(w[2..34].as_ptr().cast())
+                } else {
+                    unsigned_codes(format, w)
+                };
+            }
+            for c in 0..C {
+                let block = &cols[c][i];
+                let y = _mm256_loadu_si256(block.qs().as_ptr().cast());
+                let d_a = f16_to_f32(block.d_bits());
+                let s_a = f16_to_f32(block.s_bits());
+                for r in 0..R {
+                    let lanes = if format == Legacy::Q8_0 {
+                        signed_lanes(codes[r], y)
+                    } else {
+                        unsigned_lanes(codes[r], y, offset)
+                    };
+                    let scale = _mm256_set1_ps(d_w[r] * d_a);
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[r][c]);
+                    if format.uses_q8_1() {
+                        offsets[r][c] += m_w[r] * s_a;
+                    }
+                }
+            }
+        }
+        let mut sums = [[0.0f32; C]; R];
+        for r in 0..R {
+            for c in 0..C {
+                sums[r][c] = reduce(acc[r][c]) + offsets[r][c];
+            }
+        }
+        sums
+    }
+}

@@ -1,0 +1,186 @@
+//! The SIMD row kernels against the scalar reference (bit for bit) and the reference against
+//! the dequantizer (within Q8 rounding).
+
+use half::f16;
+
+use super::{Legacy, MAX_COLS, Q8Rows, dot_rows, scalar};
+use crate::quant::activation::{BlockQ8_0, BlockQ8_1, QK8, quantize_q8_0, quantize_q8_1};
+use crate::quant::dequantize;
+use crate::quant::test_rng::Rng;
+
+const FORMATS: [Legacy; 5] = [
+    Legacy::Q4_0,
+    Legacy::Q4_1,
+    Legacy::Q5_0,
+    Legacy::Q5_1,
+    Legacy::Q8_0,
+];
+
+fn ggml_type(format: Legacy) -> worker_common::gguf::GgmlType {
+    use worker_common::gguf::GgmlType;
+    match format {
+        Legacy::Q4_0 => GgmlType::Q4_0,
+        Legacy::Q4_1 => GgmlType::Q4_1,
+        Legacy::Q5_0 => GgmlType::Q5_0,
+        Legacy::Q5_1 => GgmlType::Q5_1,
+        Legacy::Q8_0 => GgmlType::Q8_0,
+    }
+}
+
+/// A random finite f16 scale in roughly ±[2^-10, 2).
+fn scale(rng: &mut Rng) -> [u8; 2] {
+    let v = rng.unit() * 2.0;
+    f16::from_f32(if v.abs() < 1e-3 { 0.5 } else { v }).to_le_bytes()
+}
+
+/// Random weight blocks; `extreme` fills every code with its largest magnitude.
+fn weights(rng: &mut Rng, format: Legacy, blocks: usize, extreme: bool) -> Vec<u8> {
+    let mut row = Vec::with_capacity(blocks * format.block_bytes());
+    for _ in 0..blocks {
+        let start = row.len();
+        row.extend(scale(rng));
+        if format.uses_q8_1() {
+            row.extend(scale(rng));
+        }
+        while row.len() < start + format.block_bytes() {
+            row.push(match (extreme, format) {
+                (true, Legacy::Q8_0) => 0x80,
+                (true, _) => 0xFF,
+                (false, _) => rng.byte(),
+            });
+        }
+    }
+    row
+}
+
+fn activations(rng: &mut Rng, n: usize, extreme: bool) -> Vec<f32> {
+    (0..n)
+        .map(|_| if extreme { -1.0 } else { rng.unit() * 4.0 })
+        .collect()
+}
+
+/// Quantized activations for `format`, with hand-set −128 quants when `extreme`.
+fn quantized(x: &[f32], extreme: bool) -> (Vec<BlockQ8_0>, Vec<BlockQ8_1>) {
+    let (mut q0, mut q1) = (Vec::new(), Vec::new());
+    quantize_q8_0(x, &mut q0).unwrap();
+    quantize_q8_1(x, &mut q1).unwrap();
+    if extreme {
+        q0.iter_mut().for_each(|b| b.qs = [-128; QK8]);
+        q1.iter_mut().for_each(|b| b.qs = [-128; QK8]);
+    }
+    (q0, q1)
+}
+
+fn rows<'a>(format: Legacy, q: &'a (Vec<BlockQ8_0>, Vec<BlockQ8_1>)) -> Q8Rows<'a> {
+    if format.uses_q8_1() {
+        Q8Rows::Q8_1(&q.1)
+    } else {
+        Q8Rows::Q8_0(&q.0)
+    }
+}
+
+#[test]
+fn simd_equals_scalar_bit_for_bit() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut compared = 0;
+    for format in FORMATS {
+        for blocks in [1, 3, 7, 33] {
+            for (n_rows, cols) in [
+                (1, 1),
+                (5, 1),
+                (9, 1),
+                (3, 2),
+                (2, 3),
+                (1, 4),
+                (5, 4),
+                (3, 9),
+            ] {
+                for extreme in [false, true] {
+                    let row = weights(&mut rng, format, n_rows * blocks, extreme);
+                    let x = activations(&mut rng, cols * blocks * QK8, extreme);
+                    let q = quantized(&x, extreme);
+                    let mut fast = vec![0.0; n_rows * cols];
+                    let mut reference = fast.clone();
+                    dot_rows(format, &row, rows(format, &q), cols, &mut fast).unwrap();
+                    scalar::dot_rows(format, &row, rows(format, &q), cols, &mut reference).unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&fast),
+                        bits(&reference),
+                        "{format:?}, {blocks} blocks, {n_rows}×{cols}, extreme {extreme}"
+                    );
+                    compared += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(compared, 5 * 4 * 8 * 2);
+}
+
+#[test]
+fn columns_computed_together_equal_one_by_one() {
+    let mut rng = Rng(7);
+    for format in FORMATS {
+        let blocks = 9;
+        let row = weights(&mut rng, format, blocks, false);
+        let x = activations(&mut rng, MAX_COLS * blocks * QK8, false);
+        let q = quantized(&x, false);
+        let mut together = vec![0.0; MAX_COLS];
+        dot_rows(format, &row, rows(format, &q), MAX_COLS, &mut together).unwrap();
+        for (c, together) in together.iter().enumerate() {
+            let one = (
+                q.0[c * blocks..(c + 1) * blocks].to_vec(),
+                q.1[c * blocks..(c + 1) * blocks].to_vec(),
+            );
+            let mut alone = [0.0];
+            dot_rows(format, &row, rows(format, &one), 1, &mut alone).unwrap();
+            assert_eq!(alone[0].to_bits(), together.to_bits(), "{format:?} col {c}");
+        }
+    }
+}
+
+#[test]
+fn reference_matches_dequantized_dot() {
+    let mut rng = Rng(42);
+    for format in FORMATS {
+        let blocks = 17;
+        let row = weights(&mut rng, format, blocks, false);
+        let x = activations(&mut rng, blocks * QK8, false);
+        let q = quantized(&x, false);
+        let mut got = [0.0];
+        scalar::dot_rows(format, &row, rows(format, &q), 1, &mut got).unwrap();
+        let mut w = vec![0.0; blocks * QK8];
+        dequantize(ggml_type(format), &row, &mut w).unwrap();
+        let exact: f32 = w.iter().zip(&x).map(|(a, b)| a * b).sum();
+        let magnitude: f32 = w.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+        assert!(
+            (got[0] - exact).abs() <= 1e-2 * magnitude,
+            "{format:?}: {} vs {exact} (magnitude {magnitude})",
+            got[0]
+        );
+    }
+}
+
+#[test]
+fn shape_errors_are_reported_not_panics() {
+    let q: (Vec<BlockQ8_0>, Vec<BlockQ8_1>) = (
+        vec![
+            BlockQ8_0 {
+                d: f16::ONE,
+                qs: [0; QK8]
+            };
+            2
+        ],
+        Vec::new(),
+    );
+    let row = vec![0u8; 2 * Legacy::Q8_0.block_bytes()];
+    let mut out = [0.0; 2];
+    let a = Q8Rows::Q8_0(&q.0);
+    assert!(dot_rows(Legacy::Q8_0, &row, a, 1, &mut out).is_err());
+    assert!(dot_rows(Legacy::Q8_0, &row[..35], a, 1, &mut out[..1]).is_err());
+    assert!(dot_rows(Legacy::Q4_1, &row[..40], a, 1, &mut out[..1]).is_err());
+    assert!(dot_rows(Legacy::Q8_0, &row, a, 0, &mut []).is_err());
+    assert!(dot_rows(Legacy::Q8_0, &row, a, 3, &mut out).is_err());
+    assert!(dot_rows(Legacy::Q8_0, &row, a, 1, &mut out[..1]).is_ok());
+    assert!(dot_rows(Legacy::Q8_0, &row[..34], a, 2, &mut out).is_ok());
+}

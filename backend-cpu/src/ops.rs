@@ -1,0 +1,163 @@
+//! Element-wise and per-row operations of the forward pass, with ggml's numerics where the
+//! choice shows in the logits (f64 sum of squares in RMSNorm, RoPE angles by repeated
+//! multiplication, tanh-approximated GELU).
+
+use worker_common::model::RopeStyle;
+
+/// `out = x / rms(x) * weight` for each `weight.len()`-wide row of `x`, in place.
+pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(weight.len()) {
+        let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+        let mean = (sum / row.len() as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v = (*v * scale) * w;
+        }
+    }
+}
+
+/// `out = norm(x) * weight` for each row of `x`, writing into `out`.
+pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut Vec<f32>) {
+    out.clear();
+    out.extend_from_slice(x);
+    rms_norm(out, weight, eps);
+}
+
+/// Adds `bias` to every `bias.len()`-wide row of `x`.
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
+}
+
+/// `x += y`.
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// SiLU, `x · σ(x)`.
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// GELU with the tanh approximation (ggml's `ggml_gelu_f32`).
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044_715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// Rotary position embedding for one layer type: the angles' scale and the pairing.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    style: RopeStyle,
+    /// Rotated dimensions per head (the rest pass through).
+    dims: usize,
+    /// `base^(-2/dims)`, multiplied up pair by pair as ggml does.
+    theta_scale: f32,
+    /// Linear position scaling (1 when none).
+    freq_scale: f32,
+}
+
+impl Rope {
+    /// A RoPE over the first `dims` elements of each head with frequency base `base`.
+    pub fn new(style: RopeStyle, dims: usize, base: f32, freq_scale: f32) -> Self {
+        Self {
+            style,
+            dims,
+            theta_scale: base.powf(-2.0 / dims as f32),
+            freq_scale,
+        }
+    }
+
+    /// `(cos, sin)` for each of the `dims / 2` pairs at `pos`.
+    pub fn angles(&self, pos: usize, out: &mut Vec<(f32, f32)>) {
+        out.clear();
+        let mut theta = pos as f32;
+        for _ in 0..self.dims / 2 {
+            let (sin, cos) = (self.freq_scale * theta).sin_cos();
+            out.push((cos, sin));
+            theta *= self.theta_scale;
+        }
+    }
+
+    /// Rotates one head in place with the angles of its position.
+    pub fn apply(&self, head: &mut [f32], angles: &[(f32, f32)]) {
+        let half = self.dims / 2;
+        for (i, &(cos, sin)) in angles.iter().enumerate() {
+            let (a, b) = match self.style {
+                RopeStyle::Normal => (2 * i, 2 * i + 1),
+                RopeStyle::Neox => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos - x1 * sin;
+            head[b] = x0 * sin + x1 * cos;
+        }
+    }
+}
+
+/// `cap · tanh(x / cap)` on every logit.
+pub fn softcap(logits: &mut [f32], cap: f32) {
+    for v in logits {
+        *v = (*v / cap).tanh() * cap;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let mut x = vec![3.0, 4.0, 0.0, 0.0, -2.0, 2.0];
+        rms_norm(&mut x, &[1.0, 1.0], 1e-6);
+        let rms0 = (12.5f32).sqrt();
+        assert!((x[0] - 3.0 / rms0).abs() < 1e-5 && (x[1] - 4.0 / rms0).abs() < 1e-5);
+        assert_eq!(&x[2..4], &[0.0, 0.0][..]);
+        assert!((x[4] + 1.0).abs() < 1e-5 && (x[5] - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn rope_position_zero_is_identity_and_preserves_norm() {
+        for style in [RopeStyle::Normal, RopeStyle::Neox] {
+            let rope = Rope::new(style, 8, 10_000.0, 1.0);
+            let head: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
+            let mut angles = Vec::new();
+            rope.angles(0, &mut angles);
+            let mut rotated = head.clone();
+            rope.apply(&mut rotated, &angles);
+            assert_eq!(rotated, head);
+            rope.angles(17, &mut angles);
+            rope.apply(&mut rotated, &angles);
+            let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>();
+            assert!((norm(&rotated) - norm(&head)).abs() < 1e-3);
+            assert_ne!(rotated, head);
+        }
+    }
+
+    #[test]
+    fn rope_pairs_by_style() {
+        let mut angles = Vec::new();
+        let normal = Rope::new(RopeStyle::Normal, 4, 10_000.0, 1.0);
+        normal.angles(1, &mut angles);
+        // Pair 0 rotates by one radian: elements (0, 1) for Normal, (0, 2) for NEOX.
+        let mut head = [1.0, 0.0, 0.0, 0.0];
+        normal.apply(&mut head, &angles);
+        assert!((head[1] - 1f32.sin()).abs() < 1e-6 && head[2] == 0.0);
+        let neox = Rope::new(RopeStyle::Neox, 4, 10_000.0, 1.0);
+        let mut head = [1.0, 0.0, 0.0, 0.0];
+        neox.apply(&mut head, &angles);
+        assert!((head[2] - 1f32.sin()).abs() < 1e-6 && head[1] == 0.0);
+    }
+
+    #[test]
+    fn activations_match_known_values() {
+        assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+        assert_eq!(gelu_tanh(0.0), 0.0);
+    }
+}

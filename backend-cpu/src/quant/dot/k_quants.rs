@@ -1,0 +1,115 @@
+//! Scalar kernels of the k-quant super-blocks against Q8_K activations (see the parent module
+//! for the order and the overflow bounds).
+
+use super::{BlockQ8K, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, f16_le, weight_blocks};
+
+/// The 8 scales and 8 mins of a Q4_K / Q5_K super-block, unpacked from bytes 4..16 with
+/// word-wide masks (branch-free); equal to `get_scale_min_k4` /
+/// [`scale_min`](crate::quant::k_quants::scale_min) for every `j`.
+///
+/// Bytes 0..4 of the packed 12 hold the 6-bit scales of sub-blocks 0..4, bytes 4..8 their
+/// mins; sub-blocks 4..8 keep their low 4 bits in the nibbles of bytes 8..12 (scales low,
+/// mins high) and their top 2 bits in the top 2 bits of bytes 0..8.
+pub(super) fn scales_mins<const B: usize>(w: &[u8; B]) -> ([u8; 8], [u8; 8]) {
+    const { assert!(B >= 16) };
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([w[i], w[i + 1], w[i + 2], w[i + 3]]);
+    let (u0, u1, u2) = (word(4), word(8), word(12));
+    let sc_lo = u0 & LOW6;
+    let m_lo = u1 & LOW6;
+    // The shifts move bits within each byte; the masks drop what crosses from the next one.
+    let sc_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
+    let m_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
+    let bytes = |lo: u32, hi: u32| (u64::from(lo) | (u64::from(hi) << 32)).to_le_bytes();
+    (bytes(sc_lo, sc_hi), bytes(m_lo, m_hi))
+}
+
+/// `Σ_j m_j · (bsums[2j] + bsums[2j+1])`, exact (`< 2^25` in magnitude).
+pub(super) fn min_sum(mins: &[u8; 8], bsums: &[i16; 16]) -> i32 {
+    mins.iter()
+        .zip(bsums.chunks_exact(2))
+        .map(|(&m, b)| i32::from(m) * (i32::from(b[0]) + i32::from(b[1])))
+        .sum()
+}
+
+/// The f32 step of a Q4_K / Q5_K super-block:
+/// `sum + ((d * d_a) * isum - (dmin * d_a) * msum)`.
+#[inline(always)]
+pub(super) fn k_step(sum: f32, d: f32, dmin: f32, d_a: f32, isum: i32, msum: i32) -> f32 {
+    sum + ((d * d_a) * isum as f32 - (dmin * d_a) * msum as f32)
+}
+
+/// Q4_K (or, with `qh`, Q5_K): `Σ_j sc_j · Σ q·y` over the 8 sub-blocks of 32. Bytes
+/// `32p..32p + 32` of `qs` hold sub-block `2p` in their low nibbles and `2p + 1` in their
+/// high ones; the fifth bit of element `l` of sub-block `s` is bit `s` of `qh[l]`.
+fn k_isum(qs: &[u8], qh: Option<&[u8]>, scales: &[u8; 8], y: &[i8; 256]) -> i32 {
+    let mut isum = 0i32;
+    for (p, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact(64)).enumerate() {
+        let (y_lo, y_hi) = y.split_at(32);
+        let (mut s_lo, mut s_hi) = (0i32, 0i32);
+        for l in 0..32 {
+            let h = qh.map_or(0, |qh| qh[l] >> (2 * p));
+            let x0 = (q[l] & 0x0F) | ((h & 1) << 4);
+            let x1 = (q[l] >> 4) | ((h & 2) << 3);
+            s_lo += i32::from(x0) * i32::from(y_lo[l]);
+            s_hi += i32::from(x1) * i32::from(y_hi[l]);
+        }
+        isum += i32::from(scales[2 * p]) * s_lo + i32::from(scales[2 * p + 1]) * s_hi;
+    }
+    isum
+}
+
+pub(super) fn q4_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (w, a) in weight_blocks::<Q4_K_BYTES>(w).zip(a) {
+        let (scales, mins) = scales_mins(w);
+        let isum = k_isum(&w[16..], None, &scales, &a.qs);
+        let (d, dmin) = (f16_le([w[0], w[1]]), f16_le([w[2], w[3]]));
+        sum = k_step(sum, d, dmin, a.d, isum, min_sum(&mins, &a.bsums));
+    }
+    sum
+}
+
+pub(super) fn q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (w, a) in weight_blocks::<Q5_K_BYTES>(w).zip(a) {
+        let (scales, mins) = scales_mins(w);
+        let isum = k_isum(&w[48..], Some(&w[16..48]), &scales, &a.qs);
+        let (d, dmin) = (f16_le([w[0], w[1]]), f16_le([w[2], w[3]]));
+        sum = k_step(sum, d, dmin, a.d, isum, min_sum(&mins, &a.bsums));
+    }
+    sum
+}
+
+/// Q6_K: each half of the super-block (128 elements) uses 64 bytes of `ql`, 32 of `qh` and 8
+/// scales; element `l + 32k` of a half (k in 0..4, l in 0..32) takes nibble `k / 2` of
+/// `ql[l + 32 (k % 2)]` and bits `2k..2k + 2` of `qh[l]`, minus 32, with scale
+/// `scales[l / 16 + 2k]`.
+pub(super) fn q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (w, a) in weight_blocks::<Q6_K_BYTES>(w).zip(a) {
+        let mut isum = 0i32;
+        let halves = w[0..128]
+            .chunks_exact(64)
+            .zip(w[128..192].chunks_exact(32))
+            .zip(w[192..208].chunks_exact(8))
+            .zip(a.qs.chunks_exact(128));
+        for (((ql, qh), sc), y) in halves {
+            for k in 0..4 {
+                for half in 0..2 {
+                    let mut s = 0i32;
+                    for l in 16 * half..16 * half + 16 {
+                        let nib = (ql[l + 32 * (k % 2)] >> (4 * (k / 2))) & 0x0F;
+                        let q = nib | (((qh[l] >> (2 * k)) & 3) << 4);
+                        s += (i32::from(q) - 32) * i32::from(y[32 * k + l]);
+                    }
+                    isum += i32::from(sc[half + 2 * k] as i8) * s;
+                }
+            }
+        }
+        sum += (f16_le([w[208], w[209]]) * a.d) * isum as f32;
+    }
+    sum
+}

@@ -1,0 +1,203 @@
+//! The shared generation loop on the CPU backend: llama.cpp's greedy continuations where their
+//! margins are clear, and the same ids for the same request and seed at any thread count.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use backend_cpu::{CpuBackend, CpuOptions};
+use llorch_tests::assets::Model;
+use llorch_tests::fixtures::{fixture_ids, logit_fixture};
+use worker_common::backend::InferenceBackend;
+use worker_common::generate::{
+    CancelToken, Finished, GenerateEvent, GenerateRequest, PromptFormatter, StopReason, generate,
+};
+use worker_common::model::ModelFile;
+use worker_common::sampling::SamplingParams;
+use worker_common::tokenizer::Tokenizer;
+
+struct Worker {
+    model: Arc<ModelFile>,
+    tokenizer: Tokenizer,
+    backend: CpuBackend,
+}
+
+impl Worker {
+    fn new(model: Model, threads: usize) -> Self {
+        let model = Arc::new(ModelFile::open(model.path()).unwrap());
+        let tokenizer = Tokenizer::from_gguf(&model.gguf).unwrap();
+        let backend =
+            CpuBackend::load(model.clone(), &CpuOptions { threads }, &mut |_| {}).unwrap();
+        Self {
+            model,
+            tokenizer,
+            backend,
+        }
+    }
+
+    /// Runs `request`; returns the outcome and the streamed text.
+    fn run(&mut self, request: &GenerateRequest) -> (Finished, String) {
+        let mut text = String::new();
+        let mut next_index = 0;
+        let mut sink = |event: GenerateEvent| {
+            if let GenerateEvent::Token { text: piece, index } = event {
+                assert_eq!(index, next_index, "token events are numbered contiguously");
+                assert!(!piece.is_empty());
+                next_index += 1;
+                text.push_str(&piece);
+            }
+            true
+        };
+        let context = self.model.spec.hparams.context_length;
+        let done = generate(
+            &mut self.backend,
+            &self.tokenizer,
+            context,
+            request,
+            &CancelToken::new(),
+            &mut sink,
+        )
+        .unwrap();
+        (done, text)
+    }
+}
+
+fn request(prompt_tokens: Vec<u32>, max_tokens: usize, temperature: f32) -> GenerateRequest {
+    GenerateRequest {
+        prompt_tokens,
+        max_tokens,
+        sampling: SamplingParams {
+            temperature,
+            seed: 42,
+            ..SamplingParams::default()
+        },
+        stop: Vec::new(),
+        deadline: None,
+    }
+}
+
+#[test]
+fn smollm2_capital_of_france() {
+    let mut worker = Worker::new(Model::SmolLm2, 2);
+    let formatter = PromptFormatter::from_model(&worker.model.gguf, &worker.tokenizer).unwrap();
+    let prompt = formatter
+        .tokenize(&worker.tokenizer, "The capital of France is", true)
+        .unwrap();
+    let (done, text) = worker.run(&request(prompt, 20, 0.0));
+    println!("{text:?}");
+    assert!(
+        text.starts_with(
+            " Paris.\n\nThe United States has a population of approximately 311 million people."
+        ),
+        "{text:?}"
+    );
+    assert_eq!(done.stop_reason, StopReason::MaxTokens);
+    assert_eq!(text, worker.tokenizer.decode(&done.tokens));
+}
+
+/// Our greedy ids equal llama.cpp's up to its first position with a top-2 margin ≤ 0.5 (after
+/// which either choice is legitimate and the continuations may part).
+fn greedy_matches_llama_cpp(model: Model, sequences: usize) {
+    let fixture = logit_fixture(model);
+    let mut worker = Worker::new(model, 2);
+    let mut compared = 0;
+    for sequence in fixture["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(sequences)
+    {
+        let tokens = fixture_ids(&sequence["tokens"]);
+        let prompt_len = sequence["prompt_len"].as_u64().unwrap() as usize;
+        let clear = (prompt_len..tokens.len())
+            .take_while(|&p| {
+                let top = &sequence["top"][p - 1];
+                top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap() > 0.5
+            })
+            .count();
+        if clear == 0 {
+            continue;
+        }
+        let expected = &tokens[prompt_len..prompt_len + clear];
+        let (done, _) = worker.run(&request(tokens[..prompt_len].to_vec(), clear, 0.0));
+        let name = sequence["name"].as_str().unwrap();
+        let eos_early = done.stop_reason == StopReason::Eos;
+        assert!(!eos_early, "{name}: stopped at EOS after {:?}", done.tokens);
+        assert_eq!(
+            done.tokens, expected,
+            "{name}: greedy ids differ from llama.cpp"
+        );
+        compared += clear;
+    }
+    println!(
+        "{}: {compared} greedy tokens equal llama.cpp's",
+        model.file_name()
+    );
+    assert!(compared >= 16, "only {compared} tokens had clear margins");
+}
+
+#[test]
+fn smollm2_greedy_matches_llama_cpp() {
+    greedy_matches_llama_cpp(Model::SmolLm2, 7);
+}
+
+#[test]
+fn qwen05_greedy_matches_llama_cpp() {
+    greedy_matches_llama_cpp(Model::Qwen05, 3);
+}
+
+#[test]
+fn qwen15_greedy_matches_llama_cpp() {
+    greedy_matches_llama_cpp(Model::Qwen15, 2);
+}
+
+#[test]
+fn gemma3_greedy_matches_llama_cpp() {
+    greedy_matches_llama_cpp(Model::Gemma3, 3);
+}
+
+/// Same request and seed → same ids: twice per thread count, and across 1 and 2 threads.
+fn deterministic(model: Model, prompt: &str) {
+    let mut runs = Vec::new();
+    for threads in [1, 2] {
+        let mut worker = Worker::new(model, threads);
+        let formatter = PromptFormatter::from_model(&worker.model.gguf, &worker.tokenizer).unwrap();
+        let tokens = formatter
+            .tokenize(&worker.tokenizer, prompt, false)
+            .unwrap();
+        for temperature in [0.0, 0.8] {
+            let first = worker
+                .run(&request(tokens.clone(), 48, temperature))
+                .0
+                .tokens;
+            let second = worker
+                .run(&request(tokens.clone(), 48, temperature))
+                .0
+                .tokens;
+            assert_eq!(first, second, "T = {temperature}, {threads} threads");
+            runs.push((threads, temperature, first));
+        }
+    }
+    for (threads, temperature, tokens) in &runs[2..] {
+        let (_, _, one_thread) = runs.iter().find(|r| r.1 == *temperature).unwrap();
+        assert_eq!(
+            tokens, one_thread,
+            "T = {temperature}: {threads} threads vs 1"
+        );
+    }
+    let (greedy, sampled) = (&runs[0].2, &runs[1].2);
+    assert_ne!(
+        greedy, sampled,
+        "T = 0.8 should differ from greedy somewhere"
+    );
+}
+
+#[test]
+fn smollm2_is_deterministic() {
+    deterministic(Model::SmolLm2, "Tell me a story about a dragon.");
+}
+
+#[test]
+fn qwen05_is_deterministic() {
+    deterministic(Model::Qwen05, "Write a poem about the sea.");
+}

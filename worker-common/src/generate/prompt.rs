@@ -1,0 +1,76 @@
+//! From a request's `prompt` (and `raw` flag) to the token ids the model sees.
+
+use crate::gguf::Gguf;
+use crate::tokenizer::template::{ChatMessage, ChatTemplate, TemplateError};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// Metadata key of the chat template.
+pub const CHAT_TEMPLATE_KEY: &str = "tokenizer.chat_template";
+
+/// Why a prompt could not be turned into tokens.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    /// The chat template failed to render the message.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// The tokenizer failed (only `tokenizer.json` tokenizers can).
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+}
+
+/// Renders and tokenizes prompts for one model.
+#[derive(Debug)]
+pub struct PromptFormatter {
+    template: Option<ChatTemplate>,
+}
+
+impl PromptFormatter {
+    /// Compiles the model's chat template, when it has one.
+    pub fn from_model<B: AsRef<[u8]>>(
+        gguf: &Gguf<B>,
+        tokenizer: &Tokenizer,
+    ) -> Result<Self, TemplateError> {
+        let Ok(Some(source)) = gguf.optional::<&str>(CHAT_TEMPLATE_KEY) else {
+            return Ok(Self { template: None });
+        };
+        let vocab = tokenizer.vocab();
+        let text = |id: Option<u32>| {
+            id.and_then(|id| vocab.text(id))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let special = vocab.special();
+        let template = ChatTemplate::new(source, &text(special.bos), &text(special.eos))?;
+        Ok(Self {
+            template: Some(template),
+        })
+    }
+
+    /// Whether the model has a chat template (so non-raw prompts are rendered).
+    pub fn has_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// The token ids of `prompt`.
+    ///
+    /// Unless `raw`, a model with a chat template gets the prompt as one user message followed
+    /// by the assistant's generation prompt. Either way BOS is added as the vocabulary asks and
+    /// special-token text is parsed, as llama.cpp's server does for completions.
+    pub fn tokenize(
+        &self,
+        tokenizer: &Tokenizer,
+        prompt: &str,
+        raw: bool,
+    ) -> Result<Vec<u32>, PromptError> {
+        let vocab = tokenizer.vocab();
+        match &self.template {
+            Some(template) if !raw => {
+                let messages = [ChatMessage::new("user", prompt)];
+                let text =
+                    template.render_prompt(&messages, true, vocab.add_bos(), vocab.add_eos())?;
+                Ok(tokenizer.encode(&text, true, true)?)
+            }
+            _ => Ok(tokenizer.encode(prompt, true, true)?),
+        }
+    }
+}
