@@ -1,16 +1,22 @@
 //! The KV cache of one sequence and causal (optionally sliding-window) attention over it.
+//!
+//! Keys and values are stored as f16, as llama.cpp and vLLM store them by default: half the
+//! memory of f32, and the rounding llama.cpp's logits carry (Qwen's large key biases make the
+//! difference visible in the parity tests). Attention itself runs in f32.
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 use worker_common::backend::BackendError;
 
-/// Keys and values of every layer for positions `0..len`, f32, `[pos][kv_head][head_dim]`.
+/// Keys and values of every layer for positions `0..len`, f16, `[pos][kv_head][head_dim]`.
 ///
 /// Capacity for the whole sequence is reserved up front (so a too-large request fails at
 /// `begin_sequence`, not mid-generation), but pages are only touched as positions fill.
 #[derive(Debug, Default)]
 pub struct KvCache {
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    keys: Vec<Vec<f16>>,
+    values: Vec<Vec<f16>>,
     k_width: usize,
     v_width: usize,
     max_len: usize,
@@ -24,14 +30,14 @@ impl KvCache {
         k_width: usize,
         v_width: usize,
     ) -> Result<Self, BackendError> {
-        let reserve = |width: usize| -> Result<Vec<f32>, BackendError> {
+        let reserve = |width: usize| -> Result<Vec<f16>, BackendError> {
             let elements = max_len.saturating_mul(width);
             let mut buffer = Vec::new();
             buffer
                 .try_reserve_exact(elements)
                 .map_err(|_| BackendError::OutOfMemory {
                     what: "KV cache",
-                    bytes: (elements as u64).saturating_mul(4),
+                    bytes: (elements as u64).saturating_mul(2),
                 })?;
             Ok(buffer)
         };
@@ -61,7 +67,7 @@ impl KvCache {
             .chain(&self.values)
             .map(Vec::capacity)
             .sum();
-        reserved * size_of::<f32>()
+        reserved * size_of::<f16>()
     }
 
     /// Writes the keys and values of positions `start_pos..` of `layer` (dropping any later
@@ -72,7 +78,7 @@ impl KvCache {
         start_pos: usize,
         k: &[f32],
         v: &[f32],
-    ) -> Option<(&[f32], &[f32])> {
+    ) -> Option<(&[f16], &[f16])> {
         let keys = self.keys.get_mut(layer)?;
         let values = self.values.get_mut(layer)?;
         keys.truncate(start_pos * self.k_width);
@@ -80,8 +86,8 @@ impl KvCache {
         if keys.len() != start_pos * self.k_width || values.len() != start_pos * self.v_width {
             return None;
         }
-        keys.extend_from_slice(k);
-        values.extend_from_slice(v);
+        keys.extend(k.iter().map(|&x| f16::from_f32(x)));
+        values.extend(v.iter().map(|&x| f16::from_f32(x)));
         Some((keys, values))
     }
 }
@@ -108,8 +114,8 @@ pub struct AttentionShape {
 pub fn attention(
     shape: &AttentionShape,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[f16],
+    values: &[f16],
     start_pos: usize,
     out: &mut [f32],
 ) {
@@ -123,9 +129,11 @@ pub fn attention(
     } = *shape;
     let group = n_head / n_head_kv;
     let (k_width, v_width) = (n_head_kv * dk, n_head_kv * dv);
-    out.par_chunks_mut(dv)
-        .enumerate()
-        .for_each_init(Vec::new, |scores, (index, head_out)| {
+    out.par_chunks_mut(dv).enumerate().for_each_init(
+        Scratch::default,
+        |scratch, (index, head_out)| {
+            let Scratch { scores, row } = scratch;
+            row.resize(dk.max(dv), 0.0);
             let (t, h) = (index / n_head, index % n_head);
             let pos = start_pos + t;
             let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
@@ -133,7 +141,8 @@ pub fn attention(
             let kv_head = h / group;
             scores.clear();
             scores.extend((first..=pos).map(|p| {
-                let key = &keys[p * k_width + kv_head * dk..][..dk];
+                let key = &mut row[..dk];
+                keys[p * k_width + kv_head * dk..][..dk].convert_to_f32_slice(key);
                 dot(query, key) * scale
             }));
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
@@ -145,15 +154,24 @@ pub fn attention(
             let inv_sum = (1.0 / sum) as f32;
             head_out.fill(0.0);
             for (p, &weight) in (first..=pos).zip(scores.iter()) {
-                let value = &values[p * v_width + kv_head * dv..][..dv];
-                for (o, v) in head_out.iter_mut().zip(value) {
+                let value = &mut row[..dv];
+                values[p * v_width + kv_head * dv..][..dv].convert_to_f32_slice(value);
+                for (o, v) in head_out.iter_mut().zip(value.iter()) {
                     *o += weight * v;
                 }
             }
             for o in head_out.iter_mut() {
                 *o *= inv_sum;
             }
-        });
+        },
+    );
+}
+
+/// Per-task buffers: the scores of one query, one key or value row in f32.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    row: Vec<f32>,
 }
 
 /// `Σ a[i]·b[i]` over eight lanes, so the compiler can vectorise it without reassociating.
@@ -179,6 +197,10 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
 
+    fn halves(values: &[f32]) -> Vec<f16> {
+        values.iter().map(|&v| f16::from_f32(v)).collect()
+    }
+
     fn shape(window: Option<usize>) -> AttentionShape {
         AttentionShape {
             n_head: 2,
@@ -196,8 +218,8 @@ mod tests {
         attention(
             &shape(None),
             &[1.0, 2.0, 3.0, 4.0],
-            &[0.5, 0.5],
-            &[7.0, -1.0],
+            &halves(&[0.5, 0.5]),
+            &halves(&[7.0, -1.0]),
             0,
             &mut out,
         );
@@ -207,8 +229,8 @@ mod tests {
     #[test]
     fn equal_scores_average_and_window_limits() {
         // Two cached positions with zero keys: equal scores, so the output is the mean value.
-        let keys = [0.0; 4];
-        let values = [2.0, 0.0, 4.0, 2.0];
+        let keys = halves(&[0.0; 4]);
+        let values = halves(&[2.0, 0.0, 4.0, 2.0]);
         let mut out = vec![0.0; 4];
         attention(&shape(None), &[1.0; 4], &keys, &values, 1, &mut out);
         assert_eq!(out, vec![3.0, 1.0, 3.0, 1.0]);
@@ -221,7 +243,7 @@ mod tests {
         let mut cache = KvCache::new(1, 4, 1, 1).unwrap();
         assert!(cache.store(0, 0, &[1.0, 2.0], &[3.0, 4.0]).is_some());
         let (k, _) = cache.store(0, 1, &[9.0], &[9.0]).unwrap();
-        assert_eq!(k, &[1.0, 9.0]);
+        assert_eq!(k, &halves(&[1.0, 9.0])[..]);
         assert!(cache.store(0, 5, &[0.0], &[0.0]).is_none());
         assert!(cache.store(1, 0, &[0.0], &[0.0]).is_none());
     }

@@ -11,30 +11,35 @@ use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
 
 use crate::kernels::{self, Legacy, Q8Rows};
-use crate::quant::activation::{BlockQ8_0, BlockQ8_1, quantize_q8_0, quantize_q8_1};
-use crate::quant::{self, dot};
+use crate::quant::activation::{
+    BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k,
+};
+use crate::quant::dot;
 use crate::weights::Matrix;
 
-/// The activation format a weight type's dot kernel consumes.
+/// The activation format a weight type's dot kernel consumes (ggml's `vec_dot_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ActivationFormat {
     Q8_0,
     Q8_1,
-    /// Plain f32; the weight row is dequantized (float formats and the fallback).
+    Q8K,
+    /// Plain f32, for the float weight formats.
     F32,
 }
 
-fn activation_format(ggml_type: GgmlType) -> ActivationFormat {
-    match Legacy::of(ggml_type) {
-        Some(format) if format.uses_q8_1() => ActivationFormat::Q8_1,
-        Some(_) => ActivationFormat::Q8_0,
-        None => ActivationFormat::F32,
-    }
+fn activation_format(ggml_type: GgmlType) -> Option<ActivationFormat> {
+    Some(match ggml_type {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => ActivationFormat::Q8_0,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => ActivationFormat::Q8_1,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => ActivationFormat::Q8K,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActivationFormat::F32,
+        _ => return None,
+    })
 }
 
 /// Whether [`matmul`] handles weights of `ggml_type`.
 pub fn supports(ggml_type: GgmlType) -> bool {
-    quant::is_supported(ggml_type)
+    activation_format(ggml_type).is_some()
 }
 
 /// Reusable buffers of one forward pass, so decode steps do not allocate.
@@ -42,6 +47,7 @@ pub fn supports(ggml_type: GgmlType) -> bool {
 pub struct MatmulScratch {
     q8_0: Vec<BlockQ8_0>,
     q8_1: Vec<BlockQ8_1>,
+    q8_k: Vec<BlockQ8K>,
     /// Output transposed (rows × n) so each thread writes one contiguous range.
     out_t: Vec<f32>,
 }
@@ -51,6 +57,7 @@ impl MatmulScratch {
     pub fn bytes(&self) -> usize {
         self.q8_0.capacity() * size_of::<BlockQ8_0>()
             + self.q8_1.capacity() * size_of::<BlockQ8_1>()
+            + self.q8_k.capacity() * size_of::<BlockQ8K>()
             + self.out_t.capacity() * size_of::<f32>()
     }
 }
@@ -59,6 +66,7 @@ impl MatmulScratch {
 enum Activations<'a> {
     Q8_0(&'a [BlockQ8_0]),
     Q8_1(&'a [BlockQ8_1]),
+    Q8K(&'a [BlockQ8K]),
     F32(&'a [f32]),
 }
 
@@ -91,7 +99,11 @@ pub fn matmul(
         )));
     }
     let kernel_error = |e: dot::DotError| BackendError::InvalidModel(format!("{}: {e}", w.name));
-    let activations = match activation_format(w.ggml_type) {
+    let format = activation_format(w.ggml_type).ok_or_else(|| BackendError::Unsupported {
+        backend: "cpu",
+        what: format!("{}: matrix type {}", w.name, w.ggml_type),
+    })?;
+    let activations = match format {
         ActivationFormat::Q8_0 => {
             quantize_q8_0(x, &mut scratch.q8_0).map_err(kernel_error)?;
             Activations::Q8_0(&scratch.q8_0)
@@ -99,6 +111,10 @@ pub fn matmul(
         ActivationFormat::Q8_1 => {
             quantize_q8_1(x, &mut scratch.q8_1).map_err(kernel_error)?;
             Activations::Q8_1(&scratch.q8_1)
+        }
+        ActivationFormat::Q8K => {
+            quantize_q8_k(x, &mut scratch.q8_k).map_err(kernel_error)?;
+            Activations::Q8K(&scratch.q8_k)
         }
         ActivationFormat::F32 => Activations::F32(x),
     };
@@ -113,10 +129,10 @@ pub fn matmul(
     target
         .par_chunks_mut(rows_per_task * n)
         .enumerate()
-        .try_for_each_init(Vec::new, |dequantized, (task, chunk)| {
+        .try_for_each(|(task, chunk)| {
             let first_row = task * rows_per_task;
             let rows = &data[first_row * w.row_bytes..][..chunk.len() / n * w.row_bytes];
-            dot_chunk(w, rows, &activations, n, chunk, dequantized)
+            dot_chunk(w, rows, &activations, n, chunk)
         })
         .map_err(kernel_error)?;
     if n > 1 {
@@ -136,35 +152,35 @@ fn dot_chunk(
     activations: &Activations<'_>,
     n: usize,
     out: &mut [f32],
-    dequantized: &mut Vec<f32>,
 ) -> Result<(), dot::DotError> {
     let shape_error = |e: kernels::ShapeError| dot::DotError::LengthMismatch {
         bytes: e.weight_bytes,
         blocks: e.activation_blocks,
         block_bytes: e.format.block_bytes(),
     };
-    match (Legacy::of(w.ggml_type), activations) {
+    let legacy = Legacy::of(w.ggml_type);
+    match (legacy, activations) {
         (Some(format), Activations::Q8_0(a)) => {
             kernels::dot_rows(format, rows, Q8Rows::Q8_0(a), n, out).map_err(shape_error)
         }
         (Some(format), Activations::Q8_1(a)) => {
             kernels::dot_rows(format, rows, Q8Rows::Q8_1(a), n, out).map_err(shape_error)
         }
+        (_, Activations::Q8K(a)) => {
+            let kernel = match w.ggml_type {
+                GgmlType::Q4_K => dot::dot_q4_k_q8_k,
+                GgmlType::Q5_K => dot::dot_q5_k_q8_k,
+                _ => dot::dot_q6_k_q8_k,
+            };
+            per_row(rows, w.row_bytes, a, n, out, kernel)
+        }
         (_, Activations::F32(x)) => {
-            for (row, out) in rows.chunks_exact(w.row_bytes).zip(out.chunks_exact_mut(n)) {
-                dequantized.resize(w.cols, 0.0);
-                quant::dequantize(w.ggml_type, row, dequantized).map_err(|_| {
-                    dot::DotError::LengthMismatch {
-                        bytes: row.len(),
-                        blocks: w.cols,
-                        block_bytes: 0,
-                    }
-                })?;
-                for (o, x) in out.iter_mut().zip(x.chunks_exact(w.cols)) {
-                    *o = dequantized.iter().zip(x).map(|(a, b)| a * b).sum();
-                }
-            }
-            Ok(())
+            let kernel = match w.ggml_type {
+                GgmlType::F16 => dot::dot_f16_f32,
+                GgmlType::BF16 => dot::dot_bf16_f32,
+                _ => dot::dot_f32_f32,
+            };
+            per_row(rows, w.row_bytes, x, n, out, kernel)
         }
         (None, _) => Err(dot::DotError::LengthMismatch {
             bytes: rows.len(),
@@ -172,4 +188,22 @@ fn dot_chunk(
             block_bytes: 0,
         }),
     }
+}
+
+/// Row by row, token by token, with a one-row kernel.
+fn per_row<A>(
+    rows: &[u8],
+    row_bytes: usize,
+    activations: &[A],
+    n: usize,
+    out: &mut [f32],
+    kernel: fn(&[u8], &[A]) -> Result<f32, dot::DotError>,
+) -> Result<(), dot::DotError> {
+    let per_token = activations.len() / n;
+    for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
+        for (o, a) in out.iter_mut().zip(activations.chunks_exact(per_token)) {
+            *o = kernel(row, a)?;
+        }
+    }
+    Ok(())
 }

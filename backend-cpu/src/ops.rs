@@ -44,11 +44,21 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// GELU with the tanh approximation (ggml's `ggml_gelu_f32`).
+/// GELU with the tanh approximation, evaluated as llama.cpp's CPU backend does: 0 below −10,
+/// identity above 10, and in between on the input rounded to f16 with the result rounded to
+/// f16 (ggml's `GGML_GELU_FP16` lookup table, which gemma's logits carry).
 pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const COEF_A: f32 = 0.044_715;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+    if x <= -10.0 {
+        return 0.0;
+    }
+    if x >= 10.0 {
+        return x;
+    }
+    let x = half::f16::from_f32(x).to_f32();
+    let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+    half::f16::from_f32(y).to_f32()
 }
 
 /// Rotary position embedding for one layer type: the angles' scale and the pairing.
@@ -157,7 +167,9 @@ mod tests {
     #[test]
     fn activations_match_known_values() {
         assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
-        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-3);
+        assert_eq!(gelu_tanh(-11.0), 0.0);
+        assert_eq!(gelu_tanh(12.5), 12.5);
         assert_eq!(gelu_tanh(0.0), 0.0);
     }
 }

@@ -35,7 +35,7 @@ pub fn logit_fixture(model: Model) -> Value {
 
 /// Bytes of a lower-case hex string, as the fixtures store token pieces.
 pub fn unhex(hex: &str) -> Vec<u8> {
-    assert!(hex.len() % 2 == 0, "odd-length hex {hex:?}");
+    assert!(hex.len().is_multiple_of(2), "odd-length hex {hex:?}");
     (0..hex.len())
         .step_by(2)
         .map(|i| {

@@ -14,8 +14,11 @@ use serde_json::Value;
 use worker_common::backend::InferenceBackend;
 use worker_common::model::ModelFile;
 
-/// Largest |Δlogit| accepted over llama.cpp's top-20 at any position.
-const MAX_DELTA: f32 = 0.5;
+/// Largest |Δlogit − mean Δ| accepted over llama.cpp's top-20 at any position. Q8 activations
+/// make logits move by up to about one when a last-bit difference flips a quant's rounding;
+/// llama.cpp's own batched and one-token logits differ by up to 1.6 (SmolLM2) and 3.3 (gemma3)
+/// (the fixtures' `inc_abs_diff`).
+const MAX_DELTA: f32 = 1.5;
 /// A llama.cpp top-2 margin above which our top-1 must agree.
 const CLEAR_MARGIN: f32 = 0.5;
 
@@ -71,6 +74,13 @@ impl Tally {
             .map(|&(id, logit)| (ours[id] - logit - shift).abs())
             .fold(0.0f32, f32::max);
         self.max_centered = self.max_centered.max(centered);
+        if centered > 1.2 {
+            let d: Vec<String> = top
+                .iter()
+                .map(|&(id, l)| format!("{id}:{l:.1}{:+.2}", ours[id] - l))
+                .collect();
+            println!("DEBUG {at}: {}", d.join(" "));
+        }
         let ours_top = argmax(ours);
         if ours_top == top[0].0 {
             self.top1_agree += 1;
@@ -125,6 +135,15 @@ fn parity(model: Model) {
         failures.extend(tally.check(&ours, &top, &format!("position {p} (decode)")));
     }
     backend.end_sequence();
+    let own = sequences
+        .iter()
+        .flat_map(|s| s["inc_abs_diff"].as_array().unwrap())
+        .filter_map(Value::as_f64)
+        .fold(0.0f64, f64::max);
+    println!(
+        "{}: llama.cpp's own batch vs one-token max |Δlogit|: {own:.4}",
+        model.file_name()
+    );
     println!(
         "{}: {} positions, top-1 agrees at {} ({:.1} %); {} with margin > {CLEAR_MARGIN}; max |Δlogit| over the top-20 {:.4}, after removing the per-position mean shift {:.4}",
         model.file_name(),

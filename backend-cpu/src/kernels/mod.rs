@@ -140,7 +140,7 @@ fn check(
     };
     if cols == 0
         || activation_blocks % cols != 0
-        || outputs % cols != 0
+        || !outputs.is_multiple_of(cols)
         || q8_1 != format.uses_q8_1()
     {
         return Err(error);

@@ -79,8 +79,19 @@ fn rows<'a>(format: Legacy, q: &'a (Vec<BlockQ8_0>, Vec<BlockQ8_1>)) -> Q8Rows<'
     }
 }
 
+/// Both SIMD paths (VNNI where the CPU has it, and AVX2 forced) against the scalar reference.
 #[test]
 fn simd_equals_scalar_bit_for_bit() {
+    #[cfg(target_arch = "x86_64")]
+    for force_avx2 in [false, true] {
+        super::avx2::FORCE_AVX2.store(force_avx2, std::sync::atomic::Ordering::Relaxed);
+        simd_equals_scalar();
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    simd_equals_scalar();
+}
+
+fn simd_equals_scalar() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut compared = 0;
     for format in FORMATS {

@@ -55,7 +55,7 @@ fn quant(x: f32, id: f32) -> i8 {
 
 /// Splits `x` into whole blocks, or says why it cannot.
 fn whole_blocks(x: &[f32]) -> Result<impl Iterator<Item = &[f32; QK8]>, DotError> {
-    if x.len() % QK8 != 0 {
+    if !x.len().is_multiple_of(QK8) {
         return Err(DotError::PartialBlock { elements: x.len() });
     }
     // `chunks_exact` yields only full chunks, so every conversion succeeds.
@@ -130,7 +130,7 @@ fn nearest_q8_k(x: f32) -> i8 {
 ///
 /// Errors, leaving `out` untouched, when `x.len()` is not a multiple of 256.
 pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>) -> Result<(), DotError> {
-    if x.len() % QK_K != 0 {
+    if !x.len().is_multiple_of(QK_K) {
         return Err(DotError::PartialSuperBlock { elements: x.len() });
     }
     out.clear();

@@ -75,7 +75,7 @@ pub fn element_count(ggml_type: GgmlType, bytes: usize) -> Result<usize, QuantEr
         bytes,
         block_bytes,
     };
-    if block_bytes == 0 || bytes % block_bytes != 0 {
+    if block_bytes == 0 || !bytes.is_multiple_of(block_bytes) {
         return Err(partial);
     }
     // Cannot overflow for the supported types (each stores at least 1 bit per element), but an

@@ -122,7 +122,7 @@ fn consistent(gguf: &Gguf<&[u8]>, file: &[u8]) -> Result<(), String> {
     let alignment = gguf.alignment();
     ensure!(alignment.is_power_of_two(), "alignment {alignment}");
     ensure!(
-        gguf.data_offset() as u64 % alignment == 0,
+        (gguf.data_offset() as u64).is_multiple_of(alignment),
         "data offset {} unaligned",
         gguf.data_offset()
     );

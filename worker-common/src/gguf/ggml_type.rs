@@ -100,7 +100,7 @@ impl GgmlType {
     /// Bytes taken by `elements` elements, or `None` if `elements` is not a whole number of
     /// blocks or the size overflows.
     pub fn bytes_for(self, elements: u64) -> Option<u64> {
-        if elements % self.block_size() != 0 {
+        if !elements.is_multiple_of(self.block_size()) {
             return None;
         }
         (elements / self.block_size()).checked_mul(self.block_bytes())

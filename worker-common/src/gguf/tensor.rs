@@ -81,7 +81,7 @@ fn data_size(name: &str, ggml_type: GgmlType, shape: &[u64]) -> Result<u64, Gguf
             GgufError::bad_tensor(name, format!("element count of shape {shape:?} overflows"))
         })?;
     let block = ggml_type.block_size();
-    if shape[0] % block != 0 {
+    if !shape[0].is_multiple_of(block) {
         return Err(GgufError::bad_tensor(
             name,
             format!(

@@ -7,7 +7,7 @@
 //! quant of −128 on both sides, which a weight from a model file (or a hand-built activation
 //! block) may hold; widening is exact for every i8 pair.
 //!
-//! Intrinsic calls sit in `unsafe` blocks because with the MSRV (1.85) they are unsafe to call;
+//! Intrinsic calls sit in `unsafe` blocks because older compilers treat them as unsafe to call;
 //! newer compilers treat the register-only ones as safe inside `#[target_feature]` functions
 //! and would call those blocks unused, hence the `allow`.
 #![allow(unused_unsafe)]

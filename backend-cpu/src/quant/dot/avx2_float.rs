@@ -98,7 +98,7 @@ unsafe fn act8(a: &[f32; LANES], i: usize) -> __m256 {
 unsafe fn dot<const KIND: u8, const E: usize, const CB: usize>(w: &[u8], a: &[f32]) -> f32 {
     let a_chunks = a.chunks_exact(LANES);
     let a_tail = a_chunks.remainder();
-    let w_tail = w.get(w.len() - w.len() % CB..).unwrap_or_default();
+    let w_tail = w.chunks_exact(CB).remainder();
     let chunks = w
         .chunks_exact(CB)
         .filter_map(|c| <&[u8; CB]>::try_from(c).ok())
@@ -120,10 +120,14 @@ unsafe fn dot<const KIND: u8, const E: usize, const CB: usize>(w: &[u8], a: &[f3
         _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
     };
     for (w, &a) in w_tail.chunks_exact(E).zip(a_tail) {
+        // `w` has exactly `E` bytes (4 for F32, 2 otherwise), so the conversion matching
+        // `KIND` always succeeds.
         let w = match KIND {
-            F32 => f32::from_le_bytes([w[0], w[1], w[2], w[3]]),
-            F16 => f16_le([w[0], w[1]]),
-            _ => f32::from_bits(u32::from(u16::from_le_bytes([w[0], w[1]])) << 16),
+            F32 => w.try_into().map_or(0.0, f32::from_le_bytes),
+            F16 => w.try_into().map_or(0.0, f16_le),
+            _ => w.try_into().map_or(0.0, |b| {
+                f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16)
+            }),
         };
         sum = w.mul_add(a, sum);
     }

@@ -5,9 +5,12 @@
 //! The weight quants are unsigned (Q6_K's before its `- 32`), so `vpmaddubsw` (u8 × i8, pairs
 //! summed to i16 with saturation) is exact here: a pair is at most `2 · 63 · 128 = 16128` in
 //! magnitude, far from i16's limits, for every weight and activation byte, −128 included.
-//! Sub-block scales then multiply those pair sums into i32 lanes with `vpmaddwd`, exact too
-//! (`2 · 16128 · 128 < 2^23` per lane and sub-block; lane totals stay below the super-block
-//! bounds of the parent module).
+//! Q4_K / Q5_K: the pair sums are widened to i32 quads (`vpmaddwd` by ones), the eight
+//! sub-block vectors reduced together to one lane per sub-block, and the scales and mins
+//! applied once per super-block with 32-bit multiplies. Q6_K: the `(q - 32)` pair sums (exact
+//! in i16) are multiplied by their 16-element sub-block's scale with `vpmaddwd` (at most
+//! `2 · 4096 · 128 < 2^21` per lane). Every lane total stays below the super-block bounds of
+//! the parent module, so all of it is exact.
 #![allow(unused_unsafe)]
 
 use std::arch::x86_64::{

@@ -11,11 +11,8 @@
 //! keep the AVX2 kernels' exact `vpmaddubsw` pair sums and fold the scale multiply and the
 //! accumulation into one `vpdpwssd` (i16 × i16 pairs into i32, exact for these bounds).
 //!
-//! These intrinsics and target features are stable since Rust 1.89, newer than the
-//! workspace's declared `rust-version` (1.85), hence the `incompatible_msrv` allow: building
-//! this module needs 1.89 or later (the toolchain in use is 1.95).
+//! These intrinsics are stable since Rust 1.89, the workspace's `rust-version`.
 #![allow(unused_unsafe)]
-#![allow(clippy::incompatible_msrv)]
 
 use std::arch::x86_64::{
     __m256i, _mm_add_epi32, _mm_and_si128, _mm_cvtsi128_si32, _mm_loadu_si128, _mm_set1_epi8,
