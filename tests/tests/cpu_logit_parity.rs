@@ -74,13 +74,6 @@ impl Tally {
             .map(|&(id, logit)| (ours[id] - logit - shift).abs())
             .fold(0.0f32, f32::max);
         self.max_centered = self.max_centered.max(centered);
-        if centered > 1.2 {
-            let d: Vec<String> = top
-                .iter()
-                .map(|&(id, l)| format!("{id}:{l:.1}{:+.2}", ours[id] - l))
-                .collect();
-            println!("DEBUG {at}: {}", d.join(" "));
-        }
         let ours_top = argmax(ours);
         if ours_top == top[0].0 {
             self.top1_agree += 1;

@@ -41,12 +41,12 @@ fn smollm2_resident_memory_is_file_plus_kv_plus_64_mib() {
         stop: Vec::new(),
         deadline: None,
     };
-    // The KV cache of this request: reserved for prompt + max_tokens positions, f32 K and V.
+    // The KV cache of this request: reserved for prompt + max_tokens positions, f16 K and V.
     let hp = &model.spec.hparams;
     let kv_bytes = ((request.prompt_tokens.len() + request.max_tokens)
         * hp.n_layers
         * (hp.k_width() + hp.v_width())
-        * 4) as u64;
+        * 2) as u64;
     let mut peak = 0;
     let mut sink = |_| {
         peak = peak.max(resident_bytes());
