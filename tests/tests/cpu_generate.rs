@@ -143,17 +143,17 @@ fn smollm2_greedy_matches_llama_cpp() {
 
 #[test]
 fn qwen05_greedy_matches_llama_cpp() {
-    greedy_matches_llama_cpp(Model::Qwen05, 3);
+    greedy_matches_llama_cpp(Model::Qwen05, 7);
 }
 
 #[test]
 fn qwen15_greedy_matches_llama_cpp() {
-    greedy_matches_llama_cpp(Model::Qwen15, 2);
+    greedy_matches_llama_cpp(Model::Qwen15, 7);
 }
 
 #[test]
 fn gemma3_greedy_matches_llama_cpp() {
-    greedy_matches_llama_cpp(Model::Gemma3, 3);
+    greedy_matches_llama_cpp(Model::Gemma3, 8);
 }
 
 /// Same request and seed → same ids: twice per thread count, and across 1 and 2 threads.
