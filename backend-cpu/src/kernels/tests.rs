@@ -87,6 +87,8 @@ fn simd_equals_scalar_bit_for_bit() {
         super::avx2::FORCE_AVX2.store(force_avx2, std::sync::atomic::Ordering::Relaxed);
         simd_equals_scalar();
     }
+    #[cfg(target_arch = "x86_64")]
+    super::avx2::FORCE_AVX2.store(false, std::sync::atomic::Ordering::Relaxed);
     #[cfg(not(target_arch = "x86_64"))]
     simd_equals_scalar();
 }
@@ -194,4 +196,66 @@ fn shape_errors_are_reported_not_panics() {
     assert!(dot_rows(Legacy::Q8_0, &row, a, 3, &mut out).is_err());
     assert!(dot_rows(Legacy::Q8_0, &row, a, 1, &mut out[..1]).is_ok());
     assert!(dot_rows(Legacy::Q8_0, &row[..34], a, 2, &mut out).is_ok());
+}
+
+/// One block against one column, on the fastest path and the scalar one.
+fn both_paths(format: Legacy, w: &[u8], a: Q8Rows<'_>) -> [f32; 2] {
+    let (mut fast, mut reference) = ([0.0], [0.0]);
+    dot_rows(format, w, a, 1, &mut fast).unwrap();
+    scalar::dot_rows(format, w, a, 1, &mut reference).unwrap();
+    [fast[0], reference[0]]
+}
+
+/// All-extreme blocks against hand-computed sums: the largest integer sums, where a
+/// saturating SIMD trick (or a wrong offset correction) would fail.
+#[test]
+fn extreme_blocks_match_hand_sums() {
+    let one = f16::ONE.to_le_bytes();
+    for aq in [-128i8, 127, 0, -1] {
+        let q0 = [BlockQ8_0 {
+            d: f16::ONE,
+            qs: [aq; QK8],
+        }];
+        let q1 = [BlockQ8_1 {
+            d: f16::ONE,
+            s: f16::from_f32(2.0),
+            qs: [aq; QK8],
+        }];
+        for wq in [0x80u8, 0x7F, 0xFF, 0x00] {
+            let w = [&one[..], &[wq; 32]].concat();
+            let want = 32.0 * f32::from(wq as i8) * f32::from(aq);
+            assert_eq!(both_paths(Legacy::Q8_0, &w, Q8Rows::Q8_0(&q0)), [want; 2]);
+        }
+        for (qh, qs) in [(u32::MAX, 0xFFu8), (0, 0), (0xAAAA_AAAA, 0x5A), (0, 0xFF)] {
+            let code = |j: usize| {
+                let nibble = if j < 16 { qs & 0x0F } else { qs >> 4 };
+                i32::from(nibble) | (((qh >> j) & 1) << 4) as i32
+            };
+            let dot = |offset: i32, five: bool| -> f32 {
+                let value = |j| if five { code(j) } else { code(j) & 0x0F };
+                (0..32)
+                    .map(|j| (value(j) - offset) * i32::from(aq))
+                    .sum::<i32>() as f32
+            };
+            let half = f16::from_f32(0.5).to_le_bytes();
+            let q4_0 = [&one[..], &[qs; 16]].concat();
+            let q4_1 = [&one[..], &half, &[qs; 16]].concat();
+            let q5_0 = [&one[..], &qh.to_le_bytes(), &[qs; 16]].concat();
+            let q5_1 = [&one[..], &half, &qh.to_le_bytes(), &[qs; 16]].concat();
+            // Q4_1/Q5_1 add m·s = 0.5 · 2.
+            let cases = [
+                (Legacy::Q4_0, q4_0, Q8Rows::Q8_0(&q0), dot(8, false)),
+                (Legacy::Q4_1, q4_1, Q8Rows::Q8_1(&q1), dot(0, false) + 1.0),
+                (Legacy::Q5_0, q5_0, Q8Rows::Q8_0(&q0), dot(16, true)),
+                (Legacy::Q5_1, q5_1, Q8Rows::Q8_1(&q1), dot(0, true) + 1.0),
+            ];
+            for (format, w, a, want) in cases {
+                assert_eq!(
+                    both_paths(format, &w, a),
+                    [want; 2],
+                    "{format:?} {qh:#x} {qs:#x} {aq}"
+                );
+            }
+        }
+    }
 }

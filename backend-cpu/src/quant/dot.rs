@@ -1,4 +1,6 @@
-//! Dot products of one weight row with one activation row, the ggml way.
+//! Dot products of one weight row with one activation row, the ggml way, for the k-quants and
+//! the float formats. (The 32-element block formats are multiplied by the tiled kernels of
+//! `crate::kernels`, which have their own order.)
 //!
 //! # Summation order
 //!
@@ -9,24 +11,7 @@
 //! quantized kernels on purpose: Rust never contracts `a * b + c` on its own.
 //!
 //! Kernel choice, detected once per process: AVX-512 VNNI (256-bit, `avx512vnni` +
-//! `avx512vl`, integer formats only) before AVX2 + FMA + F16C before [`scalar`]. The legacy
-//! SIMD kernels take blocks eight at a time and compute the eight f32 block terms in one
-//! vector with the scalar step's own operations, then add them to the sum one by one in block
-//! order, which keeps them bit-identical.
-//!
-//! **Legacy formats** (32-element blocks; Q8_0, Q4_0, Q5_0 × Q8_0 and Q4_1, Q5_1 × Q8_1). For
-//! every block `i = 0, 1, …, n-1`, in that order:
-//!
-//! 1. an exact i32 sum `isum_i` of the 32 integer products (weight quants after their offset,
-//!    `q - 8` for Q4_0 and `q - 16` for Q5_0; at most `32 * 128 * 128 = 2^19` in magnitude, so
-//!    no overflow, and exactly representable in f32);
-//! 2. `sum = sum + (d_w * d_a) * isum_i` in f32, starting from `sum = 0.0`. Q4_1 and Q5_1 add
-//!    their offset term inside the same step: `sum = sum + ((d_w * d_a) * isum_i + m_w * s_a)`.
-//!
-//! `d_w * d_a` and `m_w * s_a` are products of two f16 values, hence exact in f32, so each
-//! block term is rounded once. This is the order of ggml's `ggml_vec_dot_*_generic`, except
-//! for Q4_0, where ggml computes `(isum * d_w) * d_a`, which may round differently in the last
-//! bit; we use the one formula for all formats.
+//! `avx512vl`, k-quants only) before AVX2 + FMA + F16C before [`scalar`].
 //!
 //! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q4_K, Q5_K, Q6_K). For every
 //! super-block in order, exact i32 sums, then one f32 step:
@@ -55,16 +40,11 @@
 //! are not specified.
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
 mod avx2_float;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
-#[cfg(target_arch = "x86_64")]
-mod batch;
 mod float;
 mod k_quants;
-mod legacy;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
@@ -77,19 +57,11 @@ mod tests_vnni;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
-use super::activation::{BlockQ8_0, BlockQ8_1, BlockQ8K, QK_K, QK8};
+#[cfg(test)]
+use super::activation::{BlockQ8_0, BlockQ8_1};
+use super::activation::{BlockQ8K, QK_K, QK8};
 use super::f16_le;
 
-/// Bytes per Q8_0 weight block: `d: f16`, `qs: [i8; 32]`.
-pub const Q8_0_BYTES: usize = 34;
-/// Bytes per Q4_0 weight block: `d: f16`, `qs: [u8; 16]`.
-pub const Q4_0_BYTES: usize = 18;
-/// Bytes per Q4_1 weight block: `d: f16`, `m: f16`, `qs: [u8; 16]`.
-pub const Q4_1_BYTES: usize = 20;
-/// Bytes per Q5_0 weight block: `d: f16`, `qh: u32`, `qs: [u8; 16]`.
-pub const Q5_0_BYTES: usize = 22;
-/// Bytes per Q5_1 weight block: `d: f16`, `m: f16`, `qh: u32`, `qs: [u8; 16]`.
-pub const Q5_1_BYTES: usize = 24;
 /// Bytes per Q4_K super-block: `d, dmin: f16`, `scales: [u8; 12]`, `qs: [u8; 128]`.
 pub const Q4_K_BYTES: usize = 144;
 /// Bytes per Q5_K super-block: `d, dmin: f16`, `scales: [u8; 12]`, `qh: [u8; 32]`,
@@ -166,32 +138,6 @@ macro_rules! dispatch {
     };
 }
 
-dispatch!(
-    /// Dot product of a Q8_0 weight row (`w`, raw little-endian blocks from the model file)
-    /// with Q8_0 activations, using AVX-512 VNNI or AVX2 when the CPU has them; bit-identical
-    /// either way.
-    ///
-    /// Errors when `w` is not exactly one 34-byte block per activation block; never panics.
-    dot_q8_0_q8_0, BlockQ8_0, Q8_0_BYTES, q8_0_q8_0, [vnni::q8_0_q8_0, avx2::q8_0_q8_0]
-);
-dispatch!(
-    /// Dot product of a Q4_0 weight row with Q8_0 activations; see [`dot_q8_0_q8_0`].
-    dot_q4_0_q8_0, BlockQ8_0, Q4_0_BYTES, q4_0_q8_0, [vnni::q4_0_q8_0, avx2::q4_0_q8_0]
-);
-dispatch!(
-    /// Dot product of a Q4_1 weight row with Q8_1 activations; see [`dot_q8_0_q8_0`].
-    dot_q4_1_q8_1, BlockQ8_1, Q4_1_BYTES, q4_1_q8_1, [vnni::q4_1_q8_1, avx2::q4_1_q8_1]
-);
-dispatch!(
-    /// Dot product of a Q5_0 weight row (22-byte blocks) with Q8_0 activations; see
-    /// [`dot_q8_0_q8_0`].
-    dot_q5_0_q8_0, BlockQ8_0, Q5_0_BYTES, q5_0_q8_0, [vnni::q5_0_q8_0, avx2::q5_0_q8_0]
-);
-dispatch!(
-    /// Dot product of a Q5_1 weight row (24-byte blocks) with Q8_1 activations; see
-    /// [`dot_q8_0_q8_0`].
-    dot_q5_1_q8_1, BlockQ8_1, Q5_1_BYTES, q5_1_q8_1, [vnni::q5_1_q8_1, avx2::q5_1_q8_1]
-);
 dispatch!(
     /// Dot product of a Q4_K weight row (144-byte super-blocks) with Q8_K activations (one
     /// super-block each), using AVX-512 VNNI or AVX2 when the CPU has them; bit-identical

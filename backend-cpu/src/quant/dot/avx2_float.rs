@@ -10,20 +10,10 @@ use std::arch::x86_64::{
     _mm256_cvtph_ps, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps,
     _mm256_slli_epi32,
 };
-use std::sync::OnceLock;
 
+use super::avx2_k::available;
 use super::f16_le;
 use super::float::LANES;
-
-/// Whether this CPU runs these kernels; detected once.
-fn available() -> bool {
-    static FEATURES: OnceLock<bool> = OnceLock::new();
-    *FEATURES.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    })
-}
 
 /// Weight element encodings.
 const F32: u8 = 0;

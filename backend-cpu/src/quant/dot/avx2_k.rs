@@ -19,14 +19,24 @@ use std::arch::x86_64::{
     _mm_shuffle_epi32, _mm256_add_epi32, _mm256_and_si256, _mm256_broadcastsi128_si256,
     _mm256_castsi256_si128, _mm256_cvtepu8_epi32, _mm256_extracti128_si256, _mm256_hadd_epi32,
     _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mullo_epi32,
-    _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_setzero_si256,
-    _mm256_shuffle_epi8, _mm256_slli_epi16, _mm256_srli_epi16, _mm256_sub_epi16,
+    _mm256_or_si256, _mm256_permute2x128_si256, _mm256_set_m128i, _mm256_set1_epi8,
+    _mm256_set1_epi16, _mm256_setzero_si256, _mm256_shuffle_epi8, _mm256_slli_epi16,
+    _mm256_srli_epi16, _mm256_sub_epi16,
 };
 
-use super::avx2::available;
-use super::batch::reduce8;
 use super::k_quants::{k_step, scales_mins};
 use super::{BlockQ8K, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, f16_le, weight_blocks};
+
+/// Whether this CPU runs the AVX2 kernels (with FMA and F16C); detected once, as the answer
+/// cannot change.
+pub(super) fn available() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
+}
 
 /// [`super::scalar`]'s Q4_K × Q8_K kernel, or `None` without AVX2.
 pub(super) fn q4_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
@@ -312,4 +322,28 @@ unsafe fn q6_k_avx2(w: &[u8], a: &[BlockQ8K]) -> f32 {
         sum += (f16_le([w[208], w[209]]) * a.d) * isum as f32;
     }
     sum
+}
+
+/// Lane `i` of the result is the exact sum of the eight lanes of `v[i]` (every caller's sums
+/// are far below 2^31).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+    // SAFETY: register-only intrinsics; the caller guarantees AVX2.
+    unsafe {
+        let h01 = _mm256_hadd_epi32(v[0], v[1]);
+        let h23 = _mm256_hadd_epi32(v[2], v[3]);
+        let h45 = _mm256_hadd_epi32(v[4], v[5]);
+        let h67 = _mm256_hadd_epi32(v[6], v[7]);
+        // Per 128-bit half: lanes hold partial sums of v[0..4] and v[4..8] respectively.
+        let h0123 = _mm256_hadd_epi32(h01, h23);
+        let h4567 = _mm256_hadd_epi32(h45, h67);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(h0123, h4567),
+            _mm256_permute2x128_si256::<0x31>(h0123, h4567),
+        )
+    }
 }

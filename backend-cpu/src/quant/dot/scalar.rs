@@ -1,16 +1,12 @@
 //! The scalar reference kernels: the oracle the SIMD kernels must match bit for bit.
 //!
 //! Public so benchmarks and tests can force the scalar path; lengths are checked as by the
-//! dispatching functions. The kernels themselves live in the `legacy`, `k_quants` and `float`
+//! dispatching functions. The kernels themselves live in the `k_quants` and `float`
 //! siblings and take rows whose lengths were already checked.
 
 pub(super) use super::float::{bf16_f32, f16_f32, f32_f32};
 pub(super) use super::k_quants::{q4_k_q8_k, q5_k_q8_k, q6_k_q8_k};
-pub(super) use super::legacy::{q4_0_q8_0, q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0};
-use super::{
-    BlockQ8_0, BlockQ8_1, BlockQ8K, DotError, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES,
-    Q5_1_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, check_len,
-};
+use super::{BlockQ8K, DotError, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, check_len};
 
 /// Defines a public length-checking wrapper around a scalar kernel.
 macro_rules! checked {
@@ -22,11 +18,6 @@ macro_rules! checked {
     };
 }
 
-checked!(dot_q8_0_q8_0, BlockQ8_0, Q8_0_BYTES, q8_0_q8_0);
-checked!(dot_q4_0_q8_0, BlockQ8_0, Q4_0_BYTES, q4_0_q8_0);
-checked!(dot_q4_1_q8_1, BlockQ8_1, Q4_1_BYTES, q4_1_q8_1);
-checked!(dot_q5_0_q8_0, BlockQ8_0, Q5_0_BYTES, q5_0_q8_0);
-checked!(dot_q5_1_q8_1, BlockQ8_1, Q5_1_BYTES, q5_1_q8_1);
 checked!(dot_q4_k_q8_k, BlockQ8K, Q4_K_BYTES, q4_k_q8_k);
 checked!(dot_q5_k_q8_k, BlockQ8K, Q5_K_BYTES, q5_k_q8_k);
 checked!(dot_q6_k_q8_k, BlockQ8K, Q6_K_BYTES, q6_k_q8_k);

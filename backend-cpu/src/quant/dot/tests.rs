@@ -7,6 +7,7 @@ use half::f16;
 use worker_common::gguf::GgmlType;
 
 use super::*;
+use crate::kernels::{self, Legacy, Q8Rows};
 use crate::quant::activation::{quantize_q8_0, quantize_q8_1};
 use crate::quant::dequantize;
 use crate::quant::test_rng::Rng;
@@ -15,7 +16,6 @@ use crate::quant::test_rng::Rng;
 pub(super) trait QuantData {
     fn scale(&mut self) -> f16;
     fn quant(&mut self) -> u8;
-    fn q8(&mut self) -> [i8; 32];
 }
 
 impl QuantData for Rng {
@@ -35,9 +35,6 @@ impl QuantData for Rng {
             _ => self.byte(),
         }
     }
-    fn q8(&mut self) -> [i8; 32] {
-        std::array::from_fn(|_| self.quant() as i8)
-    }
 }
 
 pub(super) const SIZES: [usize; 5] = [1, 3, 7, 33, 100];
@@ -54,203 +51,6 @@ pub(super) fn weights(rng: &mut Rng, blocks: usize, block_bytes: usize, head: us
     w
 }
 
-pub(super) fn q8_0_acts(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8_0> {
-    (0..blocks)
-        .map(|_| BlockQ8_0 {
-            d: rng.scale(),
-            qs: rng.q8(),
-        })
-        .collect()
-}
-
-pub(super) fn q8_1_acts(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8_1> {
-    (0..blocks)
-        .map(|_| BlockQ8_1 {
-            d: rng.scale(),
-            s: rng.scale(),
-            qs: rng.q8(),
-        })
-        .collect()
-}
-
-/// Whether the AVX2 kernels run here; says so loudly when they do not, since the SIMD
-/// comparisons then only exercise the scalar path.
-pub(super) fn simd_available() -> bool {
-    let available = avx2::q8_0_q8_0(&[], &[]).is_some();
-    if !available {
-        eprintln!(
-            "!!! AVX2/FMA NOT DETECTED: the SIMD kernels are NOT tested on this machine; \
-             only the scalar path ran !!!"
-        );
-    }
-    available
-}
-
-#[test]
-fn avx2_matches_scalar_bit_for_bit() {
-    let simd = simd_available();
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    for round in 0..20 {
-        for blocks in SIZES {
-            let ctx = format!("round {round}, {blocks} blocks");
-
-            let w = weights(&mut rng, blocks, Q8_0_BYTES, 2);
-            let a = q8_0_acts(&mut rng, blocks);
-            let reference = scalar::dot_q8_0_q8_0(&w, &a).unwrap();
-            let dispatched = dot_q8_0_q8_0(&w, &a).unwrap();
-            assert_eq!(dispatched.to_bits(), reference.to_bits(), "q8_0 {ctx}");
-            if simd {
-                let v = avx2::q8_0_q8_0(&w, &a).unwrap();
-                assert_eq!(v.to_bits(), reference.to_bits(), "q8_0 avx2 {ctx}");
-            }
-
-            let w = weights(&mut rng, blocks, Q4_0_BYTES, 2);
-            let reference = scalar::dot_q4_0_q8_0(&w, &a).unwrap();
-            let dispatched = dot_q4_0_q8_0(&w, &a).unwrap();
-            assert_eq!(dispatched.to_bits(), reference.to_bits(), "q4_0 {ctx}");
-            if simd {
-                let v = avx2::q4_0_q8_0(&w, &a).unwrap();
-                assert_eq!(v.to_bits(), reference.to_bits(), "q4_0 avx2 {ctx}");
-            }
-
-            let w = weights(&mut rng, blocks, Q4_1_BYTES, 4);
-            let a = q8_1_acts(&mut rng, blocks);
-            let reference = scalar::dot_q4_1_q8_1(&w, &a).unwrap();
-            let dispatched = dot_q4_1_q8_1(&w, &a).unwrap();
-            assert_eq!(dispatched.to_bits(), reference.to_bits(), "q4_1 {ctx}");
-            if simd {
-                let v = avx2::q4_1_q8_1(&w, &a).unwrap();
-                assert_eq!(v.to_bits(), reference.to_bits(), "q4_1 avx2 {ctx}");
-            }
-
-            let w = weights(&mut rng, blocks, Q5_1_BYTES, 4);
-            let reference = scalar::dot_q5_1_q8_1(&w, &a).unwrap();
-            let dispatched = dot_q5_1_q8_1(&w, &a).unwrap();
-            assert_eq!(dispatched.to_bits(), reference.to_bits(), "q5_1 {ctx}");
-            if simd {
-                let v = avx2::q5_1_q8_1(&w, &a).unwrap();
-                assert_eq!(v.to_bits(), reference.to_bits(), "q5_1 avx2 {ctx}");
-            }
-
-            let w = weights(&mut rng, blocks, Q5_0_BYTES, 2);
-            let a = q8_0_acts(&mut rng, blocks);
-            let reference = scalar::dot_q5_0_q8_0(&w, &a).unwrap();
-            let dispatched = dot_q5_0_q8_0(&w, &a).unwrap();
-            assert_eq!(dispatched.to_bits(), reference.to_bits(), "q5_0 {ctx}");
-            if simd {
-                let v = avx2::q5_0_q8_0(&w, &a).unwrap();
-                assert_eq!(v.to_bits(), reference.to_bits(), "q5_0 avx2 {ctx}");
-            }
-        }
-    }
-}
-
-/// All-extreme blocks: the largest integer sums, where a saturating SIMD trick would fail.
-#[test]
-fn extreme_quants_are_exact() {
-    let simd = simd_available();
-    for (wq, aq) in [(0x80u8, -128i8), (0x80, 127), (0x7F, -128), (0x7F, 127)] {
-        let mut w = f16::ONE.to_le_bytes().to_vec();
-        w.extend([wq; 32]);
-        let a = [BlockQ8_0 {
-            d: f16::ONE,
-            qs: [aq; 32],
-        }];
-        let expected = 32.0 * f32::from(wq as i8) * f32::from(aq);
-        assert_eq!(scalar::dot_q8_0_q8_0(&w, &a).unwrap(), expected);
-        assert_eq!(dot_q8_0_q8_0(&w, &a).unwrap(), expected);
-        if simd {
-            assert_eq!(avx2::q8_0_q8_0(&w, &a).unwrap(), expected);
-        }
-    }
-}
-
-/// All-extreme 5-bit blocks (every quant 31, or 0, against ±128 / 127) and a Q5_0 block
-/// whose fifth bits alternate, against hand-computed sums.
-#[test]
-fn extreme_five_bit_quants_are_exact() {
-    let simd = simd_available();
-    for (qh, qs, aq) in [
-        (u32::MAX, 0xFFu8, -128i8),
-        (u32::MAX, 0xFF, 127),
-        (0, 0, -128),
-        (0, 0, 127),
-        (0xAAAA_AAAA, 0x5A, -128),
-    ] {
-        let q = |j: usize| {
-            let nib = if j < 16 { qs & 0x0F } else { qs >> 4 };
-            i32::from(nib) | (((qh >> j) & 1) << 4) as i32
-        };
-        let dot0: i32 = (0..32).map(|j| (q(j) - 16) * i32::from(aq)).sum();
-        let dot1: i32 = (0..32).map(|j| q(j) * i32::from(aq)).sum();
-
-        let mut w0 = f16::ONE.to_le_bytes().to_vec();
-        w0.extend(qh.to_le_bytes());
-        w0.extend([qs; 16]);
-        let a0 = [BlockQ8_0 {
-            d: f16::ONE,
-            qs: [aq; 32],
-        }];
-        let mut w1 = f16::ONE.to_le_bytes().to_vec();
-        w1.extend(f16::from_f32(0.5).to_le_bytes());
-        w1.extend(qh.to_le_bytes());
-        w1.extend([qs; 16]);
-        let a1 = [BlockQ8_1 {
-            d: f16::ONE,
-            s: f16::from_f32(2.0),
-            qs: [aq; 32],
-        }];
-        assert_eq!(scalar::dot_q5_0_q8_0(&w0, &a0).unwrap(), dot0 as f32);
-        assert_eq!(dot_q5_0_q8_0(&w0, &a0).unwrap(), dot0 as f32);
-        assert_eq!(scalar::dot_q5_1_q8_1(&w1, &a1).unwrap(), dot1 as f32 + 1.0);
-        assert_eq!(dot_q5_1_q8_1(&w1, &a1).unwrap(), dot1 as f32 + 1.0);
-        if simd {
-            assert_eq!(avx2::q5_0_q8_0(&w0, &a0).unwrap(), dot0 as f32);
-            assert_eq!(avx2::q5_1_q8_1(&w1, &a1).unwrap(), dot1 as f32 + 1.0);
-        }
-    }
-}
-
-#[test]
-fn length_mismatches_are_errors() {
-    let a = [BlockQ8_0 {
-        d: f16::ONE,
-        qs: [1; 32],
-    }];
-    let b = [BlockQ8_1 {
-        d: f16::ONE,
-        s: f16::ONE,
-        qs: [1; 32],
-    }];
-    let err = |bytes, blocks, block_bytes| {
-        Err(DotError::LengthMismatch {
-            bytes,
-            blocks,
-            block_bytes,
-        })
-    };
-    assert_eq!(dot_q8_0_q8_0(&[0; 33], &a), err(33, 1, 34));
-    assert_eq!(dot_q8_0_q8_0(&[0; 68], &a), err(68, 1, 34));
-    assert_eq!(scalar::dot_q8_0_q8_0(&[0; 35], &a), err(35, 1, 34));
-    assert_eq!(dot_q4_0_q8_0(&[0; 17], &a), err(17, 1, 18));
-    assert_eq!(dot_q4_1_q8_1(&[0; 21], &b), err(21, 1, 20));
-    assert_eq!(dot_q4_1_q8_1(&[0; 20], &[]), err(20, 0, 20));
-    assert_eq!(dot_q5_0_q8_0(&[0; 23], &a), err(23, 1, 22));
-    assert_eq!(scalar::dot_q5_0_q8_0(&[0; 21], &a), err(21, 1, 22));
-    assert_eq!(dot_q5_1_q8_1(&[0; 22], &b), err(22, 1, 24));
-    assert_eq!(scalar::dot_q5_1_q8_1(&[0; 25], &b), err(25, 1, 24));
-    assert_eq!(dot_q8_0_q8_0(&[], &[]), Ok(0.0));
-
-    let mut out = vec![a[0]];
-    assert_eq!(
-        quantize_q8_0(&[0.0; 33], &mut out),
-        Err(DotError::PartialBlock { elements: 33 })
-    );
-    assert_eq!(out.len(), 1, "output untouched on error");
-    let mut out = Vec::new();
-    assert!(quantize_q8_1(&[0.0; 31], &mut out).is_err());
-}
-
 fn q8_0_bytes(blocks: &[BlockQ8_0]) -> Vec<u8> {
     let mut bytes = Vec::new();
     for b in blocks {
@@ -258,6 +58,19 @@ fn q8_0_bytes(blocks: &[BlockQ8_0]) -> Vec<u8> {
         bytes.extend(b.qs.map(|q| q as u8));
     }
     bytes
+}
+
+/// Whether the AVX2 kernels run here; says so loudly when they do not, since the SIMD
+/// comparisons then only exercise the scalar path.
+pub(super) fn simd_available() -> bool {
+    let available = avx2_k::available();
+    if !available {
+        eprintln!(
+            "!!! AVX2/FMA/F16C NOT DETECTED: the SIMD kernels are NOT tested on this machine; \
+             only the scalar path ran !!!"
+        );
+    }
+    available
 }
 
 /// Random activations with per-block magnitudes from 0.1 to ~1000, so `d` is a normal f16.
@@ -336,8 +149,21 @@ pub(super) fn reference(ggml_type: GgmlType, w: &[u8], a: &[f64]) -> (f64, f64) 
         .fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()))
 }
 
+/// The scalar reference of `crate::kernels` for one row and one column.
+fn legacy_dot(format: Legacy, w: &[u8], q: &[BlockQ8_0], q1: &[BlockQ8_1]) -> f32 {
+    let activations = if format.uses_q8_1() {
+        Q8Rows::Q8_1(q1)
+    } else {
+        Q8Rows::Q8_0(q)
+    };
+    let mut out = [0.0];
+    kernels::scalar::dot_rows(format, w, activations, 1, &mut out).unwrap();
+    out[0]
+}
+
+/// The 32-element formats' reference kernels (`crate::kernels::scalar`) against f64.
 #[test]
-fn scalar_dots_match_f64_reference() {
+fn legacy_reference_dots_match_f64() {
     let mut rng = Rng(7);
     for blocks in SIZES {
         let x = activations(&mut rng, blocks);
@@ -350,19 +176,20 @@ fn scalar_dots_match_f64_reference() {
             .flat_map(|b| b.qs.map(|v| f64::from(v) * f64::from(b.d.to_f32())))
             .collect();
 
-        for (ggml_type, block_bytes, head) in [
-            (GgmlType::Q8_0, Q8_0_BYTES, 2),
-            (GgmlType::Q4_0, Q4_0_BYTES, 2),
-            (GgmlType::Q4_1, Q4_1_BYTES, 4),
-            (GgmlType::Q5_0, Q5_0_BYTES, 2),
-            (GgmlType::Q5_1, Q5_1_BYTES, 4),
+        for (ggml_type, format, head) in [
+            (GgmlType::Q8_0, Legacy::Q8_0, 2),
+            (GgmlType::Q4_0, Legacy::Q4_0, 2),
+            (GgmlType::Q4_1, Legacy::Q4_1, 4),
+            (GgmlType::Q5_0, Legacy::Q5_0, 2),
+            (GgmlType::Q5_1, Legacy::Q5_1, 4),
         ] {
+            let block_bytes = format.block_bytes();
             let w = weights(&mut rng, blocks, block_bytes, head);
             let (want, magnitude) = reference(ggml_type, &w, &a);
             let (got, mut tol) = match ggml_type {
-                GgmlType::Q8_0 => (scalar::dot_q8_0_q8_0(&w, &q).unwrap(), 0.0),
-                GgmlType::Q4_0 => (scalar::dot_q4_0_q8_0(&w, &q).unwrap(), 0.0),
-                GgmlType::Q5_0 => (scalar::dot_q5_0_q8_0(&w, &q).unwrap(), 0.0),
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                    (legacy_dot(format, &w, &q, &q1), 0.0)
+                }
                 _ => {
                     // The min term uses s, f16-rounded from the unrounded d, where the
                     // reference uses the f16 d times the quant sum: allow f16's error there.
@@ -375,12 +202,7 @@ fn scalar_dots_match_f64_reference() {
                             m.abs() * (b.s.to_f64().abs() + f64::from(sum.abs()) * b.d.to_f64())
                         })
                         .sum();
-                    let got = if ggml_type == GgmlType::Q4_1 {
-                        scalar::dot_q4_1_q8_1(&w, &q1).unwrap()
-                    } else {
-                        scalar::dot_q5_1_q8_1(&w, &q1).unwrap()
-                    };
-                    (got, slack * 2e-3)
+                    (legacy_dot(format, &w, &q, &q1), slack * 2e-3)
                 }
             };
             tol += 1e-5 * magnitude + 1e-30;

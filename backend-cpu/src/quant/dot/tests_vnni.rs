@@ -1,10 +1,9 @@
-//! The AVX-512 VNNI kernels against the scalar ones bit for bit, on random and extreme data.
+//! The AVX-512 VNNI k-quant kernels against the scalar ones bit for bit, on random and extreme data.
 
 #![allow(clippy::unwrap_used)]
 
 use half::f16;
 
-use super::tests::{SIZES, q8_0_acts, q8_1_acts, weights};
 use super::tests_k::{SUPER_SIZES, k_weights, q8_k_acts};
 use super::*;
 use crate::quant::activation::QK_K;
@@ -19,11 +18,7 @@ fn vnni_available() -> bool {
     available
 }
 
-type Legacy0 = fn(&[u8], &[BlockQ8_0]) -> Result<f32, DotError>;
-type Legacy1 = fn(&[u8], &[BlockQ8_1]) -> Result<f32, DotError>;
 type KFn = fn(&[u8], &[BlockQ8K]) -> Result<f32, DotError>;
-type Simd0 = fn(&[u8], &[BlockQ8_0]) -> Option<f32>;
-type Simd1 = fn(&[u8], &[BlockQ8_1]) -> Option<f32>;
 type SimdK = fn(&[u8], &[BlockQ8K]) -> Option<f32>;
 
 #[test]
@@ -32,15 +27,6 @@ fn vnni_matches_scalar_bit_for_bit() {
         return;
     }
     let mut rng = Rng(0xA076_1D64_78BD_642F);
-    let q8_0: [(&str, usize, Legacy0, Simd0); 3] = [
-        ("q8_0", Q8_0_BYTES, scalar::dot_q8_0_q8_0, vnni::q8_0_q8_0),
-        ("q4_0", Q4_0_BYTES, scalar::dot_q4_0_q8_0, vnni::q4_0_q8_0),
-        ("q5_0", Q5_0_BYTES, scalar::dot_q5_0_q8_0, vnni::q5_0_q8_0),
-    ];
-    let q8_1: [(&str, usize, Legacy1, Simd1); 2] = [
-        ("q4_1", Q4_1_BYTES, scalar::dot_q4_1_q8_1, vnni::q4_1_q8_1),
-        ("q5_1", Q5_1_BYTES, scalar::dot_q5_1_q8_1, vnni::q5_1_q8_1),
-    ];
     let k: [(&str, usize, usize, bool, KFn, SimdK); 3] = [
         (
             "q4_k",
@@ -68,28 +54,6 @@ fn vnni_matches_scalar_bit_for_bit() {
         ),
     ];
     for round in 0..20 {
-        for blocks in SIZES {
-            let a0 = q8_0_acts(&mut rng, blocks);
-            let a1 = q8_1_acts(&mut rng, blocks);
-            for (name, bytes, reference, simd) in q8_0 {
-                let w = weights(&mut rng, blocks, bytes, 2);
-                let want = reference(&w, &a0).unwrap().to_bits();
-                assert_eq!(
-                    simd(&w, &a0).unwrap().to_bits(),
-                    want,
-                    "{name} {round} {blocks}"
-                );
-            }
-            for (name, bytes, reference, simd) in q8_1 {
-                let w = weights(&mut rng, blocks, bytes, 4);
-                let want = reference(&w, &a1).unwrap().to_bits();
-                assert_eq!(
-                    simd(&w, &a1).unwrap().to_bits(),
-                    want,
-                    "{name} {round} {blocks}"
-                );
-            }
-        }
         for blocks in SUPER_SIZES {
             let a = q8_k_acts(&mut rng, blocks);
             for (name, bytes, d_at, two, reference, simd) in k {
@@ -113,15 +77,6 @@ fn vnni_extremes_are_exact() {
         return;
     }
     for aq in [-128i8, 127, 0, -1] {
-        let a0 = [BlockQ8_0 {
-            d: f16::ONE,
-            qs: [aq; 32],
-        }];
-        let a1 = [BlockQ8_1 {
-            d: f16::ONE,
-            s: f16::ONE,
-            qs: [aq; 32],
-        }];
         let ak = [BlockQ8K {
             d: 1.0,
             qs: [aq; QK_K],
@@ -135,22 +90,6 @@ fn vnni_extremes_are_exact() {
                 }
                 w
             };
-            let w = block(Q8_0_BYTES, 2);
-            let want = scalar::dot_q8_0_q8_0(&w, &a0).unwrap();
-            assert_eq!(vnni::q8_0_q8_0(&w, &a0).unwrap(), want);
-            assert_eq!(want, 32.0 * f32::from(wb as i8) * f32::from(aq));
-            let w = block(Q4_0_BYTES, 2);
-            let want = scalar::dot_q4_0_q8_0(&w, &a0).unwrap();
-            assert_eq!(vnni::q4_0_q8_0(&w, &a0).unwrap(), want);
-            let w = block(Q5_0_BYTES, 2);
-            let want = scalar::dot_q5_0_q8_0(&w, &a0).unwrap();
-            assert_eq!(vnni::q5_0_q8_0(&w, &a0).unwrap(), want);
-            let w = block(Q4_1_BYTES, 4);
-            let want = scalar::dot_q4_1_q8_1(&w, &a1).unwrap();
-            assert_eq!(vnni::q4_1_q8_1(&w, &a1).unwrap(), want);
-            let w = block(Q5_1_BYTES, 4);
-            let want = scalar::dot_q5_1_q8_1(&w, &a1).unwrap();
-            assert_eq!(vnni::q5_1_q8_1(&w, &a1).unwrap(), want);
             let w = block(Q4_K_BYTES, 4);
             let want = scalar::dot_q4_k_q8_k(&w, &ak).unwrap();
             assert_eq!(vnni::q4_k_q8_k(&w, &ak).unwrap(), want);

@@ -1,36 +1,26 @@
-//! AVX-512 VNNI kernels (256-bit, `avx512vnni` + `avx512vl`), preferred over AVX2 when the CPU
-//! has them: the same exact integer sums and the same scalar f32 steps, so bit-identical to
-//! [`super::scalar`].
+//! AVX-512 VNNI k-quant kernels (256-bit, `avx512vnni` + `avx512vl`), preferred over AVX2 when
+//! the CPU has them: the same exact integer sums and the same scalar f32 steps, so
+//! bit-identical to [`super::scalar`].
 //!
 //! `vpdpbusd` multiplies unsigned bytes by signed bytes and adds each group of four products
-//! to an i32 lane, without saturation, so it is exact for every input (a lane gains at most
-//! `4 · 255 · 128 < 2^17` per instruction). Weight quants that are not unsigned are made so,
-//! exactly: nibble and 5-bit quants are used as stored (`0..=31`) and their offset `o` (8 or
-//! 16) is subtracted as `o · Σ y`, itself computed with `vpdpbusd`; Q8_0's i8 quants get 128
-//! added (a sign-bit flip, `q + 128` in `0..=255`) and `128 · Σ y` subtracted. The k-quants
-//! keep the AVX2 kernels' exact `vpmaddubsw` pair sums and fold the scale multiply and the
-//! accumulation into one `vpdpwssd` (i16 × i16 pairs into i32, exact for these bounds).
+//! to an i32 lane, without saturation, so it is exact for every input. Q4_K/Q5_K sub-block sums
+//! are one `vpdpbusd` each; Q6_K keeps the AVX2 kernel's exact `vpmaddubsw` pair sums and folds
+//! the scale multiply and the accumulation into one `vpdpwssd` (i16 × i16 pairs into i32, exact
+//! for these bounds). The 32-element formats' kernels are in `crate::kernels`.
 //!
 //! These intrinsics are stable since Rust 1.89, the workspace's `rust-version`.
 #![allow(unused_unsafe)]
 
 use std::arch::x86_64::{
-    __m256i, _mm_add_epi32, _mm_and_si128, _mm_cvtsi128_si32, _mm_loadu_si128, _mm_set1_epi8,
-    _mm_shuffle_epi32, _mm_srli_epi16, _mm256_add_epi32, _mm256_and_si256, _mm256_castsi256_si128,
-    _mm256_dpbusd_epi32, _mm256_dpwssd_epi32, _mm256_extracti128_si256, _mm256_loadu_si256,
-    _mm256_maddubs_epi16, _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8,
-    _mm256_setzero_si256, _mm256_slli_epi16, _mm256_srli_epi16, _mm256_sub_epi16, _mm256_sub_epi32,
-    _mm256_xor_si256,
+    __m256i, _mm_add_epi32, _mm_cvtsi128_si32, _mm_shuffle_epi32, _mm256_add_epi32,
+    _mm256_and_si256, _mm256_castsi256_si128, _mm256_dpbusd_epi32, _mm256_dpwssd_epi32,
+    _mm256_extracti128_si256, _mm256_loadu_si256, _mm256_maddubs_epi16, _mm256_or_si256,
+    _mm256_set1_epi8, _mm256_setzero_si256, _mm256_slli_epi16, _mm256_srli_epi16, _mm256_sub_epi16,
 };
 use std::sync::OnceLock;
 
-use super::avx2::five_bits_raw;
-use super::avx2_k::{k_finish, q6_scale, q6_scales};
-use super::batch::{batched, reduce8};
-use super::{
-    BlockQ8_0, BlockQ8_1, BlockQ8K, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_1_BYTES,
-    Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, f16_le, weight_blocks,
-};
+use super::avx2_k::{k_finish, q6_scale, q6_scales, reduce8};
+use super::{BlockQ8K, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, f16_le, weight_blocks};
 
 /// Whether this CPU runs the VNNI kernels (which also use AVX2); detected once.
 pub(super) fn available() -> bool {
@@ -55,11 +45,6 @@ macro_rules! entry {
     };
 }
 
-entry!(q8_0_q8_0, BlockQ8_0, q8_0_vnni);
-entry!(q4_0_q8_0, BlockQ8_0, q4_0_vnni);
-entry!(q4_1_q8_1, BlockQ8_1, q4_1_vnni);
-entry!(q5_0_q8_0, BlockQ8_0, q5_0_vnni);
-entry!(q5_1_q8_1, BlockQ8_1, q5_1_vnni);
 entry!(q4_k_q8_k, BlockQ8K, q4_k_vnni);
 entry!(q5_k_q8_k, BlockQ8K, q5_k_vnni);
 entry!(q6_k_q8_k, BlockQ8K, q6_k_vnni);
@@ -82,28 +67,6 @@ unsafe fn load32<T: Copy>(b: &[T], off: usize) -> __m256i {
     }
 }
 
-/// The 16 packed nibble bytes at `off` as 32 unsigned quants: low nibbles (elements 0..16) in
-/// the lower half, high nibbles (16..32) in the upper.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn nibbles32(w: &[u8], off: usize) -> __m256i {
-    let Some(s) = w.get(off..off + 16) else {
-        // SAFETY: register-only; the caller guarantees AVX2.
-        return unsafe { _mm256_setzero_si256() };
-    };
-    // SAFETY: `s` holds the 16 bytes read; the caller guarantees AVX2.
-    unsafe {
-        let q = _mm_loadu_si128(s.as_ptr().cast());
-        let mask = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(q, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
-        _mm256_set_m128i(hi, lo)
-    }
-}
-
 /// Exact sum of the eight i32 lanes.
 ///
 /// # Safety
@@ -118,97 +81,6 @@ unsafe fn hsum(v: __m256i) -> i32 {
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
         _mm_cvtsi128_si32(s)
     }
-}
-
-/// The products `(u_j - offset) · y_j` over 32 lanes (`u` unsigned bytes, `offset` in
-/// `0..=128`) summed into eight i32 lanes whose total is the exact dot.
-///
-/// # Safety
-/// The CPU must support AVX2, AVX512-VNNI and AVX512-VL.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn dot_u8(u: __m256i, y: __m256i, offset: u8) -> __m256i {
-    // SAFETY: register-only intrinsics; the caller guarantees the features.
-    unsafe {
-        let zero = _mm256_setzero_si256();
-        let p = _mm256_dpbusd_epi32(zero, u, y);
-        if offset == 0 {
-            return p;
-        }
-        // Each lane: at most 4 · 255 · 128 minus 4 · 128 · 128 in magnitude, exact.
-        let o = _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(offset as i8), y);
-        _mm256_sub_epi32(p, o)
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX2, FMA, F16C, AVX512-VNNI and AVX512-VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn q8_0_vnni(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    batched!(w, a, Q8_0_BYTES, false, |wb, ab| {
-        // SAFETY: the caller guarantees the features.
-        unsafe {
-            // Flipping the sign bit adds 128 (mod 256): i8 `q` becomes u8 `q + 128`.
-            let u = _mm256_xor_si256(load32(wb, 2), _mm256_set1_epi8(i8::MIN));
-            dot_u8(u, load32(&ab.qs, 0), 128)
-        }
-    })
-}
-
-/// # Safety
-/// The CPU must support AVX2, FMA, F16C, AVX512-VNNI and AVX512-VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn q4_0_vnni(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    // SAFETY: the caller guarantees the features.
-    batched!(w, a, Q4_0_BYTES, false, |wb, ab| unsafe {
-        dot_u8(nibbles32(wb, 2), load32(&ab.qs, 0), 8)
-    })
-}
-
-/// # Safety
-/// The CPU must support AVX2, FMA, F16C, AVX512-VNNI and AVX512-VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn q4_1_vnni(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    // SAFETY: the caller guarantees the features.
-    batched!(w, a, Q4_1_BYTES, true, |wb, ab| unsafe {
-        dot_u8(nibbles32(wb, 4), load32(&ab.qs, 0), 0)
-    })
-}
-
-/// The 32 unsigned 5-bit quants of a block: nibbles at `off`, fifth bits `qh`.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn five32(w: &[u8], off: usize, qh: u32) -> __m256i {
-    // SAFETY: the caller guarantees AVX2.
-    unsafe {
-        let (h_lo, h_hi) = five_bits_raw(qh);
-        _mm256_or_si256(nibbles32(w, off), _mm256_set_m128i(h_hi, h_lo))
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX2, FMA, F16C, AVX512-VNNI and AVX512-VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn q5_0_vnni(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    batched!(w, a, Q5_0_BYTES, false, |wb, ab| {
-        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
-        // SAFETY: the caller guarantees the features.
-        unsafe { dot_u8(five32(wb, 6, qh), load32(&ab.qs, 0), 16) }
-    })
-}
-
-/// # Safety
-/// The CPU must support AVX2, FMA, F16C, AVX512-VNNI and AVX512-VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn q5_1_vnni(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    batched!(w, a, Q5_1_BYTES, true, |wb, ab| {
-        let qh = u32::from_le_bytes([wb[4], wb[5], wb[6], wb[7]]);
-        // SAFETY: the caller guarantees the features.
-        unsafe { dot_u8(five32(wb, 8, qh), load32(&ab.qs, 0), 0) }
-    })
 }
 
 /// Integer sum of one Q4_K / Q5_K super-block: `qs` at `QS`, fifth bits at `QH` when `FIVE`.
