@@ -36,20 +36,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import llama_cpp
+from llorch_assets import MODELS, models_dir
 
-MODELS = {
-    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "qwen05": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    "qwen15": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    "gemma3": "gemma-3-270m-q4_k_m.gguf",
-}
 
 PARAGRAPH = (
     "The history of computing is a story of layered abstractions. Early machines were "
@@ -68,7 +62,7 @@ _QUIET = llama_cpp.llama_log_callback(lambda *_: None)
 
 
 def resolve_model(name: str) -> Path:
-    assets = Path(os.environ.get("LLORCH_ASSETS", Path.home() / ".cache" / "llorch")) / "models"
+    assets = models_dir()
     for candidate in (assets / MODELS.get(name, name), Path(name)):
         if candidate.is_file():
             return candidate

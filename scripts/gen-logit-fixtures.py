@@ -65,12 +65,10 @@ greedy text of each sequence on stderr.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import datetime
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -78,13 +76,8 @@ import jinja2
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llorch_assets import MODELS, REPO, fixture_args
 
-MODELS = {
-    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "qwen05": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    "qwen15": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    "gemma3": "gemma-3-270m-q4_k_m.gguf",
-}
 
 N_CTX = 512
 N_BATCH = 512
@@ -360,20 +353,11 @@ def fixture(key: str, path: Path) -> tuple[dict, list[float], list[float]]:
 
 
 def main() -> None:
-    root = Path(__file__).resolve().parent.parent
-    assets = Path(os.environ.get("LLORCH_ASSETS", Path.home() / ".cache" / "llorch"))
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", type=Path, default=assets / "models")
-    parser.add_argument("--out", type=Path, default=root / "tests" / "fixtures" / "logits")
-    parser.add_argument("keys", nargs="*", help=f"models to do (default: all of {', '.join(MODELS)})")
-    args = parser.parse_args()
-    unknown = [k for k in args.keys if k not in MODELS]
-    if unknown:
-        parser.error(f"unknown model key(s) {unknown}; known: {list(MODELS)}")
+    args = fixture_args(__doc__.split("\n\n")[0], "logits")
 
     llama_cpp.llama_log_set(_QUIET, ctypes.c_void_p(0))
     args.out.mkdir(parents=True, exist_ok=True)
-    for key in args.keys or list(MODELS):
+    for key in args.keys:
         path = args.models / MODELS[key]
         if not path.exists():
             raise SystemExit(f"{path} is missing; run scripts/fetch-assets.sh {key}")
@@ -385,7 +369,7 @@ def main() -> None:
         positions = sum(len(s["tokens"]) for s in seqs)
         mism = sum(len(s["batch_argmax_mismatch"]) for s in seqs)
         print(
-            f"{key}: {out.relative_to(root) if out.is_relative_to(root) else out} {size} bytes, "
+            f"{key}: {out.relative_to(REPO) if out.is_relative_to(REPO) else out} {size} bytes, "
             f"{len(seqs)} sequences, {positions} positions, top-2 margin min {min(margins):.4f} "
             f"median {float(np.median(margins)):.4f} (greedy positions: min {min(greedy_margins):.4f} "
             f"median {float(np.median(greedy_margins)):.4f}), batch-argmax/greedy mismatches {mism}"

@@ -44,23 +44,16 @@ gives byte-identical files.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
-import os
 import sys
 from pathlib import Path
 
 import jinja2
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llorch_assets import MODELS, fixture_args
 
-MODELS = {
-    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "qwen05": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    "qwen15": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    "gemma3": "gemma-3-270m-q4_k_m.gguf",
-}
 
 # (name, text): names are stable ids the Rust tests can refer to.
 CORPUS: list[tuple[str, str]] = [
@@ -317,21 +310,12 @@ _QUIET = llama_cpp.llama_log_callback(lambda *_: None)
 
 
 def main() -> None:
-    root = Path(__file__).resolve().parent.parent
-    assets = Path(os.environ.get("LLORCH_ASSETS", Path.home() / ".cache" / "llorch"))
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", type=Path, default=assets / "models")
-    parser.add_argument("--out", type=Path, default=root / "tests" / "fixtures" / "tokenizer")
-    parser.add_argument("keys", nargs="*", help=f"models to do (default: all of {', '.join(MODELS)})")
-    args = parser.parse_args()
-    unknown = [k for k in args.keys if k not in MODELS]
-    if unknown:
-        parser.error(f"unknown model key(s) {unknown}; known: {list(MODELS)}")
+    args = fixture_args(__doc__.split("\n\n")[0], "tokenizer")
 
     llama_cpp.llama_log_set(_QUIET, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
     args.out.mkdir(parents=True, exist_ok=True)
-    for key in args.keys or list(MODELS):
+    for key in args.keys:
         path = args.models / MODELS[key]
         if not path.exists():
             raise SystemExit(f"{path} is missing; run scripts/fetch-assets.sh {key}")
