@@ -17,29 +17,33 @@ use crate::quant::activation::{
 use crate::quant::dot;
 use crate::weights::Matrix;
 
-/// The activation format a weight type's dot kernel consumes (ggml's `vec_dot_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ActivationFormat {
-    Q8_0,
-    Q8_1,
-    Q8K,
-    /// Plain f32, for the float weight formats.
-    F32,
+/// The kernel family of a weight type, which fixes the activation format it reads (ggml's
+/// `vec_dot_type`): Q8_0/Q8_1 for the 32-element formats, Q8_K for the k-quants, f32 for floats.
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    Legacy(Legacy),
+    KQuant(fn(&[u8], &[BlockQ8K]) -> Result<f32, dot::DotError>),
+    Float(fn(&[u8], &[f32]) -> Result<f32, dot::DotError>),
 }
 
-fn activation_format(ggml_type: GgmlType) -> Option<ActivationFormat> {
+fn kernel(ggml_type: GgmlType) -> Option<Kernel> {
+    if let Some(format) = Legacy::of(ggml_type) {
+        return Some(Kernel::Legacy(format));
+    }
     Some(match ggml_type {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => ActivationFormat::Q8_0,
-        GgmlType::Q4_1 | GgmlType::Q5_1 => ActivationFormat::Q8_1,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => ActivationFormat::Q8K,
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActivationFormat::F32,
+        GgmlType::Q4_K => Kernel::KQuant(dot::dot_q4_k_q8_k),
+        GgmlType::Q5_K => Kernel::KQuant(dot::dot_q5_k_q8_k),
+        GgmlType::Q6_K => Kernel::KQuant(dot::dot_q6_k_q8_k),
+        GgmlType::F32 => Kernel::Float(dot::dot_f32_f32),
+        GgmlType::F16 => Kernel::Float(dot::dot_f16_f32),
+        GgmlType::BF16 => Kernel::Float(dot::dot_bf16_f32),
         _ => return None,
     })
 }
 
 /// Whether [`matmul`] handles weights of `ggml_type`.
 pub fn supports(ggml_type: GgmlType) -> bool {
-    activation_format(ggml_type).is_some()
+    kernel(ggml_type).is_some()
 }
 
 /// Reusable buffers of one forward pass, so decode steps do not allocate.
@@ -62,12 +66,15 @@ impl MatmulScratch {
     }
 }
 
-/// The activations of one call in the weight's format; row `t` is token `t`.
+/// The activations of one call in the kernel's format; row `t` is token `t`.
+#[derive(Clone, Copy)]
 enum Activations<'a> {
-    Q8_0(&'a [BlockQ8_0]),
-    Q8_1(&'a [BlockQ8_1]),
-    Q8K(&'a [BlockQ8K]),
-    F32(&'a [f32]),
+    Legacy(Legacy, Q8Rows<'a>),
+    KQuant(
+        fn(&[u8], &[BlockQ8K]) -> Result<f32, dot::DotError>,
+        &'a [BlockQ8K],
+    ),
+    Float(fn(&[u8], &[f32]) -> Result<f32, dot::DotError>, &'a [f32]),
 }
 
 /// Output rows handed to a thread at a time: small enough to balance two to a few dozen
@@ -98,25 +105,26 @@ pub fn matmul(
             w.cols
         )));
     }
-    let kernel_error = |e: dot::DotError| BackendError::InvalidModel(format!("{}: {e}", w.name));
-    let format = activation_format(w.ggml_type).ok_or_else(|| BackendError::Unsupported {
+    let kernel_error = |e: String| BackendError::InvalidModel(format!("{}: {e}", w.name));
+    let kernel = kernel(w.ggml_type).ok_or_else(|| BackendError::Unsupported {
         backend: "cpu",
         what: format!("{}: matrix type {}", w.name, w.ggml_type),
     })?;
-    let activations = match format {
-        ActivationFormat::Q8_0 => {
-            quantize_q8_0(x, &mut scratch.q8_0).map_err(kernel_error)?;
-            Activations::Q8_0(&scratch.q8_0)
+    let quantized = |e: dot::DotError| kernel_error(e.to_string());
+    let activations = match kernel {
+        Kernel::Legacy(format) if format.uses_q8_1() => {
+            quantize_q8_1(x, &mut scratch.q8_1).map_err(quantized)?;
+            Activations::Legacy(format, Q8Rows::Q8_1(&scratch.q8_1))
         }
-        ActivationFormat::Q8_1 => {
-            quantize_q8_1(x, &mut scratch.q8_1).map_err(kernel_error)?;
-            Activations::Q8_1(&scratch.q8_1)
+        Kernel::Legacy(format) => {
+            quantize_q8_0(x, &mut scratch.q8_0).map_err(quantized)?;
+            Activations::Legacy(format, Q8Rows::Q8_0(&scratch.q8_0))
         }
-        ActivationFormat::Q8K => {
-            quantize_q8_k(x, &mut scratch.q8_k).map_err(kernel_error)?;
-            Activations::Q8K(&scratch.q8_k)
+        Kernel::KQuant(dot) => {
+            quantize_q8_k(x, &mut scratch.q8_k).map_err(quantized)?;
+            Activations::KQuant(dot, &scratch.q8_k)
         }
-        ActivationFormat::F32 => Activations::F32(x),
+        Kernel::Float(dot) => Activations::Float(dot, x),
     };
     let threads = rayon::current_num_threads().max(1);
     let rows_per_task = (w.rows / (4 * threads)).max(MIN_ROWS_PER_TASK);
@@ -132,7 +140,7 @@ pub fn matmul(
         .try_for_each(|(task, chunk)| {
             let first_row = task * rows_per_task;
             let rows = &data[first_row * w.row_bytes..][..chunk.len() / n * w.row_bytes];
-            dot_chunk(w, rows, &activations, n, chunk)
+            dot_chunk(rows, w.row_bytes, activations, n, chunk)
         })
         .map_err(kernel_error)?;
     if n > 1 {
@@ -147,46 +155,18 @@ pub fn matmul(
 
 /// Consecutive weight rows against every token: `out[r * n + t] = dot(rows[r], x[t])`.
 fn dot_chunk(
-    w: &Matrix,
     rows: &[u8],
-    activations: &Activations<'_>,
+    row_bytes: usize,
+    activations: Activations<'_>,
     n: usize,
     out: &mut [f32],
-) -> Result<(), dot::DotError> {
-    let shape_error = |e: kernels::ShapeError| dot::DotError::LengthMismatch {
-        bytes: e.weight_bytes,
-        blocks: e.activation_blocks,
-        block_bytes: e.format.block_bytes(),
-    };
-    let legacy = Legacy::of(w.ggml_type);
-    match (legacy, activations) {
-        (Some(format), Activations::Q8_0(a)) => {
-            kernels::dot_rows(format, rows, Q8Rows::Q8_0(a), n, out).map_err(shape_error)
+) -> Result<(), String> {
+    match activations {
+        Activations::Legacy(format, a) => {
+            kernels::dot_rows(format, rows, a, n, out).map_err(|e| e.to_string())
         }
-        (Some(format), Activations::Q8_1(a)) => {
-            kernels::dot_rows(format, rows, Q8Rows::Q8_1(a), n, out).map_err(shape_error)
-        }
-        (_, Activations::Q8K(a)) => {
-            let kernel = match w.ggml_type {
-                GgmlType::Q4_K => dot::dot_q4_k_q8_k,
-                GgmlType::Q5_K => dot::dot_q5_k_q8_k,
-                _ => dot::dot_q6_k_q8_k,
-            };
-            per_row(rows, w.row_bytes, a, n, out, kernel)
-        }
-        (_, Activations::F32(x)) => {
-            let kernel = match w.ggml_type {
-                GgmlType::F16 => dot::dot_f16_f32,
-                GgmlType::BF16 => dot::dot_bf16_f32,
-                _ => dot::dot_f32_f32,
-            };
-            per_row(rows, w.row_bytes, x, n, out, kernel)
-        }
-        (None, _) => Err(dot::DotError::LengthMismatch {
-            bytes: rows.len(),
-            blocks: 0,
-            block_bytes: 0,
-        }),
+        Activations::KQuant(dot, a) => per_row(rows, row_bytes, a, n, out, dot),
+        Activations::Float(dot, x) => per_row(rows, row_bytes, x, n, out, dot),
     }
 }
 
@@ -198,11 +178,11 @@ fn per_row<A>(
     n: usize,
     out: &mut [f32],
     kernel: fn(&[u8], &[A]) -> Result<f32, dot::DotError>,
-) -> Result<(), dot::DotError> {
+) -> Result<(), String> {
     let per_token = activations.len() / n;
     for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
         for (o, a) in out.iter_mut().zip(activations.chunks_exact(per_token)) {
-            *o = kernel(row, a)?;
+            *o = kernel(row, a).map_err(|e| e.to_string())?;
         }
     }
     Ok(())

@@ -10,7 +10,8 @@ use llorch_tests::assets::Model;
 use llorch_tests::fixtures::{fixture_ids, logit_fixture};
 use worker_common::backend::InferenceBackend;
 use worker_common::generate::{
-    CancelToken, Finished, GenerateEvent, GenerateRequest, PromptFormatter, StopReason, generate,
+    CancelToken, Finished, GenerateError, GenerateEvent, GenerateRequest, PromptFormatter,
+    StopReason, generate,
 };
 use worker_common::model::ModelFile;
 use worker_common::sampling::SamplingParams;
@@ -200,4 +201,127 @@ fn smollm2_is_deterministic() {
 #[test]
 fn qwen05_is_deterministic() {
     deterministic(Model::Qwen05, "Write a poem about the sea.");
+}
+
+/// Runs `request` with a sink that answers `keep_listening(event_count)`.
+fn run_with(
+    worker: &mut Worker,
+    request: &GenerateRequest,
+    cancel: &CancelToken,
+    mut keep_listening: impl FnMut(usize) -> bool,
+) -> (Result<Finished, GenerateError>, String) {
+    let mut text = String::new();
+    let mut events = 0;
+    let mut sink = |event: GenerateEvent| {
+        if let GenerateEvent::Token { text: piece, .. } = event {
+            text.push_str(&piece);
+            events += 1;
+        }
+        keep_listening(events)
+    };
+    let context = worker.model.spec.hparams.context_length;
+    let outcome = generate(
+        &mut worker.backend,
+        &worker.tokenizer,
+        context,
+        request,
+        cancel,
+        &mut sink,
+    );
+    (outcome, text)
+}
+
+fn france(worker: &Worker) -> Vec<u32> {
+    worker
+        .tokenizer
+        .encode("The capital of France is", true, true)
+        .unwrap()
+}
+
+#[test]
+fn stop_string_ends_generation_and_is_not_emitted() {
+    let mut worker = Worker::new(Model::SmolLm2, 2);
+    let mut request = request(france(&worker), 40, 0.0);
+    request.stop = vec!["United".to_owned(), "never seen".to_owned()];
+    let (done, text) = run_with(&mut worker, &request, &CancelToken::new(), |_| true);
+    let done = done.unwrap();
+    assert_eq!(done.stop_reason, StopReason::StopSequence);
+    assert_eq!(done.stop_sequence_matched.as_deref(), Some("United"));
+    assert_eq!(text, " Paris.\n\nThe ");
+}
+
+#[test]
+fn chat_answer_ends_at_end_of_turn_without_emitting_it() {
+    let mut worker = Worker::new(Model::SmolLm2, 2);
+    let formatter = PromptFormatter::from_model(&worker.model.gguf, &worker.tokenizer).unwrap();
+    let prompt = formatter
+        .tokenize(&worker.tokenizer, "What is 2+2?", false)
+        .unwrap();
+    let (done, text) = run_with(
+        &mut worker,
+        &request(prompt, 200, 0.0),
+        &CancelToken::new(),
+        |_| true,
+    );
+    let done = done.unwrap();
+    println!("{text:?}");
+    assert_eq!(done.stop_reason, StopReason::Eos, "{text:?}");
+    assert!(done.tokens.len() < 200);
+    assert!(
+        !text.contains("<|im_end|>") && text.contains('4'),
+        "{text:?}"
+    );
+}
+
+#[test]
+fn cancel_stops_within_one_step_and_frees_the_sequence() {
+    let mut worker = Worker::new(Model::SmolLm2, 2);
+    let request = request(france(&worker), 40, 0.0);
+    let cancel = CancelToken::new();
+    let flag = cancel.clone();
+    let (outcome, _) = run_with(&mut worker, &request, &cancel, |events| {
+        if events == 3 {
+            flag.cancel();
+        }
+        true
+    });
+    assert!(
+        matches!(outcome, Err(GenerateError::Cancelled)),
+        "{outcome:?}"
+    );
+    assert_eq!(worker.backend.info().memory.kv, 0, "KV freed after cancel");
+    // Cancelled before the start: no token at all.
+    let (outcome, text) = run_with(&mut worker, &request, &cancel, |_| true);
+    assert!(matches!(outcome, Err(GenerateError::Cancelled)) && text.is_empty());
+    // A receiver that went away (client disconnect) cancels too.
+    let (outcome, _) = run_with(&mut worker, &request, &CancelToken::new(), |events| {
+        events < 2
+    });
+    assert!(
+        matches!(outcome, Err(GenerateError::Cancelled)),
+        "{outcome:?}"
+    );
+    // The worker still serves the next job.
+    let (done, _) = run_with(&mut worker, &request, &CancelToken::new(), |_| true);
+    assert_eq!(done.unwrap().tokens.len(), 40);
+}
+
+#[test]
+fn context_and_deadline_are_enforced() {
+    let mut worker = Worker::new(Model::SmolLm2, 1);
+    let mut long = request(france(&worker), 1, 0.0);
+    let context = worker.model.spec.hparams.context_length;
+    long.max_tokens = context;
+    let (outcome, _) = run_with(&mut worker, &long, &CancelToken::new(), |_| true);
+    assert!(
+        matches!(outcome, Err(GenerateError::ContextLength { context: c, .. }) if c == context),
+        "{outcome:?}"
+    );
+    let mut late = request(france(&worker), 10, 0.0);
+    late.deadline = Some(std::time::Instant::now());
+    let (outcome, _) = run_with(&mut worker, &late, &CancelToken::new(), |_| true);
+    assert!(
+        matches!(outcome, Err(GenerateError::Timeout)),
+        "{outcome:?}"
+    );
 }

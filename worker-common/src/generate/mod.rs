@@ -199,6 +199,7 @@ pub fn generate<B: InferenceBackend>(
             context,
         });
     }
+    let start = Instant::now();
     backend.begin_sequence(max_len)?;
     let mut job = Job {
         backend: &mut *backend,
@@ -206,7 +207,7 @@ pub fn generate<B: InferenceBackend>(
         request,
         cancel,
         sink,
-        start: Instant::now(),
+        start,
     };
     let outcome = job.run();
     backend.end_sequence();
@@ -239,23 +240,25 @@ impl<B: InferenceBackend> Job<'_, B> {
         }
     }
 
-    /// Prefills the prompt chunk by chunk and samples the first token.
-    fn prefill(&mut self, sampler: &mut Sampler) -> Result<u32, GenerateError> {
+    /// Prefills the prompt chunk by chunk and samples the first token; returns it with the
+    /// time the `forward` calls took.
+    fn prefill(&mut self, sampler: &mut Sampler) -> Result<(u32, f64), GenerateError> {
         let prompt = &self.request.prompt_tokens;
+        let start = Instant::now();
         let mut logits: &[f32] = &[];
         for (i, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
             self.check()?;
             logits = self.backend.forward(chunk, i * PREFILL_CHUNK)?;
         }
-        Ok(sampler.sample(logits, prompt))
+        let prefill_time_ms = ms_since(start);
+        Ok((sampler.sample(logits, prompt), prefill_time_ms))
     }
 
     fn run(&mut self) -> Result<Finished, GenerateError> {
         let mut sampler = Sampler::new(self.request.sampling);
         let mut history = self.request.prompt_tokens.clone();
-        let mut token = self.prefill(&mut sampler)?;
+        let (mut token, prefill_time_ms) = self.prefill(&mut sampler)?;
         let first_token_at = Instant::now();
-        let prefill_time_ms = ms_since(self.start);
         let mut text = TextStream::new(&self.request.stop);
         let mut tokens = Vec::with_capacity(self.request.max_tokens);
         let mut last_metrics = first_token_at;
