@@ -101,6 +101,7 @@ impl InferenceBackend for CpuBackend {
                 kv: self.kv.as_ref().map_or(0, KvCache::bytes) as u64,
                 scratch: self.buffers.bytes() as u64,
             },
+            gpu: None,
         }
     }
 

@@ -55,6 +55,19 @@ pub struct BackendInfo {
     pub device: String,
     /// Measured memory in use, by kind.
     pub memory: MemoryUsage,
+    /// GPU facts `/health` adds on a GPU backend (`None` on the CPU).
+    pub gpu: Option<GpuInfo>,
+}
+
+/// What a GPU backend reports beyond [`BackendInfo`], for `/health`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// Device ordinal (`--gpu-device`).
+    pub ordinal: u32,
+    /// Compute capability, e.g. `"9.0"`.
+    pub sm: String,
+    /// CUDA version the driver supports, e.g. `"13.0"`.
+    pub cuda_runtime_version: String,
 }
 
 /// Bytes a loaded backend holds, by kind, as measured from its actual allocations.
