@@ -183,6 +183,33 @@ fn prefault(bytes: &[u8], progress: &mut dyn FnMut(LoadProgress)) {
 }
 
 /// The CPU's model name from `/proc/cpuinfo`, or a generic name elsewhere.
+/// Physical cores (distinct `physical id`/`core id` pairs of `/proc/cpuinfo`), the default
+/// thread count: a second hyper-thread per core adds nothing to memory-bound matmuls.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, usize::from);
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return logical;
+    };
+    let mut cores = std::collections::BTreeSet::new();
+    let mut package = "";
+    for line in info.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        match key.trim() {
+            "physical id" => package = value.trim(),
+            "core id" => {
+                cores.insert((package.to_owned(), value.trim().to_owned()));
+            }
+            _ => {}
+        }
+    }
+    match cores.len() {
+        0 => logical,
+        n => n.min(logical),
+    }
+}
+
 fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()

@@ -1,8 +1,64 @@
-//! The worker shell shared by `worker-orcd` and `llorch-cpud`.
+//! The worker shell shared by `worker-orcd` and `llorch-cpud`: the HTTP/SSE server of
+//! `specs/CONTRACT.md`, generic over the [`InferenceBackend`].
 //!
-//! At this stage it holds the command line of the wire contract (`specs/CONTRACT.md`); the HTTP
-//! server generic over the backend arrives with the worker-http issue.
+//! [`run`] is all a binary calls. Requests are validated and tokenized on the async runtime; the
+//! model runs on one engine thread that owns the backend ([`engine`]), fed by a bounded FIFO
+//! ([`queue`]); `/health` and `/metrics` read cached [`state`].
 
+pub mod api;
+mod callback;
+mod clock;
+mod correlation;
+pub mod engine;
 mod flags;
+mod logging;
+mod metrics;
+pub mod queue;
+mod routes;
+mod server;
+pub mod state;
+
+use std::process::ExitCode;
 
 pub use flags::{CommonFlags, LogFormat};
+pub use server::StartError;
+use worker_common::backend::InferenceBackend;
+
+/// Runs a worker over backend `B` until it has drained: exit code 0 after a shutdown, 1 when
+/// start-up fails (model load, memory, listener, callback).
+pub fn run<B: InferenceBackend>(flags: CommonFlags, options: B::Options) -> ExitCode {
+    logging::init(flags.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("http")
+        .enable_all()
+        .build();
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            tracing::error!(
+                event = "error",
+                code = "STARTUP_FAILED",
+                "starting the runtime: {err}"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let model_ref = flags.model.display().to_string();
+    let worker_id = flags.worker_id.clone();
+    match runtime.block_on(server::serve::<B>(flags, options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(
+                event = "error",
+                worker_id,
+                code = err.code(),
+                model_ref,
+                message = %err,
+                "{}: {err}",
+                err.code()
+            );
+            ExitCode::FAILURE
+        }
+    }
+}

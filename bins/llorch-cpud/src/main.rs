@@ -1,13 +1,9 @@
-//! `llorch-cpud`: the CPU worker.
-//!
-//! At this stage it validates the model named by `--model` and prints its description; serving
-//! arrives with the worker-http issue.
+//! `llorch-cpud`: the CPU worker. Flags → `worker_http::run::<CpuBackend>`; nothing else.
 
 use std::process::ExitCode;
 
-use anyhow::Context;
+use backend_cpu::{CpuBackend, CpuOptions, physical_cores};
 use clap::Parser;
-use worker_common::model::ModelFile;
 use worker_http::CommonFlags;
 
 /// Command line: the contract's common flags plus the CPU thread count.
@@ -24,18 +20,6 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(&cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run(cli: &Cli) -> anyhow::Result<()> {
-    let model = ModelFile::open(&cli.common.model)
-        .with_context(|| format!("MODEL_LOAD_FAILED: model {}", cli.common.model.display()))?;
-    println!("{}", model.spec);
-    Ok(())
+    let threads = cli.threads.map_or_else(physical_cores, |n| n as usize);
+    worker_http::run::<CpuBackend>(cli.common, CpuOptions { threads })
 }

@@ -1,0 +1,187 @@
+//! A real worker process for black-box tests: spawned from the built binary, its JSON log lines
+//! collected, its port read from the `startup` line.
+//!
+//! `LLORCH_TEST_WORKER` picks the binary (`llorch-cpud` by default, `worker-orcd` on a GPU
+//! host), so one contract test suite covers both workers.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::bins::binary;
+use crate::http;
+
+/// The worker binary under test.
+pub fn worker_binary() -> String {
+    std::env::var("LLORCH_TEST_WORKER").unwrap_or_else(|_| "llorch-cpud".into())
+}
+
+/// Flags the binary needs beyond the common ones (one compute thread on the CPU, so tests
+/// running side by side do not fight over cores).
+fn backend_flags(binary: &str) -> Vec<String> {
+    match binary {
+        "llorch-cpud" => vec!["--threads".into(), "1".into()],
+        _ => Vec::new(),
+    }
+}
+
+/// A running worker; killed when dropped.
+pub struct Worker {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Worker {
+    /// Starts the worker on `model` with `args` and waits for its listener (not for the model).
+    pub fn spawn(model: &Path, args: &[&str]) -> Worker {
+        let name = worker_binary();
+        let mut command = Command::new(binary(&name));
+        command
+            .arg("--model")
+            .arg(model)
+            .args(backend_flags(&name))
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot start {name}: {err}"));
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        for pipe in [
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let logs = logs.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    logs.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+                }
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let addr = loop {
+            let found = Self::find_log(&logs, |line| line["event"] == "startup")
+                .and_then(|line| line["address"].as_str().and_then(|a| a.parse().ok()));
+            if let Some(addr) = found {
+                break addr;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "{name} exited with {status} before listening: {:?}",
+                    logs.lock().map(|l| l.clone())
+                );
+            }
+            assert!(Instant::now() < deadline, "{name} did not log its address");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Worker { child, addr, logs }
+    }
+
+    /// Starts the worker and waits until `/health` answers 200.
+    pub fn ready(model: &Path, args: &[&str]) -> Worker {
+        let worker = Self::spawn(model, args);
+        worker.wait_ready();
+        worker
+    }
+
+    /// Polls `/health` until 200 (at most 120 s).
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok(response) = http::get(self.addr, "/health")
+                && response.status == 200
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not ready in time: {:?}",
+                self.log_lines()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn find_log(logs: &Mutex<Vec<String>>, pred: impl Fn(&Value) -> bool) -> Option<Value> {
+        let lines = logs.lock().unwrap_or_else(|e| e.into_inner());
+        lines
+            .iter()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|line| pred(line))
+    }
+
+    /// Every output line so far.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.logs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The JSON log lines so far.
+    pub fn logs(&self) -> Vec<Value> {
+        self.log_lines()
+            .iter()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident set size from `/proc/<pid>/status`.
+    pub fn rss_bytes(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "kill -TERM failed");
+    }
+
+    /// Waits for the process to exit (at most `timeout`).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

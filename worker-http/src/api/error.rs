@@ -1,0 +1,156 @@
+//! Error codes and the one place they become HTTP responses.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::correlation::CORRELATION_HEADER;
+
+/// The contract's stable error codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The request failed validation (400; 413 for an oversized body).
+    InvalidRequest,
+    /// The model is still loading, or failed to (503).
+    WorkerNotReady,
+    /// The job queue is full (503, retriable).
+    WorkerBusy,
+    /// The worker is shutting down (503, retriable elsewhere).
+    WorkerDraining,
+    /// An allocation for the job failed; the worker keeps serving (retriable).
+    VramOom,
+    /// The device failed.
+    CudaError,
+    /// The job ran past `--inference-timeout-sec` (retriable).
+    InferenceTimeout,
+    /// The job was cancelled (`/cancel`, disconnect, shutdown).
+    Cancelled,
+    /// Anything else; a bug.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The UPPER_SNAKE spelling on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidRequest => "INVALID_REQUEST",
+            ErrorCode::WorkerNotReady => "WORKER_NOT_READY",
+            ErrorCode::WorkerBusy => "WORKER_BUSY",
+            ErrorCode::WorkerDraining => "WORKER_DRAINING",
+            ErrorCode::VramOom => "VRAM_OOM",
+            ErrorCode::CudaError => "CUDA_ERROR",
+            ErrorCode::InferenceTimeout => "INFERENCE_TIMEOUT",
+            ErrorCode::Cancelled => "CANCELLED",
+            ErrorCode::Internal => "INTERNAL",
+        }
+    }
+
+    /// Whether the same request may succeed if sent again (here later, or to another worker).
+    pub fn retriable(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::WorkerNotReady
+                | ErrorCode::WorkerBusy
+                | ErrorCode::WorkerDraining
+                | ErrorCode::VramOom
+                | ErrorCode::InferenceTimeout
+        )
+    }
+
+    fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::WorkerNotReady | ErrorCode::WorkerBusy | ErrorCode::WorkerDraining => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// One violated rule of a request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FieldError {
+    /// The field (`prompt`, `stop[2]`, or `body` for the request as a whole).
+    pub field: String,
+    /// The rule, as a constraint token (`range(1..=2048)`, `required`, `type(string)`, …).
+    pub constraint: String,
+    /// What is wrong, for a person.
+    pub message: String,
+    /// The offending value, when short enough to echo.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_json::Value>,
+}
+
+/// A non-stream error response: `{"errors":[…], "error":{code, message, correlation_id}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    code: ErrorCode,
+    status: StatusCode,
+    message: String,
+    errors: Vec<FieldError>,
+    correlation_id: String,
+}
+
+impl ApiError {
+    /// An error with its code's status.
+    pub fn new(code: ErrorCode, message: impl Into<String>, correlation_id: &str) -> Self {
+        Self {
+            code,
+            status: code.status(),
+            message: message.into(),
+            errors: Vec::new(),
+            correlation_id: correlation_id.to_owned(),
+        }
+    }
+
+    /// A 400 listing every violated rule.
+    pub fn invalid(errors: Vec<FieldError>, correlation_id: &str) -> Self {
+        let message = match errors.as_slice() {
+            [one] => format!("{}: {}", one.field, one.message),
+            many => format!("{} fields are invalid", many.len()),
+        };
+        Self {
+            errors,
+            ..Self::new(ErrorCode::InvalidRequest, message, correlation_id)
+        }
+    }
+
+    /// A body over the size limit (413, in the same shape).
+    pub fn too_large(limit: usize, correlation_id: &str) -> Self {
+        let error = FieldError {
+            field: "body".into(),
+            constraint: format!("max_bytes({limit})"),
+            message: format!("request bodies are limited to {limit} bytes"),
+            value: None,
+        };
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            ..Self::invalid(vec![error], correlation_id)
+        }
+    }
+
+    /// The error code.
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "errors": self.errors,
+            "error": {
+                "code": self.code.as_str(),
+                "message": self.message,
+                "correlation_id": self.correlation_id,
+                "retriable": self.code.retriable(),
+            },
+        });
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Ok(value) = HeaderValue::from_str(&self.correlation_id) {
+            response.headers_mut().insert(CORRELATION_HEADER, value);
+        }
+        response
+    }
+}

@@ -1,0 +1,71 @@
+//! `/cancel` (body and path forms) and `/shutdown`.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use bytes::Bytes;
+
+use super::{body_or_error, content_type};
+use crate::api::{ApiError, CancelRequest, ErrorCode};
+use crate::correlation::CorrelationId;
+use crate::engine::end_unstarted;
+use crate::state::Shared;
+
+/// `POST /cancel` with `{"job_id": …}`.
+pub async fn cancel_body(
+    State(shared): State<Arc<Shared>>,
+    CorrelationId(correlation_id): CorrelationId,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, ApiError> {
+    let body = body_or_error(body, &correlation_id)?;
+    let request = CancelRequest::parse(content_type(&headers), &body)
+        .map_err(|errors| ApiError::invalid(errors, &correlation_id))?;
+    Ok(cancel(&shared, &request.job_id, &correlation_id))
+}
+
+/// `POST /cancel/{job_id}`.
+pub async fn cancel_path(
+    State(shared): State<Arc<Shared>>,
+    CorrelationId(correlation_id): CorrelationId,
+    Path(job_id): Path<String>,
+) -> StatusCode {
+    cancel(&shared, &job_id, &correlation_id)
+}
+
+/// Idempotent: unknown and finished jobs are a no-op, answered 202 all the same.
+fn cancel(shared: &Shared, job_id: &str, correlation_id: &str) -> StatusCode {
+    tracing::info!(
+        event = "cancel",
+        worker_id = %shared.settings.worker_id,
+        job_id,
+        correlation_id,
+        "cancel requested"
+    );
+    for job in shared.queue.cancel(job_id) {
+        end_unstarted(
+            shared,
+            job,
+            ErrorCode::Cancelled,
+            "cancelled before it started",
+        );
+    }
+    StatusCode::ACCEPTED
+}
+
+/// `POST /shutdown`: drain as on SIGTERM.
+pub async fn shutdown(
+    State(shared): State<Arc<Shared>>,
+    CorrelationId(correlation_id): CorrelationId,
+) -> StatusCode {
+    tracing::info!(
+        event = "shutdown",
+        worker_id = %shared.settings.worker_id,
+        correlation_id,
+        "shutdown requested over HTTP"
+    );
+    shared.shutdown.notify_one();
+    StatusCode::ACCEPTED
+}

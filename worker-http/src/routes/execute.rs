@@ -1,0 +1,235 @@
+//! `POST /execute`: validate, tokenize, enqueue, stream.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, KeepAliveStream, Sse};
+use bytes::Bytes;
+use futures_util::Stream;
+use tokio::sync::mpsc;
+use worker_common::generate::{CancelToken, GenerateRequest};
+use worker_common::sampling::SamplingParams;
+
+use super::{body_or_error, content_type};
+use crate::api::{
+    ApiError, ErrorCode, ExecuteRequest, FieldError, Limits, StartedEvent, StreamEvent,
+};
+use crate::clock::rfc3339;
+use crate::correlation::CorrelationId;
+use crate::queue::{Job, Rejected};
+use crate::state::{Lifecycle, Loaded, Shared};
+
+/// Interval of the SSE keep-alive comment.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The handler.
+pub async fn execute(
+    State(shared): State<Arc<Shared>>,
+    CorrelationId(correlation_id): CorrelationId,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Sse<KeepAliveStream<JobStream>>, ApiError> {
+    let loaded = accepting(&shared, &correlation_id)?;
+    let body = body_or_error(body, &correlation_id)?;
+    let limits = Limits {
+        max_tokens_out: shared.settings.max_tokens_out,
+    };
+    let request = ExecuteRequest::parse(content_type(&headers), &body, limits)
+        .map_err(|errors| ApiError::invalid(errors, &correlation_id))?;
+    let prompt_tokens = tokenize(&loaded, &request, &correlation_id).await?;
+    // Generated seeds stay below 2^53 so JavaScript clients can send them back exactly.
+    let seed = request
+        .seed
+        .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0 >> 11);
+    let (events, receiver) = mpsc::unbounded_channel();
+    let cancel = CancelToken::new();
+    let job = Job {
+        id: request.job_id.clone(),
+        correlation_id: correlation_id.clone(),
+        request: generate_request(&request, prompt_tokens, seed),
+        cancel: cancel.clone(),
+        prompt_summary: (
+            request.prompt.chars().count(),
+            fnv1a(request.prompt.as_bytes()),
+        ),
+        events,
+    };
+    let prompt_tokens = job.request.prompt_tokens.len();
+    let queue_position = shared.queue.submit(job).map_err(|(why, _)| match why {
+        Rejected::Full => ApiError::new(
+            ErrorCode::WorkerBusy,
+            format!(
+                "{} jobs are already waiting; retry later",
+                shared.queue.len()
+            ),
+            &correlation_id,
+        ),
+        Rejected::Closed => draining(&correlation_id),
+    })?;
+    shared.metrics.add_tokens_in(prompt_tokens);
+    let started = StreamEvent::Started(StartedEvent {
+        job_id: request.job_id,
+        model: loaded.model_name.clone(),
+        started_at: rfc3339(SystemTime::now()),
+        seed,
+        prompt_tokens,
+        queue_position,
+        correlation_id,
+    });
+    let stream = JobStream {
+        started: Some(started),
+        receiver,
+        cancel,
+        ended: false,
+    };
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+/// The loaded model, when the worker takes jobs.
+fn accepting(shared: &Shared, correlation_id: &str) -> Result<Arc<Loaded>, ApiError> {
+    match (shared.lifecycle(), shared.loaded()) {
+        (Lifecycle::Ready, Some(loaded)) => Ok(loaded.clone()),
+        (Lifecycle::Draining, _) => Err(draining(correlation_id)),
+        _ => Err(ApiError::new(
+            ErrorCode::WorkerNotReady,
+            "the model is not loaded yet; retry when /health says ready",
+            correlation_id,
+        )),
+    }
+}
+
+fn draining(correlation_id: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::WorkerDraining,
+        "the worker is shutting down; send the job to another worker",
+        correlation_id,
+    )
+}
+
+/// Template + tokenize off the async threads, then the context-length rule.
+async fn tokenize(
+    loaded: &Arc<Loaded>,
+    request: &ExecuteRequest,
+    correlation_id: &str,
+) -> Result<Vec<u32>, ApiError> {
+    let (model, prompt, raw) = (loaded.clone(), request.prompt.clone(), request.raw);
+    let tokens = tokio::task::spawn_blocking(move || {
+        model.formatter.tokenize(&model.tokenizer, &prompt, raw)
+    })
+    .await
+    .map_err(|err| ApiError::new(ErrorCode::Internal, err.to_string(), correlation_id))?
+    .map_err(|err| {
+        let error = FieldError {
+            field: "prompt".into(),
+            constraint: "tokenizable".into(),
+            message: err.to_string(),
+            value: None,
+        };
+        ApiError::invalid(vec![error], correlation_id)
+    })?;
+    let context = loaded.context_length;
+    let allowed = context.saturating_sub(request.max_tokens as usize);
+    if tokens.len() > allowed {
+        let error = FieldError {
+            field: "prompt".into(),
+            constraint: format!("context_length({allowed})"),
+            message: format!(
+                "the prompt is {} tokens; with max_tokens {} the context of {context} leaves room for {allowed}",
+                tokens.len(),
+                request.max_tokens
+            ),
+            value: None,
+        };
+        return Err(ApiError::invalid(vec![error], correlation_id));
+    }
+    Ok(tokens)
+}
+
+fn generate_request(
+    request: &ExecuteRequest,
+    prompt_tokens: Vec<u32>,
+    seed: u64,
+) -> GenerateRequest {
+    GenerateRequest {
+        prompt_tokens,
+        max_tokens: request.max_tokens as usize,
+        sampling: SamplingParams {
+            temperature: request.temperature,
+            top_k: request.top_k,
+            top_p: request.top_p,
+            min_p: request.min_p,
+            repetition_penalty: request.repetition_penalty,
+            seed,
+        },
+        stop: request.stop.clone(),
+        deadline: None,
+    }
+}
+
+/// FNV-1a: a stable hash to log instead of the prompt.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A job's SSE stream: `started`, then what the engine sends until the terminal event.
+/// Dropping it before the end (the client went away) cancels the job, queued or running.
+pub struct JobStream {
+    started: Option<StreamEvent>,
+    receiver: mpsc::UnboundedReceiver<StreamEvent>,
+    cancel: CancelToken,
+    ended: bool,
+}
+
+impl Stream for JobStream {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let event = match self.started.take() {
+            Some(started) => started,
+            None => match self.receiver.poll_recv(cx) {
+                Poll::Ready(Some(event)) => event,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        self.ended = event.is_terminal();
+        Poll::Ready(Some(Ok(sse_event(&event))))
+    }
+}
+
+impl Drop for JobStream {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.cancel.cancel();
+        }
+    }
+}
+
+fn sse_event(event: &StreamEvent) -> Event {
+    let data = serde_json::to_string(event).unwrap_or_else(|err| {
+        format!(r#"{{"type":"error","code":"INTERNAL","message":"{err}","retriable":false}}"#)
+    });
+    Event::default().event(event.name()).data(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_matches_the_reference_values() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

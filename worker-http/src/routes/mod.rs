@@ -1,0 +1,61 @@
+//! The contract's endpoints: thin handlers over [`Shared`](crate::state::Shared).
+
+mod control;
+mod execute;
+mod status;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+
+use crate::correlation::correlate;
+use crate::state::Shared;
+
+/// Largest request body; larger ones answer 413.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// The worker's router.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/execute", post(execute::execute))
+        .route("/cancel", post(control::cancel_body))
+        .route("/cancel/{job_id}", post(control::cancel_path))
+        .route("/shutdown", post(control::shutdown))
+        .route("/health", get(status::health))
+        .route("/metrics", get(status::metrics))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(correlate))
+        .with_state(shared)
+}
+
+/// The request's `Content-Type`, if readable.
+fn content_type(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+}
+
+/// The body, or the contract's 413/400 when it could not be read.
+fn body_or_error(
+    body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
+    correlation_id: &str,
+) -> Result<bytes::Bytes, crate::api::ApiError> {
+    use axum::http::StatusCode;
+
+    use crate::api::{ApiError, FieldError};
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(MAX_BODY_BYTES, correlation_id)
+        } else {
+            let error = FieldError {
+                field: "body".into(),
+                constraint: "readable".into(),
+                message: rejection.body_text(),
+                value: None,
+            };
+            ApiError::invalid(vec![error], correlation_id)
+        }
+    })
+}

@@ -1,0 +1,233 @@
+//! The life of a worker process: bind → load on the engine thread → ready → callback → serve →
+//! drain on SIGTERM, SIGINT or `/shutdown` → exit.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use worker_common::backend::InferenceBackend;
+
+use crate::CommonFlags;
+use crate::api::ErrorCode;
+use crate::callback::{self, CallbackError};
+use crate::engine::{self, LoadError, end_unstarted};
+use crate::routes::router;
+use crate::state::{Lifecycle, Settings, Shared};
+
+/// Why the worker stopped with exit code 1.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The listener could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address asked for.
+        address: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The model could not be loaded.
+    #[error("loading {model}: {source}")]
+    Load {
+        /// `--model`.
+        model: String,
+        /// What failed.
+        source: LoadError,
+    },
+    /// The ready callback failed.
+    #[error(transparent)]
+    Callback(#[from] CallbackError),
+    /// The engine thread died without reporting (a bug).
+    #[error("the engine thread ended without reporting the load")]
+    EngineLost,
+}
+
+impl StartError {
+    /// The code logged with the failure.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StartError::Load { source, .. } => source.code(),
+            StartError::Callback(_) => "CALLBACK_FAILED",
+            StartError::Bind { .. } | StartError::EngineLost => "STARTUP_FAILED",
+        }
+    }
+}
+
+/// Runs the worker until it has drained; `Err` means exit 1.
+pub async fn serve<B: InferenceBackend>(
+    flags: CommonFlags,
+    options: B::Options,
+) -> Result<(), StartError> {
+    let address = SocketAddr::new(flags.host, flags.port);
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|source| StartError::Bind { address, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { address, source })?;
+    let shared = Arc::new(Shared::new(
+        settings::<B>(&flags),
+        flags.queue_depth as usize,
+    ));
+    let worker_id = shared.settings.worker_id.clone();
+    tracing::info!(
+        event = "startup",
+        worker_id,
+        address = %bound,
+        port = bound.port(),
+        model_ref = %flags.model.display(),
+        worker_type = B::WORKER_TYPE,
+        version = env!("CARGO_PKG_VERSION"),
+        "listening on {bound}"
+    );
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let load_error = |source| StartError::Load {
+        model: flags.model.display().to_string(),
+        source,
+    };
+    let engine = engine::spawn::<B>(shared.clone(), options, ready_tx).map_err(load_error)?;
+    let (stop_server, server_stopped) = oneshot::channel::<()>();
+    let app = router(shared.clone());
+    let server = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = server_stopped.await;
+        };
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+    });
+    tokio::spawn(forward_signals(shared.clone()));
+    tokio::select! {
+        loaded = ready_rx => match loaded {
+            Ok(Ok(())) => {}
+            Ok(Err(source)) => {
+                shared.set_lifecycle(Lifecycle::Failed);
+                return Err(load_error(source));
+            }
+            Err(_) => return Err(StartError::EngineLost),
+        },
+        () = shared.shutdown.notified() => {
+            tracing::info!(event = "shutdown", worker_id, "stopped while loading");
+            return Ok(());
+        }
+    }
+    tracing::info!(event = "ready", worker_id, "ready to serve");
+    if let Some(url) = &flags.callback_url {
+        let uri = format!(
+            "http://{}:{}",
+            flags
+                .advertise_host
+                .clone()
+                .unwrap_or_else(|| bound.ip().to_string()),
+            bound.port()
+        );
+        let payload = callback_payload(&shared, &uri);
+        callback::send(url, &payload, |attempt, outcome| {
+            tracing::info!(
+                event = "callback",
+                worker_id,
+                url,
+                attempt,
+                outcome,
+                "ready callback"
+            );
+        })
+        .await?;
+    }
+    shared.shutdown.notified().await;
+    drain(&shared, engine).await;
+    let _ = stop_server.send(());
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
+    tracing::info!(event = "shutdown", worker_id, "stopped");
+    Ok(())
+}
+
+fn settings<B: InferenceBackend>(flags: &CommonFlags) -> Settings {
+    Settings {
+        worker_id: flags.worker_id.clone(),
+        model_ref: flags.model.clone(),
+        ctx_size: flags.ctx_size,
+        max_tokens_out: flags.max_tokens_out,
+        inference_timeout: std::time::Duration::from_secs(flags.inference_timeout_sec),
+        shutdown_grace: std::time::Duration::from_secs(flags.shutdown_grace_sec),
+        worker_type: B::WORKER_TYPE,
+        memory_architecture: B::MEMORY_ARCHITECTURE,
+    }
+}
+
+/// The ready callback's body.
+fn callback_payload(shared: &Shared, uri: &str) -> serde_json::Value {
+    let settings = &shared.settings;
+    let memory_bytes = shared.memory().total();
+    let loaded = shared.loaded();
+    serde_json::json!({
+        "worker_id": settings.worker_id,
+        "model_ref": settings.model_ref.display().to_string(),
+        "model": loaded.map(|m| m.model_name.clone()),
+        "uri": uri,
+        "worker_type": settings.worker_type,
+        "memory_architecture": settings.memory_architecture,
+        "memory_bytes": memory_bytes,
+        "vram_bytes": if settings.memory_architecture == "vram-only" { memory_bytes } else { 0 },
+        "capabilities": ["text-gen"],
+        "protocol": "sse",
+        "quant_kind": loaded.map(|m| m.quant_kind.clone()),
+        "context_length": loaded.map(|m| m.context_length),
+    })
+}
+
+/// Refuses new jobs, ends the waiting ones, lets the running one finish within the grace, then
+/// cancels it and waits for the engine to release the backend.
+async fn drain(shared: &Arc<Shared>, engine: JoinHandle<()>) {
+    let worker_id = shared.settings.worker_id.as_str();
+    let grace = shared.settings.shutdown_grace;
+    tracing::info!(
+        event = "shutdown",
+        worker_id,
+        grace_sec = grace.as_secs(),
+        "draining"
+    );
+    shared.set_lifecycle(Lifecycle::Draining);
+    for job in shared.queue.close() {
+        end_unstarted(
+            shared,
+            job,
+            ErrorCode::WorkerDraining,
+            "the worker is shutting down",
+        );
+    }
+    let mut joined = tokio::task::spawn_blocking(move || engine.join());
+    if tokio::time::timeout(grace, &mut joined).await.is_err() {
+        tracing::info!(
+            event = "shutdown",
+            worker_id,
+            "grace over: cancelling the running job"
+        );
+        shared.queue.cancel_running();
+        let _ = joined.await;
+    }
+}
+
+/// Turns SIGTERM and SIGINT into a drain.
+async fn forward_signals(shared: Arc<Shared>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!(
+            event = "error",
+            "cannot install signal handlers; use POST /shutdown"
+        );
+        return;
+    };
+    loop {
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        tracing::info!(event = "shutdown", worker_id = %shared.settings.worker_id, signal = name, "signal received");
+        shared.shutdown.notify_one();
+    }
+}

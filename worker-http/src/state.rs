@@ -1,0 +1,159 @@
+//! State shared by the handlers, the engine thread and the start-up task. Everything `/health`
+//! and `/metrics` read is here, cached, so they never wait for the engine.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use worker_common::backend::{BackendInfo, GpuInfo, MemoryUsage};
+use worker_common::generate::PromptFormatter;
+use worker_common::tokenizer::Tokenizer;
+
+use crate::metrics::Metrics;
+use crate::queue::JobQueue;
+
+/// Settings fixed at start-up, from the flags and the backend type.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `--worker-id`.
+    pub worker_id: String,
+    /// `--model`, as given.
+    pub model_ref: PathBuf,
+    /// `--ctx-size`, when given.
+    pub ctx_size: Option<u32>,
+    /// `--max-tokens-out`.
+    pub max_tokens_out: u32,
+    /// `--inference-timeout-sec`.
+    pub inference_timeout: Duration,
+    /// `--shutdown-grace-sec`.
+    pub shutdown_grace: Duration,
+    /// The backend's `WORKER_TYPE`.
+    pub worker_type: &'static str,
+    /// The backend's `MEMORY_ARCHITECTURE`.
+    pub memory_architecture: &'static str,
+}
+
+/// The loaded model's facts, and what turns prompts into tokens.
+#[derive(Debug)]
+pub struct Loaded {
+    /// `general.name`.
+    pub model_name: String,
+    /// File type label, e.g. `Q4_K_M`.
+    pub quant_kind: String,
+    /// `gguf-bpe`, `gguf-spm` or `hf-json`.
+    pub tokenizer_kind: &'static str,
+    /// Tokens in the vocabulary.
+    pub vocab_size: usize,
+    /// The context this worker serves (`--ctx-size`, else min(model, 8192)).
+    pub context_length: usize,
+    /// The model's tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Chat template rendering.
+    pub formatter: PromptFormatter,
+    /// The backend's device description.
+    pub device: String,
+    /// GPU facts on a GPU backend.
+    pub gpu: Option<GpuInfo>,
+}
+
+/// Where the worker is in its life (`busy` is `Ready` with a running job).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Lifecycle {
+    /// Loading the model; `/execute` answers `WORKER_NOT_READY`.
+    Loading = 0,
+    /// Serving.
+    Ready = 1,
+    /// Shutting down; `/execute` answers `WORKER_DRAINING`.
+    Draining = 2,
+    /// The model failed to load; the process is exiting.
+    Failed = 3,
+}
+
+/// The state everything shares.
+#[derive(Debug)]
+pub struct Shared {
+    /// Start-up settings.
+    pub settings: Settings,
+    /// The job queue.
+    pub queue: JobQueue,
+    /// Counters and histograms.
+    pub metrics: Metrics,
+    /// Signalled by `/shutdown` and the signal handler.
+    pub shutdown: Notify,
+    started: Instant,
+    lifecycle: AtomicU8,
+    loaded: OnceLock<Arc<Loaded>>,
+    memory: [AtomicU64; 3],
+}
+
+impl Shared {
+    /// Fresh state of a worker that is about to load.
+    pub fn new(settings: Settings, queue_depth: usize) -> Self {
+        Self {
+            settings,
+            queue: JobQueue::new(queue_depth),
+            metrics: Metrics::default(),
+            shutdown: Notify::new(),
+            started: Instant::now(),
+            lifecycle: AtomicU8::new(Lifecycle::Loading as u8),
+            loaded: OnceLock::new(),
+            memory: Default::default(),
+        }
+    }
+
+    /// The current lifecycle state.
+    pub fn lifecycle(&self) -> Lifecycle {
+        match self.lifecycle.load(Ordering::Acquire) {
+            0 => Lifecycle::Loading,
+            1 => Lifecycle::Ready,
+            2 => Lifecycle::Draining,
+            _ => Lifecycle::Failed,
+        }
+    }
+
+    /// Moves to `state`.
+    pub fn set_lifecycle(&self, state: Lifecycle) {
+        self.lifecycle.store(state as u8, Ordering::Release);
+    }
+
+    /// The model, once loaded.
+    pub fn loaded(&self) -> Option<&Arc<Loaded>> {
+        self.loaded.get()
+    }
+
+    /// Publishes the loaded model and moves to `Ready`.
+    pub fn publish(&self, loaded: Loaded, info: &BackendInfo) {
+        let _ = self.loaded.set(Arc::new(loaded));
+        self.set_memory(info.memory);
+        self.set_lifecycle(Lifecycle::Ready);
+    }
+
+    /// Caches the backend's memory use.
+    pub fn set_memory(&self, memory: MemoryUsage) {
+        for (slot, bytes) in self
+            .memory
+            .iter()
+            .zip([memory.weights, memory.kv, memory.scratch])
+        {
+            slot.store(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// The last measured memory use.
+    pub fn memory(&self) -> MemoryUsage {
+        let [weights, kv, scratch] = &self.memory;
+        MemoryUsage {
+            weights: weights.load(Ordering::Relaxed),
+            kv: kv.load(Ordering::Relaxed),
+            scratch: scratch.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Seconds since the process started serving.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
