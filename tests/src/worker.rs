@@ -21,11 +21,11 @@ pub fn worker_binary() -> String {
     std::env::var("LLORCH_TEST_WORKER").unwrap_or_else(|_| "llorch-cpud".into())
 }
 
-/// Flags the binary needs beyond the common ones (one compute thread on the CPU, so tests
-/// running side by side do not fight over cores).
-fn backend_flags(binary: &str) -> Vec<String> {
+/// Flags the binary needs beyond the common ones: one compute thread on the CPU unless the test
+/// asks for more, so a test does not fight the test harness for cores.
+fn backend_flags(binary: &str, args: &[&str]) -> Vec<String> {
     match binary {
-        "llorch-cpud" => vec!["--threads".into(), "1".into()],
+        "llorch-cpud" if !args.contains(&"--threads") => vec!["--threads".into(), "1".into()],
         _ => Vec::new(),
     }
 }
@@ -46,7 +46,7 @@ impl Worker {
         command
             .arg("--model")
             .arg(model)
-            .args(backend_flags(&name))
+            .args(backend_flags(&name, args))
             .args(args)
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
