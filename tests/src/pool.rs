@@ -96,7 +96,7 @@ impl Pool {
             .into_iter()
             .map(|registration| registration.payload)
             .filter(|worker| fits(worker, need))
-            .max_by_key(|worker| free_bytes(worker))
+            .max_by_key(free_bytes)
     }
 }
 

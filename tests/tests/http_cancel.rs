@@ -171,7 +171,7 @@ fn a_hundred_cancels_and_disconnects_leave_memory_at_its_baseline() {
         let id = format!("c{i}");
         let mut stream = open(worker.addr, &long_job(&id));
         read_tokens(&mut stream, 1);
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             cancel_path(&worker, &id);
             assert_cancelled(&stream.collect());
         }
