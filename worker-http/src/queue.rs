@@ -66,14 +66,14 @@ impl JobQueue {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Enqueues `job`; returns how many jobs are ahead of it.
-    pub fn submit(&self, job: Job) -> Result<usize, (Rejected, Job)> {
+    /// Enqueues `job`; returns how many jobs are ahead of it. A refused job is dropped.
+    pub fn submit(&self, job: Job) -> Result<usize, Rejected> {
         let mut inner = self.lock();
         if inner.closed {
-            return Err((Rejected::Closed, job));
+            return Err(Rejected::Closed);
         }
         if inner.waiting.len() >= self.depth {
-            return Err((Rejected::Full, job));
+            return Err(Rejected::Full);
         }
         let ahead = inner.waiting.len() + usize::from(inner.running.is_some());
         inner.waiting.push_back(job);
@@ -183,10 +183,7 @@ mod tests {
         let queue = JobQueue::new(2);
         assert_eq!(queue.submit(job("a").0).ok(), Some(0));
         assert_eq!(queue.submit(job("b").0).ok(), Some(1));
-        assert_eq!(
-            queue.submit(job("c").0).map_err(|e| e.0).err(),
-            Some(Rejected::Full)
-        );
+        assert_eq!(queue.submit(job("c").0).err(), Some(Rejected::Full));
         assert_eq!(queue.next().map(|j| j.id).as_deref(), Some("a"));
         assert!(queue.is_busy());
         assert_eq!(queue.submit(job("c").0).ok(), Some(2));
@@ -214,10 +211,7 @@ mod tests {
         let queue = JobQueue::new(4);
         queue.submit(job("a").0).ok();
         assert_eq!(queue.close().len(), 1);
-        assert_eq!(
-            queue.submit(job("b").0).map_err(|e| e.0).err(),
-            Some(Rejected::Closed)
-        );
+        assert_eq!(queue.submit(job("b").0).err(), Some(Rejected::Closed));
         assert!(queue.next().is_none());
     }
 }

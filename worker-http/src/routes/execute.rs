@@ -61,7 +61,7 @@ pub async fn execute(
         events,
     };
     let prompt_tokens = job.request.prompt_tokens.len();
-    let queue_position = shared.queue.submit(job).map_err(|(why, _)| match why {
+    let queue_position = shared.queue.submit(job).map_err(|why| match why {
         Rejected::Full => ApiError::new(
             ErrorCode::WorkerBusy,
             format!(
