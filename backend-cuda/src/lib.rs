@@ -1,8 +1,30 @@
-//! CUDA backend of `worker-orcd`, on cudarc with every CUDA library loaded at run time, so this
-//! crate builds on machines without CUDA.
+//! CUDA backend of `worker-orcd`: [`CudaBackend`], on cudarc with every CUDA library loaded at
+//! run time, so this crate builds on machines without CUDA.
 //!
-//! At this stage it only checks that the driver can be loaded; the backend itself arrives with
-//! the CUDA issue.
+//! Weights stay in VRAM in their GGUF block formats. Decode multiplies them in place with one
+//! GEMV kernel per format; prefill dequantizes one matrix at a time into f32 scratch and runs
+//! cuBLAS SGEMM. Activations are f32, the KV cache f16, as in the CPU backend. The kernels
+//! (`kernels/*.cu`) are compiled by NVRTC for the device at start-up and cached on disk.
+
+mod device;
+mod forward;
+mod module;
+mod ops;
+mod weights;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use worker_common::backend::{
+    BackendError, BackendInfo, GpuInfo, InferenceBackend, LoadProgress, MemoryUsage,
+};
+use worker_common::model::ModelFile;
+
+use device::Gpu;
+use forward::{KvCache, Model, Plan, Scratch};
+use weights::Weights;
 
 /// Why the CUDA backend cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -12,6 +34,9 @@ pub enum CudaError {
         "no CUDA driver found (libcuda could not be loaded); worker-orcd needs an NVIDIA GPU with driver 580+"
     )]
     NoDriver,
+    /// A CUDA library the backend loads at run time is missing.
+    #[error("{0} not found: the CUDA 13 runtime libraries must be on the library path")]
+    MissingLibrary(&'static str),
 }
 
 /// Checks that the CUDA driver library is present, before any cudarc call that would panic
@@ -23,4 +48,169 @@ pub fn check_driver() -> Result<(), CudaError> {
     } else {
         Err(CudaError::NoDriver)
     }
+}
+
+/// Checks every library the backend calls (driver, NVRTC, cuBLAS): cudarc panics on the first
+/// call into a missing one.
+pub fn check_libraries() -> Result<(), CudaError> {
+    check_driver()?;
+    // SAFETY: as above, each only tries to dlopen its library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::MissingLibrary("NVRTC (libnvrtc.so.13)"));
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        return Err(CudaError::MissingLibrary("cuBLAS (libcublas.so.13)"));
+    }
+    Ok(())
+}
+
+/// Start-up options of the CUDA backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// CUDA device ordinal (`--gpu-device`).
+    pub device: u32,
+}
+
+/// The CUDA backend: one model in VRAM and the state of at most one sequence.
+pub struct CudaBackend {
+    model: Arc<ModelFile>,
+    plan: Plan,
+    weights: Weights,
+    kv: Option<KvCache>,
+    scratch: Scratch,
+    ordinal: u32,
+    // Declared last: the buffers above are freed before the context and module go.
+    gpu: Gpu,
+}
+
+/// VRAM kept free beyond the weights at load: cuBLAS's workspace, the module, the first
+/// sequence's activations.
+const LOAD_HEADROOM: u64 = 256 << 20;
+
+/// Tensors some architectures may carry that this backend does not apply; refused at load, as
+/// the CPU backend does, rather than silently computing something else.
+const UNSUPPORTED_OPTIONAL: [&str; 7] = [
+    "attn_output.bias",
+    "ffn_gate.bias",
+    "ffn_up.bias",
+    "ffn_down.bias",
+    "rope_freqs.weight",
+    "rope_factors_long.weight",
+    "rope_factors_short.weight",
+];
+
+impl InferenceBackend for CudaBackend {
+    const WORKER_TYPE: &'static str = "bespoke-cuda";
+    const MEMORY_ARCHITECTURE: &'static str = "vram-only";
+    type Options = CudaOptions;
+
+    fn load(
+        model: Arc<ModelFile>,
+        options: &CudaOptions,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Self, BackendError> {
+        check_libraries().map_err(|e| BackendError::Device(e.to_string()))?;
+        if let Some(t) = model
+            .gguf
+            .tensors()
+            .find(|t| UNSUPPORTED_OPTIONAL.iter().any(|s| t.name.ends_with(s)))
+        {
+            return Err(BackendError::Unsupported {
+                backend: Self::WORKER_TYPE,
+                what: format!("tensor {}", t.name),
+            });
+        }
+        let plan = Plan::new(&model.spec)?;
+        let gpu = Gpu::open(options.device)?;
+        let tensor_bytes: u64 = model.gguf.tensors().map(|t| t.data.len() as u64).sum();
+        let (free, _) = gpu.memory()?;
+        let required = tensor_bytes + LOAD_HEADROOM;
+        if required > free {
+            return Err(BackendError::InsufficientMemory {
+                device: format!("GPU {} ({})", options.device, gpu.name),
+                required,
+                available: free,
+            });
+        }
+        let weights = weights::upload(&gpu, &model.gguf, &model.spec, tensor_bytes, progress)?;
+        check_residency(&weights)?;
+        Ok(Self {
+            model,
+            plan,
+            weights,
+            kv: None,
+            scratch: Scratch::default(),
+            ordinal: options.device,
+            gpu,
+        })
+    }
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            device: self.gpu.name.clone(),
+            memory: MemoryUsage {
+                weights: self.weights.bytes() as u64,
+                kv: self.kv.as_ref().map_or(0, KvCache::bytes) as u64,
+                scratch: self.scratch.bytes() as u64,
+            },
+            gpu: Some(GpuInfo {
+                ordinal: self.ordinal,
+                sm: self.gpu.sm.clone(),
+                cuda_runtime_version: self.gpu.driver_version.clone(),
+            }),
+        }
+    }
+
+    fn begin_sequence(&mut self, max_len: usize) -> Result<(), BackendError> {
+        self.gpu.bind()?;
+        self.kv = None;
+        self.kv = Some(KvCache::new(&self.gpu, &self.model.spec.hparams, max_len)?);
+        Ok(())
+    }
+
+    fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<&[f32], BackendError> {
+        self.gpu.bind()?;
+        let kv = self.kv.as_mut().ok_or_else(|| {
+            BackendError::InvalidInput("forward called outside a sequence".to_owned())
+        })?;
+        let model = Model {
+            gpu: &self.gpu,
+            plan: &self.plan,
+            weights: &self.weights,
+        };
+        model.forward(tokens, start_pos, kv, &mut self.scratch)?;
+        Ok(&self.scratch.logits)
+    }
+
+    fn end_sequence(&mut self) {
+        if let Err(e) = self.gpu.bind() {
+            tracing::warn!(error = %e, "ending a sequence");
+        }
+        self.kv = None;
+        self.scratch = Scratch::default();
+    }
+}
+
+/// Checks that the driver reports every weight allocation as device memory (never host or
+/// managed memory that would page over the bus), and logs the result.
+fn check_residency(weights: &Weights) -> Result<(), BackendError> {
+    let mut off_device = 0usize;
+    for buffer in &weights.buffers {
+        if !Gpu::is_device_memory(buffer)? {
+            off_device += 1;
+        }
+    }
+    if off_device > 0 {
+        return Err(BackendError::Device(format!(
+            "{off_device} of {} weight buffers are not device memory",
+            weights.buffers.len()
+        )));
+    }
+    tracing::info!(
+        buffers = weights.buffers.len(),
+        bytes = weights.bytes() as u64,
+        "weights resident in VRAM (every buffer is device memory)"
+    );
+    Ok(())
 }

@@ -258,7 +258,7 @@ fn log_end(shared: &Shared, job: &Job, event: &StreamEvent, record: &JobRecord) 
             } else {
                 "error"
             };
-            tracing::info!(event = kind, worker_id, job_id, correlation_id, code, message = %message, "job ended with {code}");
+            tracing::info!(event = kind, worker_id, job_id, correlation_id, code, detail = %message, "job ended with {code}");
         }
         _ => tracing::info!(
             event = "execute_end",

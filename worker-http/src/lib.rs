@@ -54,7 +54,6 @@ pub fn run<B: InferenceBackend>(flags: CommonFlags, options: B::Options) -> Exit
                 worker_id,
                 code = err.code(),
                 model_ref,
-                message = %err,
                 "{}: {err}",
                 err.code()
             );

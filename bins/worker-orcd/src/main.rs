@@ -1,13 +1,11 @@
-//! `worker-orcd`: the CUDA worker.
+//! `worker-orcd`: the CUDA worker. Flags → `worker_http::run::<CudaBackend>`; nothing else.
 //!
-//! At this stage it checks for the CUDA driver, validates the model named by `--model` and prints
-//! its description; serving arrives with the CUDA and worker-http issues.
+//! Without an NVIDIA driver the backend's load fails cleanly ("no CUDA driver found", exit 1).
 
 use std::process::ExitCode;
 
-use anyhow::Context;
+use backend_cuda::{CudaBackend, CudaOptions};
 use clap::Parser;
-use worker_common::model::ModelFile;
 use worker_http::CommonFlags;
 
 /// Command line: the contract's common flags plus the GPU index.
@@ -24,20 +22,8 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(&cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run(cli: &Cli) -> anyhow::Result<()> {
-    backend_cuda::check_driver()
-        .with_context(|| format!("MODEL_LOAD_FAILED: GPU {}", cli.gpu_device))?;
-    let model = ModelFile::open(&cli.common.model)
-        .with_context(|| format!("MODEL_LOAD_FAILED: model {}", cli.common.model.display()))?;
-    println!("{}", model.spec);
-    Ok(())
+    let options = CudaOptions {
+        device: cli.gpu_device,
+    };
+    worker_http::run::<CudaBackend>(cli.common, options)
 }

@@ -1,4 +1,4 @@
-//! `POST /execute`: validate, tokenize, enqueue, stream.
+//! `POST /execute`: validate (before anything else), tokenize, enqueue, stream.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -35,13 +35,13 @@ pub async fn execute(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Sse<KeepAliveStream<JobStream>>, ApiError> {
-    let loaded = accepting(&shared, &correlation_id)?;
     let body = body_or_error(body, &correlation_id)?;
     let limits = Limits {
         max_tokens_out: shared.settings.max_tokens_out,
     };
     let request = ExecuteRequest::parse(content_type(&headers), &body, limits)
         .map_err(|errors| ApiError::invalid(errors, &correlation_id))?;
+    let loaded = accepting(&shared, &correlation_id)?;
     let prompt_tokens = tokenize(&loaded, &request, &correlation_id).await?;
     // Generated seeds stay below 2^53 so JavaScript clients can send them back exactly.
     let seed = request

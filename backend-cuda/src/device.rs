@@ -1,0 +1,256 @@
+//! The GPU as the backend uses it: one context and stream, the kernels, cuBLAS, and device
+//! buffers that know their size, so memory is reported from actual allocations.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
+    PushKernelArg, sys,
+};
+use worker_common::backend::BackendError;
+
+use crate::module::Kernels;
+
+/// A device allocation of bytes and its address, passed to kernels as a raw pointer.
+pub struct Buffer {
+    slice: CudaSlice<u8>,
+    ptr: u64,
+}
+
+impl Buffer {
+    /// Device address of the first byte.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> usize {
+        self.slice.len()
+    }
+}
+
+/// One kernel argument; kernels take raw device addresses, so no borrow of a buffer outlives
+/// the launch call and one stream orders every access.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    /// A device address (`T*`).
+    Ptr(u64),
+    /// `int`.
+    I32(i32),
+    /// `long long`.
+    I64(i64),
+    /// `float`.
+    F32(f32),
+}
+
+/// The device, its stream, kernels and cuBLAS handle.
+pub struct Gpu {
+    /// The primary context of the device.
+    pub ctx: Arc<CudaContext>,
+    /// The one stream every operation runs on, in order.
+    pub stream: Arc<CudaStream>,
+    /// The compiled kernels.
+    pub kernels: Kernels,
+    blas: CudaBlas,
+    /// Device name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// Compute capability, e.g. `9.0`.
+    pub sm: String,
+    /// CUDA version the driver supports, e.g. `13.0`.
+    pub driver_version: String,
+}
+
+/// A driver error as a backend error, naming what failed.
+pub fn device_error(what: &str, e: DriverError) -> BackendError {
+    BackendError::Device(format!("{what}: {e}"))
+}
+
+impl Gpu {
+    /// Opens device `ordinal`, compiles or loads the kernels and creates the cuBLAS handle.
+    pub fn open(ordinal: u32) -> Result<Self, BackendError> {
+        let count = CudaContext::device_count().map_err(|e| device_error("cuDeviceGetCount", e))?;
+        if i64::from(ordinal) >= i64::from(count) {
+            return Err(BackendError::Device(format!(
+                "GPU {ordinal} does not exist ({count} CUDA devices found)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal as usize)
+            .map_err(|e| device_error(&format!("opening GPU {ordinal}"), e))?;
+        // One stream orders everything, so cudarc's per-buffer events would only add work.
+        // SAFETY: no buffer exists yet and the backend never uses a second stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let name = ctx.name().map_err(|e| device_error("cuDeviceGetName", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| device_error("compute capability", e))?;
+        let mut version = 0;
+        // SAFETY: `version` is valid for writes.
+        unsafe { sys::cuDriverGetVersion(&mut version) }
+            .result()
+            .map_err(|e| device_error("cuDriverGetVersion", e))?;
+        let kernels = Kernels::load(&ctx)?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| BackendError::Device(format!("creating the cuBLAS handle: {e}")))?;
+        Ok(Self {
+            ctx,
+            stream,
+            kernels,
+            blas,
+            name,
+            sm: format!("{major}.{minor}"),
+            driver_version: format!("{}.{}", version / 1000, (version % 1000) / 10),
+        })
+    }
+
+    /// Makes the context current on the calling thread (the worker may call from any thread).
+    pub fn bind(&self) -> Result<(), BackendError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| device_error("binding the CUDA context", e))
+    }
+
+    /// Bytes free and total on the device.
+    pub fn memory(&self) -> Result<(u64, u64), BackendError> {
+        let (free, total) = self
+            .ctx
+            .mem_get_info()
+            .map_err(|e| device_error("cuMemGetInfo", e))?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Allocates `bytes` (uninitialised); a failure for lack of memory is `OutOfMemory`.
+    pub fn alloc(&self, bytes: usize, what: &'static str) -> Result<Buffer, BackendError> {
+        // SAFETY: the memory is uninitialised; every user writes before reading.
+        let slice = unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| {
+            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                BackendError::OutOfMemory {
+                    what,
+                    bytes: bytes as u64,
+                }
+            } else {
+                device_error(&format!("allocating {bytes} bytes for {what}"), e)
+            }
+        })?;
+        let ptr = slice.device_ptr(&self.stream).0;
+        Ok(Buffer { slice, ptr })
+    }
+
+    /// Copies `data` into `buffer` at byte `offset`.
+    pub fn upload(
+        &self,
+        data: &[u8],
+        buffer: &mut Buffer,
+        offset: usize,
+    ) -> Result<(), BackendError> {
+        let mut dst = buffer.slice.slice_mut(offset..offset + data.len());
+        self.stream
+            .memcpy_htod(data, &mut dst)
+            .map_err(|e| device_error("copying to the device", e))
+    }
+
+    /// Copies the first `out.len()` floats of `buffer` to `out` and waits for them.
+    pub fn download_f32(&self, buffer: &Buffer, out: &mut [f32]) -> Result<(), BackendError> {
+        let bytes = std::mem::size_of_val(out);
+        let mut raw = vec![0u8; bytes];
+        self.stream
+            .memcpy_dtoh(&buffer.slice.slice(..bytes), &mut raw)
+            .map_err(|e| device_error("copying from the device", e))?;
+        self.sync()?;
+        for (o, chunk) in out.iter_mut().zip(raw.chunks_exact(4)) {
+            *o = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        }
+        Ok(())
+    }
+
+    /// Waits for all queued work; surfaces asynchronous kernel faults.
+    pub fn sync(&self) -> Result<(), BackendError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| device_error("running the kernels", e))
+    }
+
+    /// Launches `func` with `args` on the stream.
+    pub fn launch(
+        &self,
+        func: &CudaFunction,
+        grid: (u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<(), BackendError> {
+        let config = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = self.stream.launch_builder(func);
+        for arg in args {
+            match arg {
+                Arg::Ptr(v) => builder.arg(v),
+                Arg::I32(v) => builder.arg(v),
+                Arg::I64(v) => builder.arg(v),
+                Arg::F32(v) => builder.arg(v),
+            };
+        }
+        // SAFETY: every kernel's parameter list is matched by its one caller in `ops.rs`, and
+        // the addresses are of live buffers sized for the launch.
+        unsafe { builder.launch(config) }
+            .map(|_| ())
+            .map_err(|e| device_error("launching a kernel", e))
+    }
+
+    /// `c[n][m] = b[n][k] · a[m][k]ᵀ` in f32 (row-major), by cuBLAS SGEMM.
+    pub fn sgemm_nt(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        b: u64,
+        c: u64,
+    ) -> Result<(), BackendError> {
+        let dim = |v: usize| {
+            i32::try_from(v).map_err(|_| BackendError::InvalidInput(format!("GEMM size {v}")))
+        };
+        let (m, n, k) = (dim(m)?, dim(n)?, dim(k)?);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // Column-major view: C (m×n, ld m) = Aᵀ (A is k×m, ld k) · B (k×n, ld k).
+        // SAFETY: the pointers are live device buffers of at least m·k, k·n and m·n floats.
+        unsafe {
+            blas::sgemm(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                m,
+                n,
+                k,
+                &alpha,
+                a as *const f32,
+                k,
+                b as *const f32,
+                k,
+                &beta,
+                c as *mut f32,
+                m,
+            )
+        }
+        .map_err(|e| BackendError::Device(format!("cublasSgemm: {e}")))
+    }
+
+    /// Whether the driver reports `buffer` as device memory (not host or managed memory).
+    pub fn is_device_memory(buffer: &Buffer) -> Result<bool, BackendError> {
+        let mut kind: u32 = 0;
+        // SAFETY: `kind` is valid for a 4-byte write, the size of this attribute.
+        unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut kind as *mut u32).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                buffer.ptr,
+            )
+        }
+        .result()
+        .map_err(|e| device_error("cuPointerGetAttribute", e))?;
+        Ok(kind == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32)
+    }
+}

@@ -1,0 +1,269 @@
+//! The kernels: `kernels/*.cu`, compiled by NVRTC at start-up into a cubin for the device's
+//! compute capability and cached on disk, keyed by a hash of the source, the options and the
+//! NVRTC version, so a second start skips compilation.
+
+use std::ffi::{CStr, CString, c_char, c_int};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
+use worker_common::backend::BackendError;
+use worker_common::gguf::GgmlType;
+
+/// The one NVRTC program: the files in dependency order (helpers first).
+const SOURCE: &str = concat!(
+    include_str!("../kernels/prelude.cu"),
+    include_str!("../kernels/quant.cu"),
+    include_str!("../kernels/ops.cu"),
+    include_str!("../kernels/attention.cu"),
+);
+
+/// Weight formats with dequantize and GEMV kernels, and the kernels' name suffix.
+pub const WEIGHT_TYPES: [(GgmlType, &str); 11] = [
+    (GgmlType::F32, "f32"),
+    (GgmlType::F16, "f16"),
+    (GgmlType::BF16, "bf16"),
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q5_K, "q5_k"),
+    (GgmlType::Q6_K, "q6_k"),
+];
+
+/// Whether the backend can multiply weights of `ggml_type`.
+pub fn supports(ggml_type: GgmlType) -> bool {
+    WEIGHT_TYPES.iter().any(|(t, _)| *t == ggml_type)
+}
+
+/// Every kernel of the program, loaded once.
+pub struct Kernels {
+    /// `dequant_*`, in [`WEIGHT_TYPES`] order.
+    dequant: Vec<CudaFunction>,
+    /// `gemv_*`, in [`WEIGHT_TYPES`] order.
+    gemv: Vec<CudaFunction>,
+    /// RMSNorm per row.
+    pub rms_norm: CudaFunction,
+    /// Rotary position embedding in place.
+    pub rope: CudaFunction,
+    /// Adds a bias to every row.
+    pub add_bias: CudaFunction,
+    /// Residual add.
+    pub add: CudaFunction,
+    /// SiLU- or GELU-gated product of gate and up.
+    pub gated: CudaFunction,
+    /// Splits a fused projection's rows.
+    pub copy_cols: CudaFunction,
+    /// Appends keys and values to the f16 cache.
+    pub kv_store: CudaFunction,
+    /// Final logit soft-capping.
+    pub softcap: CudaFunction,
+    /// Causal attention over the cache.
+    pub attention: CudaFunction,
+    /// Keeps the module loaded as long as the functions are used.
+    _module: Arc<CudaModule>,
+}
+
+impl Kernels {
+    /// The dequantize kernel of `ggml_type`.
+    pub fn dequant(&self, ggml_type: GgmlType) -> Result<&CudaFunction, BackendError> {
+        type_index(ggml_type).map(|i| &self.dequant[i])
+    }
+
+    /// The GEMV kernel of `ggml_type`.
+    pub fn gemv(&self, ggml_type: GgmlType) -> Result<&CudaFunction, BackendError> {
+        type_index(ggml_type).map(|i| &self.gemv[i])
+    }
+
+    /// Compiles (or reads from the cache) and loads the program for `ctx`'s device.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self, BackendError> {
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| BackendError::Device(format!("reading the compute capability: {e}")))?;
+        let cubin = cubin_for(&format!("sm_{major}{minor}"))?;
+        let module = ctx
+            .load_module(Ptx::from_binary(cubin))
+            .map_err(|e| BackendError::Device(format!("loading the kernel module: {e}")))?;
+        let get = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| BackendError::Device(format!("kernel {name}: {e}")))
+        };
+        let per_type = |prefix: &str| -> Result<Vec<CudaFunction>, BackendError> {
+            WEIGHT_TYPES
+                .iter()
+                .map(|(_, suffix)| get(&format!("{prefix}_{suffix}")))
+                .collect()
+        };
+        Ok(Self {
+            dequant: per_type("dequant")?,
+            gemv: per_type("gemv")?,
+            rms_norm: get("rms_norm")?,
+            rope: get("rope")?,
+            add_bias: get("add_bias")?,
+            add: get("add")?,
+            gated: get("gated")?,
+            copy_cols: get("copy_cols")?,
+            kv_store: get("kv_store")?,
+            softcap: get("softcap")?,
+            attention: get("attention")?,
+            _module: module,
+        })
+    }
+}
+
+fn type_index(ggml_type: GgmlType) -> Result<usize, BackendError> {
+    WEIGHT_TYPES
+        .iter()
+        .position(|(t, _)| *t == ggml_type)
+        .ok_or_else(|| BackendError::Unsupported {
+            backend: "bespoke-cuda",
+            what: format!("weights of type {ggml_type}"),
+        })
+}
+
+/// The cubin of [`SOURCE`] for `arch` (e.g. `sm_90`), from the disk cache or NVRTC.
+pub fn cubin_for(arch: &str) -> Result<Vec<u8>, BackendError> {
+    let options = compile_options(arch);
+    let version = nvrtc_version()?;
+    let key = fnv1a(&[SOURCE, &options.join(" "), &version]);
+    let file = cache_dir().map(|dir| dir.join(format!("llorch-{key:016x}-{arch}.cubin")));
+    if let Some(cached) = file.as_deref().and_then(|f| std::fs::read(f).ok()) {
+        tracing::debug!(arch, "kernels read from the cache");
+        return Ok(cached);
+    }
+    let started = std::time::Instant::now();
+    let cubin = compile(&options)?;
+    tracing::info!(
+        arch,
+        nvrtc = %version,
+        ms = started.elapsed().as_millis() as u64,
+        "kernels compiled"
+    );
+    if let Some(file) = &file
+        && let Err(e) = store(file, &cubin)
+    {
+        tracing::warn!(path = %file.display(), error = %e, "cannot cache the compiled kernels");
+    }
+    Ok(cubin)
+}
+
+/// NVRTC options: a cubin for exactly this GPU (no PTX left for the driver to compile), and
+/// no contraction of products and sums into fused multiply-adds (see prelude.cu).
+fn compile_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--fmad=false".to_owned(),
+        "--std=c++17".to_owned(),
+    ]
+}
+
+fn nvrtc_version() -> Result<String, BackendError> {
+    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+    // SAFETY: both pointers are valid for writes; the library was checked to be present.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| BackendError::Device(format!("nvrtcVersion: {e:?}")))?;
+    Ok(format!("{major}.{minor}"))
+}
+
+/// Compiles [`SOURCE`]; a compile error carries NVRTC's log.
+fn compile(options: &[String]) -> Result<Vec<u8>, BackendError> {
+    let source = CString::new(SOURCE)
+        .map_err(|_| BackendError::Device("kernel source contains a NUL byte".to_owned()))?;
+    let prog = nvrtc::create_program(&source, Some(c"llorch_kernels.cu"))
+        .map_err(|e| BackendError::Device(format!("nvrtcCreateProgram: {e:?}")))?;
+    let program = Program(prog);
+    // SAFETY: `program.0` was just created and is destroyed only by `Program::drop`.
+    let compiled = unsafe { nvrtc::compile_program(program.0, options) };
+    if let Err(e) = compiled {
+        // SAFETY: as above.
+        let log = unsafe { nvrtc::get_program_log(program.0) }
+            .map(|raw| c_chars_to_string(&raw))
+            .unwrap_or_default();
+        return Err(BackendError::Device(format!(
+            "compiling the kernels ({e:?}, options {options:?}):\n{log}"
+        )));
+    }
+    let mut size = 0usize;
+    // SAFETY: `size` is valid for writes; the program compiled.
+    unsafe { nvrtc_sys::nvrtcGetCUBINSize(program.0, &mut size) }
+        .result()
+        .map_err(|e| BackendError::Device(format!("nvrtcGetCUBINSize: {e:?}")))?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: `cubin` holds the `size` bytes NVRTC reported.
+    unsafe { nvrtc_sys::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast::<c_char>()) }
+        .result()
+        .map_err(|e| BackendError::Device(format!("nvrtcGetCUBIN: {e:?}")))?;
+    Ok(cubin)
+}
+
+/// Destroys the NVRTC program on every path out of [`compile`].
+struct Program(nvrtc_sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by `create_program` and is destroyed once, here.
+        if let Err(e) = unsafe { nvrtc::destroy_program(self.0) } {
+            tracing::warn!("nvrtcDestroyProgram: {e:?}");
+        }
+    }
+}
+
+fn c_chars_to_string(raw: &[c_char]) -> String {
+    let bytes: Vec<u8> = raw.iter().map(|&c| c as u8).collect();
+    CStr::from_bytes_until_nul(&bytes)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// `$LLORCH_CUDA_CACHE`, else `$XDG_CACHE_HOME/llorch/kernels`, else `~/.cache/llorch/kernels`.
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("LLORCH_CUDA_CACHE") {
+        return Some(PathBuf::from(dir));
+    }
+    let base = match std::env::var_os("XDG_CACHE_HOME") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache"),
+    };
+    Some(base.join("llorch").join("kernels"))
+}
+
+/// Writes through a temporary name and renames, so a concurrent start never reads half a file.
+fn store(file: &Path, cubin: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let temp = file.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&temp, cubin)?;
+    std::fs::rename(&temp, file)
+}
+
+/// 64-bit FNV-1a over the parts (each followed by a 0 byte): stable across Rust releases,
+/// unlike `DefaultHasher`, so the cache key survives a toolchain update.
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for part in parts {
+        for &byte in part.as_bytes().iter().chain(&[0u8]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_key_depends_on_every_part() {
+        let base = fnv1a(&["a", "b"]);
+        assert_ne!(base, fnv1a(&["ab", ""]));
+        assert_ne!(base, fnv1a(&["a", "c"]));
+        assert_eq!(base, fnv1a(&["a", "b"]));
+    }
+}

@@ -1,0 +1,296 @@
+//! Launch wrappers, one per kernel: grid shapes and argument lists live here only, matching the
+//! kernels' signatures in `kernels/*.cu`.
+
+use worker_common::backend::BackendError;
+use worker_common::gguf::GgmlType;
+
+use crate::device::{Arg, Gpu};
+
+/// Threads per block of the element-wise kernels.
+const BLOCK: u32 = 256;
+/// Rows per block of the GEMV kernels (one warp each, as in quant.cu).
+const GEMV_ROWS: usize = 4;
+/// Threads of the attention kernel (`ATT_WARPS` warps in attention.cu).
+const ATTENTION_THREADS: u32 = 256;
+
+/// A weight matrix in VRAM: `rows` rows of `cols` elements in its GGUF block format.
+#[derive(Debug, Clone)]
+pub struct DeviceMatrix {
+    /// Block format.
+    pub ggml_type: GgmlType,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// Bytes per row.
+    pub row_bytes: usize,
+    /// Device address of row 0.
+    pub ptr: u64,
+}
+
+fn int(v: usize) -> Result<i32, BackendError> {
+    i32::try_from(v)
+        .map_err(|_| BackendError::InvalidInput(format!("size {v} exceeds a kernel's int")))
+}
+
+fn long(v: usize) -> Arg {
+    Arg::I64(v as i64)
+}
+
+/// Blocks for a grid-stride loop over `total` elements (enough to fill the GPU, no more).
+fn blocks(total: usize) -> u32 {
+    total.div_ceil(BLOCK as usize).clamp(1, 4096) as u32
+}
+
+impl Gpu {
+    /// `out[r] = W[ids[r]] · scale` (or `W[r]` for `r < rows` without ids) as f32 rows.
+    pub fn dequant(
+        &self,
+        w: &DeviceMatrix,
+        rows: usize,
+        ids: Option<u64>,
+        scale: f32,
+        out: u64,
+    ) -> Result<(), BackendError> {
+        let func = self.kernels.dequant(w.ggml_type)?;
+        let args = [
+            Arg::Ptr(w.ptr),
+            Arg::I32(int(rows)?),
+            Arg::I32(int(w.cols)?),
+            long(w.row_bytes),
+            Arg::Ptr(ids.unwrap_or(0)),
+            Arg::F32(scale),
+            Arg::Ptr(out),
+        ];
+        self.launch(func, (blocks(rows * w.cols), 1), BLOCK, &args)
+    }
+
+    /// `y[t] = W · x[t]` for `n` tokens by the GEMV kernel of the weight's format.
+    pub fn gemv(&self, w: &DeviceMatrix, x: u64, n: usize, y: u64) -> Result<(), BackendError> {
+        let func = self.kernels.gemv(w.ggml_type)?;
+        let args = [
+            Arg::Ptr(w.ptr),
+            Arg::I32(int(w.rows)?),
+            Arg::I32(int(w.cols)?),
+            long(w.row_bytes),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+        ];
+        let grid = (w.rows.div_ceil(GEMV_ROWS) as u32, int(n)? as u32);
+        self.launch(func, grid, (GEMV_ROWS * 32) as u32, &args)
+    }
+
+    /// RMSNorm of `rows` rows of `width` (`out` may be `x`).
+    pub fn rms_norm(
+        &self,
+        x: u64,
+        weight: u64,
+        out: u64,
+        rows: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(weight),
+            Arg::Ptr(out),
+            Arg::I32(int(width)?),
+            Arg::F32(eps),
+        ];
+        self.launch(&self.kernels.rms_norm, (int(rows)? as u32, 1), 256, &args)
+    }
+
+    /// RoPE over `n` token rows of `n_heads` heads at positions `start_pos..`.
+    pub fn rope(
+        &self,
+        x: u64,
+        n: usize,
+        n_heads: usize,
+        head_dim: usize,
+        start_pos: usize,
+        rope: &RopeParams,
+    ) -> Result<(), BackendError> {
+        let args = [
+            Arg::Ptr(x),
+            Arg::I32(int(n_heads * head_dim)?),
+            Arg::I32(int(n_heads)?),
+            Arg::I32(int(head_dim)?),
+            Arg::I32(int(rope.dims)?),
+            Arg::I32(int(start_pos)?),
+            Arg::F32(rope.theta_scale),
+            Arg::F32(rope.freq_scale),
+            Arg::I32(i32::from(rope.neox)),
+        ];
+        let threads = (rope.dims / 2).max(1) as u32;
+        self.launch(&self.kernels.rope, (int(n)? as u32, 1), threads, &args)
+    }
+
+    /// `x[t] += bias` for every `bias_len`-wide row of the `total` elements of `x`.
+    pub fn add_bias(
+        &self,
+        x: u64,
+        bias: u64,
+        bias_len: usize,
+        total: usize,
+    ) -> Result<(), BackendError> {
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(bias),
+            Arg::I32(int(bias_len)?),
+            long(total),
+        ];
+        self.launch(&self.kernels.add_bias, (blocks(total), 1), BLOCK, &args)
+    }
+
+    /// `x += y` over `total` elements.
+    pub fn add(&self, x: u64, y: u64, total: usize) -> Result<(), BackendError> {
+        let args = [Arg::Ptr(x), Arg::Ptr(y), long(total)];
+        self.launch(&self.kernels.add, (blocks(total), 1), BLOCK, &args)
+    }
+
+    /// `out = act(gate) · up` for `rows` rows of `width`, input rows `stride` apart.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated(
+        &self,
+        gate: u64,
+        up: u64,
+        out: u64,
+        width: usize,
+        stride: usize,
+        rows: usize,
+        gelu: bool,
+    ) -> Result<(), BackendError> {
+        let args = [
+            Arg::Ptr(gate),
+            Arg::Ptr(up),
+            Arg::Ptr(out),
+            Arg::I32(int(width)?),
+            Arg::I32(int(stride)?),
+            Arg::I32(int(rows)?),
+            Arg::I32(i32::from(gelu)),
+        ];
+        self.launch(&self.kernels.gated, (blocks(rows * width), 1), BLOCK, &args)
+    }
+
+    /// Columns `offset..offset + width` of each `stride`-wide row of `src` into `dst`.
+    pub fn copy_cols(
+        &self,
+        src: u64,
+        stride: usize,
+        offset: usize,
+        dst: u64,
+        width: usize,
+        rows: usize,
+    ) -> Result<(), BackendError> {
+        let args = [
+            Arg::Ptr(src),
+            Arg::I32(int(stride)?),
+            Arg::I32(int(offset)?),
+            Arg::Ptr(dst),
+            Arg::I32(int(width)?),
+            Arg::I32(int(rows)?),
+        ];
+        self.launch(
+            &self.kernels.copy_cols,
+            (blocks(rows * width), 1),
+            BLOCK,
+            &args,
+        )
+    }
+
+    /// Stores `n` positions of keys and values (f32) into one layer's f16 cache at `start_pos`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_store(
+        &self,
+        k: u64,
+        v: u64,
+        k_cache: u64,
+        v_cache: u64,
+        n: usize,
+        start_pos: usize,
+        k_width: usize,
+        v_width: usize,
+    ) -> Result<(), BackendError> {
+        let args = [
+            Arg::Ptr(k),
+            Arg::Ptr(v),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::I32(int(n)?),
+            Arg::I32(int(start_pos)?),
+            Arg::I32(int(k_width)?),
+            Arg::I32(int(v_width)?),
+        ];
+        self.launch(
+            &self.kernels.kv_store,
+            (blocks(n * (k_width + v_width)), 1),
+            BLOCK,
+            &args,
+        )
+    }
+
+    /// `x = cap · tanh(x / cap)`.
+    pub fn softcap(&self, x: u64, cap: f32, total: usize) -> Result<(), BackendError> {
+        let args = [Arg::Ptr(x), Arg::F32(cap), long(total)];
+        self.launch(&self.kernels.softcap, (blocks(total), 1), BLOCK, &args)
+    }
+
+    /// Attention of `n` queries at `start_pos..` over one layer's cache, into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        shape: &AttentionShape,
+        q: u64,
+        k_cache: u64,
+        v_cache: u64,
+        out: u64,
+        n: usize,
+        start_pos: usize,
+    ) -> Result<(), BackendError> {
+        let args = [
+            Arg::Ptr(q),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::Ptr(out),
+            Arg::I32(int(start_pos)?),
+            Arg::I32(int(shape.n_head)?),
+            Arg::I32(int(shape.n_head_kv)?),
+            Arg::I32(int(shape.head_dim_k)?),
+            Arg::I32(int(shape.head_dim_v)?),
+            Arg::F32(shape.scale),
+            Arg::I32(int(shape.window.unwrap_or(0))?),
+        ];
+        let grid = (int(shape.n_head)? as u32, int(n)? as u32);
+        self.launch(&self.kernels.attention, grid, ATTENTION_THREADS, &args)
+    }
+}
+
+/// RoPE of one layer type, as the kernel takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeParams {
+    /// Rotated dimensions per head.
+    pub dims: usize,
+    /// `base^(-2/dims)`, multiplied up pair by pair (computed on the host as the CPU backend).
+    pub theta_scale: f32,
+    /// Linear position scaling (1 when none).
+    pub freq_scale: f32,
+    /// NEOX pairing (i, i + dims/2) instead of (2i, 2i + 1).
+    pub neox: bool,
+}
+
+/// Shape of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Query/key head width (a multiple of 32, at most 256).
+    pub head_dim_k: usize,
+    /// Value head width (likewise).
+    pub head_dim_v: usize,
+    /// Multiplier of `q · k`.
+    pub scale: f32,
+    /// Sliding window length, `None` for global attention.
+    pub window: Option<usize>,
+}

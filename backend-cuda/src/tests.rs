@@ -1,0 +1,303 @@
+//! Kernel checks against the CPU backend's reference on random inputs (`--ignored`: they need
+//! an NVIDIA GPU, except the compile check, which needs only NVRTC).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use backend_cpu::quant;
+use worker_common::gguf::GgmlType;
+
+use crate::device::{Buffer, Gpu};
+use crate::module::{self, WEIGHT_TYPES};
+use crate::ops::{AttentionShape, DeviceMatrix, RopeParams};
+
+/// xorshift64*: reproducible random inputs without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [-1, 1).
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+
+    fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+}
+
+fn f16_bytes(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_le_bytes()
+}
+
+/// Random rows of `ggml_type` with finite scales (random bytes elsewhere).
+fn random_weights(rng: &mut Rng, ggml_type: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let n = rows * cols;
+    match ggml_type {
+        GgmlType::F32 => rng.floats(n).iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n).flat_map(|_| f16_bytes(rng.f32())).collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| ((rng.f32().to_bits() >> 16) as u16).to_le_bytes())
+            .collect(),
+        _ => {
+            let block = ggml_type.block_bytes() as usize;
+            let blocks = n / ggml_type.block_size() as usize;
+            let mut data = rng.bytes(blocks * block);
+            let scale_offsets: &[usize] = match ggml_type {
+                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+                GgmlType::Q6_K => &[208],
+                _ => &[0],
+            };
+            for b in data.chunks_exact_mut(block) {
+                for &o in scale_offsets {
+                    b[o..o + 2].copy_from_slice(&f16_bytes(rng.f32() * 0.05));
+                }
+            }
+            data
+        }
+    }
+}
+
+fn to_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn put(gpu: &Gpu, data: &[u8]) -> Buffer {
+    let mut buffer = gpu.alloc(data.len(), "test").unwrap();
+    gpu.upload(data, &mut buffer, 0).unwrap();
+    buffer
+}
+
+fn get(gpu: &Gpu, buffer: &Buffer, len: usize) -> Vec<f32> {
+    let mut out = vec![0.0; len];
+    gpu.download_f32(buffer, &mut out).unwrap();
+    out
+}
+
+/// ‖a − b‖ / ‖b‖ in f64.
+fn rel_error(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|v| v.is_finite()), "non-finite output");
+    let diff: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - y).powi(2))
+        .sum();
+    let norm: f64 = b.iter().map(|y| y * y).sum();
+    (diff / norm).sqrt()
+}
+
+fn gpu() -> Gpu {
+    Gpu::open(0).expect("GPU 0")
+}
+
+#[test]
+#[ignore = "needs NVRTC 13 (an NVIDIA GPU machine)"]
+fn kernels_compile_for_hopper() {
+    let cubin = module::cubin_for("sm_90").unwrap();
+    assert!(cubin.starts_with(b"\x7fELF"), "a cubin is an ELF image");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
+    let gpu = gpu();
+    let mut rng = Rng(0x1234_5678);
+    let (rows, cols, n) = (67, 512, 3);
+    for &(ggml_type, name) in &WEIGHT_TYPES {
+        let data = random_weights(&mut rng, ggml_type, rows, cols);
+        let mut reference = vec![0.0f32; rows * cols];
+        quant::dequantize(ggml_type, &data, &mut reference).unwrap();
+        let w = put(&gpu, &data);
+        let matrix = DeviceMatrix {
+            ggml_type,
+            rows,
+            cols,
+            row_bytes: data.len() / rows,
+            ptr: w.ptr(),
+        };
+        let out = gpu.alloc(rows * cols * 4, "test").unwrap();
+        gpu.dequant(&matrix, rows, None, 1.0, out.ptr()).unwrap();
+        let ours = get(&gpu, &out, rows * cols);
+        let mismatches = ours
+            .iter()
+            .zip(&reference)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            mismatches, 0,
+            "{name}: dequantized elements differ from the CPU's"
+        );
+
+        let x = rng.floats(n * cols);
+        let xb = put(&gpu, &to_bytes(&x));
+        let y = gpu.alloc(n * rows * 4, "test").unwrap();
+        gpu.gemv(&matrix, xb.ptr(), n, y.ptr()).unwrap();
+        let ours = get(&gpu, &y, n * rows);
+        let expected: Vec<f64> = (0..n)
+            .flat_map(|t| {
+                let (x, reference) = (&x, &reference);
+                (0..rows).map(move |r| {
+                    (0..cols)
+                        .map(|c| f64::from(reference[r * cols + c]) * f64::from(x[t * cols + c]))
+                        .sum()
+                })
+            })
+            .collect();
+        let err = rel_error(&ours, &expected);
+        eprintln!("gemv {name}: rel error {err:.2e}");
+        assert!(err < 1e-5, "gemv {name}: rel error {err:.2e}");
+
+        let sg = gpu.alloc(n * rows * 4, "test").unwrap();
+        gpu.sgemm_nt(rows, n, cols, out.ptr(), xb.ptr(), sg.ptr())
+            .unwrap();
+        let err = rel_error(&get(&gpu, &sg, n * rows), &expected);
+        assert!(
+            err < 1e-5,
+            "sgemm on dequantized {name}: rel error {err:.2e}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn rms_norm_and_rope_match_the_reference() {
+    let gpu = gpu();
+    let mut rng = Rng(99);
+    let (rows, width, eps) = (5, 576, 1e-5f32);
+    let x = rng.floats(rows * width);
+    let w = rng.floats(width);
+    let (xb, wb) = (put(&gpu, &to_bytes(&x)), put(&gpu, &to_bytes(&w)));
+    gpu.rms_norm(xb.ptr(), wb.ptr(), xb.ptr(), rows, width, eps)
+        .unwrap();
+    let ours = get(&gpu, &xb, rows * width);
+    let expected: Vec<f64> = x
+        .chunks(width)
+        .flat_map(|row| {
+            let mean = row
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>()
+                / width as f64;
+            let scale = 1.0 / (mean + f64::from(eps)).sqrt();
+            row.iter()
+                .zip(&w)
+                .map(move |(&v, &g)| f64::from(v) * scale * f64::from(g))
+        })
+        .collect();
+    let err = rel_error(&ours, &expected);
+    assert!(err < 1e-6, "rms_norm: {err:.2e}");
+
+    let (n, heads, head_dim, start) = (4, 3, 64, 1000);
+    for neox in [false, true] {
+        let rope = RopeParams {
+            dims: head_dim,
+            theta_scale: 10_000f32.powf(-2.0 / head_dim as f32),
+            freq_scale: 1.0,
+            neox,
+        };
+        let x = rng.floats(n * heads * head_dim);
+        let xb = put(&gpu, &to_bytes(&x));
+        gpu.rope(xb.ptr(), n, heads, head_dim, start, &rope)
+            .unwrap();
+        let ours = get(&gpu, &xb, x.len());
+        let mut expected: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        for t in 0..n {
+            for h in 0..heads {
+                let head = &mut expected[(t * heads + h) * head_dim..][..head_dim];
+                for i in 0..head_dim / 2 {
+                    let theta =
+                        (start + t) as f64 * 10_000f64.powf(-2.0 * i as f64 / head_dim as f64);
+                    let (a, b) = if neox {
+                        (i, i + head_dim / 2)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * theta.cos() - x1 * theta.sin();
+                    head[b] = x0 * theta.sin() + x1 * theta.cos();
+                }
+            }
+        }
+        let err = rel_error(&ours, &expected);
+        assert!(err < 1e-3, "rope (neox {neox}): {err:.2e}");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn attention_matches_the_reference() {
+    let gpu = gpu();
+    let mut rng = Rng(7);
+    for (n_head, n_head_kv, dim, start, n, window) in [
+        (9, 3, 64, 0, 37, None),
+        (4, 1, 256, 50, 1, Some(16)),
+        (14, 2, 64, 300, 2, None),
+    ] {
+        let len = start + n;
+        let (kw, vw) = (n_head_kv * dim, n_head_kv * dim);
+        let q = rng.floats(n * n_head * dim);
+        let keys = rng.floats(len * kw);
+        let values = rng.floats(len * vw);
+        let halves = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&x| f16_bytes(x)).collect() };
+        let (qb, kb, vb) = (
+            put(&gpu, &to_bytes(&q)),
+            put(&gpu, &halves(&keys)),
+            put(&gpu, &halves(&values)),
+        );
+        let out = gpu.alloc(n * n_head * dim * 4, "test").unwrap();
+        let shape = AttentionShape {
+            n_head,
+            n_head_kv,
+            head_dim_k: dim,
+            head_dim_v: dim,
+            scale: 1.0 / (dim as f32).sqrt(),
+            window,
+        };
+        gpu.attention(&shape, qb.ptr(), kb.ptr(), vb.ptr(), out.ptr(), n, start)
+            .unwrap();
+        let ours = get(&gpu, &out, n * n_head * dim);
+        let round = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
+        let mut expected = vec![0.0f64; n * n_head * dim];
+        for t in 0..n {
+            for h in 0..n_head {
+                let pos = start + t;
+                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let kvh = h / (n_head / n_head_kv);
+                let query = &q[(t * n_head + h) * dim..][..dim];
+                let scores: Vec<f64> = (first..=pos)
+                    .map(|p| {
+                        let key = &keys[p * kw + kvh * dim..][..dim];
+                        query
+                            .iter()
+                            .zip(key)
+                            .map(|(&a, &b)| f64::from(a) * round(b))
+                            .sum::<f64>()
+                            / (dim as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                let dst = &mut expected[(t * n_head + h) * dim..][..dim];
+                for (p, s) in (first..=pos).zip(&scores) {
+                    let weight = (s - max).exp() / sum;
+                    for (o, &v) in dst.iter_mut().zip(&values[p * vw + kvh * dim..][..dim]) {
+                        *o += weight * round(v);
+                    }
+                }
+            }
+        }
+        let err = rel_error(&ours, &expected);
+        eprintln!("attention {n_head}/{n_head_kv}x{dim} at {start}+{n}: rel error {err:.2e}");
+        assert!(err < 1e-5, "attention: {err:.2e}");
+    }
+}
