@@ -21,13 +21,23 @@ pub fn worker_binary() -> String {
     std::env::var("LLORCH_TEST_WORKER").unwrap_or_else(|_| "llorch-cpud".into())
 }
 
-/// Flags the binary needs beyond the common ones: one compute thread on the CPU unless the test
-/// asks for more, so a test does not fight the test harness for cores.
-fn backend_flags(binary: &str, args: &[&str]) -> Vec<String> {
-    match binary {
-        "llorch-cpud" if !args.contains(&"--threads") => vec!["--threads".into(), "1".into()],
-        _ => Vec::new(),
+/// The arguments for `binary`: `--threads` is a CPU flag, so it is dropped for other workers;
+/// the CPU worker gets one compute thread unless the test asks for more, so a test does not
+/// fight the test harness for cores.
+fn worker_args(binary: &str, args: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        if *arg == "--threads" && binary != "llorch-cpud" {
+            rest.next();
+            continue;
+        }
+        out.push((*arg).to_owned());
     }
+    if binary == "llorch-cpud" && !args.contains(&"--threads") {
+        out.extend(["--threads".to_owned(), "1".to_owned()]);
+    }
+    out
 }
 
 /// A running worker; killed when dropped.
@@ -46,8 +56,7 @@ impl Worker {
         command
             .arg("--model")
             .arg(model)
-            .args(backend_flags(&name, args))
-            .args(args)
+            .args(worker_args(&name, args))
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -59,33 +59,26 @@ fn streams_have_the_contract_shape_and_stop_reasons() {
             "{field}: {end}"
         );
     }
-    let expected =
-        " Paris.\n\nThe United States has a population of approximately 311 million people.";
-    assert!(text(&events).starts_with(expected), "{:?}", text(&events));
+    // The first tokens have clear margins on every backend (later ones may differ between the
+    // CPU's Q8 activations and the GPU's f32 ones; specs/BACKEND.md, specs/CUDA.md).
+    let full = text(&events);
+    assert!(full.starts_with(" Paris.\n\nThe "), "{full:?}");
 
-    let mut with_stop = greedy.clone();
-    with_stop["stop"] = json!(["United"]);
-    let events = run(
-        worker.addr,
-        &job("stop", "The capital of France is", with_stop),
-    );
-    let end = terminal(&events);
-    assert_eq!(end["stop_reason"], "STOP_SEQUENCE");
-    assert_eq!(end["stop_sequence_matched"], "United");
-    assert_eq!(text(&events), " Paris.\n\nThe ");
-
-    // A stop string spanning several tokens is never emitted, not even in part.
-    let mut spanning = greedy.clone();
-    spanning["stop"] = json!(["approximately 31"]);
-    let events = run(
-        worker.addr,
-        &job("span", "The capital of France is", spanning),
-    );
-    assert_eq!(terminal(&events)["stop_reason"], "STOP_SEQUENCE");
-    assert_eq!(
-        text(&events),
-        " Paris.\n\nThe United States has a population of "
-    );
+    // Stop strings taken from that greedy text: a one-token word, and a span across several
+    // tokens; the text before the stop is streamed, the stop itself never, not even in part.
+    let words: Vec<&str> = full.split_whitespace().collect();
+    let word = words[3];
+    let span_start = full.find(words[4]).unwrap();
+    let span = &full[span_start..(span_start + 12).min(full.len())];
+    for (id, stop) in [("stop", word), ("span", span)] {
+        let mut with_stop = greedy.clone();
+        with_stop["stop"] = json!([stop]);
+        let events = run(worker.addr, &job(id, "The capital of France is", with_stop));
+        let end = terminal(&events);
+        assert_eq!(end["stop_reason"], "STOP_SEQUENCE", "{stop:?}");
+        assert_eq!(end["stop_sequence_matched"], stop);
+        assert_eq!(text(&events), full[..full.find(stop).unwrap()], "{stop:?}");
+    }
 
     let chat = json!({"temperature": 0, "max_tokens": 64});
     let events = run(worker.addr, &job("eos", "What is 2+2?", chat));
