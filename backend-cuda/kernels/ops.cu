@@ -5,7 +5,7 @@
 // out = x / rms(x) * w per row of `width` (one block of 256 threads per row; in place allowed).
 extern "C" __global__ void __launch_bounds__(256)
 rms_norm(const float* x, const float* w, float* out, int width, float eps) {
-    __shared__ double partial[256];
+    __shared__ double partial[8];
     const float* row = x + (long long)blockIdx.x * width;
     float* dst = out + (long long)blockIdx.x * width;
     double sum = 0.0;
@@ -13,36 +13,48 @@ rms_norm(const float* x, const float* w, float* out, int width, float eps) {
         float v = row[i];
         sum += (double)(v * v);
     }
-    partial[threadIdx.x] = sum;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
     __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-        __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < 8; ++w) sum += partial[w];
+        partial[0] = sum;
     }
+    __syncthreads();
     float mean = (float)(partial[0] / (double)width);
     float scale = 1.0f / sqrtf(mean + eps);
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = (row[i] * scale) * w[i];
 }
 
-// Rotates the first `dims` elements of every head of `n_heads` heads of `head_dim` in each of
-// grid.x token rows (`row_stride` floats apart), the token at position start_pos + blockIdx.x.
-// One thread per pair; `neox` pairs (i, i + dims/2), otherwise (2i, 2i + 1).
-extern "C" __global__ void rope(float* x, int row_stride, int n_heads, int head_dim, int dims,
-                                int start_pos, float theta_scale, float freq_scale, int neox) {
-    int i = threadIdx.x, half_dims = dims / 2;
-    if (i >= half_dims) return;
-    float theta = (float)(start_pos + (int)blockIdx.x);
-    for (int k = 0; k < i; ++k) theta *= theta_scale;
-    float angle = freq_scale * theta;
-    float s = sinf(angle), c = cosf(angle);
-    int a = neox ? i : 2 * i, b = neox ? i + half_dims : 2 * i + 1;
-    float* row = x + (long long)blockIdx.x * row_stride;
-    for (int h = 0; h < n_heads; ++h) {
-        float* head = row + h * head_dim;
+// Token blockIdx.x at position *pos + blockIdx.x: rotates the first `dims` elements of each of
+// its n_head query heads (rows of q) and n_head_kv key heads (rows of k) in place, then appends
+// its keys and values to one layer's f16 cache. One thread per (head, pair); the angle of pair
+// i is multiplied up i times in f32 as the CPU does. `neox` pairs (i, i + dims/2), otherwise
+// (2i, 2i + 1). The position comes from device memory so a captured decode step can be replayed.
+extern "C" __global__ void __launch_bounds__(256)
+rope_store(float* q, float* k, const float* v, u16* k_cache, u16* v_cache, const int* pos,
+           int n_head, int n_head_kv, int head_dim, int dims, float theta_scale,
+           float freq_scale, int neox, int v_width) {
+    int t = blockIdx.x, p = *pos + t, half_dims = dims / 2, k_width = n_head_kv * head_dim;
+    float* qt = q + (long long)t * n_head * head_dim;
+    float* kt = k + (long long)t * k_width;
+    for (int w = threadIdx.x; w < (n_head + n_head_kv) * half_dims; w += blockDim.x) {
+        int h = w / half_dims, i = w - h * half_dims;
+        float theta = (float)p;
+        for (int j = 0; j < i; ++j) theta *= theta_scale;
+        float angle = freq_scale * theta;
+        float s = sinf(angle), c = cosf(angle);
+        int a = neox ? i : 2 * i, b = neox ? i + half_dims : 2 * i + 1;
+        float* head = h < n_head ? qt + h * head_dim : kt + (h - n_head) * head_dim;
         float x0 = head[a], x1 = head[b];
         head[a] = x0 * c - x1 * s;
         head[b] = x0 * s + x1 * c;
     }
+    __syncthreads();
+    for (int j = threadIdx.x; j < k_width; j += blockDim.x)
+        k_cache[(long long)p * k_width + j] = f2h(kt[j]);
+    for (int j = threadIdx.x; j < v_width; j += blockDim.x)
+        v_cache[(long long)p * v_width + j] = f2h(v[(long long)t * v_width + j]);
 }
 
 // x[i] += b[i % width], i < total.
@@ -57,18 +69,6 @@ extern "C" __global__ void add(float* x, const float* y, long long total) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x)
         x[i] += y[i];
-}
-
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-
-// ggml's GELU_FP16 table: the input and the result rounded to f16.
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float SQRT_2_OVER_PI = 0.7978846f, COEF_A = 0.044715f;
-    if (x <= -10.0f) return 0.0f;
-    if (x >= 10.0f) return x;
-    x = h2f(f2h(x));
-    float y = 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + COEF_A * x * x)));
-    return h2f(f2h(y));
 }
 
 // out[t][j] = act(gate[t][j]) * up[t][j] for j < width, rows `stride` floats apart in the inputs
@@ -93,19 +93,6 @@ extern "C" __global__ void copy_cols(const float* src, int src_stride, int offse
          i += (long long)gridDim.x * blockDim.x) {
         long long t = i / width;
         dst[i] = src[t * src_stride + offset + (int)(i - t * width)];
-    }
-}
-
-// Appends n positions of keys and values to one layer's f16 cache at start_pos.
-extern "C" __global__ void kv_store(const float* k, const float* v, u16* k_cache, u16* v_cache,
-                                    int n, int start_pos, int k_width, int v_width) {
-    long long kn = (long long)n * k_width, vn = (long long)n * v_width;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < kn + vn;
-         i += (long long)gridDim.x * blockDim.x) {
-        if (i < kn)
-            k_cache[(long long)start_pos * k_width + i] = f2h(k[i]);
-        else
-            v_cache[(long long)start_pos * v_width + (i - kn)] = f2h(v[i - kn]);
     }
 }
 

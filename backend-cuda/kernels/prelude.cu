@@ -28,3 +28,39 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// 2- and 4-byte loads at offsets the block layouts guarantee to be that aligned.
+__device__ __forceinline__ u32 ld_u16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ u32 ld_u32(const u8* p) { return *(const u32*)p; }
+// Four bytes at a 2-byte aligned offset (blocks of 18, 22, 34 or 210 bytes).
+__device__ __forceinline__ u32 ld_u32_2(const u8* p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
+
+// 16- and 8-byte float loads (activation rows start at multiples of 32 elements).
+struct alignas(16) F4 {
+    float x, y, z, w;
+};
+struct alignas(16) U4 {
+    u32 x, y, z, w;
+};
+struct alignas(8) F2 {
+    float x, y;
+};
+__device__ __forceinline__ F4 ld_f4(const float* p) { return *(const F4*)p; }
+__device__ __forceinline__ F2 ld_f2(const float* p) { return *(const F2*)p; }
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// ggml's GELU_FP16 table: the input and the result rounded to f16.
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float SQRT_2_OVER_PI = 0.7978846f, COEF_A = 0.044715f;
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    x = h2f(f2h(x));
+    float y = 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + COEF_A * x * x)));
+    return h2f(f2h(y));
+}

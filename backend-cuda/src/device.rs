@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
-    PushKernelArg, sys,
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DriverError,
+    LaunchConfig, PinnedHostSlice, PushKernelArg, result as driver, sys,
 };
 use worker_common::backend::BackendError;
 
@@ -80,7 +80,11 @@ impl Gpu {
         // One stream orders everything, so cudarc's per-buffer events would only add work.
         // SAFETY: no buffer exists yet and the backend never uses a second stream.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of its own, not the legacy default stream, which cannot be captured into a
+        // CUDA graph.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| device_error("creating a stream", e))?;
         let name = ctx.name().map_err(|e| device_error("cuDeviceGetName", e))?;
         let (major, minor) = ctx
             .compute_capability()
@@ -151,6 +155,7 @@ impl Gpu {
     }
 
     /// Copies the first `out.len()` floats of `buffer` to `out` and waits for them.
+    #[cfg(test)]
     pub fn download_f32(&self, buffer: &Buffer, out: &mut [f32]) -> Result<(), BackendError> {
         let bytes = std::mem::size_of_val(out);
         let mut raw = vec![0u8; bytes];
@@ -162,6 +167,45 @@ impl Gpu {
             *o = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
         }
         Ok(())
+    }
+
+    /// Page-locked host memory for `len` floats, which the GPU copies into directly (cached:
+    /// the host reads it, so not write-combined).
+    pub fn alloc_pinned(&self, len: usize) -> Result<PinnedHostSlice<f32>, BackendError> {
+        // SAFETY: the memory is uninitialised; it is only read after a copy into it.
+        unsafe { self.ctx.alloc_pinned_with_flags::<f32>(len.max(1), 0) }
+            .map_err(|e| device_error("allocating page-locked host memory", e))
+    }
+
+    /// Copies `out.len()` floats from device address `src` into pinned memory and waits.
+    pub fn download_pinned(
+        &self,
+        src: u64,
+        out: &mut PinnedHostSlice<f32>,
+    ) -> Result<(), BackendError> {
+        let dst = out
+            .as_mut_slice()
+            .map_err(|e| device_error("waiting for the host buffer", e))?;
+        // SAFETY: `src` is a live device buffer of at least `dst.len()` floats; `dst` is
+        // page-locked memory that stays borrowed until the copy is waited for below.
+        unsafe { driver::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(|e| device_error("copying from the device", e))?;
+        self.sync()
+    }
+
+    /// Starts recording the stream's launches into a graph instead of running them.
+    pub fn begin_capture(&self) -> Result<(), BackendError> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| device_error("starting a graph capture", e))
+    }
+
+    /// Ends the recording begun by [`Gpu::begin_capture`] and instantiates the graph.
+    pub fn end_capture(&self) -> Result<CudaGraph, BackendError> {
+        self.stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| device_error("instantiating the captured graph", e))?
+            .ok_or_else(|| BackendError::Device("the graph capture recorded nothing".to_owned()))
     }
 
     /// Waits for all queued work; surfaces asynchronous kernel faults.

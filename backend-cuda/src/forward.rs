@@ -5,13 +5,14 @@
 use worker_common::backend::BackendError;
 use worker_common::model::{Architecture, HyperParams, ModelSpec, RopeStyle};
 
-use crate::device::{Buffer, Gpu};
-use crate::ops::{AttentionShape, DeviceMatrix, RopeParams};
-use crate::weights::{GateUp, Layer, Qkv, Weights};
+use crate::device::{Buffer, Gpu, device_error};
+use crate::ops::{AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore};
+use crate::scratch::{Act, DecodeGraph, Scratch};
+use crate::weights::{DeviceVector, GateUp, Layer, Qkv, Weights};
 
 /// From this many tokens, a projection dequantizes its matrix once into f32 scratch and runs
 /// cuBLAS SGEMM; below it, the GEMV kernels read the quantized weights directly per token.
-const GEMM_MIN_TOKENS: usize = 8;
+pub const GEMM_MIN_TOKENS: usize = 8;
 /// Largest head width the attention kernel holds in registers (`MAX_HEAD` in attention.cu).
 const MAX_HEAD_DIM: usize = 256;
 
@@ -25,7 +26,8 @@ pub struct Plan {
     gelu: bool,
     rope_global: RopeParams,
     rope_sliding: RopeParams,
-    fused: bool,
+    /// Whether a projection is fused (QKV or gate-up), needing the `Fused` buffer.
+    pub fused: bool,
 }
 
 impl Plan {
@@ -118,6 +120,11 @@ impl KvCache {
         self.buffer.bytes()
     }
 
+    /// What a captured decode step depends on: the cache's address and length.
+    fn key(&self) -> (u64, usize) {
+        (self.buffer.ptr(), self.max_len)
+    }
+
     /// Device addresses of layer `il`'s keys and values.
     fn layer(&self, hp: &HyperParams, il: usize) -> (u64, u64) {
         let k_layer = (self.max_len * hp.k_width() * 2) as u64;
@@ -125,92 +132,6 @@ impl KvCache {
         let base = self.buffer.ptr();
         let values = base + k_layer * hp.n_layers as u64;
         (base + k_layer * il as u64, values + v_layer * il as u64)
-    }
-}
-
-/// Activation buffers of one sequence, grown to the largest call and reused.
-#[derive(Default)]
-pub struct Scratch {
-    tokens: usize,
-    buffers: Vec<Buffer>,
-    /// Dequantized weight matrix for the SGEMM path.
-    dequant: Option<Buffer>,
-    /// Logits of the last position, on the host.
-    pub logits: Vec<f32>,
-}
-
-/// Indices into [`Scratch::buffers`].
-#[derive(Clone, Copy)]
-enum Act {
-    X,
-    Normed,
-    Q,
-    K,
-    V,
-    Fused,
-    Attn,
-    Projected,
-    Gate,
-    Up,
-    Ids,
-    Logits,
-}
-
-impl Scratch {
-    /// Bytes of VRAM held.
-    pub fn bytes(&self) -> usize {
-        self.buffers
-            .iter()
-            .chain(&self.dequant)
-            .map(Buffer::bytes)
-            .sum()
-    }
-
-    fn ptr(&self, act: Act) -> u64 {
-        self.buffers[act as usize].ptr()
-    }
-
-    /// Makes room for `n` tokens (and the SGEMM scratch when `n` takes that path).
-    fn reserve(
-        &mut self,
-        gpu: &Gpu,
-        plan: &Plan,
-        weights: &Weights,
-        n: usize,
-    ) -> Result<(), BackendError> {
-        let hp = &plan.hp;
-        if n > self.tokens {
-            self.buffers.clear();
-            self.tokens = 0;
-            let fused = if plan.fused {
-                (hp.q_width() + hp.k_width() + hp.v_width()).max(2 * hp.n_ff)
-            } else {
-                0
-            };
-            let widths = [
-                hp.n_embd,
-                hp.n_embd,
-                hp.q_width(),
-                hp.k_width(),
-                hp.v_width(),
-                fused,
-                hp.attn_out_width(),
-                hp.n_embd,
-                hp.n_ff,
-                hp.n_ff,
-                1,
-            ];
-            for width in widths {
-                self.buffers.push(gpu.alloc(n * width * 4, "activations")?);
-            }
-            self.buffers
-                .push(gpu.alloc(hp.vocab_size * 4, "activations")?);
-            self.tokens = n;
-        }
-        if n >= GEMM_MIN_TOKENS && self.dequant.is_none() {
-            self.dequant = Some(gpu.alloc(weights.max_layer_matrix * 4, "prefill scratch")?);
-        }
-        Ok(())
     }
 }
 
@@ -225,7 +146,11 @@ pub struct Model<'a> {
 }
 
 impl Model<'_> {
-    /// Runs `tokens` at `start_pos..` and leaves the last position's logits in `scratch.logits`.
+    /// Runs `tokens` at `start_pos..` and leaves the last position's logits in `scratch`.
+    ///
+    /// One token runs as a CUDA graph, captured at the first such call of a sequence and
+    /// replayed after: the position and id are read from device memory, so each step is one
+    /// small upload, one graph launch and the logits' copy.
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -233,7 +158,6 @@ impl Model<'_> {
         kv: &mut KvCache,
         scratch: &mut Scratch,
     ) -> Result<(), BackendError> {
-        let hp = &self.plan.hp;
         let n = tokens.len();
         if n == 0 || start_pos + n > kv.max_len {
             return Err(BackendError::InvalidInput(format!(
@@ -256,23 +180,54 @@ impl Model<'_> {
                 self.weights.token_embd.rows
             )));
         }
+        // The kernels take positions as `int`.
+        let pos = u32::try_from(start_pos)
+            .ok()
+            .filter(|&p| i32::try_from(p as usize + n).is_ok())
+            .ok_or_else(|| {
+                BackendError::InvalidInput(format!("position {start_pos} exceeds a kernel's int"))
+            })?;
         scratch.reserve(self.gpu, self.plan, self.weights, n)?;
-        let ids: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        self.gpu
-            .upload(&ids, &mut scratch.buffers[Act::Ids as usize], 0)?;
-        let s = &*scratch;
+        scratch.upload_step(self.gpu, pos, tokens)?;
+        if n == 1 {
+            if scratch.decode.as_ref().is_none_or(|g| g.kv != kv.key()) {
+                scratch.decode = None;
+                self.gpu.begin_capture()?;
+                let recorded = self.run(1, kv, scratch);
+                // Ended on every path: a stream left capturing would refuse all later work.
+                let graph = self.gpu.end_capture();
+                recorded?;
+                scratch.decode = Some(DecodeGraph {
+                    graph: graph?,
+                    kv: kv.key(),
+                });
+            }
+            if let Some(step) = &scratch.decode {
+                step.graph
+                    .launch()
+                    .map_err(|e| device_error("launching the decode graph", e))?;
+            }
+        } else {
+            self.run(n, kv, scratch)?;
+        }
+        kv.filled = start_pos + n;
+        scratch.download_logits(self.gpu)
+    }
+
+    /// Queues the whole pass for `n` tokens whose position and ids are in [`Act::Step`].
+    fn run(&self, n: usize, kv: &KvCache, s: &Scratch) -> Result<(), BackendError> {
+        let hp = &self.plan.hp;
         self.gpu.dequant(
             &self.weights.token_embd,
             n,
-            Some(s.ptr(Act::Ids)),
+            Some(s.ptr(Act::Step) + 4),
             self.plan.embedding_scale,
             s.ptr(Act::X),
         )?;
         for (il, layer) in self.weights.layers.iter().enumerate() {
-            self.attention_block(il, layer, n, start_pos, kv, s)?;
+            self.attention_block(il, layer, n, kv, s)?;
             self.ffn_block(layer, n, s)?;
         }
-        kv.filled = start_pos + n;
         let last = s.ptr(Act::X) + ((n - 1) * hp.n_embd * 4) as u64;
         let (normed, logits) = (s.ptr(Act::Normed), s.ptr(Act::Logits));
         self.gpu.rms_norm(
@@ -283,36 +238,86 @@ impl Model<'_> {
             hp.n_embd,
             hp.norm_eps,
         )?;
-        self.gpu.gemv(&self.weights.output, normed, 1, logits)?;
-        if let Some(bias) = &self.weights.output_bias {
-            self.gpu
-                .add_bias(logits, bias.ptr, hp.vocab_size, hp.vocab_size)?;
-        }
+        let head = Projection {
+            w: &self.weights.output,
+            bias: self.weights.output_bias.map(|b| b.ptr),
+            out: logits,
+        };
+        self.gpu.gemv(&[head], normed, 1, false)?;
         if let Some(cap) = hp.final_logit_softcapping {
             self.gpu.softcap(logits, cap, hp.vocab_size)?;
         }
-        scratch.logits.resize(hp.vocab_size, 0.0);
-        self.gpu
-            .download_f32(&scratch.buffers[Act::Logits as usize], &mut scratch.logits)
+        Ok(())
     }
 
-    /// `out = input · Wᵀ` for `n` token rows.
+    /// `out = input · Wᵀ (+ bias)` for each part, `n` token rows: GEMV launches (one per run
+    /// of parts with the same format) below [`GEMM_MIN_TOKENS`], else dequantize + SGEMM.
     fn project(
+        &self,
+        parts: &[Projection<'_>],
+        input: u64,
+        n: usize,
+        s: &Scratch,
+    ) -> Result<(), BackendError> {
+        match s.dequant() {
+            Some(dequant) if n >= GEMM_MIN_TOKENS => {
+                for p in parts {
+                    self.gpu.dequant(p.w, p.w.rows, None, 1.0, dequant)?;
+                    self.gpu
+                        .sgemm_nt(p.w.rows, n, p.w.cols, dequant, input, p.out)?;
+                    if let Some(bias) = p.bias {
+                        self.gpu.add_bias(p.out, bias, p.w.rows, n * p.w.rows)?;
+                    }
+                }
+                Ok(())
+            }
+            _ => {
+                let mut start = 0;
+                while start < parts.len() {
+                    let w = parts[start].w;
+                    let end = parts[start..]
+                        .iter()
+                        .position(|p| !same_layout(p.w, w))
+                        .map_or(parts.len(), |i| start + i);
+                    self.gpu.gemv(&parts[start..end], input, n, false)?;
+                    start = end;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// `x += post_norm(input · Wᵀ)`: straight into the residual stream by the GEMV when there
+    /// is no post-norm, else through [`Act::Projected`].
+    fn residual(
         &self,
         w: &DeviceMatrix,
         input: u64,
         n: usize,
-        out: u64,
+        post_norm: Option<&DeviceVector>,
         s: &Scratch,
     ) -> Result<(), BackendError> {
-        match &s.dequant {
-            Some(dequant) if n >= GEMM_MIN_TOKENS => {
-                self.gpu.dequant(w, w.rows, None, 1.0, dequant.ptr())?;
-                self.gpu
-                    .sgemm_nt(w.rows, n, w.cols, dequant.ptr(), input, out)
-            }
-            _ => self.gpu.gemv(w, input, n, out),
+        let hp = &self.plan.hp;
+        let (x, projected) = (s.ptr(Act::X), s.ptr(Act::Projected));
+        if post_norm.is_none() && n < GEMM_MIN_TOKENS {
+            let part = Projection {
+                w,
+                bias: None,
+                out: x,
+            };
+            return self.gpu.gemv(&[part], input, n, true);
         }
+        let part = Projection {
+            w,
+            bias: None,
+            out: projected,
+        };
+        self.project(&[part], input, n, s)?;
+        if let Some(norm) = post_norm {
+            self.gpu
+                .rms_norm(projected, norm.ptr, projected, n, hp.n_embd, hp.norm_eps)?;
+        }
+        self.gpu.add(x, projected, n * hp.n_embd)
     }
 
     fn attention_block(
@@ -320,7 +325,6 @@ impl Model<'_> {
         il: usize,
         layer: &Layer,
         n: usize,
-        start_pos: usize,
         kv: &KvCache,
         s: &Scratch,
     ) -> Result<(), BackendError> {
@@ -336,22 +340,28 @@ impl Model<'_> {
                 k: wk,
                 v: wv,
             } => {
-                self.project(wq, normed, n, q, s)?;
-                self.project(wk, normed, n, k, s)?;
-                self.project(wv, normed, n, v, s)?;
-                if let Some([bq, bk, bv]) = &layer.qkv_bias {
-                    gpu.add_bias(q, bq.ptr, qw, n * qw)?;
-                    gpu.add_bias(k, bk.ptr, kw, n * kw)?;
-                    gpu.add_bias(v, bv.ptr, vw, n * vw)?;
-                }
+                let bias = |i: usize| layer.qkv_bias.as_ref().map(|b| b[i].ptr);
+                let parts =
+                    [(wq, q), (wk, k), (wv, v)]
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, (w, out))| Projection {
+                            w,
+                            bias: bias(i),
+                            out,
+                        });
+                let parts: Vec<Projection<'_>> = parts.collect();
+                self.project(&parts, normed, n, s)?;
             }
             Qkv::Fused(w, bias) => {
                 let fused = s.ptr(Act::Fused);
                 let width = qw + kw + vw;
-                self.project(w, normed, n, fused, s)?;
-                if let Some(bias) = bias {
-                    gpu.add_bias(fused, bias.ptr, width, n * width)?;
-                }
+                let part = Projection {
+                    w,
+                    bias: bias.map(|b| b.ptr),
+                    out: fused,
+                };
+                self.project(&[part], normed, n, s)?;
                 gpu.copy_cols(fused, width, 0, q, qw, n)?;
                 gpu.copy_cols(fused, width, qw, k, kw, n)?;
                 gpu.copy_cols(fused, width, qw + kw, v, vw, n)?;
@@ -373,10 +383,22 @@ impl Model<'_> {
         } else {
             &self.plan.rope_global
         };
-        gpu.rope(q, n, hp.n_head, hp.head_dim_k, start_pos, rope)?;
-        gpu.rope(k, n, hp.n_head_kv, hp.head_dim_k, start_pos, rope)?;
         let (k_cache, v_cache) = kv.layer(hp, il);
-        gpu.kv_store(k, v, k_cache, v_cache, n, start_pos, kw, vw)?;
+        let pos = s.ptr(Act::Step);
+        let store = RopeStore {
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            pos,
+            n,
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim: hp.head_dim_k,
+            v_width: vw,
+        };
+        gpu.rope_store(&store, rope)?;
         let shape = AttentionShape {
             n_head: hp.n_head,
             n_head_kv: hp.n_head_kv,
@@ -388,46 +410,69 @@ impl Model<'_> {
                 .then(|| hp.sliding_window.as_ref().map(|w| w.size))
                 .flatten(),
         };
-        let (attn, projected) = (s.ptr(Act::Attn), s.ptr(Act::Projected));
-        gpu.attention(&shape, q, k_cache, v_cache, attn, n, start_pos)?;
-        self.project(&layer.attn_output, attn, n, projected, s)?;
-        if let Some(norm) = &layer.post_attn_norm {
-            gpu.rms_norm(projected, norm.ptr, projected, n, hp.n_embd, hp.norm_eps)?;
-        }
-        gpu.add(x, projected, n * hp.n_embd)
+        let attn = s.ptr(Act::Attn);
+        gpu.attention(&shape, q, k_cache, v_cache, attn, n, pos)?;
+        self.residual(
+            &layer.attn_output,
+            attn,
+            n,
+            layer.post_attn_norm.as_ref(),
+            s,
+        )
     }
 
     fn ffn_block(&self, layer: &Layer, n: usize, s: &Scratch) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
-        let (x, normed, projected) = (s.ptr(Act::X), s.ptr(Act::Normed), s.ptr(Act::Projected));
+        let (x, normed) = (s.ptr(Act::X), s.ptr(Act::Normed));
         let (gate, up) = (s.ptr(Act::Gate), s.ptr(Act::Up));
-        let ff = hp.n_ff;
+        let (ff, gelu) = (hp.n_ff, self.plan.gelu);
         gpu.rms_norm(x, layer.ffn_norm.ptr, normed, n, hp.n_embd, hp.norm_eps)?;
+        let gemv = n < GEMM_MIN_TOKENS;
         match &layer.gate_up {
+            GateUp::Separate { gate: wg, up: wu } if gemv && same_layout(wg, wu) => {
+                gpu.gemv_gated(wg, wu.ptr, normed, n, gate, gelu)?;
+            }
             GateUp::Separate { gate: wg, up: wu } => {
-                self.project(wg, normed, n, gate, s)?;
-                self.project(wu, normed, n, up, s)?;
-                gpu.gated(gate, up, gate, ff, ff, n, self.plan.gelu)?;
+                let parts = [
+                    Projection {
+                        w: wg,
+                        bias: None,
+                        out: gate,
+                    },
+                    Projection {
+                        w: wu,
+                        bias: None,
+                        out: up,
+                    },
+                ];
+                self.project(&parts, normed, n, s)?;
+                gpu.gated(gate, up, gate, ff, ff, n, gelu)?;
+            }
+            GateUp::Fused(w) if gemv => {
+                let half = DeviceMatrix {
+                    rows: ff,
+                    ..w.clone()
+                };
+                let up_half = w.ptr + (ff * w.row_bytes) as u64;
+                gpu.gemv_gated(&half, up_half, normed, n, gate, gelu)?;
             }
             GateUp::Fused(w) => {
                 let fused = s.ptr(Act::Fused);
-                self.project(w, normed, n, fused, s)?;
-                gpu.gated(
-                    fused,
-                    fused + (ff * 4) as u64,
-                    gate,
-                    ff,
-                    2 * ff,
-                    n,
-                    self.plan.gelu,
-                )?;
+                let part = Projection {
+                    w,
+                    bias: None,
+                    out: fused,
+                };
+                self.project(&[part], normed, n, s)?;
+                gpu.gated(fused, fused + (ff * 4) as u64, gate, ff, 2 * ff, n, gelu)?;
             }
         }
-        self.project(&layer.ffn_down, gate, n, projected, s)?;
-        if let Some(norm) = &layer.post_ffn_norm {
-            gpu.rms_norm(projected, norm.ptr, projected, n, hp.n_embd, hp.norm_eps)?;
-        }
-        gpu.add(x, projected, n * hp.n_embd)
+        self.residual(&layer.ffn_down, gate, n, layer.post_ffn_norm.as_ref(), s)
     }
+}
+
+/// Whether two matrices can share one GEMV launch (same format and row shape).
+fn same_layout(a: &DeviceMatrix, b: &DeviceMatrix) -> bool {
+    a.ggml_type == b.ggml_type && a.cols == b.cols && a.row_bytes == b.row_bytes
 }

@@ -2,14 +2,16 @@
 //! run time, so this crate builds on machines without CUDA.
 //!
 //! Weights stay in VRAM in their GGUF block formats. Decode multiplies them in place with one
-//! GEMV kernel per format; prefill dequantizes one matrix at a time into f32 scratch and runs
-//! cuBLAS SGEMM. Activations are f32, the KV cache f16, as in the CPU backend. The kernels
+//! GEMV kernel per format (Q/K/V in one launch, gate and up fused with the activation, the
+//! residual add in the output projections) and runs as a captured CUDA graph; prefill
+//! dequantizes one matrix at a time into f32 scratch and runs cuBLAS SGEMM. Activations are f32, the KV cache f16, as in the CPU backend. The kernels
 //! (`kernels/*.cu`) are compiled by NVRTC for the device at start-up and cached on disk.
 
 mod device;
 mod forward;
 mod module;
 mod ops;
+mod scratch;
 mod weights;
 
 #[cfg(test)]
@@ -23,7 +25,8 @@ use worker_common::backend::{
 use worker_common::model::ModelFile;
 
 use device::Gpu;
-use forward::{KvCache, Model, Plan, Scratch};
+use forward::{KvCache, Model, Plan};
+use scratch::Scratch;
 use weights::Weights;
 
 /// Why the CUDA backend cannot start.
@@ -165,6 +168,7 @@ impl InferenceBackend for CudaBackend {
     fn begin_sequence(&mut self, max_len: usize) -> Result<(), BackendError> {
         self.gpu.bind()?;
         self.kv = None;
+        self.scratch.decode = None;
         self.kv = Some(KvCache::new(&self.gpu, &self.model.spec.hparams, max_len)?);
         Ok(())
     }
@@ -180,7 +184,7 @@ impl InferenceBackend for CudaBackend {
             weights: &self.weights,
         };
         model.forward(tokens, start_pos, kv, &mut self.scratch)?;
-        Ok(&self.scratch.logits)
+        self.scratch.logits()
     }
 
     fn end_sequence(&mut self) {

@@ -45,10 +45,12 @@ pub struct Kernels {
     dequant: Vec<CudaFunction>,
     /// `gemv_*`, in [`WEIGHT_TYPES`] order.
     gemv: Vec<CudaFunction>,
+    /// `gemv_gated_*`, in [`WEIGHT_TYPES`] order.
+    gemv_gated: Vec<CudaFunction>,
     /// RMSNorm per row.
     pub rms_norm: CudaFunction,
-    /// Rotary position embedding in place.
-    pub rope: CudaFunction,
+    /// Rotary position embedding in place, then the KV cache append.
+    pub rope_store: CudaFunction,
     /// Adds a bias to every row.
     pub add_bias: CudaFunction,
     /// Residual add.
@@ -57,8 +59,6 @@ pub struct Kernels {
     pub gated: CudaFunction,
     /// Splits a fused projection's rows.
     pub copy_cols: CudaFunction,
-    /// Appends keys and values to the f16 cache.
-    pub kv_store: CudaFunction,
     /// Final logit soft-capping.
     pub softcap: CudaFunction,
     /// Causal attention over the cache.
@@ -76,6 +76,11 @@ impl Kernels {
     /// The GEMV kernel of `ggml_type`.
     pub fn gemv(&self, ggml_type: GgmlType) -> Result<&CudaFunction, BackendError> {
         type_index(ggml_type).map(|i| &self.gemv[i])
+    }
+
+    /// The gated gate-and-up GEMV kernel of `ggml_type`.
+    pub fn gemv_gated(&self, ggml_type: GgmlType) -> Result<&CudaFunction, BackendError> {
+        type_index(ggml_type).map(|i| &self.gemv_gated[i])
     }
 
     /// Compiles (or reads from the cache) and loads the program for `ctx`'s device.
@@ -101,13 +106,13 @@ impl Kernels {
         Ok(Self {
             dequant: per_type("dequant")?,
             gemv: per_type("gemv")?,
+            gemv_gated: per_type("gemv_gated")?,
             rms_norm: get("rms_norm")?,
-            rope: get("rope")?,
+            rope_store: get("rope_store")?,
             add_bias: get("add_bias")?,
             add: get("add")?,
             gated: get("gated")?,
             copy_cols: get("copy_cols")?,
-            kv_store: get("kv_store")?,
             softcap: get("softcap")?,
             attention: get("attention")?,
             _module: module,

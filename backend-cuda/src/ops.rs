@@ -8,10 +8,10 @@ use crate::device::{Arg, Gpu};
 
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
-/// Rows per block of the GEMV kernels (one warp each, as in quant.cu).
-const GEMV_ROWS: usize = 4;
+/// Rows per block of the GEMV kernels (one warp each, `GEMV_WARPS` in quant.cu).
+const GEMV_WARPS: usize = 4;
 /// Threads of the attention kernel (`ATT_WARPS` warps in attention.cu).
-const ATTENTION_THREADS: u32 = 256;
+const ATTENTION_THREADS: u32 = 512;
 
 /// A weight matrix in VRAM: `rows` rows of `cols` elements in its GGUF block format.
 #[derive(Debug, Clone)]
@@ -65,19 +65,77 @@ impl Gpu {
         self.launch(func, (blocks(rows * w.cols), 1), BLOCK, &args)
     }
 
-    /// `y[t] = W · x[t]` for `n` tokens by the GEMV kernel of the weight's format.
-    pub fn gemv(&self, w: &DeviceMatrix, x: u64, n: usize, y: u64) -> Result<(), BackendError> {
+    /// `y = W · x[t] (+ bias)` for `n` tokens and up to three matrices of one format and width
+    /// reading the same input, in one launch; with `accumulate` each result is added to its
+    /// output (the residual stream) instead of stored.
+    pub fn gemv(
+        &self,
+        parts: &[Projection<'_>],
+        x: u64,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), BackendError> {
+        let (first, rest) = parts
+            .split_first()
+            .ok_or_else(|| BackendError::Device("a GEMV launch of no matrix".to_owned()))?;
+        let (w, cols, row_bytes) = (first.w, first.w.cols, first.w.row_bytes);
+        if parts.len() > 3
+            || rest.iter().any(|p| {
+                p.w.ggml_type != w.ggml_type || p.w.cols != cols || p.w.row_bytes != row_bytes
+            })
+        {
+            return Err(BackendError::Device(
+                "one GEMV launch takes up to three matrices of one format and width".to_owned(),
+            ));
+        }
+        let part = |i: usize| parts.get(i);
+        let mut args = Vec::with_capacity(16);
+        for i in 0..3 {
+            args.push(Arg::Ptr(part(i).map_or(0, |p| p.w.ptr)));
+        }
+        let mut total = 0;
+        for i in 0..3 {
+            let rows = part(i).map_or(0, |p| p.w.rows);
+            total += rows;
+            args.push(Arg::I32(int(rows)?));
+        }
+        args.extend([Arg::I32(int(cols)?), long(row_bytes), Arg::Ptr(x)]);
+        for i in 0..3 {
+            args.push(Arg::Ptr(part(i).and_then(|p| p.bias).unwrap_or(0)));
+        }
+        for i in 0..3 {
+            args.push(Arg::Ptr(part(i).map_or(0, |p| p.out)));
+        }
+        args.push(Arg::I32(i32::from(accumulate)));
         let func = self.kernels.gemv(w.ggml_type)?;
+        let grid = (int(total.div_ceil(GEMV_WARPS))? as u32, int(n)? as u32);
+        self.launch(func, grid, (GEMV_WARPS * 32) as u32, &args)
+    }
+
+    /// `out[t][r] = act(gate[r] · x[t]) · (up[r] · x[t])` for `n` tokens, where `up` is the
+    /// address of a matrix shaped and typed as `gate` (or the up half of a fused one).
+    pub fn gemv_gated(
+        &self,
+        gate: &DeviceMatrix,
+        up: u64,
+        x: u64,
+        n: usize,
+        out: u64,
+        gelu: bool,
+    ) -> Result<(), BackendError> {
         let args = [
-            Arg::Ptr(w.ptr),
-            Arg::I32(int(w.rows)?),
-            Arg::I32(int(w.cols)?),
-            long(w.row_bytes),
+            Arg::Ptr(gate.ptr),
+            Arg::Ptr(up),
+            Arg::I32(int(gate.rows)?),
+            Arg::I32(int(gate.cols)?),
+            long(gate.row_bytes),
             Arg::Ptr(x),
-            Arg::Ptr(y),
+            Arg::Ptr(out),
+            Arg::I32(i32::from(gelu)),
         ];
-        let grid = (w.rows.div_ceil(GEMV_ROWS) as u32, int(n)? as u32);
-        self.launch(func, grid, (GEMV_ROWS * 32) as u32, &args)
+        let func = self.kernels.gemv_gated(gate.ggml_type)?;
+        let grid = (int(gate.rows.div_ceil(GEMV_WARPS))? as u32, int(n)? as u32);
+        self.launch(func, grid, (GEMV_WARPS * 32) as u32, &args)
     }
 
     /// RMSNorm of `rows` rows of `width` (`out` may be `x`).
@@ -100,29 +158,31 @@ impl Gpu {
         self.launch(&self.kernels.rms_norm, (int(rows)? as u32, 1), 256, &args)
     }
 
-    /// RoPE over `n` token rows of `n_heads` heads at positions `start_pos..`.
-    pub fn rope(
-        &self,
-        x: u64,
-        n: usize,
-        n_heads: usize,
-        head_dim: usize,
-        start_pos: usize,
-        rope: &RopeParams,
-    ) -> Result<(), BackendError> {
+    /// RoPE of `n` tokens' query and key heads at positions `*pos..` (`pos`: a device `int`),
+    /// then their keys and values (f32) into one layer's f16 cache.
+    pub fn rope_store(&self, t: &RopeStore, rope: &RopeParams) -> Result<(), BackendError> {
         let args = [
-            Arg::Ptr(x),
-            Arg::I32(int(n_heads * head_dim)?),
-            Arg::I32(int(n_heads)?),
-            Arg::I32(int(head_dim)?),
+            Arg::Ptr(t.q),
+            Arg::Ptr(t.k),
+            Arg::Ptr(t.v),
+            Arg::Ptr(t.k_cache),
+            Arg::Ptr(t.v_cache),
+            Arg::Ptr(t.pos),
+            Arg::I32(int(t.n_head)?),
+            Arg::I32(int(t.n_head_kv)?),
+            Arg::I32(int(t.head_dim)?),
             Arg::I32(int(rope.dims)?),
-            Arg::I32(int(start_pos)?),
             Arg::F32(rope.theta_scale),
             Arg::F32(rope.freq_scale),
             Arg::I32(i32::from(rope.neox)),
+            Arg::I32(int(t.v_width)?),
         ];
-        let threads = (rope.dims / 2).max(1) as u32;
-        self.launch(&self.kernels.rope, (int(n)? as u32, 1), threads, &args)
+        self.launch(
+            &self.kernels.rope_store,
+            (int(t.n)? as u32, 1),
+            BLOCK,
+            &args,
+        )
     }
 
     /// `x[t] += bias` for every `bias_len`-wide row of the `total` elements of `x`.
@@ -198,44 +258,13 @@ impl Gpu {
         )
     }
 
-    /// Stores `n` positions of keys and values (f32) into one layer's f16 cache at `start_pos`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn kv_store(
-        &self,
-        k: u64,
-        v: u64,
-        k_cache: u64,
-        v_cache: u64,
-        n: usize,
-        start_pos: usize,
-        k_width: usize,
-        v_width: usize,
-    ) -> Result<(), BackendError> {
-        let args = [
-            Arg::Ptr(k),
-            Arg::Ptr(v),
-            Arg::Ptr(k_cache),
-            Arg::Ptr(v_cache),
-            Arg::I32(int(n)?),
-            Arg::I32(int(start_pos)?),
-            Arg::I32(int(k_width)?),
-            Arg::I32(int(v_width)?),
-        ];
-        self.launch(
-            &self.kernels.kv_store,
-            (blocks(n * (k_width + v_width)), 1),
-            BLOCK,
-            &args,
-        )
-    }
-
     /// `x = cap · tanh(x / cap)`.
     pub fn softcap(&self, x: u64, cap: f32, total: usize) -> Result<(), BackendError> {
         let args = [Arg::Ptr(x), Arg::F32(cap), long(total)];
         self.launch(&self.kernels.softcap, (blocks(total), 1), BLOCK, &args)
     }
 
-    /// Attention of `n` queries at `start_pos..` over one layer's cache, into `out`.
+    /// Attention of `n` queries at `*pos..` (`pos`: a device `int`) over one layer's cache.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -245,14 +274,14 @@ impl Gpu {
         v_cache: u64,
         out: u64,
         n: usize,
-        start_pos: usize,
+        pos: u64,
     ) -> Result<(), BackendError> {
         let args = [
             Arg::Ptr(q),
             Arg::Ptr(k_cache),
             Arg::Ptr(v_cache),
             Arg::Ptr(out),
-            Arg::I32(int(start_pos)?),
+            Arg::Ptr(pos),
             Arg::I32(int(shape.n_head)?),
             Arg::I32(int(shape.n_head_kv)?),
             Arg::I32(int(shape.head_dim_k)?),
@@ -263,6 +292,44 @@ impl Gpu {
         let grid = (int(shape.n_head)? as u32, int(n)? as u32);
         self.launch(&self.kernels.attention, grid, ATTENTION_THREADS, &args)
     }
+}
+
+/// One matrix of a GEMV launch: its output rows go to `out`, plus `bias` when given.
+#[derive(Clone, Copy)]
+pub struct Projection<'a> {
+    /// The weights.
+    pub w: &'a DeviceMatrix,
+    /// Device address of an f32 bias of `w.rows`, if any.
+    pub bias: Option<u64>,
+    /// Device address of the output rows (`w.rows` floats per token).
+    pub out: u64,
+}
+
+/// The buffers of one [`Gpu::rope_store`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeStore {
+    /// Query rows (`n_head · head_dim` per token), rotated in place.
+    pub q: u64,
+    /// Key rows (`n_head_kv · head_dim` per token), rotated in place, then stored.
+    pub k: u64,
+    /// Value rows (`v_width` per token), stored.
+    pub v: u64,
+    /// This layer's key cache.
+    pub k_cache: u64,
+    /// This layer's value cache.
+    pub v_cache: u64,
+    /// Device address of the `int` position of the first token.
+    pub pos: u64,
+    /// Tokens.
+    pub n: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Query/key head width.
+    pub head_dim: usize,
+    /// Value row width.
+    pub v_width: usize,
 }
 
 /// RoPE of one layer type, as the kernel takes it.

@@ -8,7 +8,7 @@ use worker_common::gguf::GgmlType;
 
 use crate::device::{Buffer, Gpu};
 use crate::module::{self, WEIGHT_TYPES};
-use crate::ops::{AttentionShape, DeviceMatrix, RopeParams};
+use crate::ops::{AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore};
 
 /// xorshift64*: reproducible random inputs without a dependency.
 struct Rng(u64);
@@ -112,8 +112,13 @@ fn kernels_compile_for_hopper() {
 fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
     let gpu = gpu();
     let mut rng = Rng(0x1234_5678);
-    let (rows, cols, n) = (67, 512, 3);
-    for &(ggml_type, name) in &WEIGHT_TYPES {
+    let (rows, n) = (67, 3);
+    // 576 columns leave a partial step of 32-element blocks (18 of them, 8 per warp step).
+    for (&(ggml_type, name), cols) in WEIGHT_TYPES
+        .iter()
+        .flat_map(|t| [(t, 512), (t, 576)])
+        .filter(|&(t, cols)| cols % t.0.block_size() as usize == 0)
+    {
         let data = random_weights(&mut rng, ggml_type, rows, cols);
         let mut reference = vec![0.0f32; rows * cols];
         quant::dequantize(ggml_type, &data, &mut reference).unwrap();
@@ -141,7 +146,12 @@ fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
         let x = rng.floats(n * cols);
         let xb = put(&gpu, &to_bytes(&x));
         let y = gpu.alloc(n * rows * 4, "test").unwrap();
-        gpu.gemv(&matrix, xb.ptr(), n, y.ptr()).unwrap();
+        let part = Projection {
+            w: &matrix,
+            bias: None,
+            out: y.ptr(),
+        };
+        gpu.gemv(&[part], xb.ptr(), n, false).unwrap();
         let ours = get(&gpu, &y, n * rows);
         let expected: Vec<f64> = (0..n)
             .flat_map(|t| {
@@ -154,8 +164,9 @@ fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
             })
             .collect();
         let err = rel_error(&ours, &expected);
-        eprintln!("gemv {name}: rel error {err:.2e}");
+        eprintln!("gemv {name} ({cols} columns): rel error {err:.2e}");
         assert!(err < 1e-5, "gemv {name}: rel error {err:.2e}");
+        check_fused_gemv(&gpu, &mut rng, &matrix, &xb, &expected, n);
 
         let sg = gpu.alloc(n * rows * 4, "test").unwrap();
         gpu.sgemm_nt(rows, n, cols, out.ptr(), xb.ptr(), sg.ptr())
@@ -166,6 +177,63 @@ fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
             "sgemm on dequantized {name}: rel error {err:.2e}"
         );
     }
+}
+
+/// The same product through the fused launches: Q/K/V-style (three matrices, biases),
+/// accumulating into a residual, and gated with SiLU (the matrix as both gate and up).
+fn check_fused_gemv(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    matrix: &DeviceMatrix,
+    x: &Buffer,
+    expected: &[f64],
+    n: usize,
+) {
+    let rows = matrix.rows;
+    let bias = rng.floats(rows);
+    let bias_b = put(gpu, &to_bytes(&bias));
+    let residual = rng.floats(n * rows);
+    let outs: Vec<Buffer> = (0..3).map(|_| put(gpu, &to_bytes(&residual))).collect();
+    let parts: Vec<Projection<'_>> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, out)| Projection {
+            w: matrix,
+            bias: (i != 1).then(|| bias_b.ptr()),
+            out: out.ptr(),
+        })
+        .collect();
+    gpu.gemv(&parts, x.ptr(), n, true).unwrap();
+    for (i, out) in outs.iter().enumerate() {
+        let want: Vec<f64> = expected
+            .iter()
+            .enumerate()
+            .map(|(j, &e)| {
+                let b = if i == 1 {
+                    0.0
+                } else {
+                    f64::from(bias[j % rows])
+                };
+                e + b + f64::from(residual[j])
+            })
+            .collect();
+        let err = rel_error(&get(gpu, out, n * rows), &want);
+        assert!(err < 1e-5, "three-matrix gemv, part {i}: {err:.2e}");
+    }
+    let gated = gpu.alloc(n * rows * 4, "test").unwrap();
+    gpu.gemv_gated(matrix, matrix.ptr, x.ptr(), n, gated.ptr(), false)
+        .unwrap();
+    let want: Vec<f64> = expected
+        .iter()
+        .map(|&g| g / (1.0 + (-g).exp()) * g)
+        .collect();
+    let err = rel_error(&get(gpu, &gated, n * rows), &want);
+    assert!(err < 1e-5, "gated gemv: {err:.2e}");
+}
+
+/// One device `int`: the position argument of the rope and attention kernels.
+fn position(gpu: &Gpu, pos: usize) -> Buffer {
+    put(gpu, &(pos as u32).to_le_bytes())
 }
 
 #[test]
@@ -197,7 +265,8 @@ fn rms_norm_and_rope_match_the_reference() {
     let err = rel_error(&ours, &expected);
     assert!(err < 1e-6, "rms_norm: {err:.2e}");
 
-    let (n, heads, head_dim, start) = (4, 3, 64, 1000);
+    // Queries and keys share the rotation; keys and values then land in the f16 cache.
+    let (n, heads, kv_heads, head_dim, start) = (4, 3, 1, 64, 1000);
     for neox in [false, true] {
         let rope = RopeParams {
             dims: head_dim,
@@ -205,31 +274,75 @@ fn rms_norm_and_rope_match_the_reference() {
             freq_scale: 1.0,
             neox,
         };
-        let x = rng.floats(n * heads * head_dim);
-        let xb = put(&gpu, &to_bytes(&x));
-        gpu.rope(xb.ptr(), n, heads, head_dim, start, &rope)
-            .unwrap();
-        let ours = get(&gpu, &xb, x.len());
-        let mut expected: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
-        for t in 0..n {
-            for h in 0..heads {
-                let head = &mut expected[(t * heads + h) * head_dim..][..head_dim];
-                for i in 0..head_dim / 2 {
-                    let theta =
-                        (start + t) as f64 * 10_000f64.powf(-2.0 * i as f64 / head_dim as f64);
-                    let (a, b) = if neox {
-                        (i, i + head_dim / 2)
-                    } else {
-                        (2 * i, 2 * i + 1)
-                    };
-                    let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * theta.cos() - x1 * theta.sin();
-                    head[b] = x0 * theta.sin() + x1 * theta.cos();
+        let (qw, kw) = (heads * head_dim, kv_heads * head_dim);
+        let q = rng.floats(n * qw);
+        let k = rng.floats(n * kw);
+        let v = rng.floats(n * kw);
+        let (qb, kb, vb) = (
+            put(&gpu, &to_bytes(&q)),
+            put(&gpu, &to_bytes(&k)),
+            put(&gpu, &to_bytes(&v)),
+        );
+        let cache_len = start + n;
+        let k_cache = gpu.alloc(cache_len * kw * 2, "test").unwrap();
+        let v_cache = gpu.alloc(cache_len * kw * 2, "test").unwrap();
+        let pos = position(&gpu, start);
+        let store = RopeStore {
+            q: qb.ptr(),
+            k: kb.ptr(),
+            v: vb.ptr(),
+            k_cache: k_cache.ptr(),
+            v_cache: v_cache.ptr(),
+            pos: pos.ptr(),
+            n,
+            n_head: heads,
+            n_head_kv: kv_heads,
+            head_dim,
+            v_width: kw,
+        };
+        gpu.rope_store(&store, &rope).unwrap();
+        let rotate = |x: &[f32], heads: usize| -> Vec<f64> {
+            let mut out: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+            for t in 0..n {
+                for h in 0..heads {
+                    let head = &mut out[(t * heads + h) * head_dim..][..head_dim];
+                    for i in 0..head_dim / 2 {
+                        let theta =
+                            (start + t) as f64 * 10_000f64.powf(-2.0 * i as f64 / head_dim as f64);
+                        let (a, b) = if neox {
+                            (i, i + head_dim / 2)
+                        } else {
+                            (2 * i, 2 * i + 1)
+                        };
+                        let (x0, x1) = (head[a], head[b]);
+                        head[a] = x0 * theta.cos() - x1 * theta.sin();
+                        head[b] = x0 * theta.sin() + x1 * theta.cos();
+                    }
                 }
             }
-        }
-        let err = rel_error(&ours, &expected);
-        assert!(err < 1e-3, "rope (neox {neox}): {err:.2e}");
+            out
+        };
+        let err = rel_error(&get(&gpu, &qb, q.len()), &rotate(&q, heads));
+        assert!(err < 1e-3, "rope q (neox {neox}): {err:.2e}");
+        let cached = |cache: &Buffer| -> Vec<f32> {
+            let mut raw = vec![0.0f32; cache_len * kw / 2];
+            gpu.download_f32(cache, &mut raw).unwrap();
+            raw.iter()
+                .flat_map(|w| {
+                    let b = w.to_le_bytes();
+                    [
+                        half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+                        half::f16::from_le_bytes([b[2], b[3]]).to_f32(),
+                    ]
+                })
+                .skip(start * kw)
+                .collect()
+        };
+        let err = rel_error(&cached(&k_cache), &rotate(&k, kv_heads));
+        assert!(err < 1e-3, "rope k into the cache (neox {neox}): {err:.2e}");
+        let want: Vec<f64> = v.iter().map(|&x| f64::from(x)).collect();
+        let err = rel_error(&cached(&v_cache), &want);
+        assert!(err < 1e-3, "values into the cache: {err:.2e}");
     }
 }
 
@@ -242,6 +355,8 @@ fn attention_matches_the_reference() {
         (9, 3, 64, 0, 37, None),
         (4, 1, 256, 50, 1, Some(16)),
         (14, 2, 64, 300, 2, None),
+        (9, 3, 64, 700, 1, None),
+        (4, 1, 256, 600, 1, Some(512)),
     ] {
         let len = start + n;
         let (kw, vw) = (n_head_kv * dim, n_head_kv * dim);
@@ -263,8 +378,17 @@ fn attention_matches_the_reference() {
             scale: 1.0 / (dim as f32).sqrt(),
             window,
         };
-        gpu.attention(&shape, qb.ptr(), kb.ptr(), vb.ptr(), out.ptr(), n, start)
-            .unwrap();
+        let pos = position(&gpu, start);
+        gpu.attention(
+            &shape,
+            qb.ptr(),
+            kb.ptr(),
+            vb.ptr(),
+            out.ptr(),
+            n,
+            pos.ptr(),
+        )
+        .unwrap();
         let ours = get(&gpu, &out, n * n_head * dim);
         let round = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
         let mut expected = vec![0.0f64; n * n_head * dim];

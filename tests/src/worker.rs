@@ -46,6 +46,7 @@ pub struct Worker {
     /// Where it listens.
     pub addr: SocketAddr,
     logs: Arc<Mutex<Vec<String>>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Worker {
@@ -64,6 +65,7 @@ impl Worker {
             .spawn()
             .unwrap_or_else(|err| panic!("cannot start {name}: {err}"));
         let logs = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
         for pipe in [
             child
                 .stdout
@@ -78,11 +80,11 @@ impl Worker {
         .flatten()
         {
             let logs = logs.clone();
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                     logs.lock().unwrap_or_else(|e| e.into_inner()).push(line);
                 }
-            });
+            }));
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         let addr = loop {
@@ -100,7 +102,12 @@ impl Worker {
             assert!(Instant::now() < deadline, "{name} did not log its address");
             std::thread::sleep(Duration::from_millis(10));
         };
-        Worker { child, addr, logs }
+        Worker {
+            child,
+            addr,
+            logs,
+            readers,
+        }
     }
 
     /// Starts the worker and waits until `/health` answers 200.
@@ -149,6 +156,18 @@ impl Worker {
             .collect()
     }
 
+    /// The first JSON log line matching `pred`, waiting up to 5 s for the log reader.
+    pub fn wait_for_log(&self, pred: impl Fn(&Value) -> bool) -> Option<Value> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let found = Self::find_log(&self.logs, &pred);
+            if found.is_some() || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -173,11 +192,14 @@ impl Worker {
         assert!(status.is_ok_and(|s| s.success()), "kill -TERM failed");
     }
 
-    /// Waits for the process to exit (at most `timeout`).
+    /// Waits for the process to exit (at most `timeout`), then for its last log lines.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
+                for reader in self.readers.drain(..) {
+                    let _ = reader.join();
+                }
                 return Some(status);
             }
             if Instant::now() >= deadline {

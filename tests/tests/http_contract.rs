@@ -398,11 +398,15 @@ fn correlation_ids_are_echoed_or_generated() {
         .map(|(_, v)| v.clone());
     let started = stream.next_event().unwrap();
     assert_eq!(started.data["correlation_id"].as_str(), echoed.as_deref());
-    let logs = worker.logs();
-    assert!(
-        logs.iter().any(|l| l["event"] == "execute_start"
-            && l["correlation_id"] == started.data["correlation_id"])
-    );
+    stream.collect();
+    let id = started.data["correlation_id"].clone();
+    for event in ["execute_start", "execute_end"] {
+        let line = worker.wait_for_log(|l| l["event"] == event && l["correlation_id"] == id);
+        assert!(
+            line.is_some(),
+            "no {event} log line with correlation id {id}"
+        );
+    }
 }
 
 #[test]
@@ -506,12 +510,8 @@ fn the_ready_callback_reaches_the_pool_which_picks_by_what_workers_advertise() {
         ..Default::default()
     };
     assert!(pool.pick(&embeddings).is_none());
-    assert!(
-        worker
-            .logs()
-            .iter()
-            .any(|l| l["event"] == "callback" && l["outcome"] == "accepted")
-    );
+    let accepted = worker.wait_for_log(|l| l["event"] == "callback" && l["outcome"] == "accepted");
+    assert!(accepted.is_some(), "no accepted callback in the log");
 }
 
 #[test]
