@@ -218,8 +218,23 @@ fn every_boundary_of_the_request_is_validated() {
     let response = raw("application/json", &huge);
     assert_eq!(response.status, 413, "{}", response.text());
     assert_eq!(response.json()["errors"][0]["field"], "body");
-    let cancel = raw("text/plain", b"x");
-    assert_eq!(cancel.status, 400);
+    let cancel = request(
+        addr,
+        "POST",
+        "/cancel",
+        &[("Content-Type", "text/plain")],
+        b"x",
+    )
+    .unwrap();
+    assert_eq!(
+        refusal(&cancel),
+        pair("body", "content_type(application/json)")
+    );
+    let unknown = http::get(addr, "/v2/nothing").unwrap();
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.json()["error"]["code"], "INVALID_REQUEST");
+    let wrong_method = http::get(addr, "/execute").unwrap();
+    assert_eq!(wrong_method.status, 405);
 }
 
 #[test]

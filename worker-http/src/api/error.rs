@@ -130,6 +130,14 @@ impl ApiError {
         }
     }
 
+    /// An unknown endpoint (404, code `INVALID_REQUEST`).
+    pub fn not_found(message: String, correlation_id: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            ..Self::new(ErrorCode::InvalidRequest, message, correlation_id)
+        }
+    }
+
     /// The error code.
     pub fn code(&self) -> ErrorCode {
         self.code

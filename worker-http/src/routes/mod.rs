@@ -25,9 +25,20 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/shutdown", post(control::shutdown))
         .route("/health", get(status::health))
         .route("/metrics", get(status::metrics))
+        .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(correlate))
         .with_state(shared)
+}
+
+/// Unknown paths and methods: 404 in the contract's error shape, not axum's empty body.
+async fn not_found(
+    crate::correlation::CorrelationId(correlation_id): crate::correlation::CorrelationId,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> crate::api::ApiError {
+    let message = format!("no endpoint {method} {}; see specs/CONTRACT.md", uri.path());
+    crate::api::ApiError::not_found(message, &correlation_id)
 }
 
 /// The request's `Content-Type`, if readable.
