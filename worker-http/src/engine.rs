@@ -148,14 +148,22 @@ fn serve<B: InferenceBackend>(shared: &Shared, backend: &mut B) {
     let Some(loaded) = shared.loaded().cloned() else {
         return;
     };
-    while let Some(job) = shared.queue.next() {
-        run_job(shared, backend, &loaded, job);
+    while let Some(mut job) = shared.queue.next() {
+        let terminal = run_job(shared, backend, &loaded, &mut job);
         shared.set_memory(backend.info().memory);
         shared.queue.finish();
+        // Last, so a client that has the terminal event sees the job in /metrics and /health.
+        let _ = job.events.send(terminal);
     }
 }
 
-fn run_job<B: InferenceBackend>(shared: &Shared, backend: &mut B, loaded: &Loaded, mut job: Job) {
+/// Runs `job`; returns its terminal event, not yet sent.
+fn run_job<B: InferenceBackend>(
+    shared: &Shared,
+    backend: &mut B,
+    loaded: &Loaded,
+    job: &mut Job,
+) -> StreamEvent {
     let started = Instant::now();
     let worker_id = shared.settings.worker_id.as_str();
     job.request.deadline = Some(started + shared.settings.inference_timeout);
@@ -199,16 +207,16 @@ fn run_job<B: InferenceBackend>(shared: &Shared, backend: &mut B, loaded: &Loade
         &job.cancel,
         &mut sink,
     );
-    finish_job(shared, &job, result, started);
+    finish_job(shared, job, result, started)
 }
 
-/// Sends the terminal event, records metrics and logs the end.
+/// Records metrics and logs the end; returns the terminal event.
 fn finish_job(
     shared: &Shared,
     job: &Job,
     result: Result<worker_common::generate::Finished, GenerateError>,
     started: Instant,
-) {
+) -> StreamEvent {
     let duration = started.elapsed().as_secs_f64();
     let (event, record) = match result {
         Ok(done) => {
@@ -244,8 +252,8 @@ fn finish_job(
         }
     };
     log_end(shared, job, &event, &record);
-    let _ = job.events.send(event);
     shared.metrics.record(record);
+    event
 }
 
 fn log_end(shared: &Shared, job: &Job, event: &StreamEvent, record: &JobRecord) {
@@ -309,8 +317,8 @@ pub fn end_unstarted(shared: &Shared, job: Job, code: ErrorCode, message: &str) 
     };
     let event = StreamEvent::error(code, message);
     log_end(shared, &job, &event, &record);
-    let _ = job.events.send(event);
     shared.metrics.record(record);
+    let _ = job.events.send(event);
 }
 
 #[cfg(test)]
