@@ -130,7 +130,8 @@ __device__ void dequant(const u8* w, int rows, int cols, long long row_bytes, co
 }
 
 // One lane's share of Σ_c W[row][c] · x[c] (summed over the warp by the caller). The weights
-// take the values `at` gives, rounded the same way; only the order of the sum differs.
+// take the values `at` gives, rounded the same way; only the order of the sum differs. The
+// block loops are unrolled so that several steps' loads are in flight before the first FMA.
 // Generic: lanes on consecutive elements, each dequantized on its own.
 template <typename T>
 __device__ __forceinline__ float row_dot(const u8* row, const float* x, int cols, int lane) {
@@ -162,6 +163,7 @@ template <>
 __device__ __forceinline__ float row_dot<Q4_0>(const u8* row, const float* x, int cols, int lane) {
     int part = lane & 3;
     float acc = 0.0f;
+#pragma unroll 4
     for (int ib = lane >> 2; ib < (cols >> 5); ib += 8) {
         const u8* b = row + ib * 18;
         const float* xb = x + ib * 32;
@@ -178,6 +180,7 @@ template <>
 __device__ __forceinline__ float row_dot<Q4_1>(const u8* row, const float* x, int cols, int lane) {
     int part = lane & 3;
     float acc = 0.0f;
+#pragma unroll 4
     for (int ib = lane >> 2; ib < (cols >> 5); ib += 8) {
         const u8* b = row + ib * 20;
         const float* xb = x + ib * 32;
@@ -194,6 +197,7 @@ template <>
 __device__ __forceinline__ float row_dot<Q5_0>(const u8* row, const float* x, int cols, int lane) {
     int part = lane & 3;
     float acc = 0.0f;
+#pragma unroll 4
     for (int ib = lane >> 2; ib < (cols >> 5); ib += 8) {
         const u8* b = row + ib * 22;
         const float* xb = x + ib * 32;
@@ -214,6 +218,7 @@ template <>
 __device__ __forceinline__ float row_dot<Q8_0>(const u8* row, const float* x, int cols, int lane) {
     int part = lane & 3;
     float acc = 0.0f;
+#pragma unroll 4
     for (int ib = lane >> 2; ib < (cols >> 5); ib += 8) {
         const u8* b = row + ib * 34;
         const float* xb = x + ib * 32 + 8 * part;
@@ -240,6 +245,7 @@ template <>
 __device__ __forceinline__ float row_dot<Q4_K>(const u8* row, const float* x, int cols, int lane) {
     int g = lane >> 3, l = (4 * lane) & 31;
     float acc = 0.0f;
+#pragma unroll 4
     for (int ib = 0; ib < (cols >> 8); ++ib) {
         const u8* b = row + ib * 144;
         const float* xb = x + ib * 256 + 64 * g + l;
@@ -269,6 +275,7 @@ template <>
 __device__ __forceinline__ float row_dot<Q6_K>(const u8* row, const float* x, int cols, int lane) {
     int n = lane >> 4, l = 2 * (lane & 15);
     float acc = 0.0f;
+#pragma unroll 4
     for (int ib = 0; ib < (cols >> 8); ++ib) {
         const u8* b = row + ib * 210;
         const float* xb = x + ib * 256 + 128 * n + l;
@@ -293,15 +300,47 @@ __device__ __forceinline__ float row_dot<Q6_K>(const u8* row, const float* x, in
 // Warps per block of the GEMV kernels (GEMV_WARPS in ops.rs).
 #define GEMV_WARPS 4
 
+// The input row of token blockIdx.y, RMS-normalized into shared memory when `norm` is given
+// (as rms_norm in ops.cu computes it: f64 sum of squares, then (x · scale) · w), so that a GEMV
+// takes the residual stream itself: each block redoes this short pass instead of a launch of
+// its own. Called by every thread of the block (`norm` is the same for all).
+__device__ const float* gemv_input(const float* x, const float* norm, int cols, float eps) {
+    extern __shared__ F4 s_input[];
+    __shared__ double partial[GEMV_WARPS];
+    const float* row = x + (long long)blockIdx.y * cols;
+    if (!norm) return row;
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v = row[i];
+        sum += (double)(v * v);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    sum = partial[0];
+    for (int w = 1; w < GEMV_WARPS; ++w) sum += partial[w];
+    float mean = (float)(sum / (double)cols);
+    float scale = 1.0f / sqrtf(mean + eps);
+    float* out = (float*)s_input;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = (row[i] * scale) * norm[i];
+    __syncthreads();
+    return out;
+}
+
 // Rows of up to three matrices of one format and width that read the same input (Q, K and V):
-// one warp per output row, grid.x over rows0 + rows1 + rows2, grid.y over tokens. Optional
-// per-matrix bias; with `accumulate` the result is added to y (the residual) instead of stored.
+// `parts` warps (1, 2 or 4) per output row, each on a contiguous run of the row's whole blocks
+// of `block_elems` elements, so that a long row is not one warp's chain of loads; grid.x over
+// the rows of all three, grid.y over tokens. Optional per-matrix bias and input RMSNorm; with
+// `accumulate` the result is added to y (the residual) instead of stored.
 template <typename T>
 __device__ void gemv(const u8* w0, const u8* w1, const u8* w2, int rows0, int rows1, int rows2,
-                     int cols, long long row_bytes, const float* x, const float* b0,
-                     const float* b1, const float* b2, float* y0, float* y1, float* y2,
-                     int accumulate) {
-    int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+                     int cols, long long row_bytes, int block_elems, int parts, const float* x,
+                     const float* norm, float eps, const float* b0, const float* b1,
+                     const float* b2, float* y0, float* y1, float* y2, int accumulate) {
+    __shared__ float s_part[GEMV_WARPS];
+    const float* xt = gemv_input(x, norm, cols, eps);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % parts;
+    int row = blockIdx.x * (GEMV_WARPS / parts) + warp / parts;
     const u8* w = w0;
     const float* bias = b0;
     float* y = y0;
@@ -312,28 +351,52 @@ __device__ void gemv(const u8* w0, const u8* w1, const u8* w2, int rows0, int ro
         if (row >= rows1) {
             row -= rows1;
             w = w2, bias = b2, y = y2, rows = rows2;
-            if (row >= rows2) return;
         }
     }
-    float acc = warp_sum(row_dot<T>(w + row * row_bytes, x + (long long)blockIdx.y * cols, cols, lane));
-    if (lane == 0) {
+    bool valid = row < rows;
+    int nb = cols / block_elems, first = nb * part / parts, last = nb * (part + 1) / parts;
+    long long block_bytes = row_bytes / nb;
+    float acc = 0.0f;
+    if (valid)
+        acc = warp_sum(row_dot<T>(w + row * row_bytes + first * block_bytes,
+                                  xt + first * block_elems, (last - first) * block_elems, lane));
+    if (parts > 1) {
+        if (lane == 0) s_part[warp] = acc;
+        __syncthreads();
+        acc = s_part[warp];
+        for (int i = 1; i < parts; ++i) acc += s_part[warp + i];
+    }
+    if (valid && part == 0 && lane == 0) {
         if (bias) acc = acc + bias[row];
         float* dst = y + (long long)blockIdx.y * rows + row;
         *dst = accumulate ? *dst + acc : acc;
     }
 }
 
-// out[t][r] = act(gate[r] · x[t]) · (up[r] · x[t]): the gate and up rows of one output in one
-// warp, so the gate's activation needs no pass of its own.
+// out[t][r] = act(gate[r] · x[t]) · (up[r] · x[t]), so the gate's activation needs no pass of its
+// own: with `split` the gate row in an even warp and the up row in the next (two rows per
+// block, the dot products side by side), else both in one warp (when twice the warps would not
+// all fit on the GPU at once); optional input RMSNorm as gemv's.
 template <typename T>
 __device__ void gemv_gated(const u8* gate, const u8* up, int rows, int cols, long long row_bytes,
-                           const float* x, float* out, int use_gelu) {
-    int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    const float* xt = x + (long long)blockIdx.y * cols;
-    float g = warp_sum(row_dot<T>(gate + row * row_bytes, xt, cols, lane));
-    float u = warp_sum(row_dot<T>(up + row * row_bytes, xt, cols, lane));
-    if (lane == 0) out[(long long)blockIdx.y * rows + row] = (use_gelu ? gelu_tanh(g) : silu(g)) * u;
+                           const float* x, const float* norm, float eps, int split, float* out,
+                           int use_gelu) {
+    __shared__ float s_dot[GEMV_WARPS];
+    const float* xt = gemv_input(x, norm, cols, eps);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int row = split ? blockIdx.x * (GEMV_WARPS / 2) + (warp >> 1) : blockIdx.x * GEMV_WARPS + warp;
+    bool valid = row < rows, is_up = split && (warp & 1);
+    float g = 0.0f, u = 0.0f;
+    if (valid) g = warp_sum(row_dot<T>((is_up ? up : gate) + row * row_bytes, xt, cols, lane));
+    if (split) {
+        if (lane == 0) s_dot[warp] = g;
+        __syncthreads();
+        u = s_dot[warp | 1];
+    } else if (valid) {
+        u = warp_sum(row_dot<T>(up + row * row_bytes, xt, cols, lane));
+    }
+    if (valid && !is_up && lane == 0)
+        out[(long long)blockIdx.y * rows + row] = (use_gelu ? gelu_tanh(g) : silu(g)) * u;
 }
 
 #define WEIGHT_KERNELS(T, name)                                                                 \
@@ -344,15 +407,16 @@ __device__ void gemv_gated(const u8* gate, const u8* up, int rows, int cols, lon
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_##name(                  \
         const u8* w0, const u8* w1, const u8* w2, int rows0, int rows1, int rows2, int cols,    \
-        long long row_bytes, const float* x, const float* b0, const float* b1,                  \
-        const float* b2, float* y0, float* y1, float* y2, int accumulate) {                     \
-        gemv<T>(w0, w1, w2, rows0, rows1, rows2, cols, row_bytes, x, b0, b1, b2, y0, y1, y2,    \
-                accumulate);                                                                    \
+        long long row_bytes, int block_elems, int parts, const float* x, const float* norm,     \
+        float eps, const float* b0, const float* b1, const float* b2, float* y0, float* y1,     \
+        float* y2, int accumulate) {                                                            \
+        gemv<T>(w0, w1, w2, rows0, rows1, rows2, cols, row_bytes, block_elems, parts, x, norm,  \
+                eps, b0, b1, b2, y0, y1, y2, accumulate);                                       \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_gated_##name(            \
         const u8* gate, const u8* up, int rows, int cols, long long row_bytes, const float* x,  \
-        float* out, int use_gelu) {                                                             \
-        gemv_gated<T>(gate, up, rows, cols, row_bytes, x, out, use_gelu);                       \
+        const float* norm, float eps, int split, float* out, int use_gelu) {                    \
+        gemv_gated<T>(gate, up, rows, cols, row_bytes, x, norm, eps, split, out, use_gelu);     \
     }
 
 WEIGHT_KERNELS(F32, f32)

@@ -223,10 +223,22 @@ impl Gpu {
         block: u32,
         args: &[Arg],
     ) -> Result<(), BackendError> {
+        self.launch_shared(func, grid, (block, 0), args)
+    }
+
+    /// Launches `func` with `args` on the stream, `block.1` bytes of dynamic shared memory for
+    /// each block of `block.0` threads.
+    pub fn launch_shared(
+        &self,
+        func: &CudaFunction,
+        grid: (u32, u32),
+        block: (u32, u32),
+        args: &[Arg],
+    ) -> Result<(), BackendError> {
         let config = LaunchConfig {
             grid_dim: (grid.0, grid.1, 1),
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (block.0, 1, 1),
+            shared_mem_bytes: block.1,
         };
         let mut builder = self.stream.launch_builder(func);
         for arg in args {

@@ -6,7 +6,9 @@ use worker_common::backend::BackendError;
 use worker_common::model::{Architecture, HyperParams, ModelSpec, RopeStyle};
 
 use crate::device::{Buffer, Gpu, device_error};
-use crate::ops::{AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore};
+use crate::ops::{
+    AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm, SplitScratch,
+};
 use crate::scratch::{Act, DecodeGraph, Scratch};
 use crate::weights::{DeviceVector, GateUp, Layer, Qkv, Weights};
 
@@ -230,6 +232,7 @@ impl Model<'_> {
         }
         let last = s.ptr(Act::X) + ((n - 1) * hp.n_embd * 4) as u64;
         let (normed, logits) = (s.ptr(Act::Normed), s.ptr(Act::Logits));
+        // Normalized once here: the head's thousands of GEMV blocks would each redo it.
         self.gpu.rms_norm(
             last,
             self.weights.output_norm.ptr,
@@ -243,24 +246,50 @@ impl Model<'_> {
             bias: self.weights.output_bias.map(|b| b.ptr),
             out: logits,
         };
-        self.gpu.gemv(&[head], normed, 1, false)?;
+        self.gpu.gemv(&[head], normed, None, 1, false)?;
         if let Some(cap) = hp.final_logit_softcapping {
             self.gpu.softcap(logits, cap, hp.vocab_size)?;
         }
         Ok(())
     }
 
-    /// `out = input · Wᵀ (+ bias)` for each part, `n` token rows: GEMV launches (one per run
-    /// of parts with the same format) below [`GEMM_MIN_TOKENS`], else dequantize + SGEMM.
+    /// The input of projections of the `rows` rows at `x` through RMSNorm `norm`: below
+    /// [`GEMM_MIN_TOKENS`], `x` itself with the norm for the GEMV kernels to apply on the fly;
+    /// else (or for rows too wide for that) normalized into [`Act::Normed`] first.
+    fn normalized(
+        &self,
+        x: u64,
+        norm: &DeviceVector,
+        rows: usize,
+        s: &Scratch,
+    ) -> Result<(u64, Option<RowNorm>), BackendError> {
+        let hp = &self.plan.hp;
+        if rows < GEMM_MIN_TOKENS && RowNorm::fits(hp.n_embd) {
+            let norm = RowNorm {
+                weight: norm.ptr,
+                eps: hp.norm_eps,
+            };
+            return Ok((x, Some(norm)));
+        }
+        let normed = s.ptr(Act::Normed);
+        self.gpu
+            .rms_norm(x, norm.ptr, normed, rows, hp.n_embd, hp.norm_eps)?;
+        Ok((normed, None))
+    }
+
+    /// `out = norm(input) · Wᵀ (+ bias)` for each part, `n` token rows: GEMV launches (one per
+    /// run of parts with the same format) below [`GEMM_MIN_TOKENS`] or with `norm` (which only
+    /// the GEMVs apply), else dequantize + SGEMM.
     fn project(
         &self,
         parts: &[Projection<'_>],
         input: u64,
+        norm: Option<RowNorm>,
         n: usize,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         match s.dequant() {
-            Some(dequant) if n >= GEMM_MIN_TOKENS => {
+            Some(dequant) if n >= GEMM_MIN_TOKENS && norm.is_none() => {
                 for p in parts {
                     self.gpu.dequant(p.w, p.w.rows, None, 1.0, dequant)?;
                     self.gpu
@@ -279,7 +308,7 @@ impl Model<'_> {
                         .iter()
                         .position(|p| !same_layout(p.w, w))
                         .map_or(parts.len(), |i| start + i);
-                    self.gpu.gemv(&parts[start..end], input, n, false)?;
+                    self.gpu.gemv(&parts[start..end], input, norm, n, false)?;
                     start = end;
                 }
                 Ok(())
@@ -305,14 +334,14 @@ impl Model<'_> {
                 bias: None,
                 out: x,
             };
-            return self.gpu.gemv(&[part], input, n, true);
+            return self.gpu.gemv(&[part], input, None, n, true);
         }
         let part = Projection {
             w,
             bias: None,
             out: projected,
         };
-        self.project(&[part], input, n, s)?;
+        self.project(&[part], input, None, n, s)?;
         if let Some(norm) = post_norm {
             self.gpu
                 .rms_norm(projected, norm.ptr, projected, n, hp.n_embd, hp.norm_eps)?;
@@ -330,10 +359,9 @@ impl Model<'_> {
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
-        let (x, normed) = (s.ptr(Act::X), s.ptr(Act::Normed));
         let (q, k, v) = (s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V));
         let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
-        gpu.rms_norm(x, layer.attn_norm.ptr, normed, n, hp.n_embd, hp.norm_eps)?;
+        let (input, norm) = self.normalized(s.ptr(Act::X), &layer.attn_norm, n, s)?;
         match &layer.qkv {
             Qkv::Separate {
                 q: wq,
@@ -351,7 +379,7 @@ impl Model<'_> {
                             out,
                         });
                 let parts: Vec<Projection<'_>> = parts.collect();
-                self.project(&parts, normed, n, s)?;
+                self.project(&parts, input, norm, n, s)?;
             }
             Qkv::Fused(w, bias) => {
                 let fused = s.ptr(Act::Fused);
@@ -361,7 +389,7 @@ impl Model<'_> {
                     bias: bias.map(|b| b.ptr),
                     out: fused,
                 };
-                self.project(&[part], normed, n, s)?;
+                self.project(&[part], input, norm, n, s)?;
                 gpu.copy_cols(fused, width, 0, q, qw, n)?;
                 gpu.copy_cols(fused, width, qw, k, kw, n)?;
                 gpu.copy_cols(fused, width, qw + kw, v, vw, n)?;
@@ -411,7 +439,13 @@ impl Model<'_> {
                 .flatten(),
         };
         let attn = s.ptr(Act::Attn);
-        gpu.attention(&shape, q, k_cache, v_cache, attn, n, pos)?;
+        let split = SplitScratch {
+            splits: SplitScratch::splits_for(kv.max_len),
+            partial: s.ptr(Act::Partial),
+            counters: s.ptr(Act::Counters),
+        };
+        let split = (n < GEMM_MIN_TOKENS).then_some(&split);
+        gpu.attention(&shape, q, k_cache, v_cache, attn, n, pos, split)?;
         self.residual(
             &layer.attn_output,
             attn,
@@ -424,14 +458,13 @@ impl Model<'_> {
     fn ffn_block(&self, layer: &Layer, n: usize, s: &Scratch) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
-        let (x, normed) = (s.ptr(Act::X), s.ptr(Act::Normed));
         let (gate, up) = (s.ptr(Act::Gate), s.ptr(Act::Up));
         let (ff, gelu) = (hp.n_ff, self.plan.gelu);
-        gpu.rms_norm(x, layer.ffn_norm.ptr, normed, n, hp.n_embd, hp.norm_eps)?;
+        let (input, norm) = self.normalized(s.ptr(Act::X), &layer.ffn_norm, n, s)?;
         let gemv = n < GEMM_MIN_TOKENS;
         match &layer.gate_up {
             GateUp::Separate { gate: wg, up: wu } if gemv && same_layout(wg, wu) => {
-                gpu.gemv_gated(wg, wu.ptr, normed, n, gate, gelu)?;
+                gpu.gemv_gated(wg, wu.ptr, input, norm, n, gate, gelu)?;
             }
             GateUp::Separate { gate: wg, up: wu } => {
                 let parts = [
@@ -446,7 +479,7 @@ impl Model<'_> {
                         out: up,
                     },
                 ];
-                self.project(&parts, normed, n, s)?;
+                self.project(&parts, input, norm, n, s)?;
                 gpu.gated(gate, up, gate, ff, ff, n, gelu)?;
             }
             GateUp::Fused(w) if gemv => {
@@ -455,7 +488,7 @@ impl Model<'_> {
                     ..w.clone()
                 };
                 let up_half = w.ptr + (ff * w.row_bytes) as u64;
-                gpu.gemv_gated(&half, up_half, normed, n, gate, gelu)?;
+                gpu.gemv_gated(&half, up_half, input, norm, n, gate, gelu)?;
             }
             GateUp::Fused(w) => {
                 let fused = s.ptr(Act::Fused);
@@ -464,7 +497,7 @@ impl Model<'_> {
                     bias: None,
                     out: fused,
                 };
-                self.project(&[part], normed, n, s)?;
+                self.project(&[part], input, norm, n, s)?;
                 gpu.gated(fused, fused + (ff * 4) as u64, gate, ff, 2 * ff, n, gelu)?;
             }
         }

@@ -63,6 +63,8 @@ pub struct Kernels {
     pub softcap: CudaFunction,
     /// Causal attention over the cache.
     pub attention: CudaFunction,
+    /// Decode attention split over the keys, merged by the last block.
+    pub attention_split: CudaFunction,
     /// Keeps the module loaded as long as the functions are used.
     _module: Arc<CudaModule>,
 }
@@ -115,6 +117,7 @@ impl Kernels {
             copy_cols: get("copy_cols")?,
             softcap: get("softcap")?,
             attention: get("attention")?,
+            attention_split: get("attention_split")?,
             _module: module,
         })
     }

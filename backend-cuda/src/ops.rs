@@ -8,10 +8,20 @@ use crate::device::{Arg, Gpu};
 
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
-/// Rows per block of the GEMV kernels (one warp each, `GEMV_WARPS` in quant.cu).
+/// Warps per block of the GEMV kernels (`GEMV_WARPS` in quant.cu).
 const GEMV_WARPS: usize = 4;
+/// Most dynamic shared memory a launch gets without raising the kernel's limit: the widest
+/// input a GEMV can RMS-normalize itself ([`RowNorm`]).
+const MAX_DYNAMIC_SHARED: usize = 48 * 1024;
+/// Most warps a gate·up GEMV launch may take with gate and up rows in warps of their own.
+const SPLIT_GATED_MAX_WARPS: usize = 8192;
 /// Threads of the attention kernel (`ATT_WARPS` warps in attention.cu).
 const ATTENTION_THREADS: u32 = 512;
+/// Keys per chunk of the split attention kernel, one per thread (`SPLIT_CHUNK` in attention.cu).
+pub const SPLIT_CHUNK: usize = 128;
+/// Most blocks per query head of the split attention kernel: enough to spread a few thousand
+/// positions over the GPU, few enough that the blocks past a short context cost little.
+pub const MAX_SPLITS: usize = 32;
 
 /// A weight matrix in VRAM: `rows` rows of `cols` elements in its GGUF block format.
 #[derive(Debug, Clone)]
@@ -35,6 +45,39 @@ fn int(v: usize) -> Result<i32, BackendError> {
 
 fn long(v: usize) -> Arg {
     Arg::I64(v as i64)
+}
+
+/// The `norm, eps` arguments of a GEMV kernel (a null weight: no normalization).
+fn norm_args(norm: Option<RowNorm>) -> [Arg; 2] {
+    let norm = norm.unwrap_or(RowNorm {
+        weight: 0,
+        eps: 0.0,
+    });
+    [Arg::Ptr(norm.weight), Arg::F32(norm.eps)]
+}
+
+/// Warps per output row of a GEMV launch of `rows` rows shaped as `w`: a row of more than a
+/// few of a warp's load steps (a warp reads about 150–200 bytes of weights per step) is split
+/// over 2 or 4 warps, unless the rows alone give the GPU enough warps.
+fn gemv_parts(rows: usize, w: &DeviceMatrix) -> usize {
+    const MANY_ROWS: usize = 8192;
+    match w.row_bytes {
+        _ if rows >= MANY_ROWS => 1,
+        0..=384 => 1,
+        385..=768 => 2,
+        _ => GEMV_WARPS,
+    }
+}
+
+/// Threads and dynamic shared memory (the normalized input row) of a GEMV block.
+fn gemv_block(norm: Option<RowNorm>, cols: usize) -> Result<(u32, u32), BackendError> {
+    let shared = if norm.is_some() { cols * 4 } else { 0 };
+    if shared > MAX_DYNAMIC_SHARED {
+        return Err(BackendError::Device(format!(
+            "a GEMV cannot normalize {cols} inputs in shared memory"
+        )));
+    }
+    Ok(((GEMV_WARPS * 32) as u32, shared as u32))
 }
 
 /// Blocks for a grid-stride loop over `total` elements (enough to fill the GPU, no more).
@@ -65,13 +108,15 @@ impl Gpu {
         self.launch(func, (blocks(rows * w.cols), 1), BLOCK, &args)
     }
 
-    /// `y = W · x[t] (+ bias)` for `n` tokens and up to three matrices of one format and width
-    /// reading the same input, in one launch; with `accumulate` each result is added to its
-    /// output (the residual stream) instead of stored.
+    /// `y = W · norm(x[t]) (+ bias)` for `n` tokens and up to three matrices of one format and
+    /// width reading the same input, in one launch (`norm`: an RMSNorm the kernel applies to
+    /// its input rows, if any); with `accumulate` each result is added to its output (the
+    /// residual stream) instead of stored.
     pub fn gemv(
         &self,
         parts: &[Projection<'_>],
         x: u64,
+        norm: Option<RowNorm>,
         n: usize,
         accumulate: bool,
     ) -> Result<(), BackendError> {
@@ -99,7 +144,15 @@ impl Gpu {
             total += rows;
             args.push(Arg::I32(int(rows)?));
         }
-        args.extend([Arg::I32(int(cols)?), long(row_bytes), Arg::Ptr(x)]);
+        let parts = gemv_parts(total, w);
+        args.extend([
+            Arg::I32(int(cols)?),
+            long(row_bytes),
+            Arg::I32(int(w.ggml_type.block_size() as usize)?),
+            Arg::I32(parts as i32),
+            Arg::Ptr(x),
+        ]);
+        args.extend(norm_args(norm));
         for i in 0..3 {
             args.push(Arg::Ptr(part(i).and_then(|p| p.bias).unwrap_or(0)));
         }
@@ -108,21 +161,32 @@ impl Gpu {
         }
         args.push(Arg::I32(i32::from(accumulate)));
         let func = self.kernels.gemv(w.ggml_type)?;
-        let grid = (int(total.div_ceil(GEMV_WARPS))? as u32, int(n)? as u32);
-        self.launch(func, grid, (GEMV_WARPS * 32) as u32, &args)
+        let grid = (
+            int(total.div_ceil(GEMV_WARPS / parts))? as u32,
+            int(n)? as u32,
+        );
+        let block = gemv_block(norm, cols)?;
+        self.launch_shared(func, grid, block, &args)
     }
 
-    /// `out[t][r] = act(gate[r] · x[t]) · (up[r] · x[t])` for `n` tokens, where `up` is the
-    /// address of a matrix shaped and typed as `gate` (or the up half of a fused one).
+    /// `out[t][r] = act(gate[r] · x[t]) · (up[r] · x[t])` for `n` tokens (x through `norm` if
+    /// given), where `up` is the address of a matrix shaped and typed as `gate` (or the up half
+    /// of a fused one).
+    #[allow(clippy::too_many_arguments)]
     pub fn gemv_gated(
         &self,
         gate: &DeviceMatrix,
         up: u64,
         x: u64,
+        norm: Option<RowNorm>,
         n: usize,
         out: u64,
         gelu: bool,
     ) -> Result<(), BackendError> {
+        let [norm_w, eps] = norm_args(norm);
+        // Gate and up in warps of their own while about that many warps fit on an H100 at once
+        // (132 SMs × 64): faster for SmolLM2's 1536 rows, slower for Qwen 0.5B's 4864.
+        let split = 2 * n * gate.rows <= SPLIT_GATED_MAX_WARPS;
         let args = [
             Arg::Ptr(gate.ptr),
             Arg::Ptr(up),
@@ -130,12 +194,20 @@ impl Gpu {
             Arg::I32(int(gate.cols)?),
             long(gate.row_bytes),
             Arg::Ptr(x),
+            norm_w,
+            eps,
+            Arg::I32(i32::from(split)),
             Arg::Ptr(out),
             Arg::I32(i32::from(gelu)),
         ];
         let func = self.kernels.gemv_gated(gate.ggml_type)?;
-        let grid = (int(gate.rows.div_ceil(GEMV_WARPS))? as u32, int(n)? as u32);
-        self.launch(func, grid, (GEMV_WARPS * 32) as u32, &args)
+        let rows_per_block = if split { GEMV_WARPS / 2 } else { GEMV_WARPS };
+        let grid = (
+            int(gate.rows.div_ceil(rows_per_block))? as u32,
+            int(n)? as u32,
+        );
+        let block = gemv_block(norm, gate.cols)?;
+        self.launch_shared(func, grid, block, &args)
     }
 
     /// RMSNorm of `rows` rows of `width` (`out` may be `x`).
@@ -264,7 +336,8 @@ impl Gpu {
         self.launch(&self.kernels.softcap, (blocks(total), 1), BLOCK, &args)
     }
 
-    /// Attention of `n` queries at `*pos..` (`pos`: a device `int`) over one layer's cache.
+    /// Attention of `n` queries at `*pos..` (`pos`: a device `int`) over one layer's cache:
+    /// one block per query and head, or with `split` (decode) the keys spread over blocks.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -275,8 +348,9 @@ impl Gpu {
         out: u64,
         n: usize,
         pos: u64,
+        split: Option<&SplitScratch>,
     ) -> Result<(), BackendError> {
-        let args = [
+        let mut args = vec![
             Arg::Ptr(q),
             Arg::Ptr(k_cache),
             Arg::Ptr(v_cache),
@@ -289,8 +363,23 @@ impl Gpu {
             Arg::F32(shape.scale),
             Arg::I32(int(shape.window.unwrap_or(0))?),
         ];
-        let grid = (int(shape.n_head)? as u32, int(n)? as u32);
-        self.launch(&self.kernels.attention, grid, ATTENTION_THREADS, &args)
+        let Some(split) = split else {
+            let grid = (int(shape.n_head)? as u32, int(n)? as u32);
+            return self.launch(&self.kernels.attention, grid, ATTENTION_THREADS, &args);
+        };
+        let splits = split.splits.clamp(1, MAX_SPLITS);
+        args.extend([
+            Arg::I32(int(splits)?),
+            Arg::Ptr(split.partial),
+            Arg::Ptr(split.counters),
+        ]);
+        let grid = (int(shape.n_head * splits)? as u32, int(n)? as u32);
+        self.launch(
+            &self.kernels.attention_split,
+            grid,
+            SPLIT_CHUNK as u32,
+            &args,
+        )
     }
 }
 
@@ -343,6 +432,45 @@ pub struct RopeParams {
     pub freq_scale: f32,
     /// NEOX pairing (i, i + dims/2) instead of (2i, 2i + 1).
     pub neox: bool,
+}
+
+/// RMSNorm a GEMV applies to its input rows itself (see [`RowNorm::fits`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RowNorm {
+    /// Device address of the `cols` f32 norm weights.
+    pub weight: u64,
+    /// Epsilon added to the mean square.
+    pub eps: f32,
+}
+
+impl RowNorm {
+    /// Whether a GEMV can normalize input rows of `cols` (they are held in shared memory).
+    pub fn fits(cols: usize) -> bool {
+        cols * 4 <= MAX_DYNAMIC_SHARED
+    }
+}
+
+/// Scratch of the split attention kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct SplitScratch {
+    /// Blocks per query head (clamped to `1..=MAX_SPLITS`).
+    pub splits: usize,
+    /// `n · n_head · splits` partial results of `head_dim_v + 2` floats.
+    pub partial: u64,
+    /// `n · n_head` zeroed `u32` counts (the kernel leaves them zeroed).
+    pub counters: u64,
+}
+
+impl SplitScratch {
+    /// Floats of partial results per query and head.
+    pub fn partial_floats(n_head: usize, head_dim_v: usize) -> usize {
+        n_head * MAX_SPLITS * (head_dim_v + 2)
+    }
+
+    /// Blocks per head for a cache of `max_len` positions.
+    pub fn splits_for(max_len: usize) -> usize {
+        max_len.div_ceil(SPLIT_CHUNK).clamp(1, MAX_SPLITS)
+    }
 }
 
 /// Shape of one attention call.

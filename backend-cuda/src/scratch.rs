@@ -6,6 +6,7 @@ use worker_common::backend::BackendError;
 
 use crate::device::{Buffer, Gpu, device_error};
 use crate::forward::{GEMM_MIN_TOKENS, Plan};
+use crate::ops::SplitScratch;
 use crate::weights::Weights;
 
 /// Indices into the activation buffers.
@@ -36,6 +37,10 @@ pub enum Act {
     Step,
     /// Logits of the last position.
     Logits,
+    /// Partial results of the split decode attention.
+    Partial,
+    /// Per query and head counts of the split decode attention's finished blocks (zeroed).
+    Counters,
 }
 
 /// The decode step recorded once per sequence (its KV cache and activation addresses are baked
@@ -121,6 +126,15 @@ impl Scratch {
             self.buffers.push(gpu.alloc((n + 1) * 4, "activations")?);
             self.buffers
                 .push(gpu.alloc(hp.vocab_size * 4, "activations")?);
+            // The split attention serves calls below the SGEMM path's size.
+            let decode = n.min(GEMM_MIN_TOKENS - 1);
+            let partial = SplitScratch::partial_floats(hp.n_head, hp.head_dim_v);
+            self.buffers
+                .push(gpu.alloc(decode * partial * 4, "activations")?);
+            let counters = decode * hp.n_head * 4;
+            let mut zeroed = gpu.alloc(counters, "activations")?;
+            gpu.upload(&vec![0; counters], &mut zeroed, 0)?;
+            self.buffers.push(zeroed);
             self.tokens = n;
         }
         if self.logits.is_none() {

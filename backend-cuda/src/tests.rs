@@ -8,7 +8,9 @@ use worker_common::gguf::GgmlType;
 
 use crate::device::{Buffer, Gpu};
 use crate::module::{self, WEIGHT_TYPES};
-use crate::ops::{AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore};
+use crate::ops::{
+    AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm, SplitScratch,
+};
 
 /// xorshift64*: reproducible random inputs without a dependency.
 struct Rng(u64);
@@ -113,10 +115,11 @@ fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
     let gpu = gpu();
     let mut rng = Rng(0x1234_5678);
     let (rows, n) = (67, 3);
-    // 576 columns leave a partial step of 32-element blocks (18 of them, 8 per warp step).
+    // 576 columns leave a partial step of 32-element blocks (18 of them, 8 per warp step);
+    // 2304 are split over four warps per row, unevenly for 256-element blocks (9 of them).
     for (&(ggml_type, name), cols) in WEIGHT_TYPES
         .iter()
-        .flat_map(|t| [(t, 512), (t, 576)])
+        .flat_map(|t| [(t, 512), (t, 576), (t, 2304)])
         .filter(|&(t, cols)| cols % t.0.block_size() as usize == 0)
     {
         let data = random_weights(&mut rng, ggml_type, rows, cols);
@@ -151,7 +154,7 @@ fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
             bias: None,
             out: y.ptr(),
         };
-        gpu.gemv(&[part], xb.ptr(), n, false).unwrap();
+        gpu.gemv(&[part], xb.ptr(), None, n, false).unwrap();
         let ours = get(&gpu, &y, n * rows);
         let expected: Vec<f64> = (0..n)
             .flat_map(|t| {
@@ -203,7 +206,7 @@ fn check_fused_gemv(
             out: out.ptr(),
         })
         .collect();
-    gpu.gemv(&parts, x.ptr(), n, true).unwrap();
+    gpu.gemv(&parts, x.ptr(), None, n, true).unwrap();
     for (i, out) in outs.iter().enumerate() {
         let want: Vec<f64> = expected
             .iter()
@@ -221,7 +224,7 @@ fn check_fused_gemv(
         assert!(err < 1e-5, "three-matrix gemv, part {i}: {err:.2e}");
     }
     let gated = gpu.alloc(n * rows * 4, "test").unwrap();
-    gpu.gemv_gated(matrix, matrix.ptr, x.ptr(), n, gated.ptr(), false)
+    gpu.gemv_gated(matrix, matrix.ptr, x.ptr(), None, n, gated.ptr(), false)
         .unwrap();
     let want: Vec<f64> = expected
         .iter()
@@ -229,6 +232,57 @@ fn check_fused_gemv(
         .collect();
     let err = rel_error(&get(gpu, &gated, n * rows), &want);
     assert!(err < 1e-5, "gated gemv: {err:.2e}");
+
+    // The input RMSNorm applied by the GEMVs themselves, against rms_norm, then the GEMVs.
+    let cols = matrix.cols;
+    let weight = put(gpu, &to_bytes(&rng.floats(cols)));
+    let norm = RowNorm {
+        weight: weight.ptr(),
+        eps: 1e-5,
+    };
+    let normed = gpu.alloc(n * cols * 4, "test").unwrap();
+    gpu.rms_norm(x.ptr(), weight.ptr(), normed.ptr(), n, cols, norm.eps)
+        .unwrap();
+    let outs: Vec<Buffer> = (0..4)
+        .map(|_| gpu.alloc(n * rows * 4, "test").unwrap())
+        .collect();
+    let part = |out: &Buffer| Projection {
+        w: matrix,
+        bias: None,
+        out: out.ptr(),
+    };
+    gpu.gemv(&[part(&outs[0])], normed.ptr(), None, n, false)
+        .unwrap();
+    gpu.gemv(&[part(&outs[1])], x.ptr(), Some(norm), n, false)
+        .unwrap();
+    gpu.gemv_gated(
+        matrix,
+        matrix.ptr,
+        normed.ptr(),
+        None,
+        n,
+        outs[2].ptr(),
+        false,
+    )
+    .unwrap();
+    gpu.gemv_gated(
+        matrix,
+        matrix.ptr,
+        x.ptr(),
+        Some(norm),
+        n,
+        outs[3].ptr(),
+        false,
+    )
+    .unwrap();
+    for (i, pair) in outs.chunks(2).enumerate() {
+        let want: Vec<f64> = get(gpu, &pair[0], n * rows)
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+        let err = rel_error(&get(gpu, &pair[1], n * rows), &want);
+        assert!(err < 1e-6, "GEMV {i} with its input RMSNorm: {err:.2e}");
+    }
 }
 
 /// One device `int`: the position argument of the rope and attention kernels.
@@ -357,6 +411,8 @@ fn attention_matches_the_reference() {
         (14, 2, 64, 300, 2, None),
         (9, 3, 64, 700, 1, None),
         (4, 1, 256, 600, 1, Some(512)),
+        (14, 2, 64, 3000, 1, None),
+        (8, 8, 96, 200, 3, Some(100)),
     ] {
         let len = start + n;
         let (kw, vw) = (n_head_kv * dim, n_head_kv * dim);
@@ -379,17 +435,35 @@ fn attention_matches_the_reference() {
             window,
         };
         let pos = position(&gpu, start);
-        gpu.attention(
-            &shape,
-            qb.ptr(),
-            kb.ptr(),
-            vb.ptr(),
-            out.ptr(),
-            n,
-            pos.ptr(),
-        )
-        .unwrap();
-        let ours = get(&gpu, &out, n * n_head * dim);
+        let run = |split: Option<&SplitScratch>| {
+            gpu.attention(
+                &shape,
+                qb.ptr(),
+                kb.ptr(),
+                vb.ptr(),
+                out.ptr(),
+                n,
+                pos.ptr(),
+                split,
+            )
+            .unwrap();
+            get(&gpu, &out, n * n_head * dim)
+        };
+        let mut results = vec![("one block per head", run(None))];
+        // The split decode kernel, with a grid sized for this context and for a longer one
+        // (blocks past the context), twice so the reset counts are checked too.
+        let partial = gpu
+            .alloc(n * SplitScratch::partial_floats(n_head, dim) * 4, "test")
+            .unwrap();
+        let counters = put(&gpu, &vec![0; n * n_head * 4]);
+        for max_len in [len, 4 * len + 1000, len] {
+            let split = SplitScratch {
+                splits: SplitScratch::splits_for(max_len),
+                partial: partial.ptr(),
+                counters: counters.ptr(),
+            };
+            results.push(("split", run(Some(&split))));
+        }
         let round = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
         let mut expected = vec![0.0f64; n * n_head * dim];
         for t in 0..n {
@@ -420,8 +494,10 @@ fn attention_matches_the_reference() {
                 }
             }
         }
-        let err = rel_error(&ours, &expected);
-        eprintln!("attention {n_head}/{n_head_kv}x{dim} at {start}+{n}: rel error {err:.2e}");
-        assert!(err < 1e-5, "attention: {err:.2e}");
+        for (kernel, ours) in &results {
+            let err = rel_error(ours, &expected);
+            eprintln!("attention ({kernel}) {n_head}/{n_head_kv}x{dim} at {start}+{n}: {err:.2e}");
+            assert!(err < 1e-5, "attention ({kernel}): {err:.2e}");
+        }
     }
 }
