@@ -4,6 +4,8 @@
 //! Prefill is one `forward` over 512 tokens; decode is 128 one-token `forward` calls, each
 //! including the logits' copy to the host and a host argmax, as the worker runs them: `tg128`
 //! from an empty context (as llama-bench's), `tg128@512` right after the 512-token prompt.
+//! Then the time to first token of short prompts: a fresh sequence and one `forward` of `n`
+//! tokens, as a job of the worker starts.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +17,8 @@ use worker_common::model::ModelFile;
 const PROMPT: usize = 512;
 const DECODE: usize = 128;
 const RUNS: usize = 3;
+/// Prompt lengths whose time to first token is measured.
+const SHORT: [usize; 10] = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -64,6 +68,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         info.device,
         info.memory.weights >> 20
     );
+    let mut line = String::from("first token (ms, median of 10):");
+    for n in SHORT {
+        let mut times = Vec::new();
+        for _ in 0..=10 {
+            backend.begin_sequence(n + DECODE)?;
+            let t = Instant::now();
+            argmax(backend.forward(&prompt[..n], 0)?);
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            backend.end_sequence();
+        }
+        line.push_str(&format!(" {n}: {:.2}", median(&times[1..])));
+    }
+    println!("{line}");
     Ok(())
 }
 

@@ -52,7 +52,12 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     /// The compiled kernels.
     pub kernels: Kernels,
+    // Before the workspace: the handle that uses it goes first.
     blas: CudaBlas,
+    blas_workspace: Buffer,
+    /// Device-wide bytes in use once the context existed, before the module, cuBLAS or any
+    /// buffer: the baseline of [`Gpu::held_since_open`].
+    used_at_open: u64,
     /// Device name, e.g. `NVIDIA H100 80GB HBM3`.
     pub name: String,
     /// Compute capability, e.g. `9.0`.
@@ -61,9 +66,42 @@ pub struct Gpu {
     pub driver_version: String,
 }
 
+/// cuBLAS's workspace, given to it at load so that it is allocated and counted up front rather
+/// than by cuBLAS at the first GEMM (32 MiB is what cuBLAS itself takes on Hopper).
+const BLAS_WORKSPACE: usize = 32 << 20;
+
 /// A driver error as a backend error, naming what failed.
 pub fn device_error(what: &str, e: DriverError) -> BackendError {
     BackendError::Device(format!("{what}: {e}"))
+}
+
+/// Device-wide bytes in use (total minus free).
+fn device_used(ctx: &CudaContext) -> Result<u64, BackendError> {
+    let (free, total) = ctx
+        .mem_get_info()
+        .map_err(|e| device_error("cuMemGetInfo", e))?;
+    Ok(total.saturating_sub(free) as u64)
+}
+
+/// Allocates `bytes` (uninitialised) on `stream`; a failure for lack of memory is `OutOfMemory`.
+fn alloc_on(
+    stream: &Arc<CudaStream>,
+    bytes: usize,
+    what: &'static str,
+) -> Result<Buffer, BackendError> {
+    // SAFETY: the memory is uninitialised; every user writes before reading.
+    let slice = unsafe { stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| {
+        if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            BackendError::OutOfMemory {
+                what,
+                bytes: bytes as u64,
+            }
+        } else {
+            device_error(&format!("allocating {bytes} bytes for {what}"), e)
+        }
+    })?;
+    let ptr = slice.device_ptr(stream).0;
+    Ok(Buffer { slice, ptr })
 }
 
 impl Gpu {
@@ -94,14 +132,29 @@ impl Gpu {
         unsafe { sys::cuDriverGetVersion(&mut version) }
             .result()
             .map_err(|e| device_error("cuDriverGetVersion", e))?;
+        let used_at_open = device_used(&ctx)?;
         let kernels = Kernels::load(&ctx)?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| BackendError::Device(format!("creating the cuBLAS handle: {e}")))?;
+        let blas_workspace = alloc_on(&stream, BLAS_WORKSPACE, "cuBLAS workspace")?;
+        // SAFETY: the workspace is a live device buffer of the size given; it is declared after
+        // the handle in `Gpu`, so it outlives every use by the handle.
+        unsafe {
+            blas_sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                blas_workspace.ptr as *mut std::ffi::c_void,
+                blas_workspace.bytes(),
+            )
+        }
+        .result()
+        .map_err(|e| BackendError::Device(format!("setting the cuBLAS workspace: {e}")))?;
         Ok(Self {
             ctx,
             stream,
             kernels,
             blas,
+            blas_workspace,
+            used_at_open,
             name,
             sm: format!("{major}.{minor}"),
             driver_version: format!("{}.{}", version / 1000, (version % 1000) / 10),
@@ -124,21 +177,47 @@ impl Gpu {
         Ok((free as u64, total as u64))
     }
 
+    /// Bytes of cuBLAS's workspace.
+    pub fn blas_workspace_bytes(&self) -> usize {
+        self.blas_workspace.bytes()
+    }
+
+    /// Device-wide bytes in use now minus those in use when the context had just been created:
+    /// what this process added, as long as no other process allocated meanwhile.
+    pub fn held_since_open(&self) -> Result<u64, BackendError> {
+        Ok(device_used(&self.ctx)?.saturating_sub(self.used_at_open))
+    }
+
+    /// Bytes the device's memory pool, which every [`Gpu::alloc`] draws on, holds from the
+    /// driver: freed buffers stay in it for the next sequence, and its chunks round sizes up.
+    /// Zero where allocations bypass the pool.
+    pub fn pool_reserved(&self) -> Result<u64, BackendError> {
+        if !self.ctx.has_async_alloc() {
+            return Ok(0);
+        }
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut reserved: u64 = 0;
+        // SAFETY: `pool` and `reserved` are valid for writes of the types the calls write (the
+        // attribute is a `cuuint64_t`); the pool is the device's current one, alive with the
+        // context.
+        unsafe {
+            sys::cuDeviceGetMemPool(&mut pool, self.ctx.cu_device())
+                .result()
+                .map_err(|e| device_error("cuDeviceGetMemPool", e))?;
+            sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut reserved as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(|e| device_error("cuMemPoolGetAttribute", e))?;
+        Ok(reserved)
+    }
+
     /// Allocates `bytes` (uninitialised); a failure for lack of memory is `OutOfMemory`.
     pub fn alloc(&self, bytes: usize, what: &'static str) -> Result<Buffer, BackendError> {
-        // SAFETY: the memory is uninitialised; every user writes before reading.
-        let slice = unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| {
-            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                BackendError::OutOfMemory {
-                    what,
-                    bytes: bytes as u64,
-                }
-            } else {
-                device_error(&format!("allocating {bytes} bytes for {what}"), e)
-            }
-        })?;
-        let ptr = slice.device_ptr(&self.stream).0;
-        Ok(Buffer { slice, ptr })
+        alloc_on(&self.stream, bytes, what)
     }
 
     /// Copies `data` into `buffer` at byte `offset`.

@@ -82,6 +82,12 @@ pub struct CudaBackend {
     weights: Weights,
     kv: Option<KvCache>,
     scratch: Scratch,
+    /// Fixed bytes the loaded backend holds besides the weight buffers: cuBLAS's workspace, and
+    /// what no buffer names (the module, cuBLAS's handle, allocation granularity) as measured at
+    /// load. Reported under `weights`, the fixed part of the footprint.
+    runtime: u64,
+    /// The memory pool's reservation once loaded: what it grows beyond is per-sequence memory.
+    pool_at_load: u64,
     ordinal: u32,
     // Declared last: the buffers above are freed before the context and module go.
     gpu: Gpu,
@@ -90,6 +96,10 @@ pub struct CudaBackend {
 /// VRAM kept free beyond the weights at load: cuBLAS's workspace, the module, the first
 /// sequence's activations.
 const LOAD_HEADROOM: u64 = 256 << 20;
+
+/// Most bytes credited to what no buffer names: the device-wide delta behind it also counts other
+/// processes' allocations made during the load, which must not be reported as this worker's.
+const MAX_UNNAMED: u64 = 192 << 20;
 
 /// Tensors some architectures may carry that this backend does not apply; refused at load, as
 /// the CPU backend does, rather than silently computing something else.
@@ -138,24 +148,39 @@ impl InferenceBackend for CudaBackend {
         }
         let weights = weights::upload(&gpu, &model.gguf, &model.spec, tensor_bytes, progress)?;
         check_residency(&weights)?;
+        let runtime = runtime_bytes(&gpu, weights.bytes() as u64)?;
+        let pool_at_load = gpu.pool_reserved()?;
         Ok(Self {
             model,
             plan,
             weights,
             kv: None,
             scratch: Scratch::default(),
+            runtime,
+            pool_at_load,
             ordinal: options.device,
             gpu,
         })
     }
 
     fn info(&self) -> BackendInfo {
+        let kv = self.kv.as_ref().map_or(0, KvCache::bytes) as u64;
+        let scratch = self.scratch.bytes() as u64;
+        // What the pool holds for sequences beyond the live KV and scratch buffers (freed ones
+        // kept for the next sequence, chunk rounding) is the process's all the same: scratch.
+        let pooled = match self.gpu.pool_reserved() {
+            Ok(reserved) => reserved.saturating_sub(self.pool_at_load),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the memory pool's size");
+                0
+            }
+        };
         BackendInfo {
             device: self.gpu.name.clone(),
             memory: MemoryUsage {
-                weights: self.weights.bytes() as u64,
-                kv: self.kv.as_ref().map_or(0, KvCache::bytes) as u64,
-                scratch: self.scratch.bytes() as u64,
+                weights: self.weights.bytes() as u64 + self.runtime,
+                kv,
+                scratch: scratch.max(pooled.saturating_sub(kv)),
             },
             gpu: Some(GpuInfo {
                 ordinal: self.ordinal,
@@ -194,6 +219,23 @@ impl InferenceBackend for CudaBackend {
         self.kv = None;
         self.scratch = Scratch::default();
     }
+}
+
+/// The fixed bytes beyond `weights` (see [`CudaBackend`]'s `runtime`): the cuBLAS workspace plus
+/// what the device's used memory grew by since the context existed and no buffer accounts for.
+fn runtime_bytes(gpu: &Gpu, weights: u64) -> Result<u64, BackendError> {
+    gpu.sync()?;
+    let workspace = gpu.blas_workspace_bytes() as u64;
+    let held = gpu.held_since_open()?;
+    let unnamed = held.saturating_sub(weights + workspace).min(MAX_UNNAMED);
+    tracing::info!(
+        held_since_context = held,
+        weights,
+        blas_workspace = workspace,
+        unnamed,
+        "device memory at load beyond the CUDA context"
+    );
+    Ok(workspace + unnamed)
 }
 
 /// Checks that the driver reports every weight allocation as device memory (never host or
