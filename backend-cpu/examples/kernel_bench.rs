@@ -1,5 +1,9 @@
-//! Single-thread throughput of the legacy-format decode kernels over 256 MB of weight rows (far
-//! larger than the caches), the measurement behind `kernels::avx2::four_row_decode`.
+//! Single-thread throughput of the matrix kernels, the measurements behind their tile
+//! choices: decode (one token) streams 256 MB of weight rows, far larger than the caches
+//! (`kernels::avx2::four_row_decode`); prefill runs Qwen2.5-0.5B-sized `ffn_up` (4864 rows of
+//! 896) and `ffn_down` (896 rows of 4864) against 64 tokens, the k-quants tiled and, for
+//! comparison, one row × one token per call.
+//! Best of several runs, so other load on a shared machine inflates the numbers less.
 //!
 //! ```text
 //! cargo run --release -p backend-cpu --example kernel_bench
@@ -9,15 +13,53 @@ use std::error::Error;
 use std::time::Instant;
 
 use backend_cpu::kernels::{Legacy, Q8Rows, dot_rows};
-use backend_cpu::quant::activation::{quantize_q8_0, quantize_q8_1};
+use backend_cpu::quant::activation::{quantize_q8_0, quantize_q8_1, quantize_q8_k};
+use backend_cpu::quant::dot::{self, KQuant};
 
 const COLS: usize = 896;
 const TOTAL_BYTES: usize = 256 << 20;
+/// Runs of a decode measurement (256 MB each).
+const DECODE_REPS: usize = 4;
+/// Runs of a prefill measurement (a few milliseconds each).
+const PREFILL_REPS: usize = 20;
 
-fn main() -> Result<(), Box<dyn Error>> {
-    let x: Vec<f32> = (0..COLS)
+/// The fastest of `reps` runs of `f`, in seconds.
+fn best(
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), Box<dyn Error>>,
+) -> Result<f64, Box<dyn Error>> {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let start = Instant::now();
+        f()?;
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// Deterministic activations in [-1, 1).
+fn activations(n: usize) -> Vec<f32> {
+    (0..n)
         .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect()
+}
+
+/// `len` weight bytes with every `block`-byte block's f16 scales at `scales` set to 1/64, so
+/// sums stay finite.
+fn weights(len: usize, block: usize, scales: &[usize]) -> Vec<u8> {
+    let mut w: Vec<u8> = (0..len)
+        .map(|i| (i ^ (i >> 9)).wrapping_mul(31) as u8)
         .collect();
+    for b in w.chunks_exact_mut(block) {
+        for &at in scales {
+            b[at..at + 2].copy_from_slice(&[0x00, 0x24]);
+        }
+    }
+    w
+}
+
+fn legacy_decode() -> Result<(), Box<dyn Error>> {
+    let x = activations(COLS);
     let (mut q8_0, mut q8_1) = (Vec::new(), Vec::new());
     quantize_q8_0(&x, &mut q8_0)?;
     quantize_q8_1(&x, &mut q8_1)?;
@@ -35,25 +77,119 @@ fn main() -> Result<(), Box<dyn Error>> {
         };
         let row_bytes = COLS / 32 * format.block_bytes();
         let rows = TOTAL_BYTES / row_bytes;
-        let mut weights: Vec<u8> = (0..rows * row_bytes)
-            .map(|i| (i * 31 % 251) as u8)
-            .collect();
-        for block in weights.chunks_exact_mut(format.block_bytes()) {
-            // Scale (and offset) 1.0 as f16, so sums stay finite.
-            block[..2].copy_from_slice(&[0x00, 0x3c]);
-        }
+        let offsets: &[usize] = if format.uses_q8_1() { &[0, 2] } else { &[0] };
+        let weights = weights(rows * row_bytes, format.block_bytes(), offsets);
         let mut out = vec![0.0; rows];
-        let reps = 4;
-        let start = Instant::now();
-        for _ in 0..reps {
-            dot_rows(format, &weights, activations, 1, &mut out)?;
-        }
-        let seconds = start.elapsed().as_secs_f64();
+        let seconds = best(DECODE_REPS, || {
+            Ok(dot_rows(format, &weights, activations, 1, &mut out)?)
+        })?;
         println!(
-            "{format:?}: {:.2} GB/s, {:.2} ns per block",
-            (reps * weights.len()) as f64 / seconds / 1e9,
-            seconds * 1e9 / (reps * rows * COLS / 32) as f64
+            "decode {format:?}: {:.2} GB/s, {:.2} ns per block",
+            weights.len() as f64 / seconds / 1e9,
+            seconds * 1e9 / (rows * COLS / 32) as f64
         );
     }
     Ok(())
+}
+
+/// The d (and dmin) offsets of a k-quant super-block.
+fn k_scales(format: KQuant) -> &'static [usize] {
+    match format {
+        KQuant::Q6K => &[208],
+        _ => &[0, 2],
+    }
+}
+
+fn k_decode() -> Result<(), Box<dyn Error>> {
+    let cols = 4864;
+    let mut q8_k = Vec::new();
+    quantize_q8_k(&activations(cols), &mut q8_k)?;
+    for format in [KQuant::Q4K, KQuant::Q5K, KQuant::Q6K] {
+        let row_bytes = cols / 256 * format.block_bytes();
+        let rows = TOTAL_BYTES / row_bytes;
+        let weights = weights(rows * row_bytes, format.block_bytes(), k_scales(format));
+        let mut out = vec![0.0; rows];
+        let seconds = best(DECODE_REPS, || {
+            Ok(dot::dot_rows_k(format, &weights, &q8_k, 1, &mut out)?)
+        })?;
+        println!(
+            "decode {format:?}: {:.2} GB/s, {:.1} ns per super-block",
+            weights.len() as f64 / seconds / 1e9,
+            seconds * 1e9 / (rows * cols / 256) as f64
+        );
+    }
+    Ok(())
+}
+
+fn k_prefill() -> Result<(), Box<dyn Error>> {
+    let (rows, cols, tokens) = (896, 4864, 64);
+    let mut q8_k = Vec::new();
+    quantize_q8_k(&activations(cols * tokens), &mut q8_k)?;
+    let per_token = cols / 256;
+    for format in [KQuant::Q4K, KQuant::Q5K, KQuant::Q6K] {
+        let row_bytes = per_token * format.block_bytes();
+        let weights = weights(rows * row_bytes, format.block_bytes(), k_scales(format));
+        let mut out = vec![0.0; rows * tokens];
+        let tiled = best(PREFILL_REPS, || {
+            Ok(dot::dot_rows_k(format, &weights, &q8_k, tokens, &mut out)?)
+        })?;
+        let one = match format {
+            KQuant::Q4K => dot::dot_q4_k_q8_k,
+            KQuant::Q5K => dot::dot_q5_k_q8_k,
+            KQuant::Q6K => dot::dot_q6_k_q8_k,
+        };
+        let per_row = best(PREFILL_REPS, || {
+            for (row, out) in weights
+                .chunks_exact(row_bytes)
+                .zip(out.chunks_exact_mut(tokens))
+            {
+                for (o, a) in out.iter_mut().zip(q8_k.chunks_exact(per_token)) {
+                    *o = one(row, a)?;
+                }
+            }
+            Ok(())
+        })?;
+        let dots = (rows * tokens * per_token) as f64;
+        println!(
+            "prefill {format:?}: tiled {:.1} ns, one row × token per call {:.1} ns per \
+             super-block dot",
+            tiled * 1e9 / dots,
+            per_row * 1e9 / dots
+        );
+    }
+    Ok(())
+}
+
+fn legacy_prefill() -> Result<(), Box<dyn Error>> {
+    let (rows, tokens) = (4864, 64);
+    let x = activations(COLS * tokens);
+    let (mut q8_0, mut q8_1) = (Vec::new(), Vec::new());
+    quantize_q8_0(&x, &mut q8_0)?;
+    quantize_q8_1(&x, &mut q8_1)?;
+    for format in [Legacy::Q8_0, Legacy::Q4_1, Legacy::Q5_0] {
+        let activations = if format.uses_q8_1() {
+            Q8Rows::Q8_1(&q8_1)
+        } else {
+            Q8Rows::Q8_0(&q8_0)
+        };
+        let row_bytes = COLS / 32 * format.block_bytes();
+        let offsets: &[usize] = if format.uses_q8_1() { &[0, 2] } else { &[0] };
+        let weights = weights(rows * row_bytes, format.block_bytes(), offsets);
+        let mut out = vec![0.0; rows * tokens];
+        let seconds = best(PREFILL_REPS, || {
+            Ok(dot_rows(format, &weights, activations, tokens, &mut out)?)
+        })?;
+        println!(
+            "prefill {format:?}: {:.2} ns per block dot",
+            seconds * 1e9 / (rows * tokens * COLS / 32) as f64
+        );
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    legacy_prefill()?;
+    legacy_decode()?;
+    k_decode()?;
+    k_prefill()
 }

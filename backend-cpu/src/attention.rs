@@ -119,6 +119,36 @@ pub fn attention(
     start_pos: usize,
     out: &mut [f32],
 ) {
+    let group = shape.n_head / shape.n_head_kv;
+    let inputs = Inputs {
+        shape,
+        q,
+        keys,
+        values,
+        start_pos,
+    };
+    // One task per (token, KV head): each key and value row is widened once for the `group`
+    // query heads that share it; each head's operations are those of a task of its own.
+    out.par_chunks_mut(group * shape.head_dim_v)
+        .enumerate()
+        .for_each_init(Scratch::default, |scratch, (index, group_out)| {
+            simd::group_task(&inputs, scratch, index, group_out)
+        });
+}
+
+/// What every attention task reads.
+struct Inputs<'a> {
+    shape: &'a AttentionShape,
+    q: &'a [f32],
+    keys: &'a [f16],
+    values: &'a [f16],
+    start_pos: usize,
+}
+
+/// The attention of one token's query heads that share KV head `index % n_head_kv`, into
+/// `group_out` (`group` rows of `head_dim_v`).
+#[inline(always)]
+fn group_task(inputs: &Inputs<'_>, scratch: &mut Scratch, index: usize, group_out: &mut [f32]) {
     let AttentionShape {
         n_head,
         n_head_kv,
@@ -126,55 +156,96 @@ pub fn attention(
         head_dim_v: dv,
         scale,
         window,
-    } = *shape;
+    } = *inputs.shape;
     let group = n_head / n_head_kv;
     let (k_width, v_width) = (n_head_kv * dk, n_head_kv * dv);
-    out.par_chunks_mut(dv).enumerate().for_each_init(
-        Scratch::default,
-        |scratch, (index, head_out)| {
-            let Scratch { scores, row } = scratch;
-            row.resize(dk.max(dv), 0.0);
-            let (t, h) = (index / n_head, index % n_head);
-            let pos = start_pos + t;
-            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let query = &q[index * dk..(index + 1) * dk];
-            let kv_head = h / group;
-            scores.clear();
-            scores.extend((first..=pos).map(|p| {
-                let key = &mut row[..dk];
-                keys[p * k_width + kv_head * dk..][..dk].convert_to_f32_slice(key);
-                dot(query, key) * scale
-            }));
-            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            let mut sum = 0.0f64;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += f64::from(*s);
+    let Scratch {
+        scores,
+        row,
+        inv_sums,
+    } = scratch;
+    row.resize(dk.max(dv), 0.0);
+    let (t, kv_head) = (index / n_head_kv, index % n_head_kv);
+    let pos = inputs.start_pos + t;
+    let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let len = pos + 1 - first;
+    let queries = &inputs.q[(t * n_head + kv_head * group) * dk..][..group * dk];
+    // Head `j`'s scores are `scores[j * len..(j + 1) * len]`.
+    scores.clear();
+    scores.resize(group * len, 0.0);
+    for (i, p) in (first..=pos).enumerate() {
+        let key = &mut row[..dk];
+        inputs.keys[p * k_width + kv_head * dk..][..dk].convert_to_f32_slice(key);
+        for (j, query) in queries.chunks_exact(dk).enumerate() {
+            scores[j * len + i] = dot(query, key) * scale;
+        }
+    }
+    inv_sums.clear();
+    for head_scores in scores.chunks_exact_mut(len) {
+        let max = head_scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        let mut sum = 0.0f64;
+        for s in head_scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += f64::from(*s);
+        }
+        inv_sums.push((1.0 / sum) as f32);
+    }
+    group_out.fill(0.0);
+    for (i, p) in (first..=pos).enumerate() {
+        let value = &mut row[..dv];
+        inputs.values[p * v_width + kv_head * dv..][..dv].convert_to_f32_slice(value);
+        for (j, head_out) in group_out.chunks_exact_mut(dv).enumerate() {
+            let weight = scores[j * len + i];
+            for (o, v) in head_out.iter_mut().zip(value.iter()) {
+                *o += weight * v;
             }
-            let inv_sum = (1.0 / sum) as f32;
-            head_out.fill(0.0);
-            for (p, &weight) in (first..=pos).zip(scores.iter()) {
-                let value = &mut row[..dv];
-                values[p * v_width + kv_head * dv..][..dv].convert_to_f32_slice(value);
-                for (o, v) in head_out.iter_mut().zip(value.iter()) {
-                    *o += weight * v;
-                }
-            }
-            for o in head_out.iter_mut() {
-                *o *= inv_sum;
-            }
-        },
-    );
+        }
+    }
+    for (head_out, &inv_sum) in group_out.chunks_exact_mut(dv).zip(inv_sums.iter()) {
+        for o in head_out.iter_mut() {
+            *o *= inv_sum;
+        }
+    }
 }
 
-/// Per-task buffers: the scores of one query, one key or value row in f32.
+/// [`group_task`] compiled for AVX2 where the CPU has it, so its eight-lane dots and row
+/// updates run as single vector operations: the same IEEE operations in the same order (Rust
+/// never fuses a multiply and an add on its own), so the same bits as the plain build.
+mod simd {
+    use super::{Inputs, Scratch};
+
+    pub(super) fn group_task(
+        inputs: &Inputs<'_>,
+        scratch: &mut Scratch,
+        index: usize,
+        group_out: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the features were detected on this CPU.
+            return unsafe { avx2(inputs, scratch, index, group_out) };
+        }
+        super::group_task(inputs, scratch, index, group_out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2(inputs: &Inputs<'_>, scratch: &mut Scratch, index: usize, out: &mut [f32]) {
+        super::group_task(inputs, scratch, index, out)
+    }
+}
+
+/// Per-task buffers: the scores of a group's queries, one key or value row in f32, and each
+/// query's softmax normaliser.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
     row: Vec<f32>,
+    inv_sums: Vec<f32>,
 }
 
 /// `Σ a[i]·b[i]` over eight lanes, so the compiler can vectorise it without reassociating.
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let mut a_chunks = a.chunks_exact(8);
@@ -210,6 +281,48 @@ mod tests {
             scale: 1.0,
             window,
         }
+    }
+
+    /// The dispatched (AVX2 where available) tasks give the plain build's bits, for grouped
+    /// heads, a window and odd head sizes.
+    #[test]
+    fn simd_tasks_equal_the_plain_build() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        };
+        let shape = AttentionShape {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim_k: 67,
+            head_dim_v: 35,
+            scale: 0.125,
+            window: Some(9),
+        };
+        let (n, start_pos) = (5, 7);
+        let positions = start_pos + n;
+        let q: Vec<f32> = (0..n * 6 * 67).map(|_| next()).collect();
+        let keys = halves(&(0..positions * 2 * 67).map(|_| next()).collect::<Vec<_>>());
+        let values = halves(&(0..positions * 2 * 35).map(|_| next()).collect::<Vec<_>>());
+        let mut fast = vec![0.0; n * 6 * 35];
+        attention(&shape, &q, &keys, &values, start_pos, &mut fast);
+        let inputs = Inputs {
+            shape: &shape,
+            q: &q,
+            keys: &keys,
+            values: &values,
+            start_pos,
+        };
+        let mut scratch = Scratch::default();
+        let mut plain = vec![0.0; fast.len()];
+        for (index, out) in plain.chunks_exact_mut(3 * 35).enumerate() {
+            group_task(&inputs, &mut scratch, index, out);
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast), bits(&plain));
     }
 
     #[test]

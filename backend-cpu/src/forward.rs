@@ -2,11 +2,12 @@
 //! per-architecture differences (biases, fused projections, Gemma's norms and scales, sliding
 //! windows) come from the loaded [`Weights`] and [`ModelSpec`].
 
+use rayon::prelude::*;
 use worker_common::backend::BackendError;
 use worker_common::model::{Architecture, HyperParams, ModelSpec};
 
 use crate::attention::{AttentionShape, KvCache, attention};
-use crate::matmul::{MatmulScratch, matmul};
+use crate::matmul::{MatmulScratch, matmul, matmul_group};
 use crate::ops::{self, Rope};
 use crate::quant;
 use crate::weights::{GateUp, Layer, Matrix, Qkv, Weights};
@@ -195,6 +196,22 @@ impl Model<'_> {
         matmul(w, self.file, input, n, out, scratch)
     }
 
+    /// [`Self::project`] for matrices sharing their input, in one parallel region.
+    fn project_group<const N: usize>(
+        &self,
+        ws: &[&Matrix; N],
+        input: &[f32],
+        n: usize,
+        mut outs: [&mut Vec<f32>; N],
+        scratch: &mut MatmulScratch,
+    ) -> Result<(), BackendError> {
+        for (out, w) in outs.iter_mut().zip(ws) {
+            out.resize(n * w.rows, 0.0);
+        }
+        let mut outs = outs.map(|out| out.as_mut_slice());
+        matmul_group(ws, self.file, input, n, &mut outs, scratch)
+    }
+
     fn attention_block(
         &self,
         il: usize,
@@ -266,9 +283,8 @@ impl Model<'_> {
         let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
         match &layer.qkv {
             Qkv::Separate { q, k, v } => {
-                self.project(q, &buf.normed, n, &mut buf.q, &mut buf.matmul)?;
-                self.project(k, &buf.normed, n, &mut buf.k, &mut buf.matmul)?;
-                self.project(v, &buf.normed, n, &mut buf.v, &mut buf.matmul)?;
+                let outs = [&mut buf.q, &mut buf.k, &mut buf.v];
+                self.project_group(&[q, k, v], &buf.normed, n, outs, &mut buf.matmul)?;
             }
             Qkv::Fused(qkv) => {
                 self.project(qkv, &buf.normed, n, &mut buf.fused, &mut buf.matmul)?;
@@ -289,8 +305,8 @@ impl Model<'_> {
         ops::rms_norm_into(&buf.x, &layer.ffn_norm, hp.norm_eps, &mut buf.normed);
         match &layer.gate_up {
             GateUp::Separate { gate, up } => {
-                self.project(gate, &buf.normed, n, &mut buf.gate, &mut buf.matmul)?;
-                self.project(up, &buf.normed, n, &mut buf.up, &mut buf.matmul)?;
+                let outs = [&mut buf.gate, &mut buf.up];
+                self.project_group(&[gate, up], &buf.normed, n, outs, &mut buf.matmul)?;
             }
             GateUp::Fused(gate_up) => {
                 self.project(gate_up, &buf.normed, n, &mut buf.fused, &mut buf.matmul)?;
@@ -304,8 +320,20 @@ impl Model<'_> {
         } else {
             ops::silu
         };
-        for (g, u) in buf.gate.iter_mut().zip(&buf.up) {
-            *g = activation(*g) * u;
+        let gated = |(gate, up): (&mut [f32], &[f32])| {
+            for (g, u) in gate.iter_mut().zip(up) {
+                *g = activation(*g) * u;
+            }
+        };
+        // A prefill batch's activations are spread over the pool, a token's at a time.
+        if n > 1 {
+            let width = buf.gate.len() / n;
+            buf.gate
+                .par_chunks_mut(width)
+                .zip(buf.up.par_chunks(width))
+                .for_each(gated);
+        } else {
+            gated((&mut buf.gate, &buf.up));
         }
         let gate = std::mem::take(&mut buf.gate);
         let result = self.project(

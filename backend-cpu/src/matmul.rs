@@ -2,9 +2,10 @@
 //! `n` f32 activation rows `x` (n × cols).
 //!
 //! The activations are quantized once per call into the format the weight's dot kernel reads
-//! (Q8_0, Q8_1, …, as ggml's `vec_dot_type`); then the output rows are split over the rayon pool
-//! in chunks, and each (row, token) dot product is computed by one thread with the kernel's
-//! fixed block order, so results do not depend on the thread count.
+//! (Q8_0, Q8_1, …, as ggml's `vec_dot_type`), in parallel for a batch; then the output rows
+//! (of one matrix, or of several sharing the input: [`matmul_group`]) are split over the rayon
+//! pool in chunks, and each (row, token) dot product is computed by one thread with the
+//! kernel's fixed block order, so results do not depend on the thread count.
 
 use rayon::prelude::*;
 use worker_common::backend::BackendError;
@@ -14,7 +15,7 @@ use crate::kernels::{self, Legacy, Q8Rows};
 use crate::quant::activation::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k,
 };
-use crate::quant::dot;
+use crate::quant::dot::{self, KQuant};
 use crate::weights::Matrix;
 
 /// The kernel family of a weight type, which fixes the activation format it reads (ggml's
@@ -22,7 +23,7 @@ use crate::weights::Matrix;
 #[derive(Debug, Clone, Copy)]
 enum Kernel {
     Legacy(Legacy),
-    KQuant(fn(&[u8], &[BlockQ8K]) -> Result<f32, dot::DotError>),
+    KQuant(KQuant),
     Float(fn(&[u8], &[f32]) -> Result<f32, dot::DotError>),
 }
 
@@ -31,9 +32,9 @@ fn kernel(ggml_type: GgmlType) -> Option<Kernel> {
         return Some(Kernel::Legacy(format));
     }
     Some(match ggml_type {
-        GgmlType::Q4_K => Kernel::KQuant(dot::dot_q4_k_q8_k),
-        GgmlType::Q5_K => Kernel::KQuant(dot::dot_q5_k_q8_k),
-        GgmlType::Q6_K => Kernel::KQuant(dot::dot_q6_k_q8_k),
+        GgmlType::Q4_K => Kernel::KQuant(KQuant::Q4K),
+        GgmlType::Q5_K => Kernel::KQuant(KQuant::Q5K),
+        GgmlType::Q6_K => Kernel::KQuant(KQuant::Q6K),
         GgmlType::F32 => Kernel::Float(dot::dot_f32_f32),
         GgmlType::F16 => Kernel::Float(dot::dot_f16_f32),
         GgmlType::BF16 => Kernel::Float(dot::dot_bf16_f32),
@@ -70,10 +71,7 @@ impl MatmulScratch {
 #[derive(Clone, Copy)]
 enum Activations<'a> {
     Legacy(Legacy, Q8Rows<'a>),
-    KQuant(
-        fn(&[u8], &[BlockQ8K]) -> Result<f32, dot::DotError>,
-        &'a [BlockQ8K],
-    ),
+    KQuant(KQuant, &'a [BlockQ8K]),
     Float(fn(&[u8], &[f32]) -> Result<f32, dot::DotError>, &'a [f32]),
 }
 
@@ -92,65 +90,153 @@ pub fn matmul(
     out: &mut [f32],
     scratch: &mut MatmulScratch,
 ) -> Result<(), BackendError> {
-    let data = file
-        .get(w.range.clone())
-        .ok_or_else(|| BackendError::InvalidModel(format!("{}: outside the file", w.name)))?;
-    if x.len() != n * w.cols || out.len() != n * w.rows {
+    matmul_group(&[w], file, x, n, &mut [out], scratch)
+}
+
+/// [`matmul`] of several matrices with the same input (attention's Q, K, V; the FFN's gate and
+/// up) in one parallel region: the input is quantized once per activation format, and the
+/// threads meet once for all of them. `outs[i]` receives matrix `i`'s outputs.
+pub fn matmul_group(
+    ws: &[&Matrix],
+    file: &[u8],
+    x: &[f32],
+    n: usize,
+    outs: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+) -> Result<(), BackendError> {
+    if ws.len() != outs.len() || n == 0 {
         return Err(BackendError::InvalidInput(format!(
-            "{}: {} activations and {} outputs for {n} tokens of {}×{}",
-            w.name,
-            x.len(),
-            out.len(),
-            w.rows,
-            w.cols
+            "{} matrices and {} outputs for {n} tokens",
+            ws.len(),
+            outs.len()
         )));
     }
-    let kernel_error = |e: String| BackendError::InvalidModel(format!("{}: {e}", w.name));
-    let kernel = kernel(w.ggml_type).ok_or_else(|| BackendError::Unsupported {
-        backend: "cpu",
-        what: format!("{}: matrix type {}", w.name, w.ggml_type),
-    })?;
-    let quantized = |e: dot::DotError| kernel_error(e.to_string());
-    let activations = match kernel {
+    let Some(first) = ws.first() else {
+        return Ok(());
+    };
+    let mut kernels = Vec::with_capacity(ws.len());
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        if x.len() != n * w.cols || out.len() != n * w.rows {
+            return Err(BackendError::InvalidInput(format!(
+                "{}: {} activations and {} outputs for {n} tokens of {}×{}",
+                w.name,
+                x.len(),
+                out.len(),
+                w.rows,
+                w.cols
+            )));
+        }
+        let data = file
+            .get(w.range.clone())
+            .ok_or_else(|| BackendError::InvalidModel(format!("{}: outside the file", w.name)))?;
+        if Some(data.len()) != w.rows.checked_mul(w.row_bytes) {
+            return Err(BackendError::InvalidModel(format!(
+                "{}: {} bytes for {} rows of {}",
+                w.name,
+                data.len(),
+                w.rows,
+                w.row_bytes
+            )));
+        }
+        let kernel = kernel(w.ggml_type).ok_or_else(|| BackendError::Unsupported {
+            backend: "cpu",
+            what: format!("{}: matrix type {}", w.name, w.ggml_type),
+        })?;
+        kernels.push((kernel, data));
+    }
+    let MatmulScratch {
+        q8_0,
+        q8_1,
+        q8_k,
+        out_t,
+    } = scratch;
+    let quantized = |e: dot::DotError| BackendError::InvalidModel(format!("{}: {e}", first.name));
+    let needs = |f: fn(Kernel) -> bool| kernels.iter().any(|&(k, _)| f(k));
+    if needs(|k| matches!(k, Kernel::Legacy(f) if !f.uses_q8_1())) {
+        quantize_q8_0(x, q8_0).map_err(quantized)?;
+    }
+    if needs(|k| matches!(k, Kernel::Legacy(f) if f.uses_q8_1())) {
+        quantize_q8_1(x, q8_1).map_err(quantized)?;
+    }
+    if needs(|k| matches!(k, Kernel::KQuant(_))) {
+        quantize_q8_k(x, q8_k).map_err(quantized)?;
+    }
+    let activations = |kernel: Kernel| match kernel {
         Kernel::Legacy(format) if format.uses_q8_1() => {
-            quantize_q8_1(x, &mut scratch.q8_1).map_err(quantized)?;
-            Activations::Legacy(format, Q8Rows::Q8_1(&scratch.q8_1))
+            Activations::Legacy(format, Q8Rows::Q8_1(q8_1))
         }
-        Kernel::Legacy(format) => {
-            quantize_q8_0(x, &mut scratch.q8_0).map_err(quantized)?;
-            Activations::Legacy(format, Q8Rows::Q8_0(&scratch.q8_0))
-        }
-        Kernel::KQuant(dot) => {
-            quantize_q8_k(x, &mut scratch.q8_k).map_err(quantized)?;
-            Activations::KQuant(dot, &scratch.q8_k)
-        }
+        Kernel::Legacy(format) => Activations::Legacy(format, Q8Rows::Q8_0(q8_0)),
+        Kernel::KQuant(format) => Activations::KQuant(format, q8_k),
         Kernel::Float(dot) => Activations::Float(dot, x),
     };
     let threads = rayon::current_num_threads().max(1);
-    let rows_per_task = (w.rows / (4 * threads)).max(MIN_ROWS_PER_TASK);
-    let target = if n == 1 {
-        &mut *out
+    let total_rows: usize = ws.iter().map(|w| w.rows).sum();
+    let rows_per_task = (total_rows / (4 * threads)).max(MIN_ROWS_PER_TASK);
+    // Each task: a run of one matrix's rows, and where its outputs go (transposed, rows × n,
+    // for a batch, so each thread writes one contiguous range).
+    let mut tasks = Vec::new();
+    let mut rest: &mut [f32] = if n == 1 {
+        &mut []
     } else {
-        scratch.out_t.resize(n * w.rows, 0.0);
-        &mut scratch.out_t[..]
+        out_t.resize(n * total_rows, 0.0);
+        out_t
     };
-    target
-        .par_chunks_mut(rows_per_task * n)
-        .enumerate()
-        .try_for_each(|(task, chunk)| {
-            let first_row = task * rows_per_task;
+    for (i, out) in outs.iter_mut().enumerate() {
+        let target = if n == 1 {
+            &mut **out
+        } else {
+            let (target, tail) = std::mem::take(&mut rest).split_at_mut(out.len());
+            rest = tail;
+            target
+        };
+        for (task, chunk) in target.chunks_mut(rows_per_task * n).enumerate() {
+            tasks.push((i, task * rows_per_task, chunk));
+        }
+    }
+    tasks
+        .into_par_iter()
+        .try_for_each(|(i, first_row, chunk)| {
+            let (w, (kernel, data)) = (ws[i], kernels[i]);
             let rows = &data[first_row * w.row_bytes..][..chunk.len() / n * w.row_bytes];
-            dot_chunk(rows, w.row_bytes, activations, n, chunk)
-        })
-        .map_err(kernel_error)?;
+            dot_chunk(rows, w.row_bytes, activations(kernel), n, chunk)
+                .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", w.name)))
+        })?;
     if n > 1 {
-        for (r, per_token) in scratch.out_t.chunks_exact(n).enumerate() {
-            for (t, &value) in per_token.iter().enumerate() {
-                out[t * w.rows + r] = value;
-            }
+        let mut transposed: &[f32] = out_t;
+        for out in outs.iter_mut() {
+            let (mine, tail) = transposed.split_at(out.len());
+            transpose(mine, n, out.len() / n, out);
+            transposed = tail;
         }
     }
     Ok(())
+}
+
+/// Tokens one transposition task writes: a row of `out_t` then gives it one cache line.
+const TOKENS_PER_TASK: usize = 16;
+/// Rows transposed together, so each token's output is written 8 floats at a time.
+const ROWS_PER_BLOCK: usize = 8;
+
+/// `out[t * rows + r] = out_t[r * n + t]`, in parallel over groups of tokens, in blocks of
+/// [`ROWS_PER_BLOCK`] × [`TOKENS_PER_TASK`] that stay in L1.
+fn transpose(out_t: &[f32], n: usize, rows: usize, out: &mut [f32]) {
+    if rows == 0 {
+        return;
+    }
+    out.par_chunks_mut(TOKENS_PER_TASK * rows)
+        .enumerate()
+        .for_each(|(task, out)| {
+            let first = task * TOKENS_PER_TASK;
+            for (block, rows_t) in out_t.chunks(ROWS_PER_BLOCK * n).enumerate() {
+                let r0 = block * ROWS_PER_BLOCK;
+                for (t, out) in out.chunks_exact_mut(rows).enumerate() {
+                    let column = rows_t.iter().skip(first + t).step_by(n);
+                    for (o, &value) in out[r0..].iter_mut().zip(column) {
+                        *o = value;
+                    }
+                }
+            }
+        });
 }
 
 /// Consecutive weight rows against every token: `out[r * n + t] = dot(rows[r], x[t])`.
@@ -165,7 +251,9 @@ fn dot_chunk(
         Activations::Legacy(format, a) => {
             kernels::dot_rows(format, rows, a, n, out).map_err(|e| e.to_string())
         }
-        Activations::KQuant(dot, a) => per_row(rows, row_bytes, a, n, out, dot),
+        Activations::KQuant(format, a) => {
+            dot::dot_rows_k(format, rows, a, n, out).map_err(|e| e.to_string())
+        }
         Activations::Float(dot, x) => per_row(rows, row_bytes, x, n, out, dot),
     }
 }

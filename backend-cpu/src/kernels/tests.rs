@@ -259,3 +259,40 @@ fn extreme_blocks_match_hand_sums() {
         }
     }
 }
+
+/// Batches that mix the wide (8-token), 4-token and single-token tiles, on both SIMD paths.
+#[test]
+fn wide_tiles_equal_scalar_bit_for_bit() {
+    #[cfg(target_arch = "x86_64")]
+    for force_avx2 in [false, true] {
+        super::avx2::FORCE_AVX2.store(force_avx2, std::sync::atomic::Ordering::Relaxed);
+        wide_tiles_equal_scalar();
+    }
+    #[cfg(target_arch = "x86_64")]
+    super::avx2::FORCE_AVX2.store(false, std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(target_arch = "x86_64"))]
+    wide_tiles_equal_scalar();
+}
+
+fn wide_tiles_equal_scalar() {
+    let mut rng = Rng(0x0DDB_A11C_0FFE_E123);
+    for format in FORMATS {
+        for (n_rows, cols, blocks) in [(2, 8, 5), (4, 13, 3), (3, 16, 2), (5, 21, 7)] {
+            for extreme in [false, true] {
+                let row = weights(&mut rng, format, n_rows * blocks, extreme);
+                let x = activations(&mut rng, cols * blocks * QK8, extreme);
+                let q = quantized(&x, extreme);
+                let mut fast = vec![0.0; n_rows * cols];
+                let mut reference = fast.clone();
+                dot_rows(format, &row, rows(format, &q), cols, &mut fast).unwrap();
+                scalar::dot_rows(format, &row, rows(format, &q), cols, &mut reference).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&fast),
+                    bits(&reference),
+                    "{format:?}, {blocks} blocks, {n_rows}×{cols}, extreme {extreme}"
+                );
+            }
+        }
+    }
+}

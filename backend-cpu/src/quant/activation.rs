@@ -6,6 +6,7 @@
 //! rounding, exactly as in ggml.
 
 use half::f16;
+use rayon::prelude::*;
 
 use super::dot::DotError;
 
@@ -35,6 +36,7 @@ pub struct BlockQ8_1 {
 }
 
 /// The f32 scale of a block and the reciprocal the quants are computed with.
+#[inline(always)]
 fn scale(x: &[f32; QK8]) -> (f32, f32) {
     // ggml's `MAX(amax, fabsf(v))` is `amax > v ? amax : v`; kept literally so a NaN input
     // propagates the same way (`f32::max` would drop it).
@@ -49,32 +51,26 @@ fn scale(x: &[f32; QK8]) -> (f32, f32) {
 
 /// `roundf(x * id)` stored as i8. Finite inputs give `-127..=127`; `as` saturates and maps NaN
 /// to 0, where C's conversion would be undefined, so hostile activations cannot panic.
+#[inline(always)]
 fn quant(x: f32, id: f32) -> i8 {
     (x * id).round() as i8
 }
 
-/// Splits `x` into whole blocks, or says why it cannot.
-fn whole_blocks(x: &[f32]) -> Result<impl Iterator<Item = &[f32; QK8]>, DotError> {
-    if !x.len().is_multiple_of(QK8) {
-        return Err(DotError::PartialBlock { elements: x.len() });
+/// Checks `x` is a whole number of blocks.
+fn whole_blocks(x: &[f32]) -> Result<(), DotError> {
+    if x.len().is_multiple_of(QK8) {
+        Ok(())
+    } else {
+        Err(DotError::PartialBlock { elements: x.len() })
     }
-    // `chunks_exact` yields only full chunks, so every conversion succeeds.
-    Ok(x.chunks_exact(QK8).filter_map(|b| b.try_into().ok()))
 }
 
 /// Quantizes `x` (a whole number of 32-element blocks) into `out`, replacing its contents.
 ///
 /// Errors, leaving `out` untouched, when `x.len()` is not a multiple of 32.
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) -> Result<(), DotError> {
-    let blocks = whole_blocks(x)?;
-    out.clear();
-    out.extend(blocks.map(|x| {
-        let (d, id) = scale(x);
-        BlockQ8_0 {
-            d: f16::from_f32(d),
-            qs: x.map(|v| quant(v, id)),
-        }
-    }));
+    whole_blocks(x)?;
+    fill(x, out, ZERO_Q8_0, QK8, simd::q8_0);
     Ok(())
 }
 
@@ -83,20 +79,85 @@ pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) -> Result<(), DotError
 ///
 /// Errors, leaving `out` untouched, when `x.len()` is not a multiple of 32.
 pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) -> Result<(), DotError> {
-    let blocks = whole_blocks(x)?;
-    out.clear();
-    out.extend(blocks.map(|x| {
-        let (d, id) = scale(x);
-        let qs = x.map(|v| quant(v, id));
-        // At most 32 * 127 in magnitude: exact in i32 and in f32.
-        let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
-        BlockQ8_1 {
-            d: f16::from_f32(d),
-            s: f16::from_f32(sum as f32 * d),
-            qs,
-        }
-    }));
+    whole_blocks(x)?;
+    fill(x, out, ZERO_Q8_1, QK8, simd::q8_1);
     Ok(())
+}
+
+/// `quant(v, id)` of every element, in a plain loop (`array::map` is not always inlined, and
+/// these loops must vectorize).
+#[inline(always)]
+fn quants(x: &[f32; QK8], id: f32) -> [i8; QK8] {
+    let mut qs = [0; QK8];
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = quant(v, id);
+    }
+    qs
+}
+
+/// One Q8_0 block, as `quantize_row_q8_0_ref`.
+#[inline(always)]
+fn block_q8_0(x: &[f32; QK8]) -> BlockQ8_0 {
+    let (d, id) = scale(x);
+    BlockQ8_0 {
+        d: f16::from_f32(d),
+        qs: quants(x, id),
+    }
+}
+
+/// One Q8_1 block, as `quantize_row_q8_1_ref`.
+#[inline(always)]
+fn block_q8_1(x: &[f32; QK8]) -> BlockQ8_1 {
+    let (d, id) = scale(x);
+    let qs = quants(x, id);
+    // At most 32 * 127 in magnitude: exact in i32 and in f32.
+    let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+    BlockQ8_1 {
+        d: f16::from_f32(d),
+        s: f16::from_f32(sum as f32 * d),
+        qs,
+    }
+}
+
+// The blocks `fill` sizes its output with before overwriting every one.
+const ZERO_Q8_0: BlockQ8_0 = BlockQ8_0 {
+    d: f16::ZERO,
+    qs: [0; QK8],
+};
+const ZERO_Q8_1: BlockQ8_1 = BlockQ8_1 {
+    d: f16::ZERO,
+    s: f16::ZERO,
+    qs: [0; QK8],
+};
+const ZERO_Q8_K: BlockQ8K = BlockQ8K {
+    d: 0.0,
+    qs: [0; QK_K],
+    bsums: [0; QK_K / 16],
+};
+
+/// Elements per task when a long input (a prefill batch) is quantized in parallel; inputs
+/// shorter than two tasks (a decode step's row) stay on the calling thread. Each block is
+/// quantized on its own, so the split cannot change a bit.
+const PARALLEL_ELEMENTS: usize = 8192;
+
+/// Replaces `out` with the blocks of `x` (a whole number of `block`-element blocks, checked by
+/// the caller), computed by `blocks`, in parallel on the current rayon pool for long inputs.
+fn fill<B: Copy + Send + Sync>(
+    x: &[f32],
+    out: &mut Vec<B>,
+    zero: B,
+    block: usize,
+    blocks: fn(&[f32], &mut [B]),
+) {
+    out.clear();
+    out.resize(x.len() / block, zero);
+    if x.len() < 2 * PARALLEL_ELEMENTS {
+        blocks(x, out);
+    } else {
+        out.par_chunks_mut(PARALLEL_ELEMENTS / block)
+            .zip(x.par_chunks(PARALLEL_ELEMENTS))
+            .for_each(|(out, x)| blocks(x, out));
+    }
 }
 
 /// Elements per Q8_K (and Q4_K, Q5_K, Q6_K) super-block (`QK_K`).
@@ -121,6 +182,7 @@ pub struct BlockQ8K {
 /// adds `1.5 · 2^23`, which rounds the same way for `|x| < 2^22`), then `MIN(127, v)`. Clamped
 /// to the i8 range and NaN mapped to 0 so that non-finite activations cannot panic (ggml's
 /// result is undefined there).
+#[inline(always)]
 fn nearest_q8_k(x: f32) -> i8 {
     (x.round_ties_even() as i32).clamp(-128, 127) as i8
 }
@@ -133,39 +195,159 @@ pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>) -> Result<(), DotError>
     if !x.len().is_multiple_of(QK_K) {
         return Err(DotError::PartialSuperBlock { elements: x.len() });
     }
-    out.clear();
-    out.extend(
-        x.chunks_exact(QK_K)
-            .filter_map(|b| <&[f32; QK_K]>::try_from(b).ok())
-            .map(|x| {
-                // The first element of largest magnitude, with its sign (ggml's strict `>`;
-                // NaNs never compare greater, so they are skipped as in C).
-                let (mut amax, mut max) = (0.0f32, 0.0f32);
-                for &v in x {
-                    if v.abs() > amax {
-                        amax = v.abs();
-                        max = v;
+    fill(x, out, ZERO_Q8_K, QK_K, simd::q8_k);
+    Ok(())
+}
+
+/// One Q8_K super-block, as `quantize_row_q8_K_ref`.
+#[inline(always)]
+fn block_q8_k(x: &[f32; QK_K]) -> BlockQ8K {
+    // The first element of largest magnitude, with its sign (ggml's strict `>`; NaNs never
+    // compare greater, so they are skipped as in C).
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        return ZERO_Q8_K;
+    }
+    let iscale = -127.0 / max;
+    let mut qs = [0; QK_K];
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = nearest_q8_k(iscale * v);
+    }
+    // 16 quants of at most 128 in magnitude: fits i16 exactly.
+    let bsums =
+        std::array::from_fn(|k| qs[16 * k..16 * k + 16].iter().map(|&q| i16::from(q)).sum());
+    BlockQ8K {
+        d: 1.0 / iscale,
+        qs,
+        bsums,
+    }
+}
+
+/// The block loops, compiled for AVX2 where the CPU has it (the rounding and conversions then
+/// vectorize) and as plain code otherwise: the same IEEE operations on every element either
+/// way, so the same bits (Rust never fuses a multiply and an add on its own).
+mod simd {
+    use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, QK_K, QK8, block_q8_0, block_q8_1, block_q8_k};
+
+    /// Whether the AVX2-compiled loops are used; tests clear it to compare the two.
+    #[cfg(test)]
+    pub(super) static ENABLED: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(true);
+
+    #[cfg(target_arch = "x86_64")]
+    fn avx2() -> bool {
+        #[cfg(test)]
+        if !ENABLED.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    /// Defines `$name(x, out)`: block `i` of `out` from elements `$n·i..` of `x`.
+    macro_rules! loops {
+        ($name:ident, $block:ident, $ty:ty, $n:expr) => {
+            pub(super) fn $name(x: &[f32], out: &mut [$ty]) {
+                #[inline(always)]
+                fn plain(x: &[f32], out: &mut [$ty]) {
+                    for (x, o) in x.chunks_exact($n).zip(out.iter_mut()) {
+                        if let Ok(x) = <&[f32; $n]>::try_from(x) {
+                            *o = $block(x);
+                        }
                     }
                 }
-                if amax == 0.0 {
-                    return BlockQ8K {
-                        d: 0.0,
-                        qs: [0; QK_K],
-                        bsums: [0; QK_K / 16],
-                    };
+                #[cfg(target_arch = "x86_64")]
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn avx2_loop(x: &[f32], out: &mut [$ty]) {
+                    plain(x, out)
                 }
-                let iscale = -127.0 / max;
-                let qs = x.map(|v| nearest_q8_k(iscale * v));
-                // 16 quants of at most 128 in magnitude: fits i16 exactly.
-                let bsums = std::array::from_fn(|k| {
-                    qs[16 * k..16 * k + 16].iter().map(|&q| i16::from(q)).sum()
-                });
-                BlockQ8K {
-                    d: 1.0 / iscale,
-                    qs,
-                    bsums,
+                #[cfg(target_arch = "x86_64")]
+                if avx2() {
+                    // SAFETY: the features were detected on this CPU.
+                    return unsafe { avx2_loop(x, out) };
                 }
-            }),
-    );
-    Ok(())
+                plain(x, out)
+            }
+        };
+    }
+
+    loops!(q8_0, block_q8_0, BlockQ8_0, QK8);
+    loops!(q8_1, block_q8_1, BlockQ8_1, QK8);
+    loops!(q8_k, block_q8_k, BlockQ8K, QK_K);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::test_rng::Rng;
+
+    /// Random activations with zero blocks, ties, NaN and infinities mixed in.
+    fn inputs(rng: &mut Rng, len: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| match rng.next() % 64 {
+                0 => f32::NAN,
+                1 => f32::INFINITY,
+                2 => -0.5,
+                3 => 2.5,
+                _ if (i / QK_K) % 5 == 4 => 0.0,
+                _ => rng.unit() * 8.0,
+            })
+            .collect()
+    }
+
+    fn bits<T: std::fmt::Debug>(v: &[T]) -> Vec<String> {
+        v.iter().map(|b| format!("{b:?}")).collect()
+    }
+
+    /// The AVX2-compiled, parallel loops give the bits of the plain per-block code, on short
+    /// (one thread) and long (several tasks) inputs.
+    #[test]
+    fn simd_and_parallel_quantization_equal_the_plain_blocks() {
+        let mut rng = Rng(0x5EED_0AC7_1A7E_0001);
+        for len in [QK_K, 3 * QK_K, 2 * PARALLEL_ELEMENTS + 5 * QK_K] {
+            let x = inputs(&mut rng, len);
+            let plain = |f: fn(&[f32]) -> Vec<String>| {
+                simd::ENABLED.store(false, std::sync::atomic::Ordering::Relaxed);
+                let r = f(&x);
+                simd::ENABLED.store(true, std::sync::atomic::Ordering::Relaxed);
+                (r, f(&x))
+            };
+            let q8_0 = |x: &[f32]| {
+                let mut q = Vec::new();
+                quantize_q8_0(x, &mut q).unwrap();
+                bits(&q)
+            };
+            let q8_1 = |x: &[f32]| {
+                let mut q = Vec::new();
+                quantize_q8_1(x, &mut q).unwrap();
+                bits(&q)
+            };
+            let q8_k = |x: &[f32]| {
+                let mut q = Vec::new();
+                quantize_q8_k(x, &mut q).unwrap();
+                bits(&q)
+            };
+            for f in [q8_0, q8_1, q8_k] {
+                let (reference, fast) = plain(f);
+                assert_eq!(reference, fast, "{len} elements");
+            }
+            let blocks: Vec<_> = x
+                .chunks_exact(QK8)
+                .map(|b| block_q8_0(b.try_into().unwrap()))
+                .collect();
+            assert_eq!(bits(&blocks), q8_0(&x));
+            let blocks: Vec<_> = x
+                .chunks_exact(QK_K)
+                .map(|b| block_q8_k(b.try_into().unwrap()))
+                .collect();
+            assert_eq!(bits(&blocks), q8_k(&x));
+        }
+    }
 }

@@ -45,6 +45,8 @@ mod avx2_float;
 mod avx2_k;
 mod float;
 mod k_quants;
+#[cfg(target_arch = "x86_64")]
+mod k_simd;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
@@ -52,6 +54,8 @@ mod tests;
 mod tests_float;
 #[cfg(test)]
 mod tests_k;
+#[cfg(test)]
+mod tests_k_rows;
 #[cfg(test)]
 mod tests_vnni;
 #[cfg(target_arch = "x86_64")]
@@ -69,6 +73,77 @@ pub const Q4_K_BYTES: usize = 144;
 pub const Q5_K_BYTES: usize = 176;
 /// Bytes per Q6_K super-block: `ql: [u8; 128]`, `qh: [u8; 64]`, `scales: [i8; 16]`, `d: f16`.
 pub const Q6_K_BYTES: usize = 210;
+
+/// A k-quant weight format (256-element super-blocks, dotted with Q8_K activations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KQuant {
+    /// [`Q4_K_BYTES`]-byte super-blocks.
+    Q4K,
+    /// [`Q5_K_BYTES`]-byte super-blocks.
+    Q5K,
+    /// [`Q6_K_BYTES`]-byte super-blocks.
+    Q6K,
+}
+
+impl KQuant {
+    /// Bytes per super-block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            KQuant::Q4K => Q4_K_BYTES,
+            KQuant::Q5K => Q5_K_BYTES,
+            KQuant::Q6K => Q6_K_BYTES,
+        }
+    }
+}
+
+/// Checks the shapes of a [`dot_rows_k`] call; returns the bytes per weight row.
+fn check_rows(
+    format: KQuant,
+    rows: &[u8],
+    a: &[BlockQ8K],
+    cols: usize,
+    outputs: usize,
+) -> Result<usize, DotError> {
+    let blocks = a.len() / cols.max(1);
+    let row_bytes = blocks * format.block_bytes();
+    let fits = cols > 0
+        && a.len().is_multiple_of(cols)
+        && outputs.is_multiple_of(cols)
+        && row_bytes > 0
+        && (outputs / cols).checked_mul(row_bytes) == Some(rows.len());
+    if fits {
+        Ok(row_bytes)
+    } else {
+        Err(DotError::RowsMismatch {
+            bytes: rows.len(),
+            blocks: a.len(),
+            cols,
+            outputs,
+        })
+    }
+}
+
+/// `out[r * cols + c] = row r · activation row c` for k-quant weight rows (row-major, one
+/// super-block per activation block of a column) and `cols` Q8_K activation rows, in tiles
+/// of several rows and tokens with AVX-512 VNNI or AVX2 when the CPU has them; bit-identical
+/// to [`scalar::dot_rows_k`] (and so to the one-row dots) either way.
+///
+/// Errors when the shapes do not match; never panics.
+pub fn dot_rows_k(
+    format: KQuant,
+    rows: &[u8],
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) -> Result<(), DotError> {
+    let row_bytes = check_rows(format, rows, a, cols, out.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if k_simd::dot_rows(format, rows, row_bytes, a, cols, out) {
+        return Ok(());
+    }
+    scalar::dot_rows_k_unchecked(format, rows, row_bytes, a, cols, out);
+    Ok(())
+}
 
 /// Why a row could not be quantized or dotted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,6 +172,20 @@ pub enum DotError {
         blocks: usize,
         /// Bytes per weight block (or element).
         block_bytes: usize,
+    },
+    /// The weight rows, activation rows and outputs of a matrix call do not fit together.
+    #[error(
+        "{bytes} weight bytes, {blocks} activation blocks in {cols} columns and {outputs} outputs do not match"
+    )]
+    RowsMismatch {
+        /// Length of the weight rows.
+        bytes: usize,
+        /// Activation blocks given (all columns).
+        blocks: usize,
+        /// Activation rows (tokens).
+        cols: usize,
+        /// Outputs requested.
+        outputs: usize,
     },
 }
 

@@ -6,7 +6,9 @@
 
 pub(super) use super::float::{bf16_f32, f16_f32, f32_f32};
 pub(super) use super::k_quants::{q4_k_q8_k, q5_k_q8_k, q6_k_q8_k};
-use super::{BlockQ8K, DotError, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, check_len};
+use super::{
+    BlockQ8K, DotError, KQuant, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, check_len, check_rows,
+};
 
 /// Defines a public length-checking wrapper around a scalar kernel.
 macro_rules! checked {
@@ -24,3 +26,39 @@ checked!(dot_q6_k_q8_k, BlockQ8K, Q6_K_BYTES, q6_k_q8_k);
 checked!(dot_f32_f32, f32, 4, f32_f32);
 checked!(dot_f16_f32, f32, 2, f16_f32);
 checked!(dot_bf16_f32, f32, 2, bf16_f32);
+
+/// [`dot_rows_k`](super::dot_rows_k) without SIMD: every row against every column with the
+/// one-row reference kernel.
+pub fn dot_rows_k(
+    format: KQuant,
+    rows: &[u8],
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) -> Result<(), DotError> {
+    let row_bytes = check_rows(format, rows, a, cols, out.len())?;
+    dot_rows_k_unchecked(format, rows, row_bytes, a, cols, out);
+    Ok(())
+}
+
+/// All rows against all columns, for already-checked shapes.
+pub(super) fn dot_rows_k_unchecked(
+    format: KQuant,
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let kernel = match format {
+        KQuant::Q4K => q4_k_q8_k,
+        KQuant::Q5K => q5_k_q8_k,
+        KQuant::Q6K => q6_k_q8_k,
+    };
+    let blocks = a.len() / cols;
+    for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(cols)) {
+        for (o, a) in out.iter_mut().zip(a.chunks_exact(blocks)) {
+            *o = kernel(row, a);
+        }
+    }
+}

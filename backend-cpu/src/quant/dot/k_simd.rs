@@ -1,0 +1,463 @@
+//! The k-quant kernels for AVX2 and AVX-512 VNNI (256-bit) in one generic body: register
+//! tiles of `R` weight rows against `C` activation rows (tokens), bit-identical to
+//! [`super::scalar`] for every tile shape.
+//!
+//! Per super-block and (row, token), the integer sums are exact, so computing them in any
+//! order gives the reference's `isum` and `msum`: each sub-block's codes are multiplied by the
+//! activation bytes with `vpmaddubsw` (u8 × i8 pair sums, exact: at most `2 · 63 · 128` in
+//! magnitude for these unsigned codes), then by the sub-block's scale with `vpmaddwd` (AVX2)
+//! or `vpdpwssd` (VNNI, the multiply and the add in one instruction) into one i32
+//! accumulator per tile cell. Per lane and super-block, Q4_K/Q5_K add at most
+//! `8 · 63 · 2 · 7936 < 2^23`, Q6_K (whose `(q − 32)·y` pairs, at most `2 · 32 · 128`, come
+//! from two exact `vpmaddubsw`) at most `8 · 128 · 2 · 8192 = 2^24`. The Q4_K/Q5_K mins go
+//! through `vpmaddwd` of the activation's `bsums` by the mins repeated per pair (at most
+//! `2 · 32768 · 63` per lane). Then the very scalar f32 step of [`super::k_quants`].
+//!
+//! A tile unpacks each weight super-block once for its `C` tokens and loads each activation
+//! block once for its `R` rows; every row prefetches the super-blocks ahead of it, as several
+//! interleaved row streams defeat the hardware prefetchers.
+#![allow(unused_unsafe)]
+
+use std::arch::x86_64::*;
+
+use super::k_quants::{k_step, scales_mins};
+use super::{BlockQ8K, KQuant, f16_le};
+
+/// Whether the VNNI body is skipped even where the CPU has it (tests compare the two).
+#[cfg(test)]
+pub(super) static FORCE_AVX2: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Runs the fastest SIMD body this CPU has; `false` (nothing written) without AVX2, FMA and
+/// F16C. Shapes must have been checked: `rows` holds `out.len() / cols` rows of `row_bytes`,
+/// `a` holds `cols` rows of `row_bytes / format.block_bytes()` blocks.
+pub(super) fn dot_rows(
+    format: KQuant,
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) -> bool {
+    if !super::avx2_k::available() {
+        return false;
+    }
+    #[cfg(test)]
+    let vnni = super::vnni::available() && !FORCE_AVX2.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(test))]
+    let vnni = super::vnni::available();
+    macro_rules! run {
+        ($code:literal) => {
+            // SAFETY: the features were detected above; the caller checked the shapes.
+            unsafe {
+                if vnni && cols >= WIDE_COLS {
+                    tiles_vnni_wide::<$code>(rows, row_bytes, a, cols, out)
+                } else if vnni {
+                    tiles_vnni::<$code>(rows, row_bytes, a, cols, out)
+                } else {
+                    tiles_avx2::<$code>(rows, row_bytes, a, cols, out)
+                }
+            }
+        };
+    }
+    match format {
+        KQuant::Q4K => run!(0),
+        KQuant::Q5K => run!(1),
+        KQuant::Q6K => run!(2),
+    }
+    true
+}
+
+/// One row against one token with the VNNI body if `vnni`, else AVX2; `None` where the CPU
+/// lacks the features or the lengths do not match.
+pub(super) fn one(format: KQuant, vnni: bool, w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
+    let available = if vnni {
+        super::vnni::available()
+    } else {
+        super::avx2_k::available()
+    };
+    if !available || a.len().checked_mul(format.block_bytes()) != Some(w.len()) {
+        return None;
+    }
+    let mut out = [0.0];
+    macro_rules! run {
+        ($code:literal) => {
+            // SAFETY: the features were detected just now; the caller checked the lengths.
+            unsafe {
+                if vnni {
+                    tiles_vnni::<$code>(w, w.len(), a, 1, &mut out)
+                } else {
+                    tiles_avx2::<$code>(w, w.len(), a, 1, &mut out)
+                }
+            }
+        };
+    }
+    match format {
+        KQuant::Q4K => run!(0),
+        KQuant::Q5K => run!(1),
+        KQuant::Q6K => run!(2),
+    }
+    Some(out[0])
+}
+
+/// [`tiles`] compiled for AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiles_avx2<const F: u8>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { tiles::<F, false, false>(rows, row_bytes, a, cols, out) }
+}
+
+/// [`tiles`] compiled for AVX-512 VNNI (256-bit).
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn tiles_vnni<const F: u8>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { tiles::<F, true, false>(rows, row_bytes, a, cols, out) }
+}
+
+/// [`tiles`] with the wide prefill tile, compiled for AVX-512 VNNI: a function of its own, so
+/// the decode loops keep their code generation (as in `crate::kernels`, where the wide tile
+/// inlined beside them made decode ≈ 30 % slower).
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn tiles_vnni_wide<const F: u8>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { tiles::<F, true, true>(rows, row_bytes, a, cols, out) }
+}
+
+/// The format a kernel code stands for (const generics cannot take the enum itself).
+#[inline(always)]
+const fn format_of(code: u8) -> KQuant {
+    match code {
+        0 => KQuant::Q4K,
+        1 => KQuant::Q5K,
+        _ => KQuant::Q6K,
+    }
+}
+
+/// Tokens a prefill tile covers.
+const TILE_COLS: usize = 4;
+/// Tokens of the prefill tile on VNNI CPUs, whose 32 vector registers hold its 16
+/// accumulators.
+const WIDE_COLS: usize = 8;
+/// Rows a prefill tile covers.
+const TILE_ROWS: usize = 2;
+/// Super-blocks ahead of the current one each row prefetches.
+const PREFETCH_BLOCKS: usize = 4;
+
+/// Covers the `rows × cols` outputs with tiles: [`TILE_ROWS`] × [`WIDE_COLS`] (VNNI) or
+/// [`TILE_COLS`] where the shape allows (prefill), single rows for the rest and for decode.
+#[inline(always)]
+unsafe fn tiles<const F: u8, const VNNI: bool, const WIDE: bool>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let n_rows = out.len() / cols;
+    let blocks = a.len() / cols;
+    let row = |r: usize| &rows[r * row_bytes..(r + 1) * row_bytes];
+    let col = |c: usize| &a[c * blocks..(c + 1) * blocks];
+    // SAFETY: the caller guarantees the features and the shapes.
+    unsafe {
+        let mut r = 0;
+        while r < n_rows {
+            let height = if cols >= TILE_COLS && r + TILE_ROWS <= n_rows {
+                TILE_ROWS
+            } else {
+                1
+            };
+            let mut c = 0;
+            while WIDE && height == TILE_ROWS && c + WIDE_COLS <= cols {
+                let group: [&[BlockQ8K]; WIDE_COLS] = std::array::from_fn(|k| col(c + k));
+                let sums = tile::<F, VNNI, TILE_ROWS, WIDE_COLS>([row(r), row(r + 1)], group);
+                for (i, sums) in sums.iter().enumerate() {
+                    out[(r + i) * cols + c..][..WIDE_COLS].copy_from_slice(sums);
+                }
+                c += WIDE_COLS;
+            }
+            while c + TILE_COLS <= cols {
+                let group = [col(c), col(c + 1), col(c + 2), col(c + 3)];
+                if height == TILE_ROWS {
+                    let sums = tile::<F, VNNI, TILE_ROWS, TILE_COLS>([row(r), row(r + 1)], group);
+                    for (i, sums) in sums.iter().enumerate() {
+                        out[(r + i) * cols + c..][..TILE_COLS].copy_from_slice(sums);
+                    }
+                } else {
+                    let sums = tile::<F, VNNI, 1, TILE_COLS>([row(r)], group);
+                    out[r * cols + c..][..TILE_COLS].copy_from_slice(&sums[0]);
+                }
+                c += TILE_COLS;
+            }
+            for rr in r..r + height {
+                for cc in c..cols {
+                    out[rr * cols + cc] = tile::<F, VNNI, 1, 1>([row(rr)], [col(cc)])[0][0];
+                }
+            }
+            r += height;
+        }
+    }
+}
+
+/// `acc + Σ pairs·scale` per i32 lane (exact for the module's bounds).
+#[inline(always)]
+unsafe fn scaled_add<const VNNI: bool>(acc: __m256i, pairs: __m256i, scale: __m256i) -> __m256i {
+    unsafe {
+        if VNNI {
+            _mm256_dpwssd_epi32(acc, pairs, scale)
+        } else {
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scale))
+        }
+    }
+}
+
+/// The 32 bytes of `b` at `off`; zeros if they are not all inside `b` (never the case for the
+/// callers' offsets inside checked blocks, where the check folds away).
+#[inline(always)]
+unsafe fn load32<T: Copy>(b: &[T], off: usize) -> __m256i {
+    const { assert!(size_of::<T>() == 1) };
+    match b.get(off..off.saturating_add(32)) {
+        // SAFETY: `T` is one byte, so the 32 bytes lie inside `b`; no alignment needed.
+        Some(s) => unsafe { _mm256_loadu_si256(s.as_ptr().cast()) },
+        None => unsafe { _mm256_setzero_si256() },
+    }
+}
+
+/// Eight bytes widened to i16 (sign-extended if `signed`), in both 128-bit halves.
+#[inline(always)]
+unsafe fn both_halves(bytes: [u8; 8], signed: bool) -> __m256i {
+    unsafe {
+        let b = _mm_cvtsi64_si128(i64::from_le_bytes(bytes));
+        let v = if signed {
+            _mm_cvtepi8_epi16(b)
+        } else {
+            _mm_cvtepu8_epi16(b)
+        };
+        _mm256_broadcastsi128_si256(v)
+    }
+}
+
+/// i16 lane `lo` of `v` (from [`both_halves`]) in the lower 128 bits, lane `hi` in the upper.
+#[inline(always)]
+unsafe fn pick(v: __m256i, lo: usize, hi: usize) -> __m256i {
+    let byte_pair = |j: usize| (2 * j) as i16 | (((2 * j + 1) as i16) << 8);
+    unsafe {
+        let mask = _mm256_set_m128i(_mm_set1_epi16(byte_pair(hi)), _mm_set1_epi16(byte_pair(lo)));
+        _mm256_shuffle_epi8(v, mask)
+    }
+}
+
+/// Lanes 0 and 1 of the result: the exact sums of the eight lanes of `a` and of `b`.
+#[inline(always)]
+unsafe fn sum_pair(a: __m256i, b: __m256i) -> (i32, i32) {
+    unsafe {
+        let h = _mm256_hadd_epi32(a, b);
+        let h = _mm256_hadd_epi32(h, h);
+        let t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t))
+    }
+}
+
+/// Asks for the super-block [`PREFETCH_BLOCKS`] ahead of block `i` of `row`, a line every 64
+/// bytes (its last line, if it reaches one more, shares the next block's first).
+#[inline(always)]
+fn prefetch(row: &[u8], i: usize, block_bytes: usize) {
+    let ahead = row
+        .as_ptr()
+        .wrapping_add((i + PREFETCH_BLOCKS) * block_bytes);
+    let mut line = 0;
+    while line < block_bytes {
+        // SAFETY: a prefetch never faults, whatever the address; SSE is baseline on x86_64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast()) };
+        line += 64;
+    }
+}
+
+/// `R` rows against `C` tokens: `R·C` independent sums, each in the reference's order.
+#[inline(always)]
+unsafe fn tile<const F: u8, const VNNI: bool, const R: usize, const C: usize>(
+    rows: [&[u8]; R],
+    cols: [&[BlockQ8K]; C],
+) -> [[f32; C]; R] {
+    let format = format_of(F);
+    let bytes = format.block_bytes();
+    let mut sums = [[0.0f32; C]; R];
+    // SAFETY: only reached from `tiles`, whose callers guarantee the features.
+    unsafe {
+        for i in 0..cols[0].len() {
+            let w: [&[u8]; R] = std::array::from_fn(|r| &rows[r][i * bytes..(i + 1) * bytes]);
+            for row in rows {
+                prefetch(row, i, bytes);
+            }
+            let a: [&BlockQ8K; C] = std::array::from_fn(|c| &cols[c][i]);
+            if format == KQuant::Q6K {
+                let isums = q6_isums::<VNNI, R, C>(w, a);
+                for r in 0..R {
+                    let d = f16_le([w[r][208], w[r][209]]);
+                    for c in 0..C {
+                        sums[r][c] += (d * a[c].d) * isums[r][c] as f32;
+                    }
+                }
+            } else {
+                let five = format == KQuant::Q5K;
+                let (isums, msums) = k_isums::<VNNI, R, C>(w, a, five);
+                for r in 0..R {
+                    let (d, dmin) = (f16_le([w[r][0], w[r][1]]), f16_le([w[r][2], w[r][3]]));
+                    for c in 0..C {
+                        sums[r][c] = k_step(sums[r][c], d, dmin, a[c].d, isums[r][c], msums[r][c]);
+                    }
+                }
+            }
+        }
+    }
+    sums
+}
+
+/// `isum` and `msum` of one Q4_K (or, if `five`, Q5_K) super-block per (row, token).
+#[inline(always)]
+unsafe fn k_isums<const VNNI: bool, const R: usize, const C: usize>(
+    w: [&[u8]; R],
+    a: [&BlockQ8K; C],
+    five: bool,
+) -> ([[i32; C]; R], [[i32; C]; R]) {
+    // Offsets inside the super-block: quants after the scales (and Q5_K's 32 fifth-bit bytes).
+    let (qs, qh) = if five { (48, 16) } else { (16, 0) };
+    unsafe {
+        let mask = _mm256_set1_epi8(0x0F);
+        let one = _mm256_set1_epi8(1);
+        let two = _mm256_set1_epi8(2);
+        let mut scales = [_mm256_setzero_si256(); R];
+        let mut mins = [_mm256_setzero_si256(); R];
+        let mut h = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            let (sc, m) = scales_mins::<16>(w[r][..16].try_into().unwrap_or(&[0; 16]));
+            scales[r] = both_halves(sc, false);
+            // Each min twice, for the two `bsums` of its sub-block.
+            let m = _mm_cvtsi64_si128(i64::from_le_bytes(m));
+            mins[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+            if five {
+                h[r] = load32(w[r], qh);
+            }
+        }
+        let zero = _mm256_setzero_si256();
+        let mut acc = [[zero; C]; R];
+        for p in 0..4 {
+            // Sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles) of every row.
+            let mut codes = [[zero; 2]; R];
+            let mut sc = [[zero; 2]; R];
+            for r in 0..R {
+                let q = load32(w[r], qs + 32 * p);
+                let mut lo = _mm256_and_si256(q, mask);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask);
+                if five {
+                    // Bits 0 and 1 of each byte of `h` are the fifth bits of sub-blocks 2p and
+                    // 2p + 1; the 16-bit shifts drag bits across bytes only into bits the
+                    // masks drop.
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(h[r], one)));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(h[r], two)));
+                    h[r] = _mm256_srli_epi16::<2>(h[r]);
+                }
+                codes[r] = [lo, hi];
+                sc[r] = [
+                    pick(scales[r], 2 * p, 2 * p),
+                    pick(scales[r], 2 * p + 1, 2 * p + 1),
+                ];
+            }
+            for c in 0..C {
+                for s in 0..2 {
+                    let y = load32(&a[c].qs, 64 * p + 32 * s);
+                    for r in 0..R {
+                        let pairs = _mm256_maddubs_epi16(codes[r][s], y);
+                        acc[r][c] = scaled_add::<VNNI>(acc[r][c], pairs, sc[r][s]);
+                    }
+                }
+            }
+        }
+        let mut isums = [[0; C]; R];
+        let mut msums = [[0; C]; R];
+        for c in 0..C {
+            let bsums = _mm256_loadu_si256(a[c].bsums.as_ptr().cast());
+            for r in 0..R {
+                let m = _mm256_madd_epi16(bsums, mins[r]);
+                (isums[r][c], msums[r][c]) = sum_pair(acc[r][c], m);
+            }
+        }
+        (isums, msums)
+    }
+}
+
+/// `isum` of one Q6_K super-block per (row, token). Each half (128 elements) uses 64 bytes of
+/// `ql` at `64h`, 32 of `qh` at `128 + 32h` and 8 scales at `192 + 8h`; its chunk `k` takes
+/// nibble `k / 2` of `ql[l + 32 (k % 2)]` and bits `2k..2k + 2` of `qh[l]` (moved to bits 4..6
+/// by 16-bit shifts whose strays the mask drops), with scale `2k` for elements 0..16 and
+/// `2k + 1` for 16..32.
+#[inline(always)]
+unsafe fn q6_isums<const VNNI: bool, const R: usize, const C: usize>(
+    w: [&[u8]; R],
+    a: [&BlockQ8K; C],
+) -> [[i32; C]; R] {
+    unsafe {
+        let mask = _mm256_set1_epi8(0x0F);
+        let top = _mm256_set1_epi8(0x30);
+        let m32 = _mm256_set1_epi8(32);
+        let zero = _mm256_setzero_si256();
+        let mut acc = [[zero; C]; R];
+        for half in 0..2 {
+            let mut scales = [zero; R];
+            for r in 0..R {
+                let mut bytes = [0; 8];
+                bytes.copy_from_slice(&w[r][192 + 8 * half..200 + 8 * half]);
+                scales[r] = both_halves(bytes, true);
+            }
+            for k in 0..4 {
+                let mut q = [zero; R];
+                let mut sc = [zero; R];
+                for r in 0..R {
+                    let ql = load32(w[r], 64 * half + 32 * (k % 2));
+                    let qh = load32(w[r], 128 + 32 * half);
+                    let (low, high) = match k {
+                        0 => (ql, _mm256_slli_epi16::<4>(qh)),
+                        1 => (ql, _mm256_slli_epi16::<2>(qh)),
+                        2 => (_mm256_srli_epi16::<4>(ql), qh),
+                        _ => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<2>(qh)),
+                    };
+                    q[r] =
+                        _mm256_or_si256(_mm256_and_si256(low, mask), _mm256_and_si256(high, top));
+                    sc[r] = pick(scales[r], 2 * k, 2 * k + 1);
+                }
+                for c in 0..C {
+                    let y = load32(&a[c].qs, 128 * half + 32 * k);
+                    let offset = _mm256_maddubs_epi16(m32, y);
+                    for r in 0..R {
+                        let pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(q[r], y), offset);
+                        acc[r][c] = scaled_add::<VNNI>(acc[r][c], pairs, sc[r]);
+                    }
+                }
+            }
+        }
+        let mut isums = [[0; C]; R];
+        for c in 0..C {
+            for r in 0..R {
+                isums[r][c] = sum_pair(acc[r][c], zero).0;
+            }
+        }
+        isums
+    }
+}
