@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use worker_common::backend::{
     BackendError, BackendInfo, InferenceBackend, LoadProgress, MemoryUsage,
+    refuse_unapplied_tensors,
 };
 use worker_common::model::ModelFile;
 
@@ -42,18 +43,6 @@ pub struct CpuBackend {
     device: String,
 }
 
-/// Tensors some architectures may carry that this backend does not apply yet; refusing them is
-/// better than silently computing something else than llama.cpp.
-const UNSUPPORTED_OPTIONAL: [&str; 7] = [
-    "attn_output.bias",
-    "ffn_gate.bias",
-    "ffn_up.bias",
-    "ffn_down.bias",
-    "rope_freqs.weight",
-    "rope_factors_long.weight",
-    "rope_factors_short.weight",
-];
-
 impl InferenceBackend for CpuBackend {
     const WORKER_TYPE: &'static str = "cpu";
     const MEMORY_ARCHITECTURE: &'static str = "cpu";
@@ -64,16 +53,7 @@ impl InferenceBackend for CpuBackend {
         options: &CpuOptions,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, BackendError> {
-        if let Some(t) = model
-            .gguf
-            .tensors()
-            .find(|t| UNSUPPORTED_OPTIONAL.iter().any(|s| t.name.ends_with(s)))
-        {
-            return Err(BackendError::Unsupported {
-                backend: Self::WORKER_TYPE,
-                what: format!("tensor {}", t.name),
-            });
-        }
+        refuse_unapplied_tensors(&model, Self::WORKER_TYPE)?;
         let plan = Plan::new(&model.spec)?;
         let weights = Weights::from_file(&model.gguf, &model.spec)?;
         prefault(model.gguf.bytes(), progress);

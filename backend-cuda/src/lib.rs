@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use worker_common::backend::{
     BackendError, BackendInfo, GpuInfo, InferenceBackend, LoadProgress, MemoryUsage,
+    refuse_unapplied_tensors,
 };
 use worker_common::model::ModelFile;
 
@@ -101,18 +102,6 @@ const LOAD_HEADROOM: u64 = 256 << 20;
 /// processes' allocations made during the load, which must not be reported as this worker's.
 const MAX_UNNAMED: u64 = 192 << 20;
 
-/// Tensors some architectures may carry that this backend does not apply; refused at load, as
-/// the CPU backend does, rather than silently computing something else.
-const UNSUPPORTED_OPTIONAL: [&str; 7] = [
-    "attn_output.bias",
-    "ffn_gate.bias",
-    "ffn_up.bias",
-    "ffn_down.bias",
-    "rope_freqs.weight",
-    "rope_factors_long.weight",
-    "rope_factors_short.weight",
-];
-
 impl InferenceBackend for CudaBackend {
     const WORKER_TYPE: &'static str = "bespoke-cuda";
     const MEMORY_ARCHITECTURE: &'static str = "vram-only";
@@ -124,16 +113,7 @@ impl InferenceBackend for CudaBackend {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, BackendError> {
         check_libraries().map_err(|e| BackendError::Device(e.to_string()))?;
-        if let Some(t) = model
-            .gguf
-            .tensors()
-            .find(|t| UNSUPPORTED_OPTIONAL.iter().any(|s| t.name.ends_with(s)))
-        {
-            return Err(BackendError::Unsupported {
-                backend: Self::WORKER_TYPE,
-                what: format!("tensor {}", t.name),
-            });
-        }
+        refuse_unapplied_tensors(&model, Self::WORKER_TYPE)?;
         let plan = Plan::new(&model.spec)?;
         let gpu = Gpu::open(options.device)?;
         let tensor_bytes: u64 = model.gguf.tensors().map(|t| t.data.len() as u64).sum();
