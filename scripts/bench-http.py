@@ -125,6 +125,7 @@ def main():
             decode.append(end["tokens_out"] / (end["decode_time_ms"] / 1e3))
             client_decode.append((end["tokens_out"] - 1) / (total - first))
             ttft_short.append(first * 1e3)
+            short_tokens = events[0]["prompt_tokens"]
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -139,7 +140,7 @@ def main():
           + (f"   llama.cpp tg128 {anchor[0]} ({med(decode) / anchor[0]:.2f}x)" if anchor else ""))
     print(f"  decode 128 tokens (client, first→last):   {med(client_decode):10.1f} tok/s"
           + (f"   llama-server ≈{anchor[2]} ({med(client_decode) / anchor[2]:.2f}x)" if anchor else ""))
-    print(f"  time to first token, 8-token prompt:      {med(ttft_short):10.2f} ms"
+    print(f"  time to first token, {short_tokens}-token prompt:     {med(ttft_short):10.2f} ms"
           + (f"   llama-server prompt ≈{anchor[3]} ms" if anchor else ""))
     print(f"  time to first token, 512-token prompt:    {med(ttft_512):10.2f} ms")
 
