@@ -9,6 +9,7 @@ use crate::device::{Buffer, Gpu, device_error};
 use crate::ops::{
     AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm, SplitScratch,
 };
+use crate::qgemv::{QgemvMode, has_qgemv};
 use crate::scratch::{Act, DecodeGraph, Scratch};
 use crate::weights::{DeviceVector, GateUp, Layer, Qkv, Weights};
 
@@ -249,7 +250,7 @@ impl Model<'_> {
             bias: self.weights.output_bias.map(|b| b.ptr),
             out: logits,
         };
-        self.gpu.gemv(&[head], normed, None, 1, false)?;
+        self.project(&[head], normed, None, 1, s)?;
         if let Some(cap) = hp.final_logit_softcapping {
             self.gpu.softcap(logits, cap, hp.vocab_size)?;
         }
@@ -280,9 +281,10 @@ impl Model<'_> {
         Ok((normed, None))
     }
 
-    /// `out = norm(input) · Wᵀ (+ bias)` for each part, `n` token rows: GEMV launches (one per
-    /// run of parts with the same format) below [`GEMM_MIN_TOKENS`] or with `norm` (which only
-    /// the GEMVs apply), else dequantize + SGEMM.
+    /// `out = norm(input) · Wᵀ (+ bias)` for each part, `n` token rows: GEMV launches below
+    /// [`GEMM_MIN_TOKENS`] or with `norm` (which only the GEMVs apply), else dequantize +
+    /// SGEMM. One int8-activation launch when every part's format has one, else one f32 GEMV
+    /// launch per run of parts with the same format.
     fn project(
         &self,
         parts: &[Projection<'_>],
@@ -302,6 +304,9 @@ impl Model<'_> {
                     }
                 }
                 Ok(())
+            }
+            _ if parts.iter().all(|p| has_qgemv(p.w.ggml_type)) => {
+                self.gpu.qgemv(parts, input, norm, n, QgemvMode::Store)
             }
             _ => {
                 let mut start = 0;
@@ -337,6 +342,11 @@ impl Model<'_> {
                 bias: None,
                 out: x,
             };
+            if has_qgemv(w.ggml_type) {
+                return self
+                    .gpu
+                    .qgemv(&[part], input, None, n, QgemvMode::Accumulate);
+            }
             return self.gpu.gemv(&[part], input, None, n, true);
         }
         let part = Projection {
@@ -458,6 +468,26 @@ impl Model<'_> {
         )
     }
 
+    /// `out = act(norm(input) · gateᵀ) · (norm(input) · upᵀ)` by one GEMV launch.
+    fn gated_gemv(
+        &self,
+        gate: &DeviceMatrix,
+        up: &DeviceMatrix,
+        input: u64,
+        norm: Option<RowNorm>,
+        n: usize,
+        out: u64,
+    ) -> Result<(), BackendError> {
+        let gelu = self.plan.gelu;
+        if has_qgemv(gate.ggml_type) {
+            let parts = [gate, up].map(|w| Projection { w, bias: None, out });
+            return self
+                .gpu
+                .qgemv(&parts, input, norm, n, QgemvMode::Gated { gelu });
+        }
+        self.gpu.gemv_gated(gate, up.ptr, input, norm, n, out, gelu)
+    }
+
     fn ffn_block(&self, layer: &Layer, n: usize, s: &Scratch) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
@@ -467,7 +497,7 @@ impl Model<'_> {
         let gemv = n < GEMM_MIN_TOKENS;
         match &layer.gate_up {
             GateUp::Separate { gate: wg, up: wu } if gemv && same_layout(wg, wu) => {
-                gpu.gemv_gated(wg, wu.ptr, input, norm, n, gate, gelu)?;
+                self.gated_gemv(wg, wu, input, norm, n, gate)?;
             }
             GateUp::Separate { gate: wg, up: wu } => {
                 let parts = [
@@ -490,8 +520,11 @@ impl Model<'_> {
                     rows: ff,
                     ..w.clone()
                 };
-                let up_half = w.ptr + (ff * w.row_bytes) as u64;
-                gpu.gemv_gated(&half, up_half, input, norm, n, gate, gelu)?;
+                let up_half = DeviceMatrix {
+                    ptr: w.ptr + (ff * w.row_bytes) as u64,
+                    ..half.clone()
+                };
+                self.gated_gemv(&half, &up_half, input, norm, n, gate)?;
             }
             GateUp::Fused(w) => {
                 let fused = s.ptr(Act::Fused);

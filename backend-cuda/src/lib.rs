@@ -1,21 +1,26 @@
 //! CUDA backend of `worker-orcd`: [`CudaBackend`], on cudarc with every CUDA library loaded at
 //! run time, so this crate builds on machines without CUDA.
 //!
-//! Weights stay in VRAM in their GGUF block formats. Decode multiplies them in place with one
-//! GEMV kernel per format (Q/K/V in one launch, gate and up fused with the activation, the
-//! residual add in the output projections) and runs as a captured CUDA graph; prefill
-//! dequantizes one matrix at a time into f32 scratch and runs cuBLAS SGEMM. Activations are f32, the KV cache f16, as in the CPU backend. The kernels
-//! (`kernels/*.cu`) are compiled by NVRTC for the device at start-up and cached on disk.
+//! Weights stay in VRAM in their GGUF block formats. Decode multiplies them in place with GEMV
+//! kernels (int8 activations and integer dot products for the quantized formats, as the CPU
+//! backend; Q/K/V in one launch, gate and up fused with the activation, the residual add in the
+//! output projections) and runs as a captured CUDA graph; prefill dequantizes one matrix at a
+//! time into f32 scratch and runs cuBLAS SGEMM. Activations are f32, the KV cache f16, as in
+//! the CPU backend. The kernels (`kernels/*.cu`) are compiled by NVRTC for the device at
+//! start-up and cached on disk.
 
 mod device;
 mod forward;
 mod module;
 mod ops;
+mod qgemv;
 mod scratch;
 mod weights;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_qgemv;
 
 use std::sync::Arc;
 

@@ -15,6 +15,7 @@ use worker_common::gguf::GgmlType;
 const SOURCE: &str = concat!(
     include_str!("../kernels/prelude.cu"),
     include_str!("../kernels/quant.cu"),
+    include_str!("../kernels/qgemv.cu"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/attention.cu"),
 );
@@ -47,6 +48,8 @@ pub struct Kernels {
     gemv: Vec<CudaFunction>,
     /// `gemv_gated_*`, in [`WEIGHT_TYPES`] order.
     gemv_gated: Vec<CudaFunction>,
+    /// `qgemv_r1`, `qgemv_r2`: the int8-activation GEMV with one or two rows per warp.
+    pub qgemv: [CudaFunction; 2],
     /// RMSNorm per row.
     pub rms_norm: CudaFunction,
     /// Rotary position embedding in place, then the KV cache append.
@@ -109,6 +112,7 @@ impl Kernels {
             dequant: per_type("dequant")?,
             gemv: per_type("gemv")?,
             gemv_gated: per_type("gemv_gated")?,
+            qgemv: [get("qgemv_r1")?, get("qgemv_r2")?],
             rms_norm: get("rms_norm")?,
             rope_store: get("rope_store")?,
             add_bias: get("add_bias")?,

@@ -13,7 +13,7 @@ use crate::ops::{
 };
 
 /// xorshift64*: reproducible random inputs without a dependency.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -24,7 +24,7 @@ impl Rng {
     }
 
     /// Uniform in [-1, 1).
-    fn f32(&mut self) -> f32 {
+    pub(super) fn f32(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 
@@ -32,7 +32,7 @@ impl Rng {
         (0..n).map(|_| self.next() as u8).collect()
     }
 
-    fn floats(&mut self, n: usize) -> Vec<f32> {
+    pub(super) fn floats(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| self.f32()).collect()
     }
 }
@@ -42,7 +42,12 @@ fn f16_bytes(v: f32) -> [u8; 2] {
 }
 
 /// Random rows of `ggml_type` with finite scales (random bytes elsewhere).
-fn random_weights(rng: &mut Rng, ggml_type: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+pub(super) fn random_weights(
+    rng: &mut Rng,
+    ggml_type: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> Vec<u8> {
     let n = rows * cols;
     match ggml_type {
         GgmlType::F32 => rng.floats(n).iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -69,24 +74,24 @@ fn random_weights(rng: &mut Rng, ggml_type: GgmlType, rows: usize, cols: usize) 
     }
 }
 
-fn to_bytes(values: &[f32]) -> Vec<u8> {
+pub(super) fn to_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn put(gpu: &Gpu, data: &[u8]) -> Buffer {
+pub(super) fn put(gpu: &Gpu, data: &[u8]) -> Buffer {
     let mut buffer = gpu.alloc(data.len(), "test").unwrap();
     gpu.upload(data, &mut buffer, 0).unwrap();
     buffer
 }
 
-fn get(gpu: &Gpu, buffer: &Buffer, len: usize) -> Vec<f32> {
+pub(super) fn get(gpu: &Gpu, buffer: &Buffer, len: usize) -> Vec<f32> {
     let mut out = vec![0.0; len];
     gpu.download_f32(buffer, &mut out).unwrap();
     out
 }
 
 /// ‖a − b‖ / ‖b‖ in f64.
-fn rel_error(a: &[f32], b: &[f64]) -> f64 {
+pub(super) fn rel_error(a: &[f32], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     assert!(a.iter().all(|v| v.is_finite()), "non-finite output");
     let diff: f64 = a
@@ -98,7 +103,7 @@ fn rel_error(a: &[f32], b: &[f64]) -> f64 {
     (diff / norm).sqrt()
 }
 
-fn gpu() -> Gpu {
+pub(super) fn gpu() -> Gpu {
     Gpu::open(0).expect("GPU 0")
 }
 

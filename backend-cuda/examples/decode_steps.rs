@@ -1,0 +1,47 @@
+//! A few decode steps and nothing else, for a kernel profiler (`ncu`) to look at:
+//! `cargo run --release -p backend-cuda --example decode_steps -- <model.gguf> [context] [steps]`.
+//!
+//! Prefills `context` pseudo-random tokens (default 0: an empty cache, as llama-bench's tg128),
+//! then runs `steps` one-token `forward` calls (default 4) and prints each one's time.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use backend_cuda::{CudaBackend, CudaOptions};
+use worker_common::backend::InferenceBackend;
+use worker_common::model::ModelFile;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let path = args
+        .next()
+        .ok_or("usage: decode_steps <model.gguf> [context] [steps]")?;
+    let context: usize = args.next().map(|v| v.parse()).transpose()?.unwrap_or(0);
+    let steps: usize = args.next().map(|v| v.parse()).transpose()?.unwrap_or(4);
+    let model = Arc::new(ModelFile::open(&path)?);
+    let mut backend = CudaBackend::load(model.clone(), &CudaOptions { device: 0 }, &mut |_| {})?;
+    let vocab = model.spec.hparams.vocab_size as u32;
+    let prompt: Vec<u32> = (0..context.max(1) as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 8) % vocab)
+        .collect();
+    backend.begin_sequence(prompt.len() + steps + 1)?;
+    let mut token = argmax(backend.forward(&prompt, 0)?);
+    let mut line = String::from("step ms:");
+    for pos in prompt.len()..prompt.len() + steps {
+        let t = Instant::now();
+        token = argmax(backend.forward(&[token], pos)?);
+        line.push_str(&format!(" {:.3}", t.elapsed().as_secs_f64() * 1e3));
+    }
+    println!("{line}");
+    Ok(())
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,244 @@
+//! The int8-activation GEMV (`qgemv.cu`) against the CPU backend's arithmetic: weights
+//! dequantized by `backend_cpu::quant`, activations quantized by its `quantize_q8_0` (the chunks
+//! the kernel must reproduce), products in f64.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use backend_cpu::quant::{self, activation};
+use worker_common::gguf::GgmlType;
+
+use crate::device::Buffer;
+use crate::ops::{DeviceMatrix, Projection, RowNorm};
+use crate::qgemv::{QgemvMode, has_qgemv};
+use crate::tests::{Rng, get, gpu, put, random_weights, rel_error, to_bytes};
+
+const TYPES: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+/// Each token row of `x` as the CPU's Q8_0 activation blocks would give it back.
+fn quantized(x: &[f32], cols: usize) -> Vec<f64> {
+    let mut blocks = Vec::new();
+    x.chunks(cols)
+        .flat_map(|row| {
+            activation::quantize_q8_0(row, &mut blocks).unwrap();
+            blocks
+                .iter()
+                .flat_map(|b| b.qs.map(|q| f64::from(b.d.to_f32()) * f64::from(q)))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `W · a` in f64 for every token row of `a`.
+fn products(weights: &[f32], rows: usize, a: &[f64], cols: usize) -> Vec<f64> {
+    a.chunks(cols)
+        .flat_map(|a| {
+            (0..rows).map(move |r| {
+                (0..cols)
+                    .map(|c| f64::from(weights[r * cols + c]) * a[c])
+                    .sum()
+            })
+        })
+        .collect()
+}
+
+struct Case {
+    matrix: DeviceMatrix,
+    _weights: Buffer,
+    dequantized: Vec<f32>,
+}
+
+fn case(
+    gpu: &crate::device::Gpu,
+    rng: &mut Rng,
+    ggml_type: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> Case {
+    let data = random_weights(rng, ggml_type, rows, cols);
+    let mut dequantized = vec![0.0f32; rows * cols];
+    quant::dequantize(ggml_type, &data, &mut dequantized).unwrap();
+    let weights = put(gpu, &data);
+    Case {
+        matrix: DeviceMatrix {
+            ggml_type,
+            rows,
+            cols,
+            row_bytes: data.len() / rows,
+            ptr: weights.ptr(),
+        },
+        _weights: weights,
+        dequantized,
+    }
+}
+
+/// Formats with a per-block minimum take the activation sum as the CPU stores it (f16 of the
+/// sum times the unrounded scale), which the f64 reference does not model.
+fn tolerance(ggml_type: GgmlType) -> f64 {
+    match ggml_type {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => 2e-3,
+        _ => 1e-5,
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn qgemv_matches_the_cpu_arithmetic_for_every_quantized_type() {
+    let gpu = gpu();
+    let mut rng = Rng(0x9e37_79b9);
+    let (rows, n) = (67, 3);
+    // 2304 columns split over several warps per row (72 chunks), unevenly for K-quants.
+    for (ggml_type, cols) in TYPES.iter().flat_map(|&t| [(t, 512), (t, 2304)]) {
+        assert!(has_qgemv(ggml_type));
+        let c = case(&gpu, &mut rng, ggml_type, rows, cols);
+        let x = rng.floats(n * cols);
+        let xb = put(&gpu, &to_bytes(&x));
+        let expected = products(&c.dequantized, rows, &quantized(&x, cols), cols);
+        let y = gpu.alloc(n * rows * 4, "test").unwrap();
+        let part = Projection {
+            w: &c.matrix,
+            bias: None,
+            out: y.ptr(),
+        };
+        gpu.qgemv(&[part], xb.ptr(), None, n, QgemvMode::Store)
+            .unwrap();
+        let err = rel_error(&get(&gpu, &y, n * rows), &expected);
+        eprintln!(
+            "qgemv {} ({cols} columns): rel error {err:.2e}",
+            ggml_type.name()
+        );
+        assert!(
+            err < tolerance(ggml_type),
+            "qgemv {}: {err:.2e}",
+            ggml_type.name()
+        );
+
+        // The input RMSNorm inside the launch equals rms_norm's output quantized.
+        let weight = put(&gpu, &to_bytes(&rng.floats(cols)));
+        let normed = gpu.alloc(n * cols * 4, "test").unwrap();
+        gpu.rms_norm(xb.ptr(), weight.ptr(), normed.ptr(), n, cols, 1e-5)
+            .unwrap();
+        let outs: Vec<Buffer> = (0..2)
+            .map(|_| gpu.alloc(n * rows * 4, "test").unwrap())
+            .collect();
+        let part = |out: &Buffer| Projection {
+            w: &c.matrix,
+            bias: None,
+            out: out.ptr(),
+        };
+        gpu.qgemv(&[part(&outs[0])], normed.ptr(), None, n, QgemvMode::Store)
+            .unwrap();
+        let norm = RowNorm {
+            weight: weight.ptr(),
+            eps: 1e-5,
+        };
+        gpu.qgemv(&[part(&outs[1])], xb.ptr(), Some(norm), n, QgemvMode::Store)
+            .unwrap();
+        let (a, b) = (get(&gpu, &outs[0], n * rows), get(&gpu, &outs[1], n * rows));
+        let mismatches = a
+            .iter()
+            .zip(&b)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            mismatches,
+            0,
+            "{}: the launch's own RMSNorm differs",
+            ggml_type.name()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn qgemv_launch_modes_match_the_reference() {
+    let gpu = gpu();
+    let mut rng = Rng(0x51ed_270b);
+    let (cols, n) = (512, 2);
+    // Mixed formats in one launch, as Qwen's Q/K in Q5_0 and V in Q8_0; more than 8192 rows in
+    // all, so warps take two rows each, an odd count leaving the last warp one.
+    let cases = [
+        case(&gpu, &mut rng, GgmlType::Q5_0, 8195, cols),
+        case(&gpu, &mut rng, GgmlType::Q8_0, 130, cols),
+        case(&gpu, &mut rng, GgmlType::Q4_K, 67, cols),
+    ];
+    let x = rng.floats(n * cols);
+    let xb = put(&gpu, &to_bytes(&x));
+    let a = quantized(&x, cols);
+    let expected: Vec<Vec<f64>> = cases
+        .iter()
+        .map(|c| products(&c.dequantized, c.matrix.rows, &a, cols))
+        .collect();
+    let biases: Vec<Vec<f32>> = cases.iter().map(|c| rng.floats(c.matrix.rows)).collect();
+    let bias_buffers: Vec<Buffer> = biases.iter().map(|b| put(&gpu, &to_bytes(b))).collect();
+    let residuals: Vec<Vec<f32>> = cases
+        .iter()
+        .map(|c| rng.floats(n * c.matrix.rows))
+        .collect();
+    for mode in [QgemvMode::Store, QgemvMode::Accumulate] {
+        let outs: Vec<Buffer> = residuals.iter().map(|r| put(&gpu, &to_bytes(r))).collect();
+        let parts: Vec<Projection<'_>> = cases
+            .iter()
+            .zip(&outs)
+            .zip(&bias_buffers)
+            .map(|((c, out), bias)| Projection {
+                w: &c.matrix,
+                bias: Some(bias.ptr()),
+                out: out.ptr(),
+            })
+            .collect();
+        gpu.qgemv(&parts, xb.ptr(), None, n, mode).unwrap();
+        for (i, c) in cases.iter().enumerate() {
+            let rows = c.matrix.rows;
+            let want: Vec<f64> = expected[i]
+                .iter()
+                .enumerate()
+                .map(|(j, &e)| {
+                    let base = if mode == QgemvMode::Accumulate {
+                        f64::from(residuals[i][j])
+                    } else {
+                        0.0
+                    };
+                    base + e + f64::from(biases[i][j % rows])
+                })
+                .collect();
+            let err = rel_error(&get(&gpu, &outs[i], n * rows), &want);
+            assert!(err < 1e-5, "{mode:?}, matrix {i}: {err:.2e}");
+        }
+    }
+    // Gated: the Q5_0 matrix as gate and as up, SiLU and GELU.
+    let gate = &cases[0];
+    let rows = gate.matrix.rows;
+    for gelu in [false, true] {
+        let out = gpu.alloc(n * rows * 4, "test").unwrap();
+        let parts = [&gate.matrix, &gate.matrix].map(|w| Projection {
+            w,
+            bias: None,
+            out: out.ptr(),
+        });
+        gpu.qgemv(&parts, xb.ptr(), None, n, QgemvMode::Gated { gelu })
+            .unwrap();
+        let want: Vec<f64> = expected[0]
+            .iter()
+            .map(|&g| {
+                let act = if gelu {
+                    0.5 * g * (1.0 + (0.797_884_6 * g * (1.0 + 0.044_715 * g * g)).tanh())
+                } else {
+                    g / (1.0 + (-g).exp())
+                };
+                act * g
+            })
+            .collect();
+        let err = rel_error(&get(&gpu, &out, n * rows), &want);
+        // GELU rounds its input and result to f16, as ggml's table.
+        let bound = if gelu { 2e-3 } else { 1e-5 };
+        assert!(err < bound, "gated (gelu {gelu}): {err:.2e}");
+    }
+}
