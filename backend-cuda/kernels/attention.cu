@@ -228,20 +228,27 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, float* o
     __syncthreads();
     if (!s_last) return;
     __threadfence();
+    // The merge, in two round trips to L2: lane s of warp 0 reads split s's max and sum (at
+    // most 32 splits) and weighs it, then each thread sums its value columns over the splits
+    // with several loads in flight.
+    __shared__ float s_weight[32];
+    __shared__ float s_total;
     const float* parts = partial + head * splits * (dv + 2);
-    float total_max = -__int_as_float(0x7f800000);
-    for (int s = 0; s < active; ++s) total_max = fmaxf(total_max, __ldcg(parts + s * (dv + 2)));
-    float total = 0.0f;
-    for (int s = 0; s < active; ++s) {
-        const float* part = parts + s * (dv + 2);
-        total += __ldcg(part + 1) * expf(__ldcg(part) - total_max);
+    if (warp == 0) {
+        bool mine_valid = lane < active;
+        float m_s = mine_valid ? __ldcg(parts + lane * (dv + 2)) : -__int_as_float(0x7f800000);
+        float l_s = mine_valid ? __ldcg(parts + lane * (dv + 2) + 1) : 0.0f;
+        float merged_max = warp_max(m_s);
+        float weight = mine_valid ? expf(m_s - merged_max) : 0.0f;
+        float total = warp_sum(l_s * weight);
+        s_weight[lane] = weight;
+        if (lane == 0) s_total = total;
     }
+    __syncthreads();
     for (int j = threadIdx.x; j < dv; j += blockDim.x) {
         float v = 0.0f;
-        for (int s = 0; s < active; ++s) {
-            const float* part = parts + s * (dv + 2);
-            v = fmaf(__ldcg(part + 2 + j), expf(__ldcg(part) - total_max), v);
-        }
-        dst[j] = v / total;
+#pragma unroll 8
+        for (int s = 0; s < active; ++s) v = fmaf(__ldcg(parts + s * (dv + 2) + 2 + j), s_weight[s], v);
+        dst[j] = v / s_total;
     }
 }

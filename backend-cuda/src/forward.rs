@@ -9,7 +9,7 @@ use crate::device::{Buffer, Gpu, device_error};
 use crate::ops::{
     AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm, SplitScratch,
 };
-use crate::qgemv::{QgemvMode, has_qgemv};
+use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, prequantized};
 use crate::scratch::{Act, DecodeGraph, Scratch};
 use crate::weights::{DeviceVector, GateUp, Layer, Qkv, Weights};
 
@@ -235,22 +235,26 @@ impl Model<'_> {
             self.ffn_block(layer, n, s)?;
         }
         let last = s.ptr(Act::X) + ((n - 1) * hp.n_embd * 4) as u64;
-        let (normed, logits) = (s.ptr(Act::Normed), s.ptr(Act::Logits));
-        // Normalized once here: the head's thousands of GEMV blocks would each redo it.
-        self.gpu.rms_norm(
-            last,
-            self.weights.output_norm.ptr,
-            normed,
-            1,
-            hp.n_embd,
-            hp.norm_eps,
-        )?;
+        let logits = s.ptr(Act::Logits);
         let head = Projection {
             w: &self.weights.output,
             bias: self.weights.output_bias.map(|b| b.ptr),
             out: logits,
         };
-        self.project(&[head], normed, None, 1, s)?;
+        let norm = RowNorm {
+            weight: self.weights.output_norm.ptr,
+            eps: hp.norm_eps,
+        };
+        if has_qgemv(head.w.ggml_type) {
+            // The row is normalized and quantized once for the whole head.
+            self.qgemv(&[head], last, Some(norm), 1, QgemvMode::Store, s)?;
+        } else {
+            // Normalized once here: the head's thousands of GEMV blocks would each redo it.
+            let normed = s.ptr(Act::Normed);
+            self.gpu
+                .rms_norm(last, norm.weight, normed, 1, hp.n_embd, norm.eps)?;
+            self.project(&[head], normed, None, 1, s)?;
+        }
         if let Some(cap) = hp.final_logit_softcapping {
             self.gpu.softcap(logits, cap, hp.vocab_size)?;
         }
@@ -306,7 +310,7 @@ impl Model<'_> {
                 Ok(())
             }
             _ if parts.iter().all(|p| has_qgemv(p.w.ggml_type)) => {
-                self.gpu.qgemv(parts, input, norm, n, QgemvMode::Store)
+                self.qgemv(parts, input, norm, n, QgemvMode::Store, s)
             }
             _ => {
                 let mut start = 0;
@@ -343,9 +347,7 @@ impl Model<'_> {
                 out: x,
             };
             if has_qgemv(w.ggml_type) {
-                return self
-                    .gpu
-                    .qgemv(&[part], input, None, n, QgemvMode::Accumulate);
+                return self.qgemv(&[part], input, None, n, QgemvMode::Accumulate, s);
             }
             return self.gpu.gemv(&[part], input, None, n, true);
         }
@@ -362,6 +364,108 @@ impl Model<'_> {
         self.gpu.add(x, projected, n * hp.n_embd)
     }
 
+    /// The RoPE of `layer` (sliding-window layers have their own base).
+    fn rope(&self, layer: &Layer) -> RopeParams {
+        if layer.sliding {
+            self.plan.rope_sliding
+        } else {
+            self.plan.rope_global
+        }
+    }
+
+    /// Q, K and V of the `n` tokens into [`Act::Q`], [`Act::K`], [`Act::V`].
+    fn qkv(
+        &self,
+        layer: &Layer,
+        input: u64,
+        norm: Option<RowNorm>,
+        n: usize,
+        s: &Scratch,
+    ) -> Result<(), BackendError> {
+        let hp = &self.plan.hp;
+        let (q, k, v) = (s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V));
+        let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
+        match &layer.qkv {
+            Qkv::Separate {
+                q: wq,
+                k: wk,
+                v: wv,
+            } => {
+                let bias = |i: usize| layer.qkv_bias.as_ref().map(|b| b[i].ptr);
+                let parts: Vec<Projection<'_>> = [(wq, q), (wk, k), (wv, v)]
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (w, out))| Projection {
+                        w,
+                        bias: bias(i),
+                        out,
+                    })
+                    .collect();
+                self.project(&parts, input, norm, n, s)
+            }
+            Qkv::Fused(w, bias) => {
+                let fused = s.ptr(Act::Fused);
+                let width = qw + kw + vw;
+                let part = Projection {
+                    w,
+                    bias: bias.map(|b| b.ptr),
+                    out: fused,
+                };
+                self.project(&[part], input, norm, n, s)?;
+                self.gpu.copy_cols(fused, width, 0, q, qw, n)?;
+                self.gpu.copy_cols(fused, width, qw, k, kw, n)?;
+                self.gpu.copy_cols(fused, width, qw + kw, v, vw, n)
+            }
+        }
+    }
+
+    /// Q, K and V of fewer than [`GEMM_MIN_TOKENS`] tokens by one int8-activation launch that
+    /// also rotates Q and K and appends K and V to the cache, when the layer allows it
+    /// (separate quantized matrices, no Q/K norm between projection and RoPE); `false` when
+    /// it does not, and nothing ran.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_with_rope(
+        &self,
+        layer: &Layer,
+        input: u64,
+        norm: Option<RowNorm>,
+        n: usize,
+        kv: &KvCache,
+        il: usize,
+        s: &Scratch,
+    ) -> Result<bool, BackendError> {
+        let Qkv::Separate { q, k, v } = &layer.qkv else {
+            return Ok(false);
+        };
+        let quantized = [q, k, v].iter().all(|w| has_qgemv(w.ggml_type));
+        if n >= GEMM_MIN_TOKENS || layer.qk_norm.is_some() || !quantized {
+            return Ok(false);
+        }
+        let hp = &self.plan.hp;
+        let (k_cache, v_cache) = kv.layer(hp, il);
+        let target = RopeTarget {
+            rope: self.rope(layer),
+            head_dim: hp.head_dim_k,
+            pos: s.ptr(Act::Step),
+            k_cache,
+            v_cache,
+        };
+        let bias = |i: usize| layer.qkv_bias.as_ref().map(|b| b[i].ptr);
+        let outs = [s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V)];
+        let parts = [q, k, v]
+            .into_iter()
+            .zip(outs)
+            .enumerate()
+            .map(|(i, (w, out))| Projection {
+                w,
+                bias: bias(i),
+                out,
+            });
+        let parts: Vec<Projection<'_>> = parts.collect();
+        self.qgemv(&parts, input, norm, n, QgemvMode::Rope(target), s)?;
+        Ok(true)
+    }
+
     fn attention_block(
         &self,
         il: usize,
@@ -373,73 +477,37 @@ impl Model<'_> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
         let (q, k, v) = (s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V));
-        let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
         let (input, norm) = self.normalized(s.ptr(Act::X), &layer.attn_norm, n, s)?;
-        match &layer.qkv {
-            Qkv::Separate {
-                q: wq,
-                k: wk,
-                v: wv,
-            } => {
-                let bias = |i: usize| layer.qkv_bias.as_ref().map(|b| b[i].ptr);
-                let parts =
-                    [(wq, q), (wk, k), (wv, v)]
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, (w, out))| Projection {
-                            w,
-                            bias: bias(i),
-                            out,
-                        });
-                let parts: Vec<Projection<'_>> = parts.collect();
-                self.project(&parts, input, norm, n, s)?;
-            }
-            Qkv::Fused(w, bias) => {
-                let fused = s.ptr(Act::Fused);
-                let width = qw + kw + vw;
-                let part = Projection {
-                    w,
-                    bias: bias.map(|b| b.ptr),
-                    out: fused,
-                };
-                self.project(&[part], input, norm, n, s)?;
-                gpu.copy_cols(fused, width, 0, q, qw, n)?;
-                gpu.copy_cols(fused, width, qw, k, kw, n)?;
-                gpu.copy_cols(fused, width, qw + kw, v, vw, n)?;
-            }
-        }
-        if let Some((q_norm, k_norm)) = &layer.qk_norm {
-            gpu.rms_norm(q, q_norm.ptr, q, n * hp.n_head, hp.head_dim_k, hp.norm_eps)?;
-            gpu.rms_norm(
-                k,
-                k_norm.ptr,
-                k,
-                n * hp.n_head_kv,
-                hp.head_dim_k,
-                hp.norm_eps,
-            )?;
-        }
-        let rope = if layer.sliding {
-            &self.plan.rope_sliding
-        } else {
-            &self.plan.rope_global
-        };
         let (k_cache, v_cache) = kv.layer(hp, il);
         let pos = s.ptr(Act::Step);
-        let store = RopeStore {
-            q,
-            k,
-            v,
-            k_cache,
-            v_cache,
-            pos,
-            n,
-            n_head: hp.n_head,
-            n_head_kv: hp.n_head_kv,
-            head_dim: hp.head_dim_k,
-            v_width: vw,
-        };
-        gpu.rope_store(&store, rope)?;
+        if !self.qkv_with_rope(layer, input, norm, n, kv, il, s)? {
+            self.qkv(layer, input, norm, n, s)?;
+            if let Some((q_norm, k_norm)) = &layer.qk_norm {
+                gpu.rms_norm(q, q_norm.ptr, q, n * hp.n_head, hp.head_dim_k, hp.norm_eps)?;
+                gpu.rms_norm(
+                    k,
+                    k_norm.ptr,
+                    k,
+                    n * hp.n_head_kv,
+                    hp.head_dim_k,
+                    hp.norm_eps,
+                )?;
+            }
+            let store = RopeStore {
+                q,
+                k,
+                v,
+                k_cache,
+                v_cache,
+                pos,
+                n,
+                n_head: hp.n_head,
+                n_head_kv: hp.n_head_kv,
+                head_dim: hp.head_dim_k,
+                v_width: hp.v_width(),
+            };
+            gpu.rope_store(&store, &self.rope(layer))?;
+        }
         let shape = AttentionShape {
             n_head: hp.n_head,
             n_head_kv: hp.n_head_kv,
@@ -468,7 +536,32 @@ impl Model<'_> {
         )
     }
 
+    /// One int8-activation launch over `n` rows at `x` (through `norm` when given); a wide
+    /// input, or one read by the many blocks of a large launch, is quantized once first into
+    /// [`Act::Quantized`].
+    fn qgemv(
+        &self,
+        parts: &[Projection<'_>],
+        x: u64,
+        norm: Option<RowNorm>,
+        n: usize,
+        mode: QgemvMode,
+        s: &Scratch,
+    ) -> Result<(), BackendError> {
+        let cols = parts.first().map_or(0, |p| p.w.cols);
+        let rows = parts.iter().map(|p| p.w.rows).sum();
+        if prequantized(cols, rows) {
+            let quantized = s.ptr(Act::Quantized);
+            self.gpu.quantize_rows(x, norm, n, cols, quantized)?;
+            return self
+                .gpu
+                .qgemv(parts, QgemvInput::Quantized(quantized), n, mode);
+        }
+        self.gpu.qgemv(parts, QgemvInput::Rows(x, norm), n, mode)
+    }
+
     /// `out = act(norm(input) · gateᵀ) · (norm(input) · upᵀ)` by one GEMV launch.
+    #[allow(clippy::too_many_arguments)]
     fn gated_gemv(
         &self,
         gate: &DeviceMatrix,
@@ -477,13 +570,12 @@ impl Model<'_> {
         norm: Option<RowNorm>,
         n: usize,
         out: u64,
+        s: &Scratch,
     ) -> Result<(), BackendError> {
         let gelu = self.plan.gelu;
         if has_qgemv(gate.ggml_type) {
             let parts = [gate, up].map(|w| Projection { w, bias: None, out });
-            return self
-                .gpu
-                .qgemv(&parts, input, norm, n, QgemvMode::Gated { gelu });
+            return self.qgemv(&parts, input, norm, n, QgemvMode::Gated { gelu }, s);
         }
         self.gpu.gemv_gated(gate, up.ptr, input, norm, n, out, gelu)
     }
@@ -497,7 +589,7 @@ impl Model<'_> {
         let gemv = n < GEMM_MIN_TOKENS;
         match &layer.gate_up {
             GateUp::Separate { gate: wg, up: wu } if gemv && same_layout(wg, wu) => {
-                self.gated_gemv(wg, wu, input, norm, n, gate)?;
+                self.gated_gemv(wg, wu, input, norm, n, gate, s)?;
             }
             GateUp::Separate { gate: wg, up: wu } => {
                 let parts = [
@@ -524,7 +616,7 @@ impl Model<'_> {
                     ptr: w.ptr + (ff * w.row_bytes) as u64,
                     ..half.clone()
                 };
-                self.gated_gemv(&half, &up_half, input, norm, n, gate)?;
+                self.gated_gemv(&half, &up_half, input, norm, n, gate, s)?;
             }
             GateUp::Fused(w) => {
                 let fused = s.ptr(Act::Fused);

@@ -50,6 +50,8 @@ pub struct Kernels {
     gemv_gated: Vec<CudaFunction>,
     /// `qgemv_r1`, `qgemv_r2`: the int8-activation GEMV with one or two rows per warp.
     pub qgemv: [CudaFunction; 2],
+    /// Quantizes input rows once for the qgemv launches that read them.
+    pub quantize_rows: CudaFunction,
     /// RMSNorm per row.
     pub rms_norm: CudaFunction,
     /// Rotary position embedding in place, then the KV cache append.
@@ -113,6 +115,7 @@ impl Kernels {
             gemv: per_type("gemv")?,
             gemv_gated: per_type("gemv_gated")?,
             qgemv: [get("qgemv_r1")?, get("qgemv_r2")?],
+            quantize_rows: get("quantize_rows")?,
             rms_norm: get("rms_norm")?,
             rope_store: get("rope_store")?,
             add_bias: get("add_bias")?,

@@ -422,7 +422,7 @@ pub struct RopeStore {
 }
 
 /// RoPE of one layer type, as the kernel takes it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeParams {
     /// Rotated dimensions per head.
     pub dims: usize,

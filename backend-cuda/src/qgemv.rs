@@ -6,15 +6,30 @@ use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
 
 use crate::device::{Arg, Gpu};
-use crate::ops::{DeviceMatrix, Projection, RowNorm};
+use crate::ops::{DeviceMatrix, Projection, RopeParams, RowNorm};
 
 /// Warps per block (`QG_WARPS` in qgemv.cu).
 const WARPS: usize = 8;
-/// From this many rows a warp computes two consecutive rows, so that the many blocks of a
-/// large launch (the output head) quantize their input half as often.
+/// From this many rows a warp computes two consecutive rows (of one format), so that the many
+/// blocks of a large launch (the output head) quantize their input half as often.
 const TWO_ROWS_FROM: usize = 8192;
 /// Most dynamic shared memory a launch takes without raising the kernel's limit.
 const MAX_SHARED: usize = 48 * 1024;
+/// From this many input columns a launch reads its input quantized once by
+/// [`Gpu::quantize_rows`] (see [`prequantized`]) rather than quantizing it in every block.
+pub const PREQUANTIZE_FROM: usize = 2048;
+
+/// Bytes of one quantized input row of `cols` (`qinput_bytes` in qgemv.cu).
+pub fn quantized_row_bytes(cols: usize) -> usize {
+    (cols + 12 * (cols / 32)).next_multiple_of(16)
+}
+
+/// Whether a launch over `cols` inputs read by `blocks` blocks should take them quantized
+/// once: wide inputs (each block's quantization would cost more than its products) and inputs
+/// read by many blocks (the output head's).
+pub fn prequantized(cols: usize, rows: usize) -> bool {
+    cols >= PREQUANTIZE_FROM || rows >= TWO_ROWS_FROM
+}
 
 /// Whether [`Gpu::qgemv`] multiplies weights of `ggml_type`.
 pub fn has_qgemv(ggml_type: GgmlType) -> bool {
@@ -31,7 +46,7 @@ pub fn has_qgemv(ggml_type: GgmlType) -> bool {
 }
 
 /// What a [`Gpu::qgemv`] launch does with its products.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum QgemvMode {
     /// `out = W · x (+ bias)` for each matrix.
     Store,
@@ -42,6 +57,24 @@ pub enum QgemvMode {
         /// GELU (tanh approximation) instead of SiLU.
         gelu: bool,
     },
+    /// Three matrices, Q, K and V (with their biases): Q rotated into its output, K rotated
+    /// and V appended to the f16 cache at the tokens' positions, as `Gpu::rope_store` does.
+    Rope(RopeTarget),
+}
+
+/// Where a [`QgemvMode::Rope`] launch rotates and stores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeTarget {
+    /// The rotation.
+    pub rope: RopeParams,
+    /// Query/key head width.
+    pub head_dim: usize,
+    /// Device address of the `int` position of the first token.
+    pub pos: u64,
+    /// This layer's key cache.
+    pub k_cache: u64,
+    /// This layer's value cache.
+    pub v_cache: u64,
 }
 
 impl QgemvMode {
@@ -52,14 +85,30 @@ impl QgemvMode {
             QgemvMode::Accumulate => 1,
             QgemvMode::Gated { gelu: false } => 2,
             QgemvMode::Gated { gelu: true } => 3,
+            QgemvMode::Rope(_) => 4,
         }
     }
 }
 
-/// Warps per output row: enough that a long row (the FFN down projection) is not one warp's
-/// chain of loads, about 32 chunks (one per lane) per warp.
-fn warps_per_row(cols: usize) -> usize {
-    (cols / 32).div_ceil(32).next_power_of_two().min(WARPS)
+/// Blocks a launch should have at least: two per SM of an H100 (132), else a launch of a few
+/// hundred rows leaves most SMs with one block and nothing to hide its latency.
+const TARGET_BLOCKS: usize = 264;
+/// Fewest 32-element chunks per warp when a row is split over warps to reach that.
+const MIN_CHUNKS_PER_WARP: usize = 4;
+
+/// Warps per output slot: enough that a long row (the FFN down projection) is not one warp's
+/// chain of loads (about 32 chunks, one per lane, per warp), then more while the launch has
+/// too few blocks and every warp keeps a few chunks.
+fn warps_per_slot(cols: usize, slots: usize) -> usize {
+    let chunks = cols / 32;
+    let mut parts = chunks.div_ceil(32).next_power_of_two().min(WARPS);
+    while parts < WARPS
+        && slots * parts < TARGET_BLOCKS * WARPS
+        && chunks / (2 * parts) >= MIN_CHUNKS_PER_WARP
+    {
+        parts *= 2;
+    }
+    parts
 }
 
 fn int(v: usize) -> Result<i32, BackendError> {
@@ -79,24 +128,68 @@ fn check(parts: &[Projection<'_>], mode: QgemvMode) -> Result<usize, BackendErro
     if let Some(p) = parts.iter().find(|p| !has_qgemv(p.w.ggml_type)) {
         return refuse(&format!("cannot multiply {}", p.w.ggml_type.name()));
     }
-    if !cols.is_multiple_of(32) || cols + 12 * (cols / 32) > MAX_SHARED {
+    if !cols.is_multiple_of(32) || quantized_row_bytes(cols) > MAX_SHARED {
         return refuse(&format!("cannot quantize an input of {cols}"));
     }
     let gated = matches!(mode, QgemvMode::Gated { .. });
     if gated && (parts.len() != 2 || parts[0].w.rows != parts[1].w.rows) {
         return refuse("gates with exactly a gate and an up matrix of one shape");
     }
+    if let QgemvMode::Rope(target) = mode {
+        let heads = |rows: usize| rows.is_multiple_of(target.head_dim);
+        if parts.len() != 3
+            || !target.head_dim.is_multiple_of(2)
+            || !heads(parts[0].w.rows)
+            || !heads(parts[1].w.rows)
+            || !parts[2].w.rows.is_multiple_of(2)
+        {
+            return refuse("rotates whole heads of Q and K and pairs of V");
+        }
+    }
     Ok(cols)
 }
 
+/// The input rows of a [`Gpu::qgemv`] launch.
+#[derive(Debug, Clone, Copy)]
+pub enum QgemvInput {
+    /// f32 rows at this address, through the RMSNorm when given: each block quantizes them.
+    Rows(u64, Option<RowNorm>),
+    /// Rows [`Gpu::quantize_rows`] wrote at this address.
+    Quantized(u64),
+}
+
 impl Gpu {
+    /// Quantizes `n` rows of `cols` at `x` (through `norm` when given) to `out`
+    /// ([`quantized_row_bytes`] per row), for [`QgemvInput::Quantized`].
+    pub fn quantize_rows(
+        &self,
+        x: u64,
+        norm: Option<RowNorm>,
+        n: usize,
+        cols: usize,
+        out: u64,
+    ) -> Result<(), BackendError> {
+        let norm = norm.unwrap_or(RowNorm {
+            weight: 0,
+            eps: 0.0,
+        });
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(norm.weight),
+            Arg::F32(norm.eps),
+            Arg::I32(int(cols)?),
+            Arg::Ptr(out),
+        ];
+        let func = &self.kernels.quantize_rows;
+        self.launch(func, (int(n)? as u32, 1), (WARPS * 32) as u32, &args)
+    }
+
     /// `parts` (up to three matrices of one width, any mix of the [`has_qgemv`] formats)
-    /// times `n` input rows at `x` (through `norm` when given), as `mode` says.
+    /// times `n` input rows, as `mode` says.
     pub fn qgemv(
         &self,
         parts: &[Projection<'_>],
-        x: u64,
-        norm: Option<RowNorm>,
+        input: QgemvInput,
         n: usize,
         mode: QgemvMode,
     ) -> Result<(), BackendError> {
@@ -118,13 +211,19 @@ impl Gpu {
         } else {
             parts.iter().map(|p| p.w.rows).sum()
         };
-        let two_rows = gated || total >= TWO_ROWS_FROM;
+        let roped = matches!(mode, QgemvMode::Rope(_));
+        let one_format = parts.iter().all(|p| p.w.ggml_type == parts[0].w.ggml_type);
+        let two_rows = gated || roped || (total >= TWO_ROWS_FROM && one_format);
         let slots = if gated || !two_rows {
             total
         } else {
             total.div_ceil(2)
         };
-        let per_row = warps_per_row(cols);
+        let per_row = warps_per_slot(cols, slots);
+        let (x, pre, norm) = match input {
+            QgemvInput::Rows(x, norm) => (x, 0, norm),
+            QgemvInput::Quantized(q) => (0, q, None),
+        };
         let norm = norm.unwrap_or(RowNorm {
             weight: 0,
             eps: 0.0,
@@ -133,15 +232,46 @@ impl Gpu {
             Arg::I32(int(cols)?),
             Arg::I32(int(per_row)?),
             Arg::Ptr(x),
+            Arg::Ptr(pre),
             Arg::Ptr(norm.weight),
             Arg::F32(norm.eps),
             Arg::I32(mode.code()),
         ]);
+        rope_args(mode, &mut args)?;
         let grid = (int(slots.div_ceil(WARPS / per_row))? as u32, int(n)? as u32);
-        let shared = (cols + 12 * (cols / 32)) as u32;
+        let shared = quantized_row_bytes(cols) as u32;
         let func = &self.kernels.qgemv[usize::from(two_rows)];
         self.launch_shared(func, grid, ((WARPS * 32) as u32, shared), &args)
     }
+}
+
+/// The kernel's RoPE arguments (zeros unless `mode` is [`QgemvMode::Rope`]).
+fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), BackendError> {
+    let (target, rope) = match mode {
+        QgemvMode::Rope(t) => (t, t.rope),
+        _ => {
+            args.extend([Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(0)]);
+            args.extend([
+                Arg::I32(0),
+                Arg::I32(0),
+                Arg::F32(0.0),
+                Arg::F32(0.0),
+                Arg::I32(0),
+            ]);
+            return Ok(());
+        }
+    };
+    args.extend([
+        Arg::Ptr(target.pos),
+        Arg::Ptr(target.k_cache),
+        Arg::Ptr(target.v_cache),
+        Arg::I32(int(target.head_dim)?),
+        Arg::I32(int(rope.dims)?),
+        Arg::F32(rope.theta_scale),
+        Arg::F32(rope.freq_scale),
+        Arg::I32(i32::from(rope.neox)),
+    ]);
+    Ok(())
 }
 
 /// The kernel's format argument: the GGML type id.

@@ -7,6 +7,7 @@ use worker_common::backend::BackendError;
 use crate::device::{Buffer, Gpu, device_error};
 use crate::forward::{GEMM_MIN_TOKENS, Plan};
 use crate::ops::SplitScratch;
+use crate::qgemv::quantized_row_bytes;
 use crate::weights::Weights;
 
 /// Indices into the activation buffers.
@@ -41,6 +42,8 @@ pub enum Act {
     Partial,
     /// Per query and head counts of the split decode attention's finished blocks (zeroed).
     Counters,
+    /// Input rows quantized once for the int8-activation GEMVs that read them.
+    Quantized,
 }
 
 /// The decode step recorded once per sequence (its KV cache and activation addresses are baked
@@ -135,6 +138,9 @@ impl Scratch {
             let mut zeroed = gpu.alloc(counters, "activations")?;
             gpu.upload(&vec![0; counters], &mut zeroed, 0)?;
             self.buffers.push(zeroed);
+            let widest = hp.n_ff.max(hp.n_embd).max(hp.attn_out_width());
+            let quantized = n * quantized_row_bytes(widest);
+            self.buffers.push(gpu.alloc(quantized, "activations")?);
             self.tokens = n;
         }
         if self.logits.is_none() {

@@ -8,8 +8,8 @@ use backend_cpu::quant::{self, activation};
 use worker_common::gguf::GgmlType;
 
 use crate::device::Buffer;
-use crate::ops::{DeviceMatrix, Projection, RowNorm};
-use crate::qgemv::{QgemvMode, has_qgemv};
+use crate::ops::{DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm};
+use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, quantized_row_bytes};
 use crate::tests::{Rng, get, gpu, put, random_weights, rel_error, to_bytes};
 
 const TYPES: [GgmlType; 7] = [
@@ -107,8 +107,13 @@ fn qgemv_matches_the_cpu_arithmetic_for_every_quantized_type() {
             bias: None,
             out: y.ptr(),
         };
-        gpu.qgemv(&[part], xb.ptr(), None, n, QgemvMode::Store)
-            .unwrap();
+        gpu.qgemv(
+            &[part],
+            QgemvInput::Rows(xb.ptr(), None),
+            n,
+            QgemvMode::Store,
+        )
+        .unwrap();
         let err = rel_error(&get(&gpu, &y, n * rows), &expected);
         eprintln!(
             "qgemv {} ({cols} columns): rel error {err:.2e}",
@@ -133,14 +138,24 @@ fn qgemv_matches_the_cpu_arithmetic_for_every_quantized_type() {
             bias: None,
             out: out.ptr(),
         };
-        gpu.qgemv(&[part(&outs[0])], normed.ptr(), None, n, QgemvMode::Store)
-            .unwrap();
+        gpu.qgemv(
+            &[part(&outs[0])],
+            QgemvInput::Rows(normed.ptr(), None),
+            n,
+            QgemvMode::Store,
+        )
+        .unwrap();
         let norm = RowNorm {
             weight: weight.ptr(),
             eps: 1e-5,
         };
-        gpu.qgemv(&[part(&outs[1])], xb.ptr(), Some(norm), n, QgemvMode::Store)
-            .unwrap();
+        gpu.qgemv(
+            &[part(&outs[1])],
+            QgemvInput::Rows(xb.ptr(), Some(norm)),
+            n,
+            QgemvMode::Store,
+        )
+        .unwrap();
         let (a, b) = (get(&gpu, &outs[0], n * rows), get(&gpu, &outs[1], n * rows));
         let mismatches = a
             .iter()
@@ -152,6 +167,22 @@ fn qgemv_matches_the_cpu_arithmetic_for_every_quantized_type() {
             0,
             "{}: the launch's own RMSNorm differs",
             ggml_type.name()
+        );
+
+        // Quantized once by quantize_rows (norm included), then read by the launch: the same.
+        let quantized = gpu.alloc(n * quantized_row_bytes(cols), "test").unwrap();
+        gpu.quantize_rows(xb.ptr(), Some(norm), n, cols, quantized.ptr())
+            .unwrap();
+        let input = QgemvInput::Quantized(quantized.ptr());
+        gpu.qgemv(&[part(&outs[0])], input, n, QgemvMode::Store)
+            .unwrap();
+        let a = get(&gpu, &outs[0], n * rows);
+        let differ = a.iter().zip(&b).filter(|(a, b)| a.to_bits() != b.to_bits());
+        let name = ggml_type.name();
+        assert_eq!(
+            differ.count(),
+            0,
+            "{name}: the input quantized once differs"
         );
     }
 }
@@ -194,7 +225,8 @@ fn qgemv_launch_modes_match_the_reference() {
                 out: out.ptr(),
             })
             .collect();
-        gpu.qgemv(&parts, xb.ptr(), None, n, mode).unwrap();
+        gpu.qgemv(&parts, QgemvInput::Rows(xb.ptr(), None), n, mode)
+            .unwrap();
         for (i, c) in cases.iter().enumerate() {
             let rows = c.matrix.rows;
             let want: Vec<f64> = expected[i]
@@ -223,8 +255,13 @@ fn qgemv_launch_modes_match_the_reference() {
             bias: None,
             out: out.ptr(),
         });
-        gpu.qgemv(&parts, xb.ptr(), None, n, QgemvMode::Gated { gelu })
-            .unwrap();
+        gpu.qgemv(
+            &parts,
+            QgemvInput::Rows(xb.ptr(), None),
+            n,
+            QgemvMode::Gated { gelu },
+        )
+        .unwrap();
         let want: Vec<f64> = expected[0]
             .iter()
             .map(|&g| {
@@ -240,5 +277,122 @@ fn qgemv_launch_modes_match_the_reference() {
         // GELU rounds its input and result to f16, as ggml's table.
         let bound = if gelu { 2e-3 } else { 1e-5 };
         assert!(err < bound, "gated (gelu {gelu}): {err:.2e}");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn qgemv_rope_equals_projection_then_rope_store() {
+    let gpu = gpu();
+    let mut rng = Rng(0x2545_f491);
+    let (cols, n, start, head_dim, n_head, n_head_kv) = (512, 3, 1000, 64, 4, 2);
+    let max_len = start + n;
+    let cases = [
+        case(&gpu, &mut rng, GgmlType::Q5_0, n_head * head_dim, cols),
+        case(&gpu, &mut rng, GgmlType::Q5_0, n_head_kv * head_dim, cols),
+        case(&gpu, &mut rng, GgmlType::Q8_0, n_head_kv * head_dim, cols),
+    ];
+    let x = put(&gpu, &to_bytes(&rng.floats(n * cols)));
+    let biases: Vec<Buffer> = cases
+        .iter()
+        .map(|c| put(&gpu, &to_bytes(&rng.floats(c.matrix.rows))))
+        .collect();
+    let pos = put(&gpu, &(start as u32).to_le_bytes());
+    let zeros = |floats: usize| put(&gpu, &vec![0u8; floats * 4]);
+    let cache_floats = |rows: usize| max_len * rows / 2;
+    for (neox, dims) in [(true, 64), (false, 64), (true, 32), (false, 32)] {
+        let rope = RopeParams {
+            dims,
+            theta_scale: 10000f32.powf(-2.0 / dims as f32),
+            freq_scale: 1.0,
+            neox,
+        };
+        // Reference: the projections, then rope_store.
+        let outs: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
+        let caches = [
+            zeros(cache_floats(cases[1].matrix.rows)),
+            zeros(cache_floats(cases[2].matrix.rows)),
+        ];
+        let parts = |outs: &[Buffer]| -> Vec<Projection<'_>> {
+            cases
+                .iter()
+                .zip(outs)
+                .zip(&biases)
+                .map(|((c, out), bias)| Projection {
+                    w: &c.matrix,
+                    bias: Some(bias.ptr()),
+                    out: out.ptr(),
+                })
+                .collect()
+        };
+        gpu.qgemv(
+            &parts(&outs),
+            QgemvInput::Rows(x.ptr(), None),
+            n,
+            QgemvMode::Store,
+        )
+        .unwrap();
+        let store = RopeStore {
+            q: outs[0].ptr(),
+            k: outs[1].ptr(),
+            v: outs[2].ptr(),
+            k_cache: caches[0].ptr(),
+            v_cache: caches[1].ptr(),
+            pos: pos.ptr(),
+            n,
+            n_head,
+            n_head_kv,
+            head_dim,
+            v_width: cases[2].matrix.rows,
+        };
+        gpu.rope_store(&store, &rope).unwrap();
+        // One launch.
+        let fused: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
+        let fused_caches = [
+            zeros(cache_floats(cases[1].matrix.rows)),
+            zeros(cache_floats(cases[2].matrix.rows)),
+        ];
+        let target = RopeTarget {
+            rope,
+            head_dim,
+            pos: pos.ptr(),
+            k_cache: fused_caches[0].ptr(),
+            v_cache: fused_caches[1].ptr(),
+        };
+        gpu.qgemv(
+            &parts(&fused),
+            QgemvInput::Rows(x.ptr(), None),
+            n,
+            QgemvMode::Rope(target),
+        )
+        .unwrap();
+        let same = |a: &Buffer, b: &Buffer, floats: usize, what: &str| {
+            let (a, b) = (get(&gpu, a, floats), get(&gpu, b, floats));
+            let differ = a
+                .iter()
+                .zip(&b)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(differ, 0, "{what} (neox {neox}, dims {dims})");
+            assert!(b.iter().any(|&v| v != 0.0), "{what} written");
+        };
+        same(
+            &outs[0],
+            &fused[0],
+            n * cases[0].matrix.rows,
+            "rotated queries",
+        );
+        same(
+            &caches[0],
+            &fused_caches[0],
+            cache_floats(cases[1].matrix.rows),
+            "key cache",
+        );
+        same(
+            &caches[1],
+            &fused_caches[1],
+            cache_floats(cases[2].matrix.rows),
+            "value cache",
+        );
     }
 }

@@ -77,6 +77,63 @@ fn greedy_ignores_filters_and_uses_the_penalty() {
     assert_eq!(s.sample(&[4.0, 3.0, 1.0], &[]), 0);
 }
 
+/// The greedy fast path against the chain's definition (sanitize, penalize the candidates,
+/// highest logit with the lowest id on ties), over values that tie, NaN, ±inf and f32::MAX.
+#[test]
+fn greedy_equals_the_argmax_of_the_penalized_candidates() {
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        0.0,
+        -0.0,
+        2.5,
+        -2.5,
+    ];
+    let mut state = 0x1234_5678_9abc_def0u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for round in 0..400 {
+        let len = 1 + (next() % 70) as usize;
+        let logits: Vec<f32> = (0..len)
+            .map(|_| specials[(next() % specials.len() as u64) as usize])
+            .collect();
+        let history: Vec<u32> = (0..next() % 6).map(|_| (next() % 80) as u32).collect();
+        let penalty = [1.0, 1.3, 0.7][round % 3];
+        let mut sampler = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: penalty,
+            ..SamplingParams::default()
+        });
+        let mut c: Vec<Candidate> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: sanitize(l),
+                p: 0.0,
+            })
+            .collect();
+        if penalty != 1.0 {
+            apply_penalty(&mut c, &mut Vec::new(), &history, f64::from(penalty));
+        }
+        let want = c
+            .iter()
+            .fold(c[0], |best, x| if x.logit > best.logit { *x } else { best })
+            .id;
+        let got = sampler.sample(&logits, &history);
+        assert_eq!(
+            got, want,
+            "logits {logits:?}, history {history:?}, penalty {penalty}"
+        );
+    }
+}
+
 #[test]
 fn greedy_draws_nothing_from_the_generator() {
     let mut s = Sampler::new(params(0.0));
