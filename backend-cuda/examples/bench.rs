@@ -2,17 +2,21 @@
 //! tg128): `cargo run --release -p backend-cuda --example bench -- <model.gguf> [device]`.
 //!
 //! Prefill is one `forward` over 512 tokens; decode is 128 one-token `forward` calls, each
-//! including the logits' copy to the host and a host argmax, as the worker runs them: `tg128`
+//! including the logits' copy to the host and the greedy choice (computed on the GPU, as a
+//! worker job at T = 0 takes it): `tg128`
 //! from an empty context (as llama-bench's), `tg128@512` right after the 512-token prompt.
 //! Then the time to first token of short prompts: a fresh sequence and one `forward` of `n`
 //! tokens, as a job of the worker starts.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use backend_cuda::{CudaBackend, CudaOptions};
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::{BackendError, BackendInfo, InferenceBackend, LoadProgress};
+use worker_common::generate::{CancelToken, GenerateEvent, GenerateRequest, generate};
 use worker_common::model::ModelFile;
+use worker_common::sampling::SamplingParams;
+use worker_common::tokenizer::Tokenizer;
 
 const PROMPT: usize = 512;
 const DECODE: usize = 128;
@@ -39,18 +43,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..=RUNS {
         backend.begin_sequence(PROMPT + DECODE + 1)?;
         let t = Instant::now();
-        let mut token = argmax(backend.forward(&prompt, 0)?);
+        let mut token = next(&mut backend, &prompt, 0)?;
         prefill.push(PROMPT as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
         for pos in PROMPT..PROMPT + DECODE {
-            token = argmax(backend.forward(&[token], pos)?);
+            token = next(&mut backend, &[token], pos)?;
         }
         decode_after.push(DECODE as f64 / t.elapsed().as_secs_f64());
         backend.end_sequence();
         backend.begin_sequence(DECODE)?;
         let t = Instant::now();
         for pos in 0..DECODE {
-            token = argmax(backend.forward(&[token], pos)?);
+            token = next(&mut backend, &[token], pos)?;
         }
         decode.push(DECODE as f64 / t.elapsed().as_secs_f64());
         backend.end_sequence();
@@ -68,13 +72,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         info.device,
         info.memory.weights >> 20
     );
+    let (line, returned) = through_generate(backend, &model)?;
+    println!("{line}");
+    let mut backend = returned;
     let mut line = String::from("first token (ms, median of 10):");
     for n in SHORT {
         let mut times = Vec::new();
         for _ in 0..=10 {
             backend.begin_sequence(n + DECODE)?;
             let t = Instant::now();
-            argmax(backend.forward(&prompt[..n], 0)?);
+            next(&mut backend, &prompt[..n], 0)?;
             times.push(t.elapsed().as_secs_f64() * 1e3);
             backend.end_sequence();
         }
@@ -84,14 +91,104 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
+/// Decode as a worker job runs it: `worker_common::generate` (sampling, detokenizing, stop
+/// checks, events to a sink that keeps nothing) after the prompt `scripts/bench-http.py` sends
+/// (counting, which greedy decoding goes on with for all 128 tokens).
+fn through_generate(
+    backend: CudaBackend,
+    model: &ModelFile,
+) -> Result<(String, CudaBackend), Box<dyn std::error::Error>> {
+    let tokenizer = Tokenizer::from_gguf(&model.gguf)?;
+    let prompt = tokenizer.encode("1, 2, 3, 4, 5,", true, false)?;
+    let request = GenerateRequest {
+        prompt_tokens: prompt.clone(),
+        max_tokens: DECODE,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        stop: Vec::new(),
+        deadline: None,
+    };
+    let mut rates = Vec::new();
+    let mut timed = Timed {
+        inner: backend,
+        forward: Duration::ZERO,
+        calls: 0,
+    };
+    for _ in 0..=RUNS {
+        let mut sink = |_: GenerateEvent| true;
+        (timed.forward, timed.calls) = (Duration::ZERO, 0);
+        let cancel = CancelToken::new();
+        let done = generate(&mut timed, &tokenizer, 8192, &request, &cancel, &mut sink)?;
+        rates.push(done.tokens.len() as f64 / (done.decode_time_ms / 1e3));
     }
-    best as u32
+    let line = format!(
+        "generate(): {:.1} tok/s decode after a {}-token prompt (last run: {} forward calls, {:.3} ms each)",
+        median(&rates[1..]),
+        prompt.len(),
+        timed.calls,
+        timed.forward.as_secs_f64() * 1e3 / timed.calls.max(1) as f64
+    );
+    Ok((line, timed.inner))
+}
+
+/// A backend that times its `forward` calls, to tell the loop's own cost from the GPU's.
+struct Timed {
+    inner: CudaBackend,
+    forward: Duration,
+    calls: usize,
+}
+
+impl InferenceBackend for Timed {
+    const WORKER_TYPE: &'static str = CudaBackend::WORKER_TYPE;
+    const MEMORY_ARCHITECTURE: &'static str = CudaBackend::MEMORY_ARCHITECTURE;
+    const COMPUTES_GREEDY: bool = CudaBackend::COMPUTES_GREEDY;
+    type Options = CudaOptions;
+
+    fn load(
+        _: Arc<ModelFile>,
+        _: &CudaOptions,
+        _: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Self, BackendError> {
+        Err(BackendError::Unsupported {
+            backend: "timed",
+            what: "loading".to_owned(),
+        })
+    }
+
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+
+    fn begin_sequence(&mut self, max_len: usize) -> Result<(), BackendError> {
+        self.inner.begin_sequence(max_len)
+    }
+
+    fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<&[f32], BackendError> {
+        let t = Instant::now();
+        let logits = self.inner.forward(tokens, start_pos);
+        self.forward += t.elapsed();
+        self.calls += 1;
+        logits
+    }
+
+    fn greedy_token(&self) -> Option<u32> {
+        self.inner.greedy_token()
+    }
+
+    fn end_sequence(&mut self) {
+        self.inner.end_sequence()
+    }
+}
+
+/// One `forward` and the greedy choice the backend computes beside the logits, as a worker
+/// job at T = 0 takes it.
+fn next(backend: &mut CudaBackend, tokens: &[u32], pos: usize) -> Result<u32, BackendError> {
+    backend.forward(tokens, pos)?;
+    backend
+        .greedy_token()
+        .ok_or_else(|| BackendError::Device("no greedy choice".to_owned()))
 }
 
 fn median(values: &[f64]) -> f64 {

@@ -2,13 +2,14 @@
 //! `cargo run --release -p backend-cuda --example decode_steps -- <model.gguf> [context] [steps]`.
 //!
 //! Prefills `context` pseudo-random tokens (default 0: an empty cache, as llama-bench's tg128),
-//! then runs `steps` one-token `forward` calls (default 4) and prints each one's time.
+//! then runs `steps` one-token `forward` calls (default 4), each with its greedy choice, and
+//! prints each one's time.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use backend_cuda::{CudaBackend, CudaOptions};
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::{BackendError, InferenceBackend};
 use worker_common::model::ModelFile;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,23 +26,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 8) % vocab)
         .collect();
     backend.begin_sequence(prompt.len() + steps + 1)?;
-    let mut token = argmax(backend.forward(&prompt, 0)?);
+    backend.forward(&prompt, 0)?;
+    let mut token = greedy(&backend)?;
     let mut line = String::from("step ms:");
     for pos in prompt.len()..prompt.len() + steps {
         let t = Instant::now();
-        token = argmax(backend.forward(&[token], pos)?);
+        backend.forward(&[token], pos)?;
+        token = greedy(&backend)?;
         line.push_str(&format!(" {:.3}", t.elapsed().as_secs_f64() * 1e3));
     }
     println!("{line}");
     Ok(())
 }
 
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+/// The greedy choice the backend computed beside the logits.
+fn greedy(backend: &CudaBackend) -> Result<u32, BackendError> {
+    backend
+        .greedy_token()
+        .ok_or_else(|| BackendError::Device("no greedy choice".to_owned()))
 }

@@ -102,3 +102,46 @@ extern "C" __global__ void softcap(float* x, float cap, long long total) {
          i += (long long)gridDim.x * blockDim.x)
         x[i] = tanhf(x[i] / cap) * cap;
 }
+
+// The greedy choice over n logits, as worker_common's sampler makes it at T = 0 without a
+// penalty: the highest value with NaN as -inf and +inf as FLT_MAX, the lowest index on ties.
+// One block; each thread scans a strided share, then a tree of the same comparison (a total
+// order, so the result does not depend on scheduling). The index is stored as a u32 at `out`.
+__device__ __forceinline__ bool better(float v, int i, float best, int best_i) {
+    return v > best || (v == best && i < best_i);
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+argmax_logits(const float* logits, int n, u32* out) {
+    __shared__ float s_value[32];
+    __shared__ int s_index[32];
+    const float NEG_INF = -__int_as_float(0x7f800000), MAX = __int_as_float(0x7f7fffff);
+    // A thread's first index stands for its values until one beats -inf; past the end, n.
+    float best = NEG_INF;
+    int best_i = min((int)threadIdx.x, n);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = logits[i];
+        v = v != v ? NEG_INF : fminf(v, MAX);
+        // Ascending i per thread: strictly greater keeps the first maximum.
+        if (v > best) best = v, best_i = i;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float v = __shfl_xor_sync(0xffffffffu, best, o);
+        int i = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (better(v, i, best, best_i)) best = v, best_i = i;
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) s_value[warp] = best, s_index[warp] = best_i;
+    __syncthreads();
+    if (warp == 0) {
+        int warps = blockDim.x >> 5;
+        best = lane < warps ? s_value[lane] : NEG_INF;
+        best_i = lane < warps ? s_index[lane] : n;
+        for (int o = 16; o > 0; o >>= 1) {
+            float v = __shfl_xor_sync(0xffffffffu, best, o);
+            int i = __shfl_xor_sync(0xffffffffu, best_i, o);
+            if (better(v, i, best, best_i)) best = v, best_i = i;
+        }
+        if (lane == 0) *out = (u32)best_i;
+    }
+}

@@ -48,11 +48,14 @@ __device__ __forceinline__ QInput qinput_at(int cols, const u8* base) {
     return in;
 }
 
-// Quantizes `row` (through RMSNorm `norm` when given, with rms_norm's arithmetic) into `dst`
-// (shared or global memory). Called by every thread of the block.
-__device__ QInput quantize_input(const float* row, const float* norm, float eps, int cols, u8* dst) {
+// Quantizes chunks first + w, first + w + step, … (w the warp) of `row` (through RMSNorm `norm`
+// when given, with rms_norm's arithmetic) into `dst` (shared or global memory). Called by
+// every thread of the block (at most QG_WARPS warps).
+__device__ QInput quantize_input(const float* row, const float* norm, float eps, int cols, u8* dst,
+                                 int first, int step) {
     __shared__ double partial[QG_WARPS];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = cols >> 5;
+    int warps = blockDim.x >> 5;
     signed char* q = (signed char*)dst;
     float* d = (float*)(dst + cols);
     int* sum = (int*)(d + chunks);
@@ -69,22 +72,22 @@ __device__ QInput quantize_input(const float* row, const float* norm, float eps,
         if (lane == 0) partial[warp] = squares;
         __syncthreads();
         squares = partial[0];
-        for (int w = 1; w < QG_WARPS; ++w) squares += partial[w];
+        for (int w = 1; w < warps; ++w) squares += partial[w];
         scale = 1.0f / sqrtf((float)(squares / (double)cols) + eps);
     }
     // QUANT_BATCH chunks per warp at a time, so that their loads are in flight together: one
     // chunk after another, each waiting on its load, made the prologue of a wide input (the FFN
     // down projection's) longer than the products.
-    for (int c0 = warp; c0 < chunks; c0 += QUANT_BATCH * QG_WARPS) {
+    for (int c0 = first + warp; c0 < chunks; c0 += QUANT_BATCH * step) {
         float v[QUANT_BATCH];
 #pragma unroll
         for (int b = 0; b < QUANT_BATCH; ++b) {
-            int c = c0 + b * QG_WARPS, i = 32 * c + lane;
+            int c = c0 + b * step, i = 32 * c + lane;
             v[b] = c < chunks ? (norm ? (row[i] * scale) * norm[i] : row[i]) : 0.0f;
         }
 #pragma unroll
         for (int b = 0; b < QUANT_BATCH; ++b) {
-            int c = c0 + b * QG_WARPS, i = 32 * c + lane;
+            int c = c0 + b * step, i = 32 * c + lane;
             if (c >= chunks) break;  // the same for the whole warp
             float amax = warp_max(fabsf(v[b]));
             float dc = amax / 127.0f, id = dc != 0.0f ? 1.0f / dc : 0.0f;
@@ -102,21 +105,25 @@ __device__ QInput quantize_input(const float* row, const float* norm, float eps,
     return qinput_at(cols, dst);
 }
 
-// Quantizes row blockIdx.x of x (through `norm` when given) to out + blockIdx.x ·
+// Quantizes row blockIdx.y of x (through `norm` when given) to out + blockIdx.y ·
 // qinput_bytes(cols), once for every block of the launches that read it: a wide input (the
 // FFN down projection's) or one read by thousands of blocks (the output head's) would cost
-// more quantized in each block.
+// more quantized in each block. The row's chunks are spread over grid.x blocks, one per warp.
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
 quantize_rows(const float* x, const float* norm, float eps, int cols, u8* out) {
-    quantize_input(x + (long long)blockIdx.x * cols, norm, eps, cols,
-                   out + (long long)blockIdx.x * qinput_bytes(cols));
+    int warps = blockDim.x >> 5;
+    quantize_input(x + (long long)blockIdx.y * cols, norm, eps, cols,
+                   out + (long long)blockIdx.y * qinput_bytes(cols), blockIdx.x * warps,
+                   gridDim.x * warps);
 }
 
 // Row blockIdx.y of the input, quantized in shared memory: copied from `pre` (quantize_rows'
 // output) when given, else quantized from x here.
 __device__ QInput load_input(const float* x, const u8* pre, const float* norm, float eps, int cols,
                              u8* smem) {
-    if (!pre) return quantize_input(x + (long long)blockIdx.y * cols, norm, eps, cols, smem);
+    if (!pre)
+        return quantize_input(x + (long long)blockIdx.y * cols, norm, eps, cols, smem, 0,
+                              blockDim.x >> 5);
     int words = qinput_bytes(cols) / 16;
     const int4* src = (const int4*)pre + (long long)blockIdx.y * words;
     for (int i = threadIdx.x; i < words; i += blockDim.x) ((int4*)smem)[i] = src[i];
@@ -378,8 +385,9 @@ __device__ __forceinline__ QMatrix pick(const QMatrix& a, const QMatrix& b, cons
 }
 
 // R rows per warp-slot (R = 2: two consecutive rows of the concatenated matrices, which must
-// then share one format, or with a gated mode a gate row and its up row), `parts` warps per slot (each on a contiguous run of
-// the chunks, summed through shared memory), grid.x over slots, grid.y over tokens.
+// then share one format, or with a gated mode a gate row and its up row), `parts` warps per
+// slot (each on a contiguous run of the chunks, summed through shared memory), blockDim.x / 32
+// warps per block (at most QG_WARPS), grid.x over slots, grid.y over tokens.
 template <int R>
 __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, const QRope& rope,
                       int cols, int parts, const float* x, const u8* pre, const float* norm,
@@ -388,7 +396,7 @@ __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
     __shared__ float s_part[QG_WARPS][R];
     QInput in = load_input(x, pre, norm, eps, cols, (u8*)qgemv_shared);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % parts;
-    int slot = blockIdx.x * (QG_WARPS / parts) + warp / parts;
+    int slot = blockIdx.x * ((blockDim.x >> 5) / parts) + warp / parts;
     bool gated = mode == QG_SILU || mode == QG_GELU, roped = mode == QG_ROPE;
     int total = gated ? m0.rows : m0.rows + m1.rows + m2.rows;
     int which[R], row[R], format = 0, rotation = -1;

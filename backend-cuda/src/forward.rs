@@ -258,6 +258,8 @@ impl Model<'_> {
         if let Some(cap) = hp.final_logit_softcapping {
             self.gpu.softcap(logits, cap, hp.vocab_size)?;
         }
+        let choice = logits + (hp.vocab_size * 4) as u64;
+        self.gpu.argmax_logits(logits, hp.vocab_size, choice)?;
         Ok(())
     }
 

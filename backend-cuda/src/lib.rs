@@ -110,6 +110,7 @@ const MAX_UNNAMED: u64 = 192 << 20;
 impl InferenceBackend for CudaBackend {
     const WORKER_TYPE: &'static str = "bespoke-cuda";
     const MEMORY_ARCHITECTURE: &'static str = "vram-only";
+    const COMPUTES_GREEDY: bool = true;
     type Options = CudaOptions;
 
     fn load(
@@ -195,6 +196,10 @@ impl InferenceBackend for CudaBackend {
         };
         model.forward(tokens, start_pos, kv, &mut self.scratch)?;
         self.scratch.logits()
+    }
+
+    fn greedy_token(&self) -> Option<u32> {
+        self.scratch.greedy()
     }
 
     fn end_sequence(&mut self) {

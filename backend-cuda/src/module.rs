@@ -66,6 +66,8 @@ pub struct Kernels {
     pub copy_cols: CudaFunction,
     /// Final logit soft-capping.
     pub softcap: CudaFunction,
+    /// The greedy choice over the logits.
+    pub argmax_logits: CudaFunction,
     /// Causal attention over the cache.
     pub attention: CudaFunction,
     /// Decode attention split over the keys, merged by the last block.
@@ -123,6 +125,7 @@ impl Kernels {
             gated: get("gated")?,
             copy_cols: get("copy_cols")?,
             softcap: get("softcap")?,
+            argmax_logits: get("argmax_logits")?,
             attention: get("attention")?,
             attention_split: get("attention_split")?,
             _module: module,

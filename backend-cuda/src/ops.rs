@@ -330,6 +330,13 @@ impl Gpu {
         )
     }
 
+    /// The index of the highest of `n` logits (NaN as -inf, +inf as `f32::MAX`, the lowest
+    /// index on ties: the sampler's greedy choice) as a `u32` at `out`.
+    pub fn argmax_logits(&self, logits: u64, n: usize, out: u64) -> Result<(), BackendError> {
+        let args = [Arg::Ptr(logits), Arg::I32(int(n)?), Arg::Ptr(out)];
+        self.launch(&self.kernels.argmax_logits, (1, 1), 1024, &args)
+    }
+
     /// `x = cap · tanh(x / cap)`.
     pub fn softcap(&self, x: u64, cap: f32, total: usize) -> Result<(), BackendError> {
         let args = [Arg::Ptr(x), Arg::F32(cap), long(total)];

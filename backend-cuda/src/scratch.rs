@@ -36,7 +36,7 @@ pub enum Act {
     /// `[start_pos, ids…]` as `u32`: the kernels read the position from here, so a captured
     /// step replays at any position.
     Step,
-    /// Logits of the last position.
+    /// Logits of the last position, then their greedy choice (a `u32` in one more slot).
     Logits,
     /// Partial results of the split decode attention.
     Partial,
@@ -128,7 +128,7 @@ impl Scratch {
             }
             self.buffers.push(gpu.alloc((n + 1) * 4, "activations")?);
             self.buffers
-                .push(gpu.alloc(hp.vocab_size * 4, "activations")?);
+                .push(gpu.alloc((hp.vocab_size + 1) * 4, "activations")?);
             // The split attention serves calls below the SGEMM path's size.
             let decode = n.min(GEMM_MIN_TOKENS - 1);
             let partial = SplitScratch::partial_floats(hp.n_head, hp.head_dim_v);
@@ -144,7 +144,7 @@ impl Scratch {
             self.tokens = n;
         }
         if self.logits.is_none() {
-            self.logits = Some(gpu.alloc_pinned(hp.vocab_size)?);
+            self.logits = Some(gpu.alloc_pinned(hp.vocab_size + 1)?);
         }
         if n >= GEMM_MIN_TOKENS && self.dequant.is_none() {
             self.dequant = Some(gpu.alloc(weights.max_layer_matrix * 4, "prefill scratch")?);
@@ -175,6 +175,17 @@ impl Scratch {
 
     /// The logits of the last forward call.
     pub fn logits(&self) -> Result<&[f32], BackendError> {
+        let all = self.downloaded()?;
+        Ok(&all[..all.len() - 1])
+    }
+
+    /// The greedy choice over the last forward call's logits.
+    pub fn greedy(&self) -> Option<u32> {
+        self.downloaded().ok()?.last().map(|id| id.to_bits())
+    }
+
+    /// The logits and, in the last slot, the bits of their greedy choice.
+    fn downloaded(&self) -> Result<&[f32], BackendError> {
         self.logits
             .as_ref()
             .ok_or_else(no_logits)?

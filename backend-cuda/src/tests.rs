@@ -16,7 +16,7 @@ use crate::ops::{
 pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -504,5 +504,50 @@ fn attention_matches_the_reference() {
             eprintln!("attention ({kernel}) {n_head}/{n_head_kv}x{dim} at {start}+{n}: {err:.2e}");
             assert!(err < 1e-5, "attention ({kernel}): {err:.2e}");
         }
+    }
+}
+
+/// The device's greedy choice equals the sampler's at T = 0 on logits with ties, NaN, ±inf
+/// and f32::MAX, at vocabulary sizes around the block's stride.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn argmax_logits_matches_the_greedy_sampler() {
+    use worker_common::sampling::{Sampler, SamplingParams};
+    let gpu = gpu();
+    let mut rng = Rng(0x0bad_cafe);
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        1.0,
+        1.0,
+    ];
+    let out = gpu.alloc(4, "test").unwrap();
+    for (round, n) in [1, 7, 1023, 1024, 1025, 4099, 151_936]
+        .into_iter()
+        .cycle()
+        .take(28)
+        .enumerate()
+    {
+        let mut logits = rng.floats(n);
+        // Rounds take turns: plain values, a few specials, nothing but specials.
+        for (i, v) in logits.iter_mut().enumerate() {
+            let pick = (rng.next() % specials.len() as u64) as usize;
+            match round % 3 {
+                1 if i % 97 == 5 => *v = specials[pick],
+                2 => *v = specials[pick],
+                _ => {}
+            }
+        }
+        let buffer = put(&gpu, &to_bytes(&logits));
+        gpu.argmax_logits(buffer.ptr(), n, out.ptr()).unwrap();
+        let got = get(&gpu, &out, 1)[0].to_bits();
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        };
+        let want = Sampler::new(greedy).sample(&logits, &[]);
+        assert_eq!(got, want, "round {round}, {n} logits");
     }
 }

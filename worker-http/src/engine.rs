@@ -218,8 +218,10 @@ fn finish_job(
     started: Instant,
 ) -> StreamEvent {
     let duration = started.elapsed().as_secs_f64();
+    let mut decode_steps = None;
     let (event, record) = match result {
         Ok(done) => {
+            decode_steps = Some(done.decode_steps_ms);
             let tokens_out = done.tokens.len();
             let record = JobRecord {
                 outcome: Outcome::Success,
@@ -251,12 +253,20 @@ fn finish_job(
             (StreamEvent::error(code, err.to_string()), record)
         }
     };
-    log_end(shared, job, &event, &record);
+    log_end(shared, job, &event, &record, decode_steps);
     shared.metrics.record(record);
     event
 }
 
-fn log_end(shared: &Shared, job: &Job, event: &StreamEvent, record: &JobRecord) {
+/// Logs how `job` ended; `decode_steps` is the part of its decode time (ms) in the steps
+/// themselves (forward and the token's choice), for a job that finished.
+fn log_end(
+    shared: &Shared,
+    job: &Job,
+    event: &StreamEvent,
+    record: &JobRecord,
+    decode_steps: Option<f64>,
+) {
     let worker_id = shared.settings.worker_id.as_str();
     let (job_id, correlation_id) = (job.id.as_str(), job.correlation_id.as_str());
     match event {
@@ -275,6 +285,7 @@ fn log_end(shared: &Shared, job: &Job, event: &StreamEvent, record: &JobRecord) 
             correlation_id,
             tokens_out = record.tokens_out,
             duration_ms = record.duration * 1e3,
+            decode_steps_ms = decode_steps.map(micros),
             "job finished"
         ),
     }
@@ -316,7 +327,7 @@ pub fn end_unstarted(shared: &Shared, job: Job, code: ErrorCode, message: &str) 
         duration: 0.0,
     };
     let event = StreamEvent::error(code, message);
-    log_end(shared, &job, &event, &record);
+    log_end(shared, &job, &event, &record, None);
     shared.metrics.record(record);
     let _ = job.events.send(event);
 }

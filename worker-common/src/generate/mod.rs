@@ -137,12 +137,15 @@ pub struct Finished {
     pub tokens: Vec<u32>,
     /// Prompt tokens processed.
     pub prompt_tokens: usize,
-    /// Time of the prefill `forward` calls.
+    /// Time of the prefill `forward` calls and the first token's choice.
     pub prefill_time_ms: f64,
     /// From the start of the job to the first sampled token.
     pub time_to_first_token_ms: f64,
     /// From the first sampled token to the end.
     pub decode_time_ms: f64,
+    /// Of the decode time, the steps: the backend's `forward` calls and the tokens' choice
+    /// (the rest is detokenizing, stop checks and sending events).
+    pub decode_steps_ms: f64,
 }
 
 /// Why a job ended abnormally.
@@ -208,6 +211,7 @@ pub fn generate<B: InferenceBackend>(
         cancel,
         sink,
         start,
+        decode: Duration::ZERO,
     };
     let outcome = job.run();
     backend.end_sequence();
@@ -222,6 +226,8 @@ struct Job<'a, B> {
     cancel: &'a CancelToken,
     sink: &'a mut dyn EventSink,
     start: Instant,
+    /// Time in decode steps (`forward` and the token's choice) so far.
+    decode: Duration,
 }
 
 /// Milliseconds since `since`, fractional.
@@ -240,18 +246,41 @@ impl<B: InferenceBackend> Job<'_, B> {
         }
     }
 
-    /// Prefills the prompt chunk by chunk and samples the first token; returns it with the
-    /// time the `forward` calls took.
+    /// Prefills the prompt chunk by chunk and picks the first token; returns it with the time
+    /// the prefill took (the `forward` calls and that choice).
     fn prefill(&mut self, sampler: &mut Sampler) -> Result<(u32, f64), GenerateError> {
         let prompt = &self.request.prompt_tokens;
         let start = Instant::now();
-        let mut logits: &[f32] = &[];
+        let chunks = prompt.len().div_ceil(PREFILL_CHUNK);
+        let mut token = 0;
         for (i, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
             self.check()?;
-            logits = self.backend.forward(chunk, i * PREFILL_CHUNK)?;
+            if i + 1 < chunks {
+                self.backend.forward(chunk, i * PREFILL_CHUNK)?;
+            } else {
+                token = self.step(sampler, chunk, i * PREFILL_CHUNK, prompt)?;
+            }
         }
-        let prefill_time_ms = ms_since(start);
-        Ok((sampler.sample(logits, prompt), prefill_time_ms))
+        Ok((token, ms_since(start)))
+    }
+
+    /// Runs `tokens` at `start_pos..` and picks the next token: the backend's own greedy
+    /// choice when it computes one and the request is plain greedy, else the sampler's.
+    fn step(
+        &mut self,
+        sampler: &mut Sampler,
+        tokens: &[u32],
+        start_pos: usize,
+        history: &[u32],
+    ) -> Result<u32, GenerateError> {
+        if B::COMPUTES_GREEDY && sampler.is_plain_greedy() {
+            self.backend.forward(tokens, start_pos)?;
+            return self.backend.greedy_token().ok_or_else(|| {
+                BackendError::Device("the backend computed no greedy choice".to_owned()).into()
+            });
+        }
+        let logits = self.backend.forward(tokens, start_pos)?;
+        Ok(sampler.sample(logits, history))
     }
 
     fn run(&mut self) -> Result<Finished, GenerateError> {
@@ -281,8 +310,9 @@ impl<B: InferenceBackend> Job<'_, B> {
                 last_metrics = Instant::now();
                 self.metrics(tokens.len(), first_token_at)?;
             }
-            let logits = self.backend.forward(&[token], history.len() - 1)?;
-            token = sampler.sample(logits, &history);
+            let step = Instant::now();
+            token = self.step(&mut sampler, &[token], history.len() - 1, &history)?;
+            self.decode += step.elapsed();
         };
         if matched.is_none() {
             let rest = text.finish();
@@ -296,6 +326,7 @@ impl<B: InferenceBackend> Job<'_, B> {
             prefill_time_ms,
             time_to_first_token_ms: first_token_at.duration_since(self.start).as_secs_f64() * 1e3,
             decode_time_ms: ms_since(first_token_at),
+            decode_steps_ms: self.decode.as_secs_f64() * 1e3,
         })
     }
 

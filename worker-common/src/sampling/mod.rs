@@ -91,6 +91,12 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether [`sample`](Self::sample) is the plain argmax of the logits (T = 0 and no
+    /// penalty), which a backend may have computed already.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.cfg.temperature.is_none() && self.cfg.penalty.is_none()
+    }
+
     /// Picks the next token id from `logits` (one per vocabulary id), given `history`: the
     /// prompt's ids followed by those generated so far. See the module doc for the chain.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
@@ -224,23 +230,54 @@ fn penalize(logit: f64, penalty: f64) -> f64 {
     }
 }
 
-/// The highest sanitized logit, the lowest id on ties: the maximum first (a fold the compiler
-/// vectorizes), then its first id. Comparing f32s is comparing their f64 widenings, and
-/// sanitizing is monotone, so this is the argmax of the chain's f64 logits.
+/// The highest sanitized logit, the lowest id on ties, in one pass over sixteen interleaved
+/// lanes (a loop the compiler vectorizes; a scan for the maximum's first id afterwards cost up
+/// to 0.4 ms at V = 152k on a GPU host). Each lane keeps its first maximum (strictly greater
+/// replaces), so the lowest id among the lanes holding the overall maximum is the answer.
+/// Comparing f32s is comparing their f64 widenings, so this is the argmax of the chain's f64
+/// logits: a NaN never compares greater (as -inf, it wins only where everything is -inf, and
+/// then id 0 does); only +inf, which sanitizing turns into a tie with f32::MAX, needs the
+/// sanitized scan.
 fn argmax_f32(logits: &[f32]) -> u32 {
-    let clean = |v: f32| {
-        if v.is_nan() {
-            f32::NEG_INFINITY
-        } else {
-            v.min(f32::MAX)
+    const LANES: usize = 16;
+    let mut best = [f32::NEG_INFINITY; LANES];
+    let mut ids = [0u32; LANES];
+    let mut blocks = logits.chunks_exact(LANES);
+    for (b, block) in (&mut blocks).enumerate() {
+        let base = (b * LANES) as u32;
+        for l in 0..LANES {
+            let greater = block[l] > best[l];
+            best[l] = if greater { block[l] } else { best[l] };
+            ids[l] = if greater { base + l as u32 } else { ids[l] };
         }
-    };
-    let max = logits.iter().fold(
-        f32::NEG_INFINITY,
-        |m, &v| if clean(v) > m { clean(v) } else { m },
-    );
-    // The maximum is one of the values (or every value is -inf and id 0 is the answer).
-    logits.iter().position(|&v| clean(v) == max).unwrap_or(0) as u32
+    }
+    let (mut max, mut id) = (f32::NEG_INFINITY, 0u32);
+    for l in 0..LANES {
+        if best[l] > max || (best[l] == max && ids[l] < id) {
+            (max, id) = (best[l], ids[l]);
+        }
+    }
+    let tail = logits.len() - blocks.remainder().len();
+    for (i, &v) in blocks.remainder().iter().enumerate() {
+        if v > max {
+            (max, id) = (v, (tail + i) as u32);
+        }
+    }
+    if max == f32::INFINITY {
+        return argmax_sanitized(logits);
+    }
+    id
+}
+
+/// [`argmax_f32`]'s exact scan: NaN as -inf, +inf as f32::MAX, the lowest id on ties.
+fn argmax_sanitized(logits: &[f32]) -> u32 {
+    let mut best = (f64::NEG_INFINITY, 0u32);
+    for (i, &v) in logits.iter().enumerate() {
+        if sanitize(v) > best.0 {
+            best = (sanitize(v), i as u32);
+        }
+    }
+    best.1
 }
 
 /// Keeps the `k` highest logits (ties: lower id), unordered; returns whether it cut anything.
