@@ -105,43 +105,73 @@ extern "C" __global__ void softcap(float* x, float cap, long long total) {
 
 // The greedy choice over n logits, as worker_common's sampler makes it at T = 0 without a
 // penalty: the highest value with NaN as -inf and +inf as FLT_MAX, the lowest index on ties.
-// One block; each thread scans a strided share, then a tree of the same comparison (a total
-// order, so the result does not depend on scheduling). The index is stored as a u32 at `out`.
+// Each block reduces a contiguous slice and writes its (value, index) to `partial`; the last
+// block to finish (an atomic count, reset for the next replay, as attention_split's merge)
+// reduces those in block order and stores the index as a u32 at `out`. Every step compares by
+// one total order, so the result does not depend on scheduling.
 __device__ __forceinline__ bool better(float v, int i, float best, int best_i) {
     return v > best || (v == best && i < best_i);
 }
 
-extern "C" __global__ void __launch_bounds__(1024)
-argmax_logits(const float* logits, int n, u32* out) {
+// The best of each thread's (value, index) in the block, in thread 0.
+__device__ void block_best(float* value, int* index) {
     __shared__ float s_value[32];
     __shared__ int s_index[32];
-    const float NEG_INF = -__int_as_float(0x7f800000), MAX = __int_as_float(0x7f7fffff);
-    // A thread's first index stands for its values until one beats -inf; past the end, n.
-    float best = NEG_INF;
-    int best_i = min((int)threadIdx.x, n);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = logits[i];
-        v = v != v ? NEG_INF : fminf(v, MAX);
-        // Ascending i per thread: strictly greater keeps the first maximum.
-        if (v > best) best = v, best_i = i;
-    }
     for (int o = 16; o > 0; o >>= 1) {
-        float v = __shfl_xor_sync(0xffffffffu, best, o);
-        int i = __shfl_xor_sync(0xffffffffu, best_i, o);
-        if (better(v, i, best, best_i)) best = v, best_i = i;
+        float v = __shfl_xor_sync(0xffffffffu, *value, o);
+        int i = __shfl_xor_sync(0xffffffffu, *index, o);
+        if (better(v, i, *value, *index)) *value = v, *index = i;
     }
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) s_value[warp] = best, s_index[warp] = best_i;
+    if (lane == 0) s_value[warp] = *value, s_index[warp] = *index;
     __syncthreads();
     if (warp == 0) {
         int warps = blockDim.x >> 5;
-        best = lane < warps ? s_value[lane] : NEG_INF;
-        best_i = lane < warps ? s_index[lane] : n;
+        *value = lane < warps ? s_value[lane] : -__int_as_float(0x7f800000);
+        *index = lane < warps ? s_index[lane] : 0x7fffffff;
         for (int o = 16; o > 0; o >>= 1) {
-            float v = __shfl_xor_sync(0xffffffffu, best, o);
-            int i = __shfl_xor_sync(0xffffffffu, best_i, o);
-            if (better(v, i, best, best_i)) best = v, best_i = i;
+            float v = __shfl_xor_sync(0xffffffffu, *value, o);
+            int i = __shfl_xor_sync(0xffffffffu, *index, o);
+            if (better(v, i, *value, *index)) *value = v, *index = i;
         }
-        if (lane == 0) *out = (u32)best_i;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+argmax_logits(const float* logits, int n, u32* out, float* partial, u32* counter) {
+    __shared__ bool s_last;
+    const float NEG_INF = -__int_as_float(0x7f800000), MAX = __int_as_float(0x7f7fffff);
+    // Thread t of block b takes elements b·slice + t, + blockDim.x, … of its block's slice;
+    // an element never seen stands as -inf at an index past every real one.
+    int slice = (n + gridDim.x - 1) / gridDim.x, first = blockIdx.x * slice;
+    int last = min(n, first + slice);
+    float best = NEG_INF;
+    int best_i = 0x7fffffff;
+    for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
+        float v = logits[i];
+        v = v != v ? NEG_INF : fminf(v, MAX);
+        if (better(v, i, best, best_i)) best = v, best_i = i;
+    }
+    block_best(&best, &best_i);
+    if (threadIdx.x == 0) {
+        partial[2 * blockIdx.x] = best;
+        partial[2 * blockIdx.x + 1] = __int_as_float(best_i);
+        __threadfence();
+        u32 done = atomicAdd(counter, 1u);
+        s_last = done == gridDim.x - 1;
+        if (s_last) *counter = 0;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    best = NEG_INF;
+    best_i = 0x7fffffff;
+    for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+        float v = __ldcg(partial + 2 * b);
+        int i = __float_as_int(__ldcg(partial + 2 * b + 1));
+        if (better(v, i, best, best_i)) best = v, best_i = i;
+    }
+    block_best(&best, &best_i);
+    // Every value -inf or NaN: the lowest index, 0, as the sampler.
+    if (threadIdx.x == 0) *out = best == NEG_INF ? 0u : (u32)best_i;
 }

@@ -259,7 +259,8 @@ impl Model<'_> {
             self.gpu.softcap(logits, cap, hp.vocab_size)?;
         }
         let choice = logits + (hp.vocab_size * 4) as u64;
-        self.gpu.argmax_logits(logits, hp.vocab_size, choice)?;
+        self.gpu
+            .argmax_logits(logits, hp.vocab_size, choice, s.ptr(Act::Argmax))?;
         Ok(())
     }
 

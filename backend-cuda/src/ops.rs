@@ -331,10 +331,31 @@ impl Gpu {
     }
 
     /// The index of the highest of `n` logits (NaN as -inf, +inf as `f32::MAX`, the lowest
-    /// index on ties: the sampler's greedy choice) as a `u32` at `out`.
-    pub fn argmax_logits(&self, logits: u64, n: usize, out: u64) -> Result<(), BackendError> {
-        let args = [Arg::Ptr(logits), Arg::I32(int(n)?), Arg::Ptr(out)];
-        self.launch(&self.kernels.argmax_logits, (1, 1), 1024, &args)
+    /// index on ties: the sampler's greedy choice) as a `u32` at `out`; `scratch` is an
+    /// [`ArgmaxScratch`].
+    pub fn argmax_logits(
+        &self,
+        logits: u64,
+        n: usize,
+        out: u64,
+        scratch: u64,
+    ) -> Result<(), BackendError> {
+        let blocks = n
+            .div_ceil(ARGMAX_PER_BLOCK)
+            .clamp(1, ArgmaxScratch::MAX_BLOCKS);
+        let args = [
+            Arg::Ptr(logits),
+            Arg::I32(int(n)?),
+            Arg::Ptr(out),
+            Arg::Ptr(scratch + ArgmaxScratch::PARTIALS),
+            Arg::Ptr(scratch),
+        ];
+        self.launch(
+            &self.kernels.argmax_logits,
+            (blocks as u32, 1),
+            BLOCK,
+            &args,
+        )
     }
 
     /// `x = cap · tanh(x / cap)`.
@@ -455,6 +476,22 @@ impl RowNorm {
     pub fn fits(cols: usize) -> bool {
         cols * 4 <= MAX_DYNAMIC_SHARED
     }
+}
+
+/// Logits per block of the greedy choice (eight per thread).
+const ARGMAX_PER_BLOCK: usize = 2048;
+
+/// Scratch of [`Gpu::argmax_logits`]: a zeroed `u32` count of finished blocks (the kernel
+/// leaves it zeroed), then a (value, index) pair per block.
+pub struct ArgmaxScratch;
+
+impl ArgmaxScratch {
+    /// Most blocks (more logits make longer slices).
+    pub const MAX_BLOCKS: usize = 128;
+    /// Byte offset of the pairs.
+    const PARTIALS: u64 = 16;
+    /// Bytes of the scratch.
+    pub const BYTES: usize = 16 + 8 * Self::MAX_BLOCKS;
 }
 
 /// Scratch of the split attention kernel.

@@ -6,7 +6,7 @@ use worker_common::backend::BackendError;
 
 use crate::device::{Buffer, Gpu, device_error};
 use crate::forward::{GEMM_MIN_TOKENS, Plan};
-use crate::ops::SplitScratch;
+use crate::ops::{ArgmaxScratch, SplitScratch};
 use crate::qgemv::quantized_row_bytes;
 use crate::weights::Weights;
 
@@ -44,6 +44,8 @@ pub enum Act {
     Counters,
     /// Input rows quantized once for the int8-activation GEMVs that read them.
     Quantized,
+    /// The greedy choice's count and per-block bests ([`ArgmaxScratch`]; zeroed).
+    Argmax,
 }
 
 /// The decode step recorded once per sequence (its KV cache and activation addresses are baked
@@ -141,6 +143,9 @@ impl Scratch {
             let widest = hp.n_ff.max(hp.n_embd).max(hp.attn_out_width());
             let quantized = n * quantized_row_bytes(widest);
             self.buffers.push(gpu.alloc(quantized, "activations")?);
+            let mut argmax = gpu.alloc(ArgmaxScratch::BYTES, "activations")?;
+            gpu.upload(&[0; ArgmaxScratch::BYTES], &mut argmax, 0)?;
+            self.buffers.push(argmax);
             self.tokens = n;
         }
         if self.logits.is_none() {

@@ -9,7 +9,8 @@ use worker_common::gguf::GgmlType;
 use crate::device::{Buffer, Gpu};
 use crate::module::{self, WEIGHT_TYPES};
 use crate::ops::{
-    AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm, SplitScratch,
+    ArgmaxScratch, AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm,
+    SplitScratch,
 };
 
 /// xorshift64*: reproducible random inputs without a dependency.
@@ -524,7 +525,8 @@ fn argmax_logits_matches_the_greedy_sampler() {
         1.0,
     ];
     let out = gpu.alloc(4, "test").unwrap();
-    for (round, n) in [1, 7, 1023, 1024, 1025, 4099, 151_936]
+    let scratch = put(&gpu, &[0; ArgmaxScratch::BYTES]);
+    for (round, n) in [1, 7, 1023, 2049, 4099, 151_936, 262_145, 300_001]
         .into_iter()
         .cycle()
         .take(28)
@@ -541,7 +543,8 @@ fn argmax_logits_matches_the_greedy_sampler() {
             }
         }
         let buffer = put(&gpu, &to_bytes(&logits));
-        gpu.argmax_logits(buffer.ptr(), n, out.ptr()).unwrap();
+        gpu.argmax_logits(buffer.ptr(), n, out.ptr(), scratch.ptr())
+            .unwrap();
         let got = get(&gpu, &out, 1)[0].to_bits();
         let greedy = SamplingParams {
             temperature: 0.0,
