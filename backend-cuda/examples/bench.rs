@@ -2,8 +2,8 @@
 //! tg128): `cargo run --release -p backend-cuda --example bench -- <model.gguf> [device]`.
 //!
 //! Prefill is one `forward` over 512 tokens; decode is 128 one-token `forward` calls, each
-//! including the logits' copy to the host and the greedy choice (computed on the GPU, as a
-//! worker job at T = 0 takes it): `tg128`
+//! with the greedy choice (computed on the GPU and copied back alone, as a worker job at T = 0
+//! takes it): `tg128`
 //! from an empty context (as llama-bench's), `tg128@512` right after the 512-token prompt.
 //! Then the time to first token of short prompts: a fresh sequence and one `forward` of `n`
 //! tokens, as a job of the worker starts.
@@ -177,18 +177,23 @@ impl InferenceBackend for Timed {
         self.inner.greedy_token()
     }
 
+    fn forward_greedy(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32, BackendError> {
+        let t = Instant::now();
+        let token = self.inner.forward_greedy(tokens, start_pos);
+        self.forward += t.elapsed();
+        self.calls += 1;
+        token
+    }
+
     fn end_sequence(&mut self) {
         self.inner.end_sequence()
     }
 }
 
-/// One `forward` and the greedy choice the backend computes beside the logits, as a worker
+/// One forward pass and the greedy choice the backend computes beside the logits, as a worker
 /// job at T = 0 takes it.
 fn next(backend: &mut CudaBackend, tokens: &[u32], pos: usize) -> Result<u32, BackendError> {
-    backend.forward(tokens, pos)?;
-    backend
-        .greedy_token()
-        .ok_or_else(|| BackendError::Device("no greedy choice".to_owned()))
+    backend.forward_greedy(tokens, pos)
 }
 
 fn median(values: &[f64]) -> f64 {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use backend_cuda::{CudaBackend, CudaOptions};
-use worker_common::backend::{BackendError, InferenceBackend};
+use worker_common::backend::InferenceBackend;
 use worker_common::model::ModelFile;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,22 +26,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 8) % vocab)
         .collect();
     backend.begin_sequence(prompt.len() + steps + 1)?;
-    backend.forward(&prompt, 0)?;
-    let mut token = greedy(&backend)?;
+    let mut token = backend.forward_greedy(&prompt, 0)?;
     let mut line = String::from("step ms:");
     for pos in prompt.len()..prompt.len() + steps {
         let t = Instant::now();
-        backend.forward(&[token], pos)?;
-        token = greedy(&backend)?;
+        token = backend.forward_greedy(&[token], pos)?;
         line.push_str(&format!(" {:.3}", t.elapsed().as_secs_f64() * 1e3));
     }
     println!("{line}");
     Ok(())
-}
-
-/// The greedy choice the backend computed beside the logits.
-fn greedy(backend: &CudaBackend) -> Result<u32, BackendError> {
-    backend
-        .greedy_token()
-        .ok_or_else(|| BackendError::Device("no greedy choice".to_owned()))
 }

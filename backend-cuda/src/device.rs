@@ -256,15 +256,21 @@ impl Gpu {
             .map_err(|e| device_error("allocating page-locked host memory", e))
     }
 
-    /// Copies `out.len()` floats from device address `src` into pinned memory and waits.
+    /// Copies `count` floats from device address `src` into the last `count` of pinned `out`
+    /// and waits.
     pub fn download_pinned(
         &self,
         src: u64,
         out: &mut PinnedHostSlice<f32>,
+        count: usize,
     ) -> Result<(), BackendError> {
-        let dst = out
+        let all = out
             .as_mut_slice()
             .map_err(|e| device_error("waiting for the host buffer", e))?;
+        let start = all.len().checked_sub(count).ok_or_else(|| {
+            BackendError::Device(format!("{count} floats do not fit the host buffer"))
+        })?;
+        let dst = &mut all[start..];
         // SAFETY: `src` is a live device buffer of at least `dst.len()` floats; `dst` is
         // page-locked memory that stays borrowed until the copy is waited for below.
         unsafe { driver::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }

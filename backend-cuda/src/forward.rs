@@ -152,7 +152,8 @@ pub struct Model<'a> {
 }
 
 impl Model<'_> {
-    /// Runs `tokens` at `start_pos..` and leaves the last position's logits in `scratch`.
+    /// Runs `tokens` at `start_pos..` and leaves the last position's logits and their greedy
+    /// choice in `scratch`'s device buffer ([`Act::Logits`]), still to be downloaded.
     ///
     /// One token runs as a CUDA graph, captured at the first such call of a sequence and
     /// replayed after: the position and id are read from device memory, so each step is one
@@ -217,7 +218,7 @@ impl Model<'_> {
             self.run(n, kv, scratch)?;
         }
         kv.filled = start_pos + n;
-        scratch.download_logits(self.gpu)
+        Ok(())
     }
 
     /// Queues the whole pass for `n` tokens whose position and ids are in [`Act::Step`].

@@ -185,17 +185,17 @@ impl InferenceBackend for CudaBackend {
     }
 
     fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<&[f32], BackendError> {
-        self.gpu.bind()?;
-        let kv = self.kv.as_mut().ok_or_else(|| {
-            BackendError::InvalidInput("forward called outside a sequence".to_owned())
-        })?;
-        let model = Model {
-            gpu: &self.gpu,
-            plan: &self.plan,
-            weights: &self.weights,
-        };
-        model.forward(tokens, start_pos, kv, &mut self.scratch)?;
+        self.run_forward(tokens, start_pos)?;
+        self.scratch.download_logits(&self.gpu)?;
         self.scratch.logits()
+    }
+
+    fn forward_greedy(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32, BackendError> {
+        self.run_forward(tokens, start_pos)?;
+        self.scratch.download_choice(&self.gpu)?;
+        self.scratch
+            .greedy()
+            .ok_or_else(|| BackendError::Device("the greedy choice was not downloaded".to_owned()))
     }
 
     fn greedy_token(&self) -> Option<u32> {
@@ -208,6 +208,22 @@ impl InferenceBackend for CudaBackend {
         }
         self.kv = None;
         self.scratch = Scratch::default();
+    }
+}
+
+impl CudaBackend {
+    /// Queues the forward pass of `tokens` (its results stay on the device).
+    fn run_forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<(), BackendError> {
+        self.gpu.bind()?;
+        let kv = self.kv.as_mut().ok_or_else(|| {
+            BackendError::InvalidInput("forward called outside a sequence".to_owned())
+        })?;
+        let model = Model {
+            gpu: &self.gpu,
+            plan: &self.plan,
+            weights: &self.weights,
+        };
+        model.forward(tokens, start_pos, kv, &mut self.scratch)
     }
 }
 

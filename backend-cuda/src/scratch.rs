@@ -171,11 +171,22 @@ impl Scratch {
         gpu.upload(&step, &mut self.buffers[Act::Step as usize], 0)
     }
 
-    /// Copies the logits from the GPU into the page-locked buffer and waits for them.
+    /// Copies the logits and their greedy choice from the GPU into the page-locked buffer and
+    /// waits for them.
     pub fn download_logits(&mut self, gpu: &Gpu) -> Result<(), BackendError> {
         let src = self.ptr(Act::Logits);
         let logits = self.logits.as_mut().ok_or_else(no_logits)?;
-        gpu.download_pinned(src, logits)
+        let all = logits.len();
+        gpu.download_pinned(src, logits, all)
+    }
+
+    /// Copies only the greedy choice (the buffer's last slot; the logits there go stale) and
+    /// waits for it: a greedy step needs 4 bytes, not the vocabulary's logits.
+    pub fn download_choice(&mut self, gpu: &Gpu) -> Result<(), BackendError> {
+        let src = self.ptr(Act::Logits);
+        let logits = self.logits.as_mut().ok_or_else(no_logits)?;
+        let last = (logits.len() - 1) as u64;
+        gpu.download_pinned(src + 4 * last, logits, 1)
     }
 
     /// The logits of the last forward call.
@@ -184,7 +195,7 @@ impl Scratch {
         Ok(&all[..all.len() - 1])
     }
 
-    /// The greedy choice over the last forward call's logits.
+    /// The greedy choice of the last forward call.
     pub fn greedy(&self) -> Option<u32> {
         self.downloaded().ok()?.last().map(|id| id.to_bits())
     }

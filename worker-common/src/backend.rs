@@ -181,6 +181,18 @@ pub trait InferenceBackend: Sized + Send + 'static {
         None
     }
 
+    /// [`forward`](Self::forward) for a step that needs only the greedy choice; a backend that
+    /// computes it may skip handing over the logits (the CUDA backend then copies 4 bytes
+    /// instead of the vocabulary's logits).
+    fn forward_greedy(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32, BackendError> {
+        self.forward(tokens, start_pos)?;
+        self.greedy_token()
+            .ok_or_else(|| BackendError::Unsupported {
+                backend: Self::WORKER_TYPE,
+                what: "a greedy choice beside the logits".to_owned(),
+            })
+    }
+
     /// Ends the sequence and frees its KV cache and scratch; safe to call without a sequence.
     fn end_sequence(&mut self);
 }

@@ -274,10 +274,7 @@ impl<B: InferenceBackend> Job<'_, B> {
         history: &[u32],
     ) -> Result<u32, GenerateError> {
         if B::COMPUTES_GREEDY && sampler.is_plain_greedy() {
-            self.backend.forward(tokens, start_pos)?;
-            return self.backend.greedy_token().ok_or_else(|| {
-                BackendError::Device("the backend computed no greedy choice".to_owned()).into()
-            });
+            return Ok(self.backend.forward_greedy(tokens, start_pos)?);
         }
         let logits = self.backend.forward(tokens, start_pos)?;
         Ok(sampler.sample(logits, history))
