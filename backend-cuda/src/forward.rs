@@ -5,7 +5,8 @@
 use worker_common::backend::BackendError;
 use worker_common::model::{Architecture, HyperParams, ModelSpec, RopeStyle};
 
-use crate::device::{Buffer, Gpu, device_error};
+use crate::device::{Gpu, device_error};
+use crate::kv::KvCache;
 use crate::ops::{
     AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm, SplitScratch,
 };
@@ -91,53 +92,6 @@ impl Plan {
                 || spec.qkv_layout == worker_common::model::QkvLayout::Fused,
             hp,
         })
-    }
-}
-
-/// The KV cache of one sequence: f16, `[layer][pos][kv_head][head_dim]`, keys then values.
-pub struct KvCache {
-    buffer: Buffer,
-    max_len: usize,
-    /// Positions written so far.
-    pub filled: usize,
-}
-
-impl KvCache {
-    /// Allocates room for `max_len` positions; `OutOfMemory` when the GPU has no room.
-    pub fn new(gpu: &Gpu, hp: &HyperParams, max_len: usize) -> Result<Self, BackendError> {
-        let bytes = hp
-            .n_layers
-            .checked_mul(max_len)
-            .and_then(|v| v.checked_mul(hp.k_width() + hp.v_width()))
-            .and_then(|v| v.checked_mul(2))
-            .ok_or(BackendError::OutOfMemory {
-                what: "KV cache",
-                bytes: u64::MAX,
-            })?;
-        Ok(Self {
-            buffer: gpu.alloc(bytes, "KV cache")?,
-            max_len,
-            filled: 0,
-        })
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.buffer.bytes()
-    }
-
-    /// What a captured decode step depends on: the cache's address and length.
-    fn key(&self) -> (u64, usize) {
-        (self.buffer.ptr(), self.max_len)
-    }
-
-    /// Device addresses of layer `il`'s keys and values.
-    fn layer(&self, hp: &HyperParams, il: usize) -> (u64, u64) {
-        let k_layer = (self.max_len * hp.k_width() * 2) as u64;
-        let v_layer = (self.max_len * hp.v_width() * 2) as u64;
-        let base = self.buffer.ptr();
-        let values = base + k_layer * hp.n_layers as u64;
-        (base + k_layer * il as u64, values + v_layer * il as u64)
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod device;
 mod forward;
+mod kv;
 mod module;
 mod ops;
 mod qgemv;
@@ -31,7 +32,8 @@ use worker_common::backend::{
 use worker_common::model::ModelFile;
 
 use device::Gpu;
-use forward::{KvCache, Model, Plan};
+use forward::{Model, Plan};
+use kv::KvCache;
 use scratch::Scratch;
 use weights::Weights;
 
