@@ -130,9 +130,11 @@ __device__ void dequant(const u8* w, int rows, int cols, long long row_bytes, co
 }
 
 // One lane's share of Σ_c W[row][c] · x[c] (summed over the warp by the caller). The weights
-// take the values `at` gives, rounded the same way; only the order of the sum differs. The
-// block loops are unrolled so that several steps' loads are in flight before the first FMA.
-// Generic: lanes on consecutive elements, each dequantized on its own.
+// take the values `at` gives, rounded the same way; only the order of the sum differs. Lanes on
+// consecutive elements, each dequantized on its own. This is the decode path of the formats
+// without an int8-activation GEMV (F32, F16, BF16, Q5_K; qgemv.cu has the others) and of a
+// launch mixing such a format with quantized ones, so it is kept plain rather than tuned per
+// format.
 template <typename T>
 __device__ __forceinline__ float row_dot(const u8* row, const float* x, int cols, int lane) {
     float acc0 = 0.0f, acc1 = 0.0f;
@@ -143,158 +145,6 @@ __device__ __forceinline__ float row_dot(const u8* row, const float* x, int cols
     }
     if (c < cols) acc0 = fmaf(T::at(row, c), x[c], acc0);
     return acc0 + acc1;
-}
-
-// 32-element blocks: four lanes per block, eight blocks per warp step. Lane part p owns quant
-// bytes 4p..4p+3, i.e. elements 4p..4p+3 (low nibbles) and 16+4p..16+4p+3 (high nibbles), so a
-// block's bytes are read once, 4 at a time, and x 16 bytes at a time.
-#define NIBBLE_DOT(VALUE)                                                         \
-    F4 lo = ld_f4(xb + 4 * part), hi = ld_f4(xb + 16 + 4 * part);                 \
-    acc = fmaf(VALUE(q & 15, qh_lo >> 0), lo.x, acc);                             \
-    acc = fmaf(VALUE((q >> 8) & 15, qh_lo >> 1), lo.y, acc);                      \
-    acc = fmaf(VALUE((q >> 16) & 15, qh_lo >> 2), lo.z, acc);                     \
-    acc = fmaf(VALUE((q >> 24) & 15, qh_lo >> 3), lo.w, acc);                     \
-    acc = fmaf(VALUE((q >> 4) & 15, qh_hi >> 0), hi.x, acc);                      \
-    acc = fmaf(VALUE((q >> 12) & 15, qh_hi >> 1), hi.y, acc);                     \
-    acc = fmaf(VALUE((q >> 20) & 15, qh_hi >> 2), hi.z, acc);                     \
-    acc = fmaf(VALUE((q >> 28) & 15, qh_hi >> 3), hi.w, acc);
-
-template <>
-__device__ __forceinline__ float row_dot<Q4_0>(const u8* row, const float* x, int cols, int lane) {
-    int part = lane & 3;
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int ib = lane >> 2; ib < (cols >> 5); ib += 8) {
-        const u8* b = row + ib * 18;
-        const float* xb = x + ib * 32;
-        u32 q = ld_u32_2(b + 2 + 4 * part), qh_lo = 0, qh_hi = 0;
-        float d = ld_f16(b);
-#define V(n, h) ((float)((int)(n) - 8) * d)
-        NIBBLE_DOT(V)
-#undef V
-    }
-    return acc;
-}
-
-template <>
-__device__ __forceinline__ float row_dot<Q4_1>(const u8* row, const float* x, int cols, int lane) {
-    int part = lane & 3;
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int ib = lane >> 2; ib < (cols >> 5); ib += 8) {
-        const u8* b = row + ib * 20;
-        const float* xb = x + ib * 32;
-        u32 q = ld_u32(b + 4 + 4 * part), qh_lo = 0, qh_hi = 0;
-        float d = ld_f16(b), m = ld_f16(b + 2);
-#define V(n, h) fmaf((float)(n), d, m)
-        NIBBLE_DOT(V)
-#undef V
-    }
-    return acc;
-}
-
-template <>
-__device__ __forceinline__ float row_dot<Q5_0>(const u8* row, const float* x, int cols, int lane) {
-    int part = lane & 3;
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int ib = lane >> 2; ib < (cols >> 5); ib += 8) {
-        const u8* b = row + ib * 22;
-        const float* xb = x + ib * 32;
-        u32 qh = ld_u32_2(b + 2), q = ld_u32_2(b + 6 + 4 * part);
-        // Fifth bits of elements 4p.. and 16+4p.., at bit 0 of each shifted copy.
-        u32 qh_lo = qh >> (4 * part), qh_hi = qh >> (16 + 4 * part);
-        float d = ld_f16(b);
-#define V(n, h) ((float)((int)((n) | (((h) & 1) << 4)) - 16) * d)
-        NIBBLE_DOT(V)
-#undef V
-    }
-    return acc;
-}
-#undef NIBBLE_DOT
-
-// Q8_0: four lanes per block, each on 8 consecutive elements.
-template <>
-__device__ __forceinline__ float row_dot<Q8_0>(const u8* row, const float* x, int cols, int lane) {
-    int part = lane & 3;
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int ib = lane >> 2; ib < (cols >> 5); ib += 8) {
-        const u8* b = row + ib * 34;
-        const float* xb = x + ib * 32 + 8 * part;
-        u32 q0 = ld_u32_2(b + 2 + 8 * part), q1 = ld_u32_2(b + 6 + 8 * part);
-        float d = ld_f16(b);
-        F4 a = ld_f4(xb), c = ld_f4(xb + 4);
-#define V(w, s) ((float)(signed char)((w) >> (s)) * d)
-        acc = fmaf(V(q0, 0), a.x, acc);
-        acc = fmaf(V(q0, 8), a.y, acc);
-        acc = fmaf(V(q0, 16), a.z, acc);
-        acc = fmaf(V(q0, 24), a.w, acc);
-        acc = fmaf(V(q1, 0), c.x, acc);
-        acc = fmaf(V(q1, 8), c.y, acc);
-        acc = fmaf(V(q1, 16), c.z, acc);
-        acc = fmaf(V(q1, 24), c.w, acc);
-#undef V
-    }
-    return acc;
-}
-
-// Q4_K: the warp on one 256-element block at a time; lane L owns quant bytes 4L..4L+3, i.e.
-// elements 64g + l.. of sub-block 2g (low nibbles) and 64g + 32 + l.. of 2g+1 (high), g = L/8.
-template <>
-__device__ __forceinline__ float row_dot<Q4_K>(const u8* row, const float* x, int cols, int lane) {
-    int g = lane >> 3, l = (4 * lane) & 31;
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int ib = 0; ib < (cols >> 8); ++ib) {
-        const u8* b = row + ib * 144;
-        const float* xb = x + ib * 256 + 64 * g + l;
-        u32 q = ld_u32(b + 16 + 4 * lane);
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * g, b + 4, &sc0, &m0);
-        scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
-        float d = ld_f16(b), dmin = ld_f16(b + 2);
-        float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
-        float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
-        F4 lo = ld_f4(xb), hi = ld_f4(xb + 32);
-        acc = fmaf(d0 * (float)(q & 15) - mm0, lo.x, acc);
-        acc = fmaf(d0 * (float)((q >> 8) & 15) - mm0, lo.y, acc);
-        acc = fmaf(d0 * (float)((q >> 16) & 15) - mm0, lo.z, acc);
-        acc = fmaf(d0 * (float)((q >> 24) & 15) - mm0, lo.w, acc);
-        acc = fmaf(d1 * (float)((q >> 4) & 15) - mm1, hi.x, acc);
-        acc = fmaf(d1 * (float)((q >> 12) & 15) - mm1, hi.y, acc);
-        acc = fmaf(d1 * (float)((q >> 20) & 15) - mm1, hi.z, acc);
-        acc = fmaf(d1 * (float)((q >> 28) & 15) - mm1, hi.w, acc);
-    }
-    return acc;
-}
-
-// Q6_K: the warp on one block at a time; lane L takes half n = L/16 and the element pair
-// l = 2(L mod 16), l+1 of each of its four 32-element groups.
-template <>
-__device__ __forceinline__ float row_dot<Q6_K>(const u8* row, const float* x, int cols, int lane) {
-    int n = lane >> 4, l = 2 * (lane & 15);
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int ib = 0; ib < (cols >> 8); ++ib) {
-        const u8* b = row + ib * 210;
-        const float* xb = x + ib * 256 + 128 * n + l;
-        u32 ql0 = ld_u16(b + 64 * n + l), ql1 = ld_u16(b + 64 * n + 32 + l);
-        u32 qh = ld_u16(b + 128 + 32 * n + l);
-        float d = ld_f16(b + 208);
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-            u32 lo = (g & 1) ? ql1 : ql0;
-            if (g >= 2) lo >>= 4;
-            float sc = d * (float)(signed char)b[192 + 8 * n + (l >> 4) + 2 * g];
-            int q0 = (int)((lo & 15) | (((qh >> (2 * g)) & 3) << 4)) - 32;
-            int q1 = (int)(((lo >> 8) & 15) | (((qh >> (8 + 2 * g)) & 3) << 4)) - 32;
-            F2 xv = ld_f2(xb + 32 * g);
-            acc = fmaf(sc * (float)q0, xv.x, acc);
-            acc = fmaf(sc * (float)q1, xv.y, acc);
-        }
-    }
-    return acc;
 }
 
 // Warps per block of the GEMV kernels (GEMV_WARPS in ops.rs).

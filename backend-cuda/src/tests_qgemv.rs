@@ -83,7 +83,7 @@ fn case(
 /// sum times the unrounded scale), which the f64 reference does not model.
 fn tolerance(ggml_type: GgmlType) -> f64 {
     match ggml_type {
-        GgmlType::Q4_1 | GgmlType::Q5_1 => 2e-3,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => 1e-4,
         _ => 1e-5,
     }
 }
