@@ -14,12 +14,12 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use backend_cpu::{CpuBackend, CpuOptions};
 use clap::Parser;
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::{Load, LoadConfig, SingleSequence};
 use worker_common::generate::{
     CancelToken, GenerateEvent, GenerateRequest, PromptFormatter, generate,
 };
 use worker_common::model::ModelFile;
-use worker_common::sampling::SamplingParams;
+use worker_common::sampling::{SamplingParams, greedy_choice};
 use worker_common::tokenizer::Tokenizer;
 
 #[derive(Parser)]
@@ -63,7 +63,11 @@ fn main() -> Result<()> {
     let options = CpuOptions {
         threads: args.threads,
     };
-    let mut backend = CpuBackend::load(model.clone(), &options, &mut |_| {})?;
+    let config = LoadConfig {
+        context_length: model.spec.hparams.context_length,
+        kv_cache_bytes: None,
+    };
+    let mut backend = CpuBackend::load(model.clone(), &options, &config, &mut |_| {})?;
     if let Some(prompt_tokens) = args.bench {
         return bench(&mut backend, &tokenizer, &args, prompt_tokens);
     }
@@ -78,6 +82,7 @@ fn main() -> Result<()> {
         },
         stop: Vec::new(),
         deadline: None,
+        ignore_eos: false,
     };
     let mut stdout = std::io::stdout();
     let mut sink = |event: GenerateEvent| {
@@ -136,23 +141,19 @@ fn bench(
         text.push_str(&args.prompt);
     };
     let prefill = |backend: &mut CpuBackend| -> Result<f64> {
-        backend.begin_sequence(prompt_len)?;
+        let mut sequence = SingleSequence::begin(backend, prompt_len)?;
         let start = Instant::now();
-        backend.forward(&prompt[..prompt_len], 0)?;
-        let seconds = start.elapsed().as_secs_f64();
-        backend.end_sequence();
-        Ok(prompt_len as f64 / seconds)
+        sequence.forward(&prompt[..prompt_len], 0)?;
+        Ok(prompt_len as f64 / start.elapsed().as_secs_f64())
     };
     let decode = |backend: &mut CpuBackend, steps: usize| -> Result<f64> {
-        backend.begin_sequence(DECODE_PROMPT_TOKENS + steps)?;
-        let mut token = argmax(backend.forward(&prompt[..DECODE_PROMPT_TOKENS], 0)?);
+        let mut sequence = SingleSequence::begin(backend, DECODE_PROMPT_TOKENS + steps)?;
+        let mut token = greedy_choice(sequence.forward(&prompt[..DECODE_PROMPT_TOKENS], 0)?);
         let start = Instant::now();
         for pos in DECODE_PROMPT_TOKENS..DECODE_PROMPT_TOKENS + steps {
-            token = argmax(backend.forward(&[token], pos)?);
+            token = greedy_choice(sequence.forward(&[token], pos)?);
         }
-        let seconds = start.elapsed().as_secs_f64();
-        backend.end_sequence();
-        Ok(steps as f64 / seconds)
+        Ok(steps as f64 / start.elapsed().as_secs_f64())
     };
     prefill(backend)?;
     decode(backend, args.max_tokens.min(8))?;
@@ -173,14 +174,4 @@ fn bench(
         args.max_tokens
     );
     Ok(())
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

@@ -1,95 +1,23 @@
-//! The KV cache of one sequence and causal (optionally sliding-window) attention over it.
-//!
-//! Keys and values are stored as f16, as llama.cpp and vLLM store them by default: half the
-//! memory of f32, and the rounding llama.cpp's logits carry (Qwen's large key biases make the
-//! difference visible in the parity tests). Attention itself runs in f32.
+//! Causal (optionally sliding-window) attention of a step's query rows over the KV page pool,
+//! each row reading its own sequence's keys and values through its page table. Keys and values
+//! are f16 in the pool ([`crate::kv`]); attention itself runs in f32.
 
-use half::f16;
+use std::cell::RefCell;
+
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
-use worker_common::backend::BackendError;
+use worker_common::backend::{Chunk, PageId};
 
-/// Keys and values of every layer for positions `0..len`, f16, `[pos][kv_head][head_dim]`.
-///
-/// Capacity for the whole sequence is reserved up front (so a too-large request fails at
-/// `begin_sequence`, not mid-generation), but pages are only touched as positions fill.
-#[derive(Debug, Default)]
-pub struct KvCache {
-    keys: Vec<Vec<f16>>,
-    values: Vec<Vec<f16>>,
-    k_width: usize,
-    v_width: usize,
-    max_len: usize,
-}
+use crate::kv::{LayerKv, pool_row};
 
-impl KvCache {
-    /// Reserves room for `max_len` positions of `n_layers` layers.
-    pub fn new(
-        n_layers: usize,
-        max_len: usize,
-        k_width: usize,
-        v_width: usize,
-    ) -> Result<Self, BackendError> {
-        let reserve = |width: usize| -> Result<Vec<f16>, BackendError> {
-            let elements = max_len.saturating_mul(width);
-            let mut buffer = Vec::new();
-            buffer
-                .try_reserve_exact(elements)
-                .map_err(|_| BackendError::OutOfMemory {
-                    what: "KV cache",
-                    bytes: (elements as u64).saturating_mul(2),
-                })?;
-            Ok(buffer)
-        };
-        let mut cache = Self {
-            k_width,
-            v_width,
-            max_len,
-            ..Self::default()
-        };
-        for _ in 0..n_layers {
-            cache.keys.push(reserve(k_width)?);
-            cache.values.push(reserve(v_width)?);
-        }
-        Ok(cache)
-    }
-
-    /// Positions the cache has room for.
-    pub fn max_len(&self) -> usize {
-        self.max_len
-    }
-
-    /// Bytes reserved.
-    pub fn bytes(&self) -> usize {
-        let reserved: usize = self
-            .keys
-            .iter()
-            .chain(&self.values)
-            .map(Vec::capacity)
-            .sum();
-        reserved * size_of::<f16>()
-    }
-
-    /// Writes the keys and values of positions `start_pos..` of `layer` (dropping any later
-    /// positions) and returns all keys and values of positions `0..start_pos + n`.
-    pub fn store(
-        &mut self,
-        layer: usize,
-        start_pos: usize,
-        k: &[f32],
-        v: &[f32],
-    ) -> Option<(&[f16], &[f16])> {
-        let keys = self.keys.get_mut(layer)?;
-        let values = self.values.get_mut(layer)?;
-        keys.truncate(start_pos * self.k_width);
-        values.truncate(start_pos * self.v_width);
-        if keys.len() != start_pos * self.k_width || values.len() != start_pos * self.v_width {
-            return None;
-        }
-        keys.extend(k.iter().map(|&x| f16::from_f32(x)));
-        values.extend(v.iter().map(|&x| f16::from_f32(x)));
-        Some((keys, values))
-    }
+/// Where one row of a step sits: its position and the index of its chunk (whose page table it
+/// reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    /// Position in its sequence.
+    pub pos: usize,
+    /// Index of its chunk in the step.
+    pub chunk: usize,
 }
 
 /// Shape of one attention call.
@@ -109,44 +37,53 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
-/// Attention of `n` queries at positions `start_pos..start_pos + n` over `keys`/`values`
-/// (positions `0..start_pos + n`), writing `out` as `[token][head][head_dim_v]`.
+/// Attention of the query rows `q` (`[row][head][head_dim_k]`) of `rows` over `kv`, each row
+/// seeing positions up to its own of its chunk's sequence, writing `out` as
+/// `[row][head][head_dim_v]`.
 pub fn attention(
     shape: &AttentionShape,
     q: &[f32],
-    keys: &[f16],
-    values: &[f16],
-    start_pos: usize,
+    kv: LayerKv<'_>,
+    rows: &[Row],
+    chunks: &[Chunk<'_>],
     out: &mut [f32],
 ) {
     let group = shape.n_head / shape.n_head_kv;
     let inputs = Inputs {
         shape,
         q,
-        keys,
-        values,
-        start_pos,
+        kv,
+        rows,
+        chunks,
     };
-    // One task per (token, KV head): each key and value row is widened once for the `group`
-    // query heads that share it; each head's operations are those of a task of its own.
+    // One task per (row, KV head), over every chunk of the step: each key and value row is
+    // widened once for the `group` query heads that share it; each head's operations are those
+    // of a task of its own, so a row's result does not depend on the other rows.
     out.par_chunks_mut(group * shape.head_dim_v)
         .enumerate()
-        .for_each_init(Scratch::default, |scratch, (index, group_out)| {
-            simd::group_task(&inputs, scratch, index, group_out)
+        .for_each(|(index, group_out)| {
+            SCRATCH.with_borrow_mut(|scratch| simd::group_task(&inputs, scratch, index, group_out))
         });
+}
+
+thread_local! {
+    /// Each compute thread's task buffers, kept between steps so a warm decode step does not
+    /// allocate.
+    static SCRATCH: RefCell<Scratch> = RefCell::default();
 }
 
 /// What every attention task reads.
 struct Inputs<'a> {
     shape: &'a AttentionShape,
     q: &'a [f32],
-    keys: &'a [f16],
-    values: &'a [f16],
-    start_pos: usize,
+    kv: LayerKv<'a>,
+    rows: &'a [Row],
+    chunks: &'a [Chunk<'a>],
 }
 
-/// The attention of one token's query heads that share KV head `index % n_head_kv`, into
-/// `group_out` (`group` rows of `head_dim_v`).
+/// The attention of row `index / n_head_kv`'s query heads that share KV head
+/// `index % n_head_kv`, into `group_out` (`group` rows of `head_dim_v`). Position `p`'s key and
+/// value are read from its pool row through the row's page table, in the order of positions.
 #[inline(always)]
 fn group_task(inputs: &Inputs<'_>, scratch: &mut Scratch, index: usize, group_out: &mut [f32]) {
     let AttentionShape {
@@ -166,7 +103,8 @@ fn group_task(inputs: &Inputs<'_>, scratch: &mut Scratch, index: usize, group_ou
     } = scratch;
     row.resize(dk.max(dv), 0.0);
     let (t, kv_head) = (index / n_head_kv, index % n_head_kv);
-    let pos = inputs.start_pos + t;
+    let Row { pos, chunk } = inputs.rows[t];
+    let pages: &[PageId] = inputs.chunks[chunk].pages;
     let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let len = pos + 1 - first;
     let queries = &inputs.q[(t * n_head + kv_head * group) * dk..][..group * dk];
@@ -175,7 +113,8 @@ fn group_task(inputs: &Inputs<'_>, scratch: &mut Scratch, index: usize, group_ou
     scores.resize(group * len, 0.0);
     for (i, p) in (first..=pos).enumerate() {
         let key = &mut row[..dk];
-        inputs.keys[p * k_width + kv_head * dk..][..dk].convert_to_f32_slice(key);
+        inputs.kv.keys[pool_row(pages, p) * k_width + kv_head * dk..][..dk]
+            .convert_to_f32_slice(key);
         for (j, query) in queries.chunks_exact(dk).enumerate() {
             scores[j * len + i] = dot(query, key) * scale;
         }
@@ -193,7 +132,8 @@ fn group_task(inputs: &Inputs<'_>, scratch: &mut Scratch, index: usize, group_ou
     group_out.fill(0.0);
     for (i, p) in (first..=pos).enumerate() {
         let value = &mut row[..dv];
-        inputs.values[p * v_width + kv_head * dv..][..dv].convert_to_f32_slice(value);
+        inputs.kv.values[pool_row(pages, p) * v_width + kv_head * dv..][..dv]
+            .convert_to_f32_slice(value);
         for (j, head_out) in group_out.chunks_exact_mut(dv).enumerate() {
             let weight = scores[j * len + i];
             for (o, v) in head_out.iter_mut().zip(value.iter()) {
@@ -266,13 +206,193 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use half::f16;
+    use worker_common::backend::{PAGE_SIZE, Want};
+
     use super::*;
 
     fn halves(values: &[f32]) -> Vec<f16> {
         values.iter().map(|&v| f16::from_f32(v)).collect()
     }
 
-    fn shape(window: Option<usize>) -> AttentionShape {
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    /// Uniform values in [-2, 2) from a fixed xorshift.
+    fn random(len: usize, state: &mut u64) -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                *state ^= *state << 13;
+                *state ^= *state >> 7;
+                *state ^= *state << 17;
+                (*state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// A pool of `pool_pages` pages holding, for each sequence `(pages, keys, values)`, its
+    /// positions' rows (`[pos][width]`) where its page table puts them.
+    fn pool(
+        pool_pages: usize,
+        (dk_total, dv_total): (usize, usize),
+        sequences: &[(&[PageId], &[f16], &[f16])],
+    ) -> (Vec<f16>, Vec<f16>) {
+        let rows = pool_pages * PAGE_SIZE;
+        let (mut keys, mut values) = (
+            vec![f16::NAN; rows * dk_total],
+            vec![f16::NAN; rows * dv_total],
+        );
+        for &(pages, k, v) in sequences {
+            for (p, key) in k.chunks_exact(dk_total).enumerate() {
+                let row = pool_row(pages, p);
+                keys[row * dk_total..][..dk_total].copy_from_slice(key);
+                values[row * dv_total..][..dv_total]
+                    .copy_from_slice(&v[p * dv_total..][..dv_total]);
+            }
+        }
+        (keys, values)
+    }
+
+    fn chunk<'a>(tokens: &'a [u32], start_pos: usize, pages: &'a [PageId]) -> Chunk<'a> {
+        Chunk {
+            tokens,
+            start_pos,
+            pages,
+            want: Want::Nothing,
+        }
+    }
+
+    fn rows_of(chunks: &[Chunk<'_>]) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for (index, c) in chunks.iter().enumerate() {
+            rows.extend((c.start_pos..c.end_pos()).map(|pos| Row { pos, chunk: index }));
+        }
+        rows
+    }
+
+    fn run(
+        shape: &AttentionShape,
+        q: &[f32],
+        kv: (&[f16], &[f16]),
+        chunks: &[Chunk<'_>],
+    ) -> Vec<f32> {
+        let rows = rows_of(chunks);
+        let mut out = vec![0.0; rows.len() * shape.n_head * shape.head_dim_v];
+        let kv = LayerKv {
+            keys: kv.0,
+            values: kv.1,
+        };
+        attention(shape, q, kv, &rows, chunks, &mut out);
+        out
+    }
+
+    const SHAPE: AttentionShape = AttentionShape {
+        n_head: 6,
+        n_head_kv: 2,
+        head_dim_k: 67,
+        head_dim_v: 35,
+        scale: 0.125,
+        window: None,
+    };
+
+    /// Reading through a scrambled page table gives the bits of a contiguous (identity) table,
+    /// and two sequences attended in one call give the bits of each attended alone.
+    #[test]
+    fn paged_gather_equals_contiguous() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let (dk, dv) = (2 * 67, 2 * 35);
+        let (len_a, len_b) = (40, 21);
+        let (ka, va) = (
+            halves(&random(len_a * dk, &mut state)),
+            halves(&random(len_a * dv, &mut state)),
+        );
+        let (kb, vb) = (
+            halves(&random(len_b * dk, &mut state)),
+            halves(&random(len_b * dv, &mut state)),
+        );
+        let (qa, qb) = (
+            random(9 * 6 * 67, &mut state),
+            random(21 * 6 * 67, &mut state),
+        );
+        let tokens = [0u32; 21];
+        for window in [None, Some(19)] {
+            let shape = AttentionShape { window, ..SHAPE };
+            let identity: Vec<PageId> = (0..3).map(PageId).collect();
+            let contiguous_a = pool(3, (dk, dv), &[(&identity, &ka, &va)]);
+            let contiguous_b = pool(3, (dk, dv), &[(&identity, &kb, &vb)]);
+            let (a_pages, b_pages) = ([PageId(5), PageId(2), PageId(9)], [PageId(0), PageId(7)]);
+            let scrambled = pool(10, (dk, dv), &[(&a_pages, &ka, &va), (&b_pages, &kb, &vb)]);
+            fn kv(p: &(Vec<f16>, Vec<f16>)) -> (&[f16], &[f16]) {
+                (&p.0, &p.1)
+            }
+            let alone_a = run(
+                &shape,
+                &qa,
+                kv(&contiguous_a),
+                &[chunk(&tokens[..9], 31, &identity)],
+            );
+            let alone_b = run(
+                &shape,
+                &qb,
+                kv(&contiguous_b),
+                &[chunk(&tokens, 0, &identity)],
+            );
+            let together = run(
+                &shape,
+                &[qb.as_slice(), &qa].concat(),
+                kv(&scrambled),
+                &[
+                    chunk(&tokens, 0, &b_pages),
+                    chunk(&tokens[..9], 31, &a_pages),
+                ],
+            );
+            assert_eq!(
+                bits(&together),
+                bits(&[alone_b, alone_a].concat()),
+                "{window:?}"
+            );
+        }
+    }
+
+    /// The dispatched (AVX2 where available) tasks give the plain build's bits, for grouped
+    /// heads, a window and odd head sizes.
+    #[test]
+    fn simd_tasks_equal_the_plain_build() {
+        let mut state = 0x1234_5678_9ABC_DEF0u64;
+        let shape = AttentionShape {
+            window: Some(9),
+            ..SHAPE
+        };
+        let (n, start_pos) = (5, 7);
+        let positions = start_pos + n;
+        let q = random(n * 6 * 67, &mut state);
+        let keys = halves(&random(positions * 2 * 67, &mut state));
+        let values = halves(&random(positions * 2 * 35, &mut state));
+        let (keys, values) = pool(1, (2 * 67, 2 * 35), &[(&[PageId(0)], &keys, &values)]);
+        let tokens = [0u32; 5];
+        let chunks = [chunk(&tokens, start_pos, &[PageId(0)])];
+        let fast = run(&shape, &q, (&keys, &values), &chunks);
+        let rows = rows_of(&chunks);
+        let inputs = Inputs {
+            shape: &shape,
+            q: &q,
+            kv: LayerKv {
+                keys: &keys,
+                values: &values,
+            },
+            rows: &rows,
+            chunks: &chunks,
+        };
+        let mut scratch = Scratch::default();
+        let mut plain = vec![0.0; fast.len()];
+        for (index, out) in plain.chunks_exact_mut(3 * 35).enumerate() {
+            group_task(&inputs, &mut scratch, index, out);
+        }
+        assert_eq!(bits(&fast), bits(&plain));
+    }
+
+    fn small(window: Option<usize>) -> AttentionShape {
         AttentionShape {
             n_head: 2,
             n_head_kv: 1,
@@ -283,58 +403,18 @@ mod tests {
         }
     }
 
-    /// The dispatched (AVX2 where available) tasks give the plain build's bits, for grouped
-    /// heads, a window and odd head sizes.
-    #[test]
-    fn simd_tasks_equal_the_plain_build() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-        };
-        let shape = AttentionShape {
-            n_head: 6,
-            n_head_kv: 2,
-            head_dim_k: 67,
-            head_dim_v: 35,
-            scale: 0.125,
-            window: Some(9),
-        };
-        let (n, start_pos) = (5, 7);
-        let positions = start_pos + n;
-        let q: Vec<f32> = (0..n * 6 * 67).map(|_| next()).collect();
-        let keys = halves(&(0..positions * 2 * 67).map(|_| next()).collect::<Vec<_>>());
-        let values = halves(&(0..positions * 2 * 35).map(|_| next()).collect::<Vec<_>>());
-        let mut fast = vec![0.0; n * 6 * 35];
-        attention(&shape, &q, &keys, &values, start_pos, &mut fast);
-        let inputs = Inputs {
-            shape: &shape,
-            q: &q,
-            keys: &keys,
-            values: &values,
-            start_pos,
-        };
-        let mut scratch = Scratch::default();
-        let mut plain = vec![0.0; fast.len()];
-        for (index, out) in plain.chunks_exact_mut(3 * 35).enumerate() {
-            group_task(&inputs, &mut scratch, index, out);
-        }
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&fast), bits(&plain));
-    }
-
     #[test]
     fn single_position_returns_its_value() {
-        let mut out = vec![0.0; 4];
-        attention(
-            &shape(None),
+        let (keys, values) = pool(
+            1,
+            (2, 2),
+            &[(&[PageId(0)], &halves(&[0.5, 0.5]), &halves(&[7.0, -1.0]))],
+        );
+        let out = run(
+            &small(None),
             &[1.0, 2.0, 3.0, 4.0],
-            &halves(&[0.5, 0.5]),
-            &halves(&[7.0, -1.0]),
-            0,
-            &mut out,
+            (&keys, &values),
+            &[chunk(&[0], 0, &[PageId(0)])],
         );
         assert_eq!(out, vec![7.0, -1.0, 7.0, -1.0]);
     }
@@ -342,22 +422,13 @@ mod tests {
     #[test]
     fn equal_scores_average_and_window_limits() {
         // Two cached positions with zero keys: equal scores, so the output is the mean value.
-        let keys = halves(&[0.0; 4]);
-        let values = halves(&[2.0, 0.0, 4.0, 2.0]);
-        let mut out = vec![0.0; 4];
-        attention(&shape(None), &[1.0; 4], &keys, &values, 1, &mut out);
+        let k = halves(&[0.0; 4]);
+        let v = halves(&[2.0, 0.0, 4.0, 2.0]);
+        let (keys, values) = pool(1, (2, 2), &[(&[PageId(0)], &k, &v)]);
+        let chunks = [chunk(&[0], 1, &[PageId(0)])];
+        let out = run(&small(None), &[1.0; 4], (&keys, &values), &chunks);
         assert_eq!(out, vec![3.0, 1.0, 3.0, 1.0]);
-        attention(&shape(Some(1)), &[1.0; 4], &keys, &values, 1, &mut out);
+        let out = run(&small(Some(1)), &[1.0; 4], (&keys, &values), &chunks);
         assert_eq!(out, vec![4.0, 2.0, 4.0, 2.0]);
-    }
-
-    #[test]
-    fn kv_cache_rewinds_and_rejects_gaps() {
-        let mut cache = KvCache::new(1, 4, 1, 1).unwrap();
-        assert!(cache.store(0, 0, &[1.0, 2.0], &[3.0, 4.0]).is_some());
-        let (k, _) = cache.store(0, 1, &[9.0], &[9.0]).unwrap();
-        assert_eq!(k, &halves(&[1.0, 9.0])[..]);
-        assert!(cache.store(0, 5, &[0.0], &[0.0]).is_none());
-        assert!(cache.store(1, 0, &[0.0], &[0.0]).is_none());
     }
 }

@@ -3,10 +3,11 @@
 //! windows) come from the loaded [`Weights`] and [`ModelSpec`].
 
 use rayon::prelude::*;
-use worker_common::backend::BackendError;
+use worker_common::backend::{BackendError, Chunk, Want};
 use worker_common::model::{Architecture, HyperParams, ModelSpec};
 
-use crate::attention::{AttentionShape, KvCache, attention};
+use crate::attention::{AttentionShape, Row, attention};
+use crate::kv::{KvPool, pool_row};
 use crate::matmul::{MatmulScratch, matmul, matmul_group};
 use crate::ops::{self, Rope};
 use crate::quant;
@@ -58,9 +59,13 @@ impl Plan {
     }
 }
 
-/// Activation buffers, reused across calls so decode steps do not allocate.
+/// Activation buffers, reused across steps so decode steps do not allocate. Row `r` of every
+/// activation is row `r` of the step: the chunks' tokens concatenated.
 #[derive(Debug, Default)]
 pub struct Buffers {
+    rows: Vec<Row>,
+    /// The rows whose logits the step computes, in order.
+    output_rows: Vec<usize>,
     x: Vec<f32>,
     normed: Vec<f32>,
     q: Vec<f32>,
@@ -72,7 +77,7 @@ pub struct Buffers {
     gate: Vec<f32>,
     up: Vec<f32>,
     angles: Vec<(f32, f32)>,
-    /// The logits of the last position.
+    /// The logits of the output rows, row-major.
     pub logits: Vec<f32>,
     matmul: MatmulScratch,
 }
@@ -96,7 +101,10 @@ impl Buffers {
         .iter()
         .map(|v| v.capacity())
         .sum::<usize>();
-        floats * size_of::<f32>() + self.matmul.bytes()
+        floats * size_of::<f32>()
+            + self.rows.capacity() * size_of::<Row>()
+            + self.output_rows.capacity() * size_of::<usize>()
+            + self.matmul.bytes()
     }
 }
 
@@ -111,44 +119,61 @@ pub struct Model<'a> {
 }
 
 impl Model<'_> {
-    /// Runs `tokens` at `start_pos..` and leaves in `buf.logits` the logits of the last
-    /// position, or of every position (row-major) with `all_logits`.
+    /// Runs every token of `chunks` (validated) and leaves in `buf.logits` the logits of the
+    /// last position of each chunk that wants an output, in order, or with `all_rows` of every
+    /// position of every chunk.
     pub fn forward(
         &self,
-        tokens: &[u32],
-        start_pos: usize,
-        all_logits: bool,
-        kv: &mut KvCache,
+        chunks: &[Chunk<'_>],
+        all_rows: bool,
+        kv: &mut KvPool,
         buf: &mut Buffers,
     ) -> Result<(), BackendError> {
-        let hp = &self.plan.hp;
-        if tokens.is_empty() || start_pos + tokens.len() > kv.max_len() {
-            return Err(BackendError::InvalidInput(format!(
-                "{} tokens at position {start_pos} do not fit a sequence of {}",
-                tokens.len(),
-                kv.max_len()
-            )));
+        buf.rows.clear();
+        buf.output_rows.clear();
+        for (index, chunk) in chunks.iter().enumerate() {
+            let first = buf.rows.len();
+            let rows = (chunk.start_pos..chunk.end_pos()).map(|pos| Row { pos, chunk: index });
+            buf.rows.extend(rows);
+            if all_rows {
+                buf.output_rows.extend(first..buf.rows.len());
+            } else if chunk.want != Want::Nothing {
+                buf.output_rows.push(buf.rows.len() - 1);
+            }
         }
-        self.embed(tokens, buf)?;
+        let n = buf.rows.len();
+        if n == 0 {
+            buf.logits.clear();
+            return Ok(());
+        }
+        self.embed(chunks, buf)?;
         for (il, layer) in self.weights.layers.iter().enumerate() {
-            self.attention_block(il, layer, tokens.len(), start_pos, kv, buf)?;
-            self.ffn_block(layer, tokens.len(), buf)?;
+            self.attention_block(il, layer, chunks, kv, buf)?;
+            self.ffn_block(layer, n, buf)?;
         }
-        let rows = if all_logits { tokens.len() } else { 1 };
-        let last = &buf.x[(tokens.len() - rows) * hp.n_embd..];
-        ops::rms_norm_into(
-            last,
-            &self.weights.output_norm,
-            hp.norm_eps,
-            &mut buf.normed,
-        );
-        buf.logits.resize(rows * hp.vocab_size, 0.0);
+        self.logits(buf)
+    }
+
+    /// The final norm and output projection of the output rows only.
+    fn logits(&self, buf: &mut Buffers) -> Result<(), BackendError> {
+        let hp = &self.plan.hp;
+        let outputs = buf.output_rows.len();
+        buf.logits.resize(outputs * hp.vocab_size, 0.0);
+        if outputs == 0 {
+            return Ok(());
+        }
+        buf.normed.clear();
+        for &row in &buf.output_rows {
+            buf.normed
+                .extend_from_slice(&buf.x[row * hp.n_embd..(row + 1) * hp.n_embd]);
+        }
+        ops::rms_norm(&mut buf.normed, &self.weights.output_norm, hp.norm_eps);
         let output = &self.weights.output;
         matmul(
             output,
             self.file,
             &buf.normed,
-            rows,
+            outputs,
             &mut buf.logits,
             &mut buf.matmul,
         )?;
@@ -161,11 +186,12 @@ impl Model<'_> {
         Ok(())
     }
 
-    fn embed(&self, tokens: &[u32], buf: &mut Buffers) -> Result<(), BackendError> {
+    fn embed(&self, chunks: &[Chunk<'_>], buf: &mut Buffers) -> Result<(), BackendError> {
         let table = &self.weights.token_embd;
         let n_embd = self.plan.hp.n_embd;
-        buf.x.resize(tokens.len() * n_embd, 0.0);
-        for (&token, row) in tokens.iter().zip(buf.x.chunks_exact_mut(n_embd)) {
+        buf.x.resize(buf.rows.len() * n_embd, 0.0);
+        let tokens = chunks.iter().flat_map(|chunk| chunk.tokens);
+        for (&token, row) in tokens.zip(buf.x.chunks_exact_mut(n_embd)) {
             let id = token as usize;
             if id >= table.rows {
                 return Err(BackendError::InvalidInput(format!(
@@ -216,12 +242,12 @@ impl Model<'_> {
         &self,
         il: usize,
         layer: &Layer,
-        n: usize,
-        start_pos: usize,
-        kv: &mut KvCache,
+        chunks: &[Chunk<'_>],
+        kv: &mut KvPool,
         buf: &mut Buffers,
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
+        let n = buf.rows.len();
         ops::rms_norm_into(&buf.x, &layer.attn_norm, hp.norm_eps, &mut buf.normed);
         self.qkv(layer, n, buf)?;
         if let Some((q_norm, k_norm)) = &layer.qk_norm {
@@ -233,20 +259,22 @@ impl Model<'_> {
         } else {
             &self.plan.rope_global
         };
-        for t in 0..n {
-            rope.angles(start_pos + t, &mut buf.angles);
-            let q_row = &mut buf.q[t * hp.q_width()..(t + 1) * hp.q_width()];
-            let k_row = &mut buf.k[t * hp.k_width()..(t + 1) * hp.k_width()];
+        let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
+        for (t, row) in buf.rows.iter().enumerate() {
+            rope.angles(row.pos, &mut buf.angles);
+            let q_row = &mut buf.q[t * qw..(t + 1) * qw];
+            let k_row = &mut buf.k[t * kw..(t + 1) * kw];
             for head in q_row.chunks_exact_mut(hp.head_dim_k) {
                 rope.apply(head, &buf.angles);
             }
             for head in k_row.chunks_exact_mut(hp.head_dim_k) {
                 rope.apply(head, &buf.angles);
             }
+            // Every row's keys and values are stored before any row attends: a prefill row
+            // reads those of the rows before it in its chunk.
+            let slot = pool_row(chunks[row.chunk].pages, row.pos);
+            kv.store(il, slot, k_row, &buf.v[t * vw..(t + 1) * vw]);
         }
-        let (keys, values) = kv.store(il, start_pos, &buf.k, &buf.v).ok_or_else(|| {
-            BackendError::InvalidInput(format!("position {start_pos} is not the next one"))
-        })?;
         let shape = AttentionShape {
             n_head: hp.n_head,
             n_head_kv: hp.n_head_kv,
@@ -259,7 +287,8 @@ impl Model<'_> {
                 .flatten(),
         };
         buf.attn.resize(n * hp.attn_out_width(), 0.0);
-        attention(&shape, &buf.q, keys, values, start_pos, &mut buf.attn);
+        let layer_kv = kv.layer(il);
+        attention(&shape, &buf.q, layer_kv, &buf.rows, chunks, &mut buf.attn);
         let attn = std::mem::take(&mut buf.attn);
         let result = self.project(
             &layer.attn_output,

@@ -8,6 +8,7 @@
 mod attention;
 mod forward;
 pub mod kernels;
+mod kv;
 mod matmul;
 mod ops;
 pub mod quant;
@@ -16,13 +17,14 @@ mod weights;
 use std::sync::Arc;
 
 use worker_common::backend::{
-    BackendError, BackendInfo, InferenceBackend, LoadProgress, MemoryUsage,
-    refuse_unapplied_tensors,
+    BackendError, BackendInfo, Chunk, InferenceBackend, Load, LoadConfig, LoadProgress,
+    MemoryUsage, PageId, StepOutputs, Want, refuse_unapplied_tensors,
 };
 use worker_common::model::ModelFile;
+use worker_common::sampling::greedy_choice;
 
-use attention::KvCache;
 use forward::{Buffers, Model, Plan};
+use kv::KvPool;
 use weights::Weights;
 
 /// Start-up options of the CPU backend.
@@ -32,30 +34,33 @@ pub struct CpuOptions {
     pub threads: usize,
 }
 
-/// The CPU backend: one loaded model and the state of at most one sequence.
+/// The CPU backend: one loaded model and its KV page pool.
 pub struct CpuBackend {
     model: Arc<ModelFile>,
     plan: Plan,
     weights: Weights,
     pool: rayon::ThreadPool,
-    kv: Option<KvCache>,
+    kv: KvPool,
     buffers: Buffers,
     device: String,
 }
 
-impl InferenceBackend for CpuBackend {
-    const WORKER_TYPE: &'static str = "cpu";
-    const MEMORY_ARCHITECTURE: &'static str = "cpu";
+impl Load for CpuBackend {
     type Options = CpuOptions;
 
     fn load(
         model: Arc<ModelFile>,
         options: &CpuOptions,
+        config: &LoadConfig,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, BackendError> {
         refuse_unapplied_tensors(&model, Self::WORKER_TYPE)?;
         let plan = Plan::new(&model.spec)?;
         let weights = Weights::from_file(&model.gguf, &model.spec)?;
+        let device = cpu_name();
+        let hp = &model.spec.hparams;
+        // Before the prefault, so that a pool that cannot be had fails the load at once.
+        let kv = KvPool::new(hp.n_layers, (hp.k_width(), hp.v_width()), config, &device)?;
         prefault(model.gguf.bytes(), progress);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(options.threads.max(1))
@@ -67,75 +72,95 @@ impl InferenceBackend for CpuBackend {
             plan,
             weights,
             pool,
-            kv: None,
+            kv,
             buffers: Buffers::default(),
-            device: cpu_name(),
+            device,
         })
     }
+}
+
+impl InferenceBackend for CpuBackend {
+    const WORKER_TYPE: &'static str = "cpu";
+    const MEMORY_ARCHITECTURE: &'static str = "cpu";
 
     fn info(&self) -> BackendInfo {
         BackendInfo {
             device: self.device.clone(),
             memory: MemoryUsage {
                 weights: (self.weights.mapped_bytes() + self.weights.copied_bytes()) as u64,
-                kv: self.kv.as_ref().map_or(0, KvCache::bytes) as u64,
+                kv: self.kv.bytes() as u64,
                 scratch: self.buffers.bytes() as u64,
             },
             gpu: None,
         }
     }
 
-    fn begin_sequence(&mut self, max_len: usize) -> Result<(), BackendError> {
-        let hp = &self.model.spec.hparams;
-        self.kv = None;
-        self.kv = Some(KvCache::new(
-            hp.n_layers,
-            max_len,
-            hp.k_width(),
-            hp.v_width(),
-        )?);
+    fn kv_pages(&self) -> usize {
+        self.kv.pages()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.spec.hparams.vocab_size
+    }
+
+    fn step(
+        &mut self,
+        chunks: &[Chunk<'_>],
+        outputs: &mut StepOutputs,
+    ) -> Result<(), BackendError> {
+        let vocab = self.vocab_size();
+        for chunk in chunks {
+            chunk.validate(self.kv.pages(), vocab)?;
+        }
+        outputs.prepare(chunks);
+        self.run(chunks, false)?;
+        let mut rows = self.buffers.logits.chunks_exact(vocab);
+        for (index, chunk) in chunks.iter().enumerate() {
+            if chunk.want == Want::Nothing {
+                continue;
+            }
+            let row = rows.next().ok_or_else(|| {
+                BackendError::InvalidInput(format!("no logits computed for chunk {index}"))
+            })?;
+            match outputs.logits_mut(index) {
+                Some(out) => out.copy_from_slice(row),
+                None => outputs.set_greedy(index, greedy_choice(row)),
+            }
+        }
         Ok(())
-    }
-
-    fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<&[f32], BackendError> {
-        self.run(tokens, start_pos, false)
-    }
-
-    fn end_sequence(&mut self) {
-        self.kv = None;
-        self.buffers = Buffers::default();
     }
 }
 
 impl CpuBackend {
-    /// As [`InferenceBackend::forward`], but returns the logits of every position, row-major
+    /// Runs one sequence's `tokens` at `start_pos..` (its page table `pages`, as in a
+    /// [`Chunk`]) and returns the logits of every position, row-major
     /// (`tokens.len() × vocab_size`): for perplexity and the parity tests against llama.cpp.
     pub fn forward_all(
         &mut self,
         tokens: &[u32],
         start_pos: usize,
+        pages: &[PageId],
     ) -> Result<&[f32], BackendError> {
-        self.run(tokens, start_pos, true)
+        let chunk = Chunk {
+            tokens,
+            start_pos,
+            pages,
+            want: Want::Logits,
+        };
+        chunk.validate(self.kv.pages(), self.vocab_size())?;
+        self.run(&[chunk], true)?;
+        Ok(&self.buffers.logits)
     }
 
-    fn run(
-        &mut self,
-        tokens: &[u32],
-        start_pos: usize,
-        all_logits: bool,
-    ) -> Result<&[f32], BackendError> {
-        let kv = self.kv.as_mut().ok_or_else(|| {
-            BackendError::InvalidInput("forward called outside a sequence".to_owned())
-        })?;
+    fn run(&mut self, chunks: &[Chunk<'_>], all_rows: bool) -> Result<(), BackendError> {
         let model = Model {
             plan: &self.plan,
             weights: &self.weights,
             file: self.model.gguf.bytes(),
         };
-        let buffers = &mut self.buffers;
+        let (kv, buffers) = (&mut self.kv, &mut self.buffers);
         self.pool
-            .install(|| model.forward(tokens, start_pos, all_logits, kv, buffers))?;
-        Ok(&self.buffers.logits)
+            .install(|| model.forward(chunks, all_rows, kv, buffers))
     }
 }
 
@@ -162,7 +187,6 @@ fn prefault(bytes: &[u8], progress: &mut dyn FnMut(LoadProgress)) {
     std::hint::black_box(checksum);
 }
 
-/// The CPU's model name from `/proc/cpuinfo`, or a generic name elsewhere.
 /// Physical cores (distinct `physical id`/`core id` pairs of `/proc/cpuinfo`), the default
 /// thread count: a second hyper-thread per core adds nothing to memory-bound matmuls.
 pub fn physical_cores() -> usize {
@@ -190,6 +214,7 @@ pub fn physical_cores() -> usize {
     }
 }
 
+/// The CPU's model name from `/proc/cpuinfo`, or a generic name elsewhere.
 fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()

@@ -1,18 +1,21 @@
 //! Prefill and decode throughput of the CUDA backend, as llama-bench measures them (pp512,
 //! tg128): `cargo run --release -p backend-cuda --example bench -- <model.gguf> [device]`.
 //!
-//! Prefill is one `forward` over 512 tokens; decode is 128 one-token `forward` calls, each
-//! with the greedy choice (computed on the GPU and copied back alone, as a worker job at T = 0
-//! takes it): `tg128`
-//! from an empty context (as llama-bench's), `tg128@512` right after the 512-token prompt.
-//! Then the time to first token of short prompts: a fresh sequence and one `forward` of `n`
-//! tokens, as a job of the worker starts.
+//! One sequence at a time ([`SingleSequence`]) in a backend loaded for a context of
+//! [`CONTEXT`] with the default KV pool. Prefill is one step over 512 tokens; decode is 128
+//! one-token steps, each with the greedy choice (computed on the GPU and copied back alone, as
+//! a worker job at T = 0 takes it): `tg128` from an empty context (as llama-bench's),
+//! `tg128@512` right after the 512-token prompt. Then the time to first token of short
+//! prompts: one step of `n` tokens at position 0, as a job of the worker starts.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backend_cuda::{CudaBackend, CudaOptions};
-use worker_common::backend::{BackendError, BackendInfo, InferenceBackend, LoadProgress};
+use worker_common::backend::{
+    BackendError, BackendInfo, Chunk, InferenceBackend, Load, LoadConfig, SingleSequence,
+    StepOutputs,
+};
 use worker_common::generate::{CancelToken, GenerateEvent, GenerateRequest, generate};
 use worker_common::model::ModelFile;
 use worker_common::sampling::SamplingParams;
@@ -21,6 +24,8 @@ use worker_common::tokenizer::Tokenizer;
 const PROMPT: usize = 512;
 const DECODE: usize = 128;
 const RUNS: usize = 3;
+/// The context length the backend is loaded for (the worker's default).
+const CONTEXT: usize = 8192;
 /// Prompt lengths whose time to first token is measured.
 const SHORT: [usize; 10] = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64];
 
@@ -30,7 +35,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = args.next().map(|d| d.parse()).transpose()?.unwrap_or(0);
     let model = Arc::new(ModelFile::open(&path)?);
     let started = Instant::now();
-    let mut backend = CudaBackend::load(model.clone(), &CudaOptions { device }, &mut |_| {})?;
+    let config = LoadConfig {
+        context_length: CONTEXT,
+        kv_cache_bytes: None,
+    };
+    let mut backend =
+        CudaBackend::load(model.clone(), &CudaOptions { device }, &config, &mut |_| {})?;
     let load_s = started.elapsed().as_secs_f64();
     let vocab = model.spec.hparams.vocab_size as u32;
     // Fixed pseudo-random ids (llama-bench uses random tokens too).
@@ -41,23 +51,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut decode = Vec::new();
     let mut decode_after = Vec::new();
     for _ in 0..=RUNS {
-        backend.begin_sequence(PROMPT + DECODE + 1)?;
+        let mut sequence = SingleSequence::begin(&mut backend, PROMPT + DECODE + 1)?;
         let t = Instant::now();
-        let mut token = next(&mut backend, &prompt, 0)?;
+        let mut token = sequence.forward_greedy(&prompt, 0)?;
         prefill.push(PROMPT as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
         for pos in PROMPT..PROMPT + DECODE {
-            token = next(&mut backend, &[token], pos)?;
+            token = sequence.forward_greedy(&[token], pos)?;
         }
         decode_after.push(DECODE as f64 / t.elapsed().as_secs_f64());
-        backend.end_sequence();
-        backend.begin_sequence(DECODE)?;
+        let mut sequence = SingleSequence::begin(&mut backend, DECODE)?;
         let t = Instant::now();
         for pos in 0..DECODE {
-            token = next(&mut backend, &[token], pos)?;
+            token = sequence.forward_greedy(&[token], pos)?;
         }
         decode.push(DECODE as f64 / t.elapsed().as_secs_f64());
-        backend.end_sequence();
     }
     // The first run warms up (module load, cuBLAS heuristics, allocations, graph capture).
     let (prefill, decode, decode_after) = (
@@ -79,11 +87,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for n in SHORT {
         let mut times = Vec::new();
         for _ in 0..=10 {
-            backend.begin_sequence(n + DECODE)?;
+            let mut sequence = SingleSequence::begin(&mut backend, n + DECODE)?;
             let t = Instant::now();
-            next(&mut backend, &prompt[..n], 0)?;
+            sequence.forward_greedy(&prompt[..n], 0)?;
             times.push(t.elapsed().as_secs_f64() * 1e3);
-            backend.end_sequence();
         }
         line.push_str(&format!(" {n}: {:.2}", median(&times[1..])));
     }
@@ -109,91 +116,67 @@ fn through_generate(
         },
         stop: Vec::new(),
         deadline: None,
+        ignore_eos: false,
     };
     let mut rates = Vec::new();
     let mut timed = Timed {
         inner: backend,
-        forward: Duration::ZERO,
-        calls: 0,
+        stepping: Duration::ZERO,
+        steps: 0,
     };
     for _ in 0..=RUNS {
         let mut sink = |_: GenerateEvent| true;
-        (timed.forward, timed.calls) = (Duration::ZERO, 0);
+        (timed.stepping, timed.steps) = (Duration::ZERO, 0);
         let cancel = CancelToken::new();
-        let done = generate(&mut timed, &tokenizer, 8192, &request, &cancel, &mut sink)?;
+        let done = generate(
+            &mut timed, &tokenizer, CONTEXT, &request, &cancel, &mut sink,
+        )?;
         rates.push(done.tokens.len() as f64 / (done.decode_time_ms / 1e3));
     }
     let line = format!(
-        "generate(): {:.1} tok/s decode after a {}-token prompt (last run: {} forward calls, {:.3} ms each)",
+        "generate(): {:.1} tok/s decode after a {}-token prompt (last run: {} steps, {:.3} ms each)",
         median(&rates[1..]),
         prompt.len(),
-        timed.calls,
-        timed.forward.as_secs_f64() * 1e3 / timed.calls.max(1) as f64
+        timed.steps,
+        timed.stepping.as_secs_f64() * 1e3 / timed.steps.max(1) as f64
     );
     Ok((line, timed.inner))
 }
 
-/// A backend that times its `forward` calls, to tell the loop's own cost from the GPU's.
+/// A backend that times its steps, to tell the loop's own cost from the GPU's.
 struct Timed {
     inner: CudaBackend,
-    forward: Duration,
-    calls: usize,
+    stepping: Duration,
+    steps: usize,
 }
 
 impl InferenceBackend for Timed {
     const WORKER_TYPE: &'static str = CudaBackend::WORKER_TYPE;
     const MEMORY_ARCHITECTURE: &'static str = CudaBackend::MEMORY_ARCHITECTURE;
-    const COMPUTES_GREEDY: bool = CudaBackend::COMPUTES_GREEDY;
-    type Options = CudaOptions;
-
-    fn load(
-        _: Arc<ModelFile>,
-        _: &CudaOptions,
-        _: &mut dyn FnMut(LoadProgress),
-    ) -> Result<Self, BackendError> {
-        Err(BackendError::Unsupported {
-            backend: "timed",
-            what: "loading".to_owned(),
-        })
-    }
 
     fn info(&self) -> BackendInfo {
         self.inner.info()
     }
 
-    fn begin_sequence(&mut self, max_len: usize) -> Result<(), BackendError> {
-        self.inner.begin_sequence(max_len)
+    fn kv_pages(&self) -> usize {
+        self.inner.kv_pages()
     }
 
-    fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<&[f32], BackendError> {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn step(
+        &mut self,
+        chunks: &[Chunk<'_>],
+        outputs: &mut StepOutputs,
+    ) -> Result<(), BackendError> {
         let t = Instant::now();
-        let logits = self.inner.forward(tokens, start_pos);
-        self.forward += t.elapsed();
-        self.calls += 1;
-        logits
+        let done = self.inner.step(chunks, outputs);
+        self.stepping += t.elapsed();
+        self.steps += 1;
+        done
     }
-
-    fn greedy_token(&self) -> Option<u32> {
-        self.inner.greedy_token()
-    }
-
-    fn forward_greedy(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32, BackendError> {
-        let t = Instant::now();
-        let token = self.inner.forward_greedy(tokens, start_pos);
-        self.forward += t.elapsed();
-        self.calls += 1;
-        token
-    }
-
-    fn end_sequence(&mut self) {
-        self.inner.end_sequence()
-    }
-}
-
-/// One forward pass and the greedy choice the backend computes beside the logits, as a worker
-/// job at T = 0 takes it.
-fn next(backend: &mut CudaBackend, tokens: &[u32], pos: usize) -> Result<u32, BackendError> {
-    backend.forward_greedy(tokens, pos)
 }
 
 fn median(values: &[f64]) -> f64 {

@@ -1,5 +1,6 @@
 //! What the CUDA backend reports as its memory against what the driver shows for the process
-//! (nvidia-smi), bare context first, then after load, a job, and its end:
+//! (nvidia-smi), bare context first, then after load (with a KV pool of 1 GiB) and after each
+//! of three jobs:
 //! `cargo run --release -p backend-cuda --example memory -- <model.gguf> [device]`.
 //!
 //! nvidia-smi's figure includes the CUDA context, which the backend does not report; the
@@ -10,7 +11,7 @@ use std::sync::Arc;
 
 use backend_cuda::{CudaBackend, CudaOptions};
 use cudarc::driver::CudaContext;
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::{InferenceBackend, Load, LoadConfig, SingleSequence};
 use worker_common::model::ModelFile;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,21 +22,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = CudaContext::new(device as usize)?;
     println!("bare context: nvidia-smi {} MiB", process_mib()?);
     let model = Arc::new(ModelFile::open(&path)?);
-    let mut backend = CudaBackend::load(model.clone(), &CudaOptions { device }, &mut |_| {})?;
+    let config = LoadConfig {
+        context_length: 2048,
+        kv_cache_bytes: Some(1 << 30),
+    };
+    let mut backend =
+        CudaBackend::load(model.clone(), &CudaOptions { device }, &config, &mut |_| {})?;
     report("loaded", &backend)?;
     let vocab = model.spec.hparams.vocab_size as u32;
     let prompt: Vec<u32> = (0..512u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 8) % vocab)
         .collect();
     for (job, prompt_len) in [(1, 32), (2, 512), (3, 32)] {
-        backend.begin_sequence(2048)?;
-        backend.forward(&prompt[..prompt_len], 0)?;
+        let mut sequence = SingleSequence::begin(&mut backend, 2048)?;
+        sequence.forward(&prompt[..prompt_len], 0)?;
         for pos in prompt_len..prompt_len + 16 {
-            backend.forward(&[1], pos)?;
+            sequence.forward(&[1], pos)?;
         }
         report(&format!("job {job} ({prompt_len}-token prompt)"), &backend)?;
-        backend.end_sequence();
-        report(&format!("job {job} ended"), &backend)?;
     }
     drop(backend);
     drop(ctx);

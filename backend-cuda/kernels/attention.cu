@@ -1,6 +1,6 @@
-// Causal (optionally sliding-window) attention of grid.y queries at positions *pos.. over the
-// f16 KV cache of one layer (the position is read from device memory so that a captured decode
-// step can be replayed). One block per (head, query): its warps take chunks of 32 keys in turn,
+// Causal (optionally sliding-window) attention of grid.y queries at positions *pos.. over one
+// layer of the f16 KV pool, position p at row kv_row(pages, p) (the position and the page table
+// are read from device memory so that a captured decode step can be replayed for any sequence). One block per (head, query): its warps take chunks of 32 keys in turn,
 // each keeping an online softmax (running max, sum, weighted values), merged at the end. In a
 // chunk each lane scores one key on its own (no reduction between lanes), then the warp adds up
 // the 32 value rows, lanes on head elements lane, lane + 32, …; so head widths must be
@@ -11,8 +11,8 @@
 #define PER_LANE (MAX_HEAD / 32)
 
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
-attention(const float* q, const u16* k_cache, const u16* v_cache, float* out, const int* start,
-          int n_head, int n_head_kv, int dk, int dv, float scale, int window) {
+attention(const float* q, const u16* k_cache, const u16* v_cache, const int* pages, float* out,
+          const int* start, int n_head, int n_head_kv, int dk, int dv, float scale, int window) {
     __shared__ float s_max[ATT_WARPS], s_sum[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][MAX_HEAD];
     __shared__ float s_q[MAX_HEAD];
@@ -32,9 +32,11 @@ attention(const float* q, const u16* k_cache, const u16* v_cache, float* out, co
     for (int base = first + 32 * warp; base <= pos; base += 32 * ATT_WARPS) {
         int p = base + lane;
         float s = -__int_as_float(0x7f800000);
+        // Each lane looks up its key's row; the value loop below takes them by shuffle.
+        long long my_row = p <= pos ? kv_row(pages, p) : 0;
         if (p <= pos) {
             // Eight f16 keys per 16-byte load; rows start at multiples of 32 elements.
-            const U4* key = (const U4*)(k_cache + (long long)p * k_width + kv_head * dk);
+            const U4* key = (const U4*)(k_cache + my_row * k_width + kv_head * dk);
             float dot = 0.0f;
 #pragma unroll 4
             for (int c = 0; c < dk / 8; ++c) {
@@ -55,15 +57,16 @@ attention(const float* q, const u16* k_cache, const u16* v_cache, float* out, co
 #pragma unroll
         for (int i = 0; i < PER_LANE; ++i) acc[i] *= correction;
         int count = min(32, pos - base + 1);
-        const u16* value = v_cache + (long long)base * v_width + kv_head * dv;
+        const u16* value = v_cache + kv_head * dv;
         // Eight value rows at a time, so their loads are in flight together.
         for (int j0 = 0; j0 < count; j0 += 8) {
 #pragma unroll
             for (int u = 0; u < 8; ++u) {
                 int j = j0 + u;
                 float ej = __shfl_sync(0xffffffffu, e, j & 31);
+                long long rj = __shfl_sync(0xffffffffu, my_row, j & 31);
                 if (j < count) {
-                    const u16* row = value + (long long)j * v_width;
+                    const u16* row = value + rj * v_width;
 #pragma unroll
                     for (int i = 0; i < PER_LANE; ++i)
                         if (i < nv) acc[i] = fmaf(ej, h2f(row[lane + 32 * i]), acc[i]);
@@ -114,11 +117,12 @@ attention(const float* q, const u16* k_cache, const u16* v_cache, float* out, co
 #define PAIRS_PER_LANE (MAX_HEAD / 64)
 
 extern "C" __global__ void __launch_bounds__(SPLIT_CHUNK)
-attention_split(const float* q, const u16* k_cache, const u16* v_cache, float* out,
-                const int* start, int n_head, int n_head_kv, int dk, int dv, float scale,
+attention_split(const float* q, const u16* k_cache, const u16* v_cache, const int* pages,
+                float* out, const int* start, int n_head, int n_head_kv, int dk, int dv, float scale,
                 int window, int splits, float* partial, u32* counters) {
     __shared__ float s_q[MAX_HEAD];
     __shared__ float s_e[SPLIT_CHUNK];
+    __shared__ long long s_row[SPLIT_CHUNK];
     __shared__ float s_max[SPLIT_WARPS], s_sum[SPLIT_WARPS];
     __shared__ float s_acc[SPLIT_WARPS][MAX_HEAD];
     __shared__ int s_last;
@@ -141,8 +145,11 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, float* o
     for (int c = split; c < chunks; c += splits) {
         int base = first + c * SPLIT_CHUNK, p = base + threadIdx.x;
         float s = -__int_as_float(0x7f800000);
+        // Each thread looks up its key's row once; the value loop reads them from shared memory.
+        long long my_row = p <= pos ? kv_row(pages, p) : 0;
+        s_row[threadIdx.x] = my_row;
         if (p <= pos) {
-            const U4* key = (const U4*)(k_cache + (long long)p * k_width + kv_head * dk);
+            const U4* key = (const U4*)(k_cache + my_row * k_width + kv_head * dk);
             float dot = 0.0f;
 #pragma unroll 8
             for (int i = 0; i < dk / 8; ++i) {
@@ -170,7 +177,7 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, float* o
 #pragma unroll
         for (int i = 0; i < 2 * PAIRS_PER_LANE; ++i) acc[i] *= correction;
         int count = min(SPLIT_CHUNK, pos - base + 1);
-        const u32* value = (const u32*)(v_cache + (long long)base * v_width + kv_head * dv);
+        const u32* value = (const u32*)(v_cache + kv_head * dv);
         // Eight rows at a time with no branch, so their loads are in flight together: rows
         // past the position are read at the last valid one and weigh e = 0.
 #pragma unroll 4
@@ -179,7 +186,7 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, float* o
             for (int u = 0; u < 8; ++u) {
                 int j = j0 + u * SPLIT_WARPS;
                 float ej = j < count ? s_e[j] : 0.0f;
-                const u32* row = value + (long long)min(j, count - 1) * (v_width / 2);
+                const u32* row = value + s_row[min(j, count - 1)] * (v_width / 2);
 #pragma unroll
                 for (int i = 0; i < PAIRS_PER_LANE; ++i) {
                     int col = lane + 32 * i;

@@ -28,13 +28,14 @@ rms_norm(const float* x, const float* w, float* out, int width, float eps) {
 
 // Token blockIdx.x at position *pos + blockIdx.x: rotates the first `dims` elements of each of
 // its n_head query heads (rows of q) and n_head_kv key heads (rows of k) in place, then appends
-// its keys and values to one layer's f16 cache. One thread per (head, pair); the angle of pair
-// i is multiplied up i times in f32 as the CPU does. `neox` pairs (i, i + dims/2), otherwise
-// (2i, 2i + 1). The position comes from device memory so a captured decode step can be replayed.
+// its keys and values to one layer's f16 pool at the rows its page table `pages` gives. One
+// thread per (head, pair); the angle of pair i is multiplied up i times in f32 as the CPU does.
+// `neox` pairs (i, i + dims/2), otherwise (2i, 2i + 1). The position and the page table come
+// from device memory so a captured decode step can be replayed for any sequence.
 extern "C" __global__ void __launch_bounds__(256)
 rope_store(float* q, float* k, const float* v, u16* k_cache, u16* v_cache, const int* pos,
-           int n_head, int n_head_kv, int head_dim, int dims, float theta_scale,
-           float freq_scale, int neox, int v_width) {
+           const int* pages, int n_head, int n_head_kv, int head_dim, int dims,
+           float theta_scale, float freq_scale, int neox, int v_width) {
     int t = blockIdx.x, p = *pos + t, half_dims = dims / 2, k_width = n_head_kv * head_dim;
     float* qt = q + (long long)t * n_head * head_dim;
     float* kt = k + (long long)t * k_width;
@@ -51,10 +52,11 @@ rope_store(float* q, float* k, const float* v, u16* k_cache, u16* v_cache, const
         head[b] = x0 * s + x1 * c;
     }
     __syncthreads();
+    long long row = kv_row(pages, p);
     for (int j = threadIdx.x; j < k_width; j += blockDim.x)
-        k_cache[(long long)p * k_width + j] = f2h(kt[j]);
+        k_cache[row * k_width + j] = f2h(kt[j]);
     for (int j = threadIdx.x; j < v_width; j += blockDim.x)
-        v_cache[(long long)p * v_width + j] = f2h(v[(long long)t * v_width + j]);
+        v_cache[row * v_width + j] = f2h(v[(long long)t * v_width + j]);
 }
 
 // x[i] += b[i % width], i < total.

@@ -53,6 +53,15 @@ struct alignas(8) F2 {
 __device__ __forceinline__ F4 ld_f4(const float* p) { return *(const F4*)p; }
 __device__ __forceinline__ F2 ld_f2(const float* p) { return *(const F2*)p; }
 
+// Positions per KV page (worker_common::backend::PAGE_SIZE, checked by a test in module.rs).
+#define PAGE_SIZE 16
+
+// The row of position p in the KV pool: page pages[p / PAGE_SIZE] of the sequence's page
+// table, slot p % PAGE_SIZE. Every kernel that reads or writes keys and values goes through it.
+__device__ __forceinline__ long long kv_row(const int* pages, int p) {
+    return (long long)pages[(unsigned)p / PAGE_SIZE] * PAGE_SIZE + (unsigned)p % PAGE_SIZE;
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // ggml's GELU_FP16 table: the input and the result rounded to f16.

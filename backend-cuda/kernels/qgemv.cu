@@ -317,6 +317,7 @@ struct QMatrix {
 // Where a RoPE launch puts its results, and how it rotates (rope_store's parameters).
 struct QRope {
     const int* pos;
+    const int* pages;
     u16* k_cache;
     u16* v_cache;
     int head_dim, dims, neox;
@@ -373,7 +374,7 @@ __device__ __forceinline__ void rope_epilogue(const QMatrix& mq, const QMatrix& 
         mq.y[t * mq.rows + b] = vb;
     } else {
         const QMatrix& m = which == 1 ? mk : mv;
-        u16* cache = (which == 1 ? rope.k_cache : rope.v_cache) + (long long)p * m.rows;
+        u16* cache = (which == 1 ? rope.k_cache : rope.v_cache) + kv_row(rope.pages, p) * m.rows;
         cache[a] = f2h(va);
         cache[b] = f2h(vb);
     }
@@ -479,18 +480,19 @@ __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
     }
 }
 
-#define QGEMV_KERNEL(R)                                                                          \
-    extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) qgemv_r##R(                      \
-        const u8* w0, const u8* w1, const u8* w2, long long rb0, long long rb1, long long rb2,   \
-        const float* b0, const float* b1, const float* b2, float* y0, float* y1, float* y2,      \
-        int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int parts,            \
-        const float* x, const u8* pre, const float* norm, float eps, int mode, const int* pos,   \
-        u16* k_cache, u16* v_cache, int head_dim, int rope_dims, float theta_scale,              \
-        float freq_scale, int neox) {                                                            \
-        QMatrix m0 = {w0, rb0, b0, y0, rows0, f0}, m1 = {w1, rb1, b1, y1, rows1, f1},            \
-                m2 = {w2, rb2, b2, y2, rows2, f2};                                               \
-        QRope rope = {pos, k_cache, v_cache, head_dim, rope_dims, neox, theta_scale, freq_scale}; \
-        qgemv<R>(m0, m1, m2, rope, cols, parts, x, pre, norm, eps, mode);                        \
+#define QGEMV_KERNEL(R)                                                                            \
+    extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) qgemv_r##R(                        \
+        const u8* w0, const u8* w1, const u8* w2, long long rb0, long long rb1, long long rb2,     \
+        const float* b0, const float* b1, const float* b2, float* y0, float* y1, float* y2,        \
+        int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int parts,              \
+        const float* x, const u8* pre, const float* norm, float eps, int mode, const int* pos,     \
+        const int* pages, u16* k_cache, u16* v_cache, int head_dim, int rope_dims,                 \
+        float theta_scale, float freq_scale, int neox) {                                           \
+        QMatrix m0 = {w0, rb0, b0, y0, rows0, f0}, m1 = {w1, rb1, b1, y1, rows1, f1},              \
+                m2 = {w2, rb2, b2, y2, rows2, f2};                                                 \
+        QRope rope = {pos, pages, k_cache, v_cache, head_dim, rope_dims, neox, theta_scale,        \
+                      freq_scale};                                                                 \
+        qgemv<R>(m0, m1, m2, rope, cols, parts, x, pre, norm, eps, mode);                          \
     }
 
 QGEMV_KERNEL(1)

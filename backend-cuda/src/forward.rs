@@ -2,13 +2,13 @@
 //! step the CPU backend's (backend-cpu/src/forward.rs), with its per-architecture differences
 //! coming from the loaded [`Weights`] and the [`Plan`].
 
-use worker_common::backend::BackendError;
+use worker_common::backend::{BackendError, Chunk, PAGE_SIZE, Want};
 use worker_common::model::{Architecture, HyperParams, ModelSpec, RopeStyle};
 
 use crate::device::{Gpu, device_error};
-use crate::kv::KvCache;
+use crate::kv::KvPool;
 use crate::ops::{
-    AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm, SplitScratch,
+    AttentionShape, DeviceMatrix, LayerKv, Projection, RopeParams, RopeStore, RowNorm, SplitScratch,
 };
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, prequantized};
 use crate::scratch::{Act, DecodeGraph, Scratch};
@@ -103,80 +103,61 @@ pub struct Model<'a> {
     pub plan: &'a Plan,
     /// The tensors.
     pub weights: &'a Weights,
+    /// The KV page pool.
+    pub kv: &'a KvPool,
 }
 
 impl Model<'_> {
-    /// Runs `tokens` at `start_pos..` and leaves the last position's logits and their greedy
-    /// choice in `scratch`'s device buffer ([`Act::Logits`]), still to be downloaded.
+    /// Runs one chunk (tokens at `start_pos..` through its page table) and, unless it wants
+    /// nothing, leaves its last position's logits and their greedy choice in `scratch`'s
+    /// device buffer ([`Act::Logits`]), still to be downloaded. The caller validated the chunk.
     ///
-    /// One token runs as a CUDA graph, captured at the first such call of a sequence and
-    /// replayed after: the position and id are read from device memory, so each step is one
-    /// small upload, one graph launch and the logits' copy.
-    pub fn forward(
-        &self,
-        tokens: &[u32],
-        start_pos: usize,
-        kv: &mut KvCache,
-        scratch: &mut Scratch,
-    ) -> Result<(), BackendError> {
-        let n = tokens.len();
-        if n == 0 || start_pos + n > kv.max_len {
-            return Err(BackendError::InvalidInput(format!(
-                "{n} tokens at position {start_pos} do not fit a sequence of {}",
-                kv.max_len
-            )));
-        }
-        if start_pos > kv.filled {
-            return Err(BackendError::InvalidInput(format!(
-                "position {start_pos} is not the next one ({} filled)",
-                kv.filled
-            )));
-        }
-        if let Some(&bad) = tokens
-            .iter()
-            .find(|&&t| t as usize >= self.weights.token_embd.rows)
-        {
-            return Err(BackendError::InvalidInput(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                self.weights.token_embd.rows
-            )));
-        }
+    /// One token runs as a CUDA graph, captured at the first such call (per split count of the
+    /// decode attention) and replayed after for every sequence: the position, id and page table
+    /// are read from device memory, so each step is one small upload, one graph launch and the
+    /// logits' copy.
+    pub fn forward(&self, chunk: &Chunk<'_>, scratch: &mut Scratch) -> Result<(), BackendError> {
+        let n = chunk.tokens.len();
         // The kernels take positions as `int`.
-        let pos = u32::try_from(start_pos)
+        let pos = u32::try_from(chunk.start_pos)
             .ok()
-            .filter(|&p| i32::try_from(p as usize + n).is_ok())
+            .filter(|_| i32::try_from(chunk.end_pos()).is_ok())
             .ok_or_else(|| {
-                BackendError::InvalidInput(format!("position {start_pos} exceeds a kernel's int"))
+                BackendError::InvalidInput(format!(
+                    "position {} exceeds a kernel's int",
+                    chunk.start_pos
+                ))
             })?;
+        let pages = chunk
+            .pages
+            .get(..chunk.end_pos().div_ceil(PAGE_SIZE))
+            .ok_or_else(|| BackendError::InvalidInput("a page table too short".to_owned()))?;
         scratch.reserve(self.gpu, self.plan, self.weights, n)?;
-        scratch.upload_step(self.gpu, pos, tokens)?;
-        if n == 1 {
-            if scratch.decode.as_ref().is_none_or(|g| g.kv != kv.key()) {
-                scratch.decode = None;
-                self.gpu.begin_capture()?;
-                let recorded = self.run(1, kv, scratch);
-                // Ended on every path: a stream left capturing would refuse all later work.
-                let graph = self.gpu.end_capture();
-                recorded?;
-                scratch.decode = Some(DecodeGraph {
-                    graph: graph?,
-                    kv: kv.key(),
-                });
-            }
-            if let Some(step) = &scratch.decode {
-                step.graph
-                    .launch()
-                    .map_err(|e| device_error("launching the decode graph", e))?;
-            }
-        } else {
-            self.run(n, kv, scratch)?;
+        scratch.upload_step(self.gpu, pos, chunk.tokens, pages)?;
+        let splits = decode_splits(chunk.end_pos());
+        if n > 1 {
+            return self.run(n, splits, scratch, chunk.want != Want::Nothing);
         }
-        kv.filled = start_pos + n;
+        if !scratch.decode.iter().any(|g| g.splits == splits) {
+            self.gpu.begin_capture()?;
+            let recorded = self.run(1, splits, scratch, true);
+            // Ended on every path: a stream left capturing would refuse all later work.
+            let graph = self.gpu.end_capture();
+            recorded?;
+            let graph = graph?;
+            scratch.decode.push(DecodeGraph { graph, splits });
+        }
+        if let Some(step) = scratch.decode.iter().find(|g| g.splits == splits) {
+            step.graph
+                .launch()
+                .map_err(|e| device_error("launching the decode graph", e))?;
+        }
         Ok(())
     }
 
-    /// Queues the whole pass for `n` tokens whose position and ids are in [`Act::Step`].
-    fn run(&self, n: usize, kv: &KvCache, s: &Scratch) -> Result<(), BackendError> {
+    /// Queues the whole pass for `n` tokens whose position, ids and page table are in
+    /// [`Act::Step`]; the output head and the greedy choice only with `head`.
+    fn run(&self, n: usize, splits: usize, s: &Scratch, head: bool) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         self.gpu.dequant(
             &self.weights.token_embd,
@@ -186,8 +167,11 @@ impl Model<'_> {
             s.ptr(Act::X),
         )?;
         for (il, layer) in self.weights.layers.iter().enumerate() {
-            self.attention_block(il, layer, n, kv, s)?;
+            self.attention_block(il, layer, n, splits, s)?;
             self.ffn_block(layer, n, s)?;
+        }
+        if !head {
+            return Ok(());
         }
         let last = s.ptr(Act::X) + ((n - 1) * hp.n_embd * 4) as u64;
         let logits = s.ptr(Act::Logits);
@@ -388,8 +372,7 @@ impl Model<'_> {
         input: u64,
         norm: Option<RowNorm>,
         n: usize,
-        kv: &KvCache,
-        il: usize,
+        kv: &LayerKv,
         s: &Scratch,
     ) -> Result<bool, BackendError> {
         let Qkv::Separate { q, k, v } = &layer.qkv else {
@@ -400,13 +383,13 @@ impl Model<'_> {
             return Ok(false);
         }
         let hp = &self.plan.hp;
-        let (k_cache, v_cache) = kv.layer(hp, il);
         let target = RopeTarget {
             rope: self.rope(layer),
             head_dim: hp.head_dim_k,
             pos: s.ptr(Act::Step),
-            k_cache,
-            v_cache,
+            pages: kv.pages,
+            k_cache: kv.k,
+            v_cache: kv.v,
         };
         let bias = |i: usize| layer.qkv_bias.as_ref().map(|b| b[i].ptr);
         let outs = [s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V)];
@@ -429,16 +412,21 @@ impl Model<'_> {
         il: usize,
         layer: &Layer,
         n: usize,
-        kv: &KvCache,
+        splits: usize,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
         let (q, k, v) = (s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V));
         let (input, norm) = self.normalized(s.ptr(Act::X), &layer.attn_norm, n, s)?;
-        let (k_cache, v_cache) = kv.layer(hp, il);
+        let (k_cache, v_cache) = self.kv.layer(hp, il);
+        let kv = LayerKv {
+            k: k_cache,
+            v: v_cache,
+            pages: s.pages_ptr(),
+        };
         let pos = s.ptr(Act::Step);
-        if !self.qkv_with_rope(layer, input, norm, n, kv, il, s)? {
+        if !self.qkv_with_rope(layer, input, norm, n, &kv, s)? {
             self.qkv(layer, input, norm, n, s)?;
             if let Some((q_norm, k_norm)) = &layer.qk_norm {
                 gpu.rms_norm(q, q_norm.ptr, q, n * hp.n_head, hp.head_dim_k, hp.norm_eps)?;
@@ -458,6 +446,7 @@ impl Model<'_> {
                 k_cache,
                 v_cache,
                 pos,
+                pages: kv.pages,
                 n,
                 n_head: hp.n_head,
                 n_head_kv: hp.n_head_kv,
@@ -479,12 +468,12 @@ impl Model<'_> {
         };
         let attn = s.ptr(Act::Attn);
         let split = SplitScratch {
-            splits: SplitScratch::splits_for(kv.max_len),
+            splits,
             partial: s.ptr(Act::Partial),
             counters: s.ptr(Act::Counters),
         };
         let split = (n < GEMM_MIN_TOKENS).then_some(&split);
-        gpu.attention(&shape, q, k_cache, v_cache, attn, n, pos, split)?;
+        gpu.attention(&shape, q, &kv, attn, n, pos, split)?;
         self.residual(
             &layer.attn_output,
             attn,
@@ -589,6 +578,17 @@ impl Model<'_> {
         }
         self.residual(&layer.ffn_down, gate, n, layer.post_ffn_norm.as_ref(), s)
     }
+}
+
+/// Blocks per head of the split decode attention for a chunk ending at `end_pos`: enough for
+/// its longest query, rounded up to a power of two so that few graphs are captured. Any count
+/// from a query's number of key chunks up gives each block one chunk, merged in chunk order,
+/// so the result depends on the positions alone (up to 4,096 positions; from there on every
+/// chunk takes [`MAX_SPLITS`](crate::ops::MAX_SPLITS)).
+fn decode_splits(end_pos: usize) -> usize {
+    SplitScratch::splits_for(end_pos)
+        .next_power_of_two()
+        .min(crate::ops::MAX_SPLITS)
 }
 
 /// Whether two matrices can share one GEMV launch (same format and row shape).

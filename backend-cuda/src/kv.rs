@@ -1,35 +1,69 @@
-//! The KV cache of one sequence on the device.
+//! The KV page pool on the device, allocated once at load, and its default size.
 
-use worker_common::backend::BackendError;
+use worker_common::backend::{BackendError, PAGE_SIZE};
 use worker_common::model::HyperParams;
 
 use crate::device::{Buffer, Gpu};
 
-/// The KV cache of one sequence: f16, `[layer][pos][kv_head][head_dim]`, keys then values.
-pub struct KvCache {
+/// VRAM the default pool leaves free beyond the weights, at least: cuBLAS's workspace, the
+/// module, the activations and the prefill path's dequantized matrix.
+pub const MIN_HEADROOM: u64 = 1 << 30;
+/// Most bytes the default pool takes.
+const MAX_DEFAULT_BYTES: u64 = 16 << 30;
+/// Most full contexts the default pool holds: more sequences than a step ever runs at once.
+const MAX_DEFAULT_CONTEXTS: u64 = 64;
+
+/// The pool: f16, `[layer][row][kv_width]` keys, then values in the same layout, where the row
+/// of slot `s` of page `p` is `p * PAGE_SIZE + s`.
+pub struct KvPool {
     buffer: Buffer,
-    /// Positions it holds.
-    pub max_len: usize,
-    /// Positions written so far.
-    pub filled: usize,
+    /// Pages in the pool.
+    pub pages: usize,
+    /// Most positions one sequence reaches (the load's context length).
+    pub context_length: usize,
 }
 
-impl KvCache {
-    /// Allocates room for `max_len` positions; `OutOfMemory` when the GPU has no room.
-    pub fn new(gpu: &Gpu, hp: &HyperParams, max_len: usize) -> Result<Self, BackendError> {
-        let bytes = hp
-            .n_layers
-            .checked_mul(max_len)
-            .and_then(|v| v.checked_mul(hp.k_width() + hp.v_width()))
-            .and_then(|v| v.checked_mul(2))
+/// Bytes of one position of every layer's keys and values.
+pub fn position_bytes(hp: &HyperParams) -> u64 {
+    (hp.n_layers * (hp.k_width() + hp.v_width()) * 2) as u64
+}
+
+/// The default pool size: what is free after the weights less a headroom (the larger of
+/// [`MIN_HEADROOM`] and a tenth of the device), capped at 64 contexts and 16 GiB. The caller
+/// checks that it holds at least one context.
+pub fn default_bytes(free: u64, total: u64, context_length: usize, position: u64) -> u64 {
+    let contexts = MAX_DEFAULT_CONTEXTS
+        .saturating_mul(context_length as u64)
+        .saturating_mul(position);
+    free.saturating_sub(headroom(total))
+        .min(contexts)
+        .min(MAX_DEFAULT_BYTES)
+}
+
+/// VRAM the default pool leaves free on a device of `total` bytes.
+pub fn headroom(total: u64) -> u64 {
+    MIN_HEADROOM.max(total / 10)
+}
+
+impl KvPool {
+    /// Allocates `pages` pages for sequences of up to `context_length` positions.
+    pub fn new(
+        gpu: &Gpu,
+        hp: &HyperParams,
+        pages: usize,
+        context_length: usize,
+    ) -> Result<Self, BackendError> {
+        let bytes = (pages as u64)
+            .checked_mul(PAGE_SIZE as u64 * position_bytes(hp))
+            .and_then(|b| usize::try_from(b).ok())
             .ok_or(BackendError::OutOfMemory {
-                what: "KV cache",
+                what: "KV pool",
                 bytes: u64::MAX,
             })?;
         Ok(Self {
-            buffer: gpu.alloc(bytes, "KV cache")?,
-            max_len,
-            filled: 0,
+            buffer: gpu.alloc(bytes, "KV pool")?,
+            pages,
+            context_length,
         })
     }
 
@@ -38,17 +72,31 @@ impl KvCache {
         self.buffer.bytes()
     }
 
-    /// What a captured decode step depends on: the cache's address and length.
-    pub fn key(&self) -> (u64, usize) {
-        (self.buffer.ptr(), self.max_len)
-    }
-
     /// Device addresses of layer `il`'s keys and values.
     pub fn layer(&self, hp: &HyperParams, il: usize) -> (u64, u64) {
-        let k_layer = (self.max_len * hp.k_width() * 2) as u64;
-        let v_layer = (self.max_len * hp.v_width() * 2) as u64;
+        let rows = self.pages * PAGE_SIZE;
+        let k_layer = (rows * hp.k_width() * 2) as u64;
+        let v_layer = (rows * hp.v_width() * 2) as u64;
         let base = self.buffer.ptr();
         let values = base + k_layer * hp.n_layers as u64;
         (base + k_layer * il as u64, values + v_layer * il as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_default_pool_keeps_a_headroom_and_its_caps() {
+        // 80 GiB device, 70 GiB free: 8 GiB headroom, then the 16 GiB cap.
+        assert_eq!(default_bytes(70 * GIB, 80 * GIB, 8192, 1 << 20), 16 * GIB);
+        // 64 contexts of 8192 positions of 1 KiB: 512 MiB.
+        assert_eq!(default_bytes(70 * GIB, 80 * GIB, 8192, 1024), 512 << 20);
+        // A small device: at least 1 GiB stays free.
+        assert_eq!(default_bytes(3 * GIB, 4 * GIB, 8192, 1 << 20), 2 * GIB);
+        assert_eq!(default_bytes(GIB / 2, 4 * GIB, 8192, 1 << 20), 0);
     }
 }

@@ -5,9 +5,11 @@
 //! kernels (int8 activations and integer dot products for the quantized formats, as the CPU
 //! backend; Q/K/V in one launch, gate and up fused with the activation, the residual add in the
 //! output projections) and runs as a captured CUDA graph; prefill dequantizes one matrix at a
-//! time into f32 scratch and runs cuBLAS SGEMM. Activations are f32, the KV cache f16, as in
-//! the CPU backend. The kernels (`kernels/*.cu`) are compiled by NVRTC for the device at
-//! start-up and cached on disk.
+//! time into f32 scratch and runs cuBLAS SGEMM. Activations are f32, the KV page pool f16, as
+//! in the CPU backend; every kernel reaches a position's keys and values through the sequence's
+//! page table in device memory. A step runs its chunks one after the other (batch invariant by
+//! construction; batched kernels are to come). The kernels (`kernels/*.cu`) are compiled by
+//! NVRTC for the device at start-up and cached on disk.
 
 mod device;
 mod forward;
@@ -26,14 +28,14 @@ mod tests_qgemv;
 use std::sync::Arc;
 
 use worker_common::backend::{
-    BackendError, BackendInfo, GpuInfo, InferenceBackend, LoadProgress, MemoryUsage,
-    refuse_unapplied_tensors,
+    BackendError, BackendInfo, Chunk, GpuInfo, InferenceBackend, Load, LoadConfig, LoadProgress,
+    MemoryUsage, PAGE_SIZE, StepOutputs, Want, refuse_unapplied_tensors,
 };
 use worker_common::model::ModelFile;
 
 use device::Gpu;
 use forward::{Model, Plan};
-use kv::KvCache;
+use kv::KvPool;
 use scratch::Scratch;
 use weights::Weights;
 
@@ -83,79 +85,84 @@ pub struct CudaOptions {
     pub device: u32,
 }
 
-/// The CUDA backend: one model in VRAM and the state of at most one sequence.
+/// The CUDA backend: one model in VRAM, its KV page pool, and the scratch every chunk runs
+/// through in turn.
 pub struct CudaBackend {
-    model: Arc<ModelFile>,
     plan: Plan,
     weights: Weights,
-    kv: Option<KvCache>,
+    kv: KvPool,
     scratch: Scratch,
     /// Fixed bytes the loaded backend holds besides the weight buffers: cuBLAS's workspace, and
     /// what no buffer names (the module, cuBLAS's handle, allocation granularity) as measured at
     /// load. Reported under `weights`, the fixed part of the footprint.
     runtime: u64,
-    /// The memory pool's reservation once loaded: what it grows beyond is per-sequence memory.
+    /// The memory pool's reservation once loaded: what it grows beyond is scratch.
     pool_at_load: u64,
     ordinal: u32,
     // Declared last: the buffers above are freed before the context and module go.
     gpu: Gpu,
 }
 
-/// VRAM kept free beyond the weights at load: cuBLAS's workspace, the module, the first
-/// sequence's activations.
-const LOAD_HEADROOM: u64 = 256 << 20;
-
 /// Most bytes credited to what no buffer names: the device-wide delta behind it also counts other
 /// processes' allocations made during the load, which must not be reported as this worker's.
 const MAX_UNNAMED: u64 = 192 << 20;
 
-impl InferenceBackend for CudaBackend {
-    const WORKER_TYPE: &'static str = "bespoke-cuda";
-    const MEMORY_ARCHITECTURE: &'static str = "vram-only";
-    const COMPUTES_GREEDY: bool = true;
+impl Load for CudaBackend {
     type Options = CudaOptions;
 
     fn load(
         model: Arc<ModelFile>,
         options: &CudaOptions,
+        config: &LoadConfig,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, BackendError> {
         check_libraries().map_err(|e| BackendError::Device(e.to_string()))?;
         refuse_unapplied_tensors(&model, Self::WORKER_TYPE)?;
         let plan = Plan::new(&model.spec)?;
+        if config.context_length == 0 || i32::try_from(config.context_length).is_err() {
+            return Err(BackendError::InvalidInput(format!(
+                "context length {}",
+                config.context_length
+            )));
+        }
         let gpu = Gpu::open(options.device)?;
         let tensor_bytes: u64 = model.gguf.tensors().map(|t| t.data.len() as u64).sum();
-        let (free, _) = gpu.memory()?;
-        let required = tensor_bytes + LOAD_HEADROOM;
-        if required > free {
-            return Err(BackendError::InsufficientMemory {
-                device: format!("GPU {} ({})", options.device, gpu.name),
-                required,
-                available: free,
-            });
-        }
+        let sizing = PoolSizing {
+            device: format!("GPU {} ({})", options.device, gpu.name),
+            position_bytes: kv::position_bytes(&plan.hp),
+            context_length: config.context_length,
+            weight_bytes: tensor_bytes,
+            free_at_load: gpu.memory()?.0,
+        };
+        sizing.check_fits(sizing.smallest(), kv::MIN_HEADROOM)?;
         let weights = weights::upload(&gpu, &model.gguf, &model.spec, tensor_bytes, progress)?;
         check_residency(&weights)?;
-        let runtime = runtime_bytes(&gpu, weights.bytes() as u64)?;
+        let pages = sizing.pages(config.kv_cache_bytes, gpu.memory()?)?;
+        let kv = KvPool::new(&gpu, &plan.hp, pages, config.context_length)?;
+        tracing::info!(pages, bytes = kv.bytes() as u64, "KV page pool allocated");
+        let runtime = runtime_bytes(&gpu, (weights.bytes() + kv.bytes()) as u64)?;
         let pool_at_load = gpu.pool_reserved()?;
         Ok(Self {
-            model,
             plan,
             weights,
-            kv: None,
-            scratch: Scratch::default(),
+            kv,
+            scratch: Scratch::new(config.context_length.div_ceil(PAGE_SIZE)),
             runtime,
             pool_at_load,
             ordinal: options.device,
             gpu,
         })
     }
+}
+
+impl InferenceBackend for CudaBackend {
+    const WORKER_TYPE: &'static str = "bespoke-cuda";
+    const MEMORY_ARCHITECTURE: &'static str = "vram-only";
 
     fn info(&self) -> BackendInfo {
-        let kv = self.kv.as_ref().map_or(0, KvCache::bytes) as u64;
         let scratch = self.scratch.bytes() as u64;
-        // What the pool holds for sequences beyond the live KV and scratch buffers (freed ones
-        // kept for the next sequence, chunk rounding) is the process's all the same: scratch.
+        // What the memory pool grew by since load beyond the live scratch buffers (freed ones
+        // kept for reuse, chunk rounding) is the process's all the same: scratch.
         let pooled = match self.gpu.pool_reserved() {
             Ok(reserved) => reserved.saturating_sub(self.pool_at_load),
             Err(e) => {
@@ -167,8 +174,8 @@ impl InferenceBackend for CudaBackend {
             device: self.gpu.name.clone(),
             memory: MemoryUsage {
                 weights: self.weights.bytes() as u64 + self.runtime,
-                kv,
-                scratch: scratch.max(pooled.saturating_sub(kv)),
+                kv: self.kv.bytes() as u64,
+                scratch: scratch.max(pooled),
             },
             gpu: Some(GpuInfo {
                 ordinal: self.ordinal,
@@ -178,67 +185,166 @@ impl InferenceBackend for CudaBackend {
         }
     }
 
-    fn begin_sequence(&mut self, max_len: usize) -> Result<(), BackendError> {
-        self.gpu.bind()?;
-        self.kv = None;
-        self.scratch.decode = None;
-        self.kv = Some(KvCache::new(&self.gpu, &self.model.spec.hparams, max_len)?);
-        Ok(())
+    fn kv_pages(&self) -> usize {
+        self.kv.pages
     }
 
-    fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<&[f32], BackendError> {
-        self.run_forward(tokens, start_pos)?;
-        self.scratch.download_logits(&self.gpu)?;
-        self.scratch.logits()
+    fn vocab_size(&self) -> usize {
+        self.plan.hp.vocab_size
     }
 
-    fn forward_greedy(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32, BackendError> {
-        self.run_forward(tokens, start_pos)?;
-        self.scratch.download_choice(&self.gpu)?;
-        self.scratch
-            .greedy()
-            .ok_or_else(|| BackendError::Device("the greedy choice was not downloaded".to_owned()))
-    }
-
-    fn greedy_token(&self) -> Option<u32> {
-        self.scratch.greedy()
-    }
-
-    fn end_sequence(&mut self) {
-        if let Err(e) = self.gpu.bind() {
-            tracing::warn!(error = %e, "ending a sequence");
+    /// Runs the chunks one after the other, each exactly as it would run alone (so the step is
+    /// batch invariant), downloading what each wants before the next one starts.
+    fn step(
+        &mut self,
+        chunks: &[Chunk<'_>],
+        outputs: &mut StepOutputs,
+    ) -> Result<(), BackendError> {
+        for chunk in chunks {
+            chunk.validate(self.kv.pages, self.vocab_size())?;
+            if chunk.end_pos() > self.kv.context_length {
+                return Err(BackendError::InvalidInput(format!(
+                    "position {} is past the context length {}",
+                    chunk.end_pos() - 1,
+                    self.kv.context_length
+                )));
+            }
         }
-        self.kv = None;
-        self.scratch = Scratch::default();
+        outputs.prepare(chunks);
+        self.gpu.bind()?;
+        // Grown once for the step's largest chunk, not chunk by chunk.
+        let largest = chunks.iter().map(|c| c.tokens.len()).max().unwrap_or(0);
+        self.scratch
+            .reserve(&self.gpu, &self.plan, &self.weights, largest)?;
+        for (i, chunk) in chunks.iter().enumerate() {
+            let model = Model {
+                gpu: &self.gpu,
+                plan: &self.plan,
+                weights: &self.weights,
+                kv: &self.kv,
+            };
+            model.forward(chunk, &mut self.scratch)?;
+            self.collect(i, chunk.want, outputs)?;
+        }
+        Ok(())
     }
 }
 
 impl CudaBackend {
-    /// Queues the forward pass of `tokens` (its results stay on the device).
-    fn run_forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<(), BackendError> {
-        self.gpu.bind()?;
-        let kv = self.kv.as_mut().ok_or_else(|| {
-            BackendError::InvalidInput("forward called outside a sequence".to_owned())
-        })?;
-        let model = Model {
-            gpu: &self.gpu,
-            plan: &self.plan,
-            weights: &self.weights,
-        };
-        model.forward(tokens, start_pos, kv, &mut self.scratch)
+    /// Downloads what chunk `index` wants into `outputs` (waiting for its pass).
+    fn collect(
+        &mut self,
+        index: usize,
+        want: Want,
+        outputs: &mut StepOutputs,
+    ) -> Result<(), BackendError> {
+        match want {
+            Want::Nothing => {}
+            Want::Logits => {
+                self.scratch.download_logits(&self.gpu)?;
+                let logits = self.scratch.logits()?;
+                if let Some(row) = outputs.logits_mut(index) {
+                    row.copy_from_slice(logits);
+                }
+            }
+            Want::Greedy => {
+                self.scratch.download_choice(&self.gpu)?;
+                let choice = self.scratch.greedy().ok_or_else(|| {
+                    BackendError::Device("the greedy choice was not downloaded".to_owned())
+                })?;
+                outputs.set_greedy(index, choice);
+            }
+        }
+        Ok(())
     }
 }
 
-/// The fixed bytes beyond `weights` (see [`CudaBackend`]'s `runtime`): the cuBLAS workspace plus
-/// what the device's used memory grew by since the context existed and no buffer accounts for.
-fn runtime_bytes(gpu: &Gpu, weights: u64) -> Result<u64, BackendError> {
+/// What sizes the KV pool at load.
+struct PoolSizing {
+    /// The device, for errors.
+    device: String,
+    /// Bytes of one position of every layer.
+    position_bytes: u64,
+    context_length: usize,
+    weight_bytes: u64,
+    /// Free device memory before the weights.
+    free_at_load: u64,
+}
+
+impl PoolSizing {
+    fn page_bytes(&self) -> u64 {
+        PAGE_SIZE as u64 * self.position_bytes
+    }
+
+    /// The smallest pool: one full context.
+    fn smallest(&self) -> u64 {
+        self.context_length.div_ceil(PAGE_SIZE) as u64 * self.page_bytes()
+    }
+
+    /// `InsufficientMemory` unless the weights, a pool of `kv_bytes` and `headroom` fit the
+    /// memory free at load.
+    fn check_fits(&self, kv_bytes: u64, headroom: u64) -> Result<(), BackendError> {
+        let required = self
+            .weight_bytes
+            .saturating_add(kv_bytes)
+            .saturating_add(headroom);
+        if required > self.free_at_load {
+            return Err(BackendError::InsufficientMemory {
+                device: self.device.clone(),
+                required,
+                available: self.free_at_load,
+            });
+        }
+        Ok(())
+    }
+
+    /// Pages of a pool of `requested` bytes, or by default of what is left (`(free, total)`
+    /// after the weights, see [`kv::default_bytes`]); at least one context.
+    fn pages(
+        &self,
+        requested: Option<u64>,
+        (free, total): (u64, u64),
+    ) -> Result<usize, BackendError> {
+        let bytes = match requested {
+            Some(bytes) if bytes < self.smallest() => {
+                return Err(BackendError::InvalidInput(format!(
+                    "a KV pool of {bytes} bytes is less than one context ({} positions, {} bytes)",
+                    self.context_length,
+                    self.smallest()
+                )));
+            }
+            Some(bytes) => {
+                self.check_fits(bytes, kv::MIN_HEADROOM)?;
+                bytes
+            }
+            None => {
+                let bytes =
+                    kv::default_bytes(free, total, self.context_length, self.position_bytes);
+                if bytes < self.smallest() {
+                    return Err(BackendError::InsufficientMemory {
+                        device: self.device.clone(),
+                        required: self.weight_bytes + self.smallest() + kv::headroom(total),
+                        available: self.free_at_load,
+                    });
+                }
+                bytes
+            }
+        };
+        Ok((bytes / self.page_bytes()) as usize)
+    }
+}
+
+/// The fixed bytes beyond the weights (see [`CudaBackend`]'s `runtime`): the cuBLAS workspace
+/// plus what the device's used memory grew by since the context existed and no buffer accounts
+/// for (`buffers`: the weights and the KV pool).
+fn runtime_bytes(gpu: &Gpu, buffers: u64) -> Result<u64, BackendError> {
     gpu.sync()?;
     let workspace = gpu.blas_workspace_bytes() as u64;
     let held = gpu.held_since_open()?;
-    let unnamed = held.saturating_sub(weights + workspace).min(MAX_UNNAMED);
+    let unnamed = held.saturating_sub(buffers + workspace).min(MAX_UNNAMED);
     tracing::info!(
         held_since_context = held,
-        weights,
+        buffers,
         blas_workspace = workspace,
         unnamed,
         "device memory at load beyond the CUDA context"

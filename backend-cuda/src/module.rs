@@ -54,7 +54,7 @@ pub struct Kernels {
     pub quantize_rows: CudaFunction,
     /// RMSNorm per row.
     pub rms_norm: CudaFunction,
-    /// Rotary position embedding in place, then the KV cache append.
+    /// Rotary position embedding in place, then the keys and values into the pool.
     pub rope_store: CudaFunction,
     /// Adds a bias to every row.
     pub add_bias: CudaFunction,
@@ -276,6 +276,12 @@ fn fnv1a(parts: &[&str]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernels_page_size_is_the_seams() {
+        let define = format!("#define PAGE_SIZE {}\n", worker_common::backend::PAGE_SIZE);
+        assert!(SOURCE.contains(&define), "prelude.cu must {define}");
+    }
 
     #[test]
     fn cache_key_depends_on_every_part() {

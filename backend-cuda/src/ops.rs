@@ -231,7 +231,7 @@ impl Gpu {
     }
 
     /// RoPE of `n` tokens' query and key heads at positions `*pos..` (`pos`: a device `int`),
-    /// then their keys and values (f32) into one layer's f16 cache.
+    /// then their keys and values (f32) into one layer's f16 pool through the page table.
     pub fn rope_store(&self, t: &RopeStore, rope: &RopeParams) -> Result<(), BackendError> {
         let args = [
             Arg::Ptr(t.q),
@@ -240,6 +240,7 @@ impl Gpu {
             Arg::Ptr(t.k_cache),
             Arg::Ptr(t.v_cache),
             Arg::Ptr(t.pos),
+            Arg::Ptr(t.pages),
             Arg::I32(int(t.n_head)?),
             Arg::I32(int(t.n_head_kv)?),
             Arg::I32(int(t.head_dim)?),
@@ -364,15 +365,15 @@ impl Gpu {
         self.launch(&self.kernels.softcap, (blocks(total), 1), BLOCK, &args)
     }
 
-    /// Attention of `n` queries at `*pos..` (`pos`: a device `int`) over one layer's cache:
-    /// one block per query and head, or with `split` (decode) the keys spread over blocks.
+    /// Attention of `n` queries at `*pos..` (`pos`: a device `int`) over one layer of the
+    /// pool through a page table: one block per query and head, or with `split` (decode) the
+    /// keys spread over blocks.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
         shape: &AttentionShape,
         q: u64,
-        k_cache: u64,
-        v_cache: u64,
+        kv: &LayerKv,
         out: u64,
         n: usize,
         pos: u64,
@@ -380,8 +381,9 @@ impl Gpu {
     ) -> Result<(), BackendError> {
         let mut args = vec![
             Arg::Ptr(q),
-            Arg::Ptr(k_cache),
-            Arg::Ptr(v_cache),
+            Arg::Ptr(kv.k),
+            Arg::Ptr(kv.v),
+            Arg::Ptr(kv.pages),
             Arg::Ptr(out),
             Arg::Ptr(pos),
             Arg::I32(int(shape.n_head)?),
@@ -411,6 +413,17 @@ impl Gpu {
     }
 }
 
+/// One layer of the KV pool as a sequence sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerKv {
+    /// This layer's keys: f16 rows of `k_width`, row `page * PAGE_SIZE + slot`.
+    pub k: u64,
+    /// This layer's values, likewise.
+    pub v: u64,
+    /// Device address of the sequence's page table (`int` page ids).
+    pub pages: u64,
+}
+
 /// One matrix of a GEMV launch: its output rows go to `out`, plus `bias` when given.
 #[derive(Clone, Copy)]
 pub struct Projection<'a> {
@@ -431,12 +444,14 @@ pub struct RopeStore {
     pub k: u64,
     /// Value rows (`v_width` per token), stored.
     pub v: u64,
-    /// This layer's key cache.
+    /// This layer's key pool.
     pub k_cache: u64,
-    /// This layer's value cache.
+    /// This layer's value pool.
     pub v_cache: u64,
     /// Device address of the `int` position of the first token.
     pub pos: u64,
+    /// Device address of the sequence's page table (`int` page ids).
+    pub pages: u64,
     /// Tokens.
     pub n: usize,
     /// Query heads.
@@ -511,7 +526,7 @@ impl SplitScratch {
         n_head * MAX_SPLITS * (head_dim_v + 2)
     }
 
-    /// Blocks per head for a cache of `max_len` positions.
+    /// Blocks per head for sequences of up to `max_len` positions.
     pub fn splits_for(max_len: usize) -> usize {
         max_len.div_ceil(SPLIT_CHUNK).clamp(1, MAX_SPLITS)
     }

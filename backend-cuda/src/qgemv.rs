@@ -62,7 +62,8 @@ pub enum QgemvMode {
         gelu: bool,
     },
     /// Three matrices, Q, K and V (with their biases): Q rotated into its output, K rotated
-    /// and V appended to the f16 cache at the tokens' positions, as `Gpu::rope_store` does.
+    /// and V written to the f16 pool at the tokens' positions through the page table, as
+    /// `Gpu::rope_store` does.
     Rope(RopeTarget),
 }
 
@@ -75,9 +76,11 @@ pub struct RopeTarget {
     pub head_dim: usize,
     /// Device address of the `int` position of the first token.
     pub pos: u64,
-    /// This layer's key cache.
+    /// Device address of the sequence's page table (`int` page ids).
+    pub pages: u64,
+    /// This layer's key pool.
     pub k_cache: u64,
-    /// This layer's value cache.
+    /// This layer's value pool.
     pub v_cache: u64,
 }
 
@@ -259,7 +262,7 @@ fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), BackendError> {
     let (target, rope) = match mode {
         QgemvMode::Rope(t) => (t, t.rope),
         _ => {
-            args.extend([Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(0)]);
+            args.extend([Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(0)]);
             args.extend([
                 Arg::I32(0),
                 Arg::I32(0),
@@ -272,6 +275,7 @@ fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), BackendError> {
     };
     args.extend([
         Arg::Ptr(target.pos),
+        Arg::Ptr(target.pages),
         Arg::Ptr(target.k_cache),
         Arg::Ptr(target.v_cache),
         Arg::I32(int(target.head_dim)?),

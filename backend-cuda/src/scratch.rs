@@ -1,8 +1,9 @@
-//! Per-sequence device state besides the KV cache: activation buffers sized for the largest
-//! call, the page-locked logits, and the one-token decode step captured as a CUDA graph.
+//! Device state besides the weights and the KV pool: activation buffers sized for the largest
+//! chunk seen, the page-locked logits, and the one-token decode step captured as a CUDA graph.
+//! It persists across steps and sequences: each chunk runs alone, through the same buffers.
 
 use cudarc::driver::{CudaGraph, PinnedHostSlice};
-use worker_common::backend::BackendError;
+use worker_common::backend::{BackendError, PageId};
 
 use crate::device::{Buffer, Gpu, device_error};
 use crate::forward::{GEMM_MIN_TOKENS, Plan};
@@ -33,8 +34,9 @@ pub enum Act {
     Gate,
     /// Up projection.
     Up,
-    /// `[start_pos, ids…]` as `u32`: the kernels read the position from here, so a captured
-    /// step replays at any position.
+    /// `[start_pos, ids… (room for the largest chunk), page table…]` as `u32`: the kernels
+    /// read the position and the page table from here, so a captured step replays at any
+    /// position of any sequence.
     Step,
     /// Logits of the last position, then their greedy choice (a `u32` in one more slot).
     Logits,
@@ -48,33 +50,51 @@ pub enum Act {
     Argmax,
 }
 
-/// The decode step recorded once per sequence (its KV cache and activation addresses are baked
-/// into the launches) and replayed for every token.
+/// The one-token step, recorded once per split count of the decode attention and replayed for
+/// every decode chunk of every sequence: besides the split count, the launches bake in only the
+/// pool's and the activations' addresses, fixed from load on (until the activations grow, which
+/// drops the graphs).
 pub struct DecodeGraph {
     /// The instantiated graph.
     pub graph: CudaGraph,
-    /// KV cache address and length it was captured for.
-    pub kv: (u64, usize),
+    /// The split count of its attention launches.
+    pub splits: usize,
 }
 
 // SAFETY: CUDA graphs may be launched from any thread as long as calls on one graph are
 // serialized; the graph lives inside the backend and is only reached through `&mut self`.
 unsafe impl Send for DecodeGraph {}
 
-/// Activation buffers of one sequence, grown to the largest call and reused.
-#[derive(Default)]
+/// Activation buffers, grown to the largest chunk and reused.
 pub struct Scratch {
     tokens: usize,
+    /// Entries of the page table in [`Act::Step`]: the pages of the longest sequence.
+    table_pages: usize,
+    /// The host side of [`Act::Step`], kept so that a step allocates nothing.
+    staging: Vec<u8>,
     buffers: Vec<Buffer>,
     /// Dequantized weight matrix for the SGEMM path.
     dequant: Option<Buffer>,
     /// Logits of the last position, copied here straight from the GPU.
     logits: Option<PinnedHostSlice<f32>>,
-    /// The captured one-token step, if any.
-    pub decode: Option<DecodeGraph>,
+    /// The captured one-token steps, one per split count used so far.
+    pub decode: Vec<DecodeGraph>,
 }
 
 impl Scratch {
+    /// No buffers yet, for page tables of up to `table_pages` entries.
+    pub fn new(table_pages: usize) -> Self {
+        Self {
+            tokens: 0,
+            table_pages,
+            staging: Vec::new(),
+            buffers: Vec::new(),
+            dequant: None,
+            logits: None,
+            decode: Vec::new(),
+        }
+    }
+
     /// Bytes of VRAM held.
     pub fn bytes(&self) -> usize {
         self.buffers
@@ -87,6 +107,11 @@ impl Scratch {
     /// Device address of an activation buffer.
     pub fn ptr(&self, act: Act) -> u64 {
         self.buffers[act as usize].ptr()
+    }
+
+    /// Device address of the page table in [`Act::Step`] (after the room for the ids).
+    pub fn pages_ptr(&self) -> u64 {
+        self.ptr(Act::Step) + 4 * (1 + self.tokens) as u64
     }
 
     /// The SGEMM path's dequantization buffer, once a call of [`GEMM_MIN_TOKENS`] reserved it.
@@ -105,7 +130,7 @@ impl Scratch {
     ) -> Result<(), BackendError> {
         let hp = &plan.hp;
         if n > self.tokens {
-            self.decode = None;
+            self.decode.clear();
             self.buffers.clear();
             self.tokens = 0;
             let fused = if plan.fused {
@@ -128,7 +153,8 @@ impl Scratch {
             for width in widths {
                 self.buffers.push(gpu.alloc(n * width * 4, "activations")?);
             }
-            self.buffers.push(gpu.alloc((n + 1) * 4, "activations")?);
+            let step = (1 + n + self.table_pages) * 4;
+            self.buffers.push(gpu.alloc(step, "activations")?);
             self.buffers
                 .push(gpu.alloc((hp.vocab_size + 1) * 4, "activations")?);
             // The split attention serves calls below the SGEMM path's size.
@@ -157,18 +183,30 @@ impl Scratch {
         Ok(())
     }
 
-    /// Uploads the position and token ids of a call into [`Act::Step`].
+    /// Uploads the position, token ids and page table (`pages`: the entries the chunk reaches)
+    /// of a chunk into [`Act::Step`], in one copy; [`Scratch::reserve`] made room for them.
     pub fn upload_step(
         &mut self,
         gpu: &Gpu,
         start_pos: u32,
         tokens: &[u32],
+        pages: &[PageId],
     ) -> Result<(), BackendError> {
-        let step: Vec<u8> = std::iter::once(start_pos)
+        if tokens.len() > self.tokens || pages.len() > self.table_pages {
+            return Err(BackendError::InvalidInput(format!(
+                "{} tokens and {} pages exceed the step buffer",
+                tokens.len(),
+                pages.len()
+            )));
+        }
+        let padding = self.tokens - tokens.len();
+        self.staging.clear();
+        let words = std::iter::once(start_pos)
             .chain(tokens.iter().copied())
-            .flat_map(u32::to_le_bytes)
-            .collect();
-        gpu.upload(&step, &mut self.buffers[Act::Step as usize], 0)
+            .chain(std::iter::repeat_n(0, padding))
+            .chain(pages.iter().map(|p| p.0));
+        self.staging.extend(words.flat_map(u32::to_le_bytes));
+        gpu.upload(&self.staging, &mut self.buffers[Act::Step as usize], 0)
     }
 
     /// Copies the logits and their greedy choice from the GPU into the page-locked buffer and
@@ -189,13 +227,13 @@ impl Scratch {
         gpu.download_pinned(src + 4 * last, logits, 1)
     }
 
-    /// The logits of the last forward call.
+    /// The logits of the last chunk run.
     pub fn logits(&self) -> Result<&[f32], BackendError> {
         let all = self.downloaded()?;
         Ok(&all[..all.len() - 1])
     }
 
-    /// The greedy choice of the last forward call.
+    /// The greedy choice of the last chunk run.
     pub fn greedy(&self) -> Option<u32> {
         self.downloaded().ok()?.last().map(|id| id.to_bits())
     }
@@ -211,5 +249,5 @@ impl Scratch {
 }
 
 fn no_logits() -> BackendError {
-    BackendError::Device("no logits: forward has not run in this sequence".to_owned())
+    BackendError::Device("no logits: no chunk has run".to_owned())
 }

@@ -4,13 +4,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use backend_cpu::quant;
+use worker_common::backend::PAGE_SIZE;
 use worker_common::gguf::GgmlType;
 
 use crate::device::{Buffer, Gpu};
 use crate::module::{self, WEIGHT_TYPES};
 use crate::ops::{
-    ArgmaxScratch, AttentionShape, DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm,
-    SplitScratch,
+    ArgmaxScratch, AttentionShape, DeviceMatrix, LayerKv, Projection, RopeParams, RopeStore,
+    RowNorm, SplitScratch,
 };
 
 /// xorshift64*: reproducible random inputs without a dependency.
@@ -102,6 +103,39 @@ pub(super) fn rel_error(a: &[f32], b: &[f64]) -> f64 {
         .sum();
     let norm: f64 = b.iter().map(|y| y * y).sum();
     (diff / norm).sqrt()
+}
+
+/// A page table in scrambled order over a pool of about twice the pages its positions need
+/// (the rest unused), as the kernels take it.
+pub(super) struct PageTable {
+    /// The table on the device (`int` page ids).
+    pub(super) buffer: Buffer,
+    /// Rows of the whole pool.
+    pub(super) rows: usize,
+    table: Vec<u32>,
+}
+
+impl PageTable {
+    pub(super) fn scrambled(gpu: &Gpu, rng: &mut Rng, positions: usize) -> Self {
+        let needed = positions.div_ceil(PAGE_SIZE);
+        let pages = 2 * needed + 1;
+        let mut ids: Vec<u32> = (0..pages as u32).collect();
+        for i in (1..pages).rev() {
+            ids.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        ids.truncate(needed);
+        let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        Self {
+            buffer: put(gpu, &bytes),
+            rows: pages * PAGE_SIZE,
+            table: ids,
+        }
+    }
+
+    /// The pool row of position `pos`.
+    pub(super) fn row(&self, pos: usize) -> usize {
+        self.table[pos / PAGE_SIZE] as usize * PAGE_SIZE + pos % PAGE_SIZE
+    }
 }
 
 pub(super) fn gpu() -> Gpu {
@@ -343,9 +377,9 @@ fn rms_norm_and_rope_match_the_reference() {
             put(&gpu, &to_bytes(&k)),
             put(&gpu, &to_bytes(&v)),
         );
-        let cache_len = start + n;
-        let k_cache = gpu.alloc(cache_len * kw * 2, "test").unwrap();
-        let v_cache = gpu.alloc(cache_len * kw * 2, "test").unwrap();
+        let pages = PageTable::scrambled(&gpu, &mut rng, start + n);
+        let k_cache = gpu.alloc(pages.rows * kw * 2, "test").unwrap();
+        let v_cache = gpu.alloc(pages.rows * kw * 2, "test").unwrap();
         let pos = position(&gpu, start);
         let store = RopeStore {
             q: qb.ptr(),
@@ -354,6 +388,7 @@ fn rms_norm_and_rope_match_the_reference() {
             k_cache: k_cache.ptr(),
             v_cache: v_cache.ptr(),
             pos: pos.ptr(),
+            pages: pages.buffer.ptr(),
             n,
             n_head: heads,
             n_head_kv: kv_heads,
@@ -384,10 +419,12 @@ fn rms_norm_and_rope_match_the_reference() {
         };
         let err = rel_error(&get(&gpu, &qb, q.len()), &rotate(&q, heads));
         assert!(err < 1e-3, "rope q (neox {neox}): {err:.2e}");
+        // The tokens' rows of the pool, in position order.
         let cached = |cache: &Buffer| -> Vec<f32> {
-            let mut raw = vec![0.0f32; cache_len * kw / 2];
+            let mut raw = vec![0.0f32; pages.rows * kw / 2];
             gpu.download_f32(cache, &mut raw).unwrap();
-            raw.iter()
+            let all: Vec<f32> = raw
+                .iter()
                 .flat_map(|w| {
                     let b = w.to_le_bytes();
                     [
@@ -395,7 +432,9 @@ fn rms_norm_and_rope_match_the_reference() {
                         half::f16::from_le_bytes([b[2], b[3]]).to_f32(),
                     ]
                 })
-                .skip(start * kw)
+                .collect();
+            (start..start + n)
+                .flat_map(|p| all[pages.row(p) * kw..][..kw].to_vec())
                 .collect()
         };
         let err = rel_error(&cached(&k_cache), &rotate(&k, kv_heads));
@@ -425,12 +464,26 @@ fn attention_matches_the_reference() {
         let q = rng.floats(n * n_head * dim);
         let keys = rng.floats(len * kw);
         let values = rng.floats(len * vw);
-        let halves = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&x| f16_bytes(x)).collect() };
+        // The positions' rows scattered over a pool through a scrambled page table, random
+        // rows elsewhere: a read through the wrong row changes the result.
+        let pages = PageTable::scrambled(&gpu, &mut rng, len);
+        let scatter = |v: &[f32], width: usize, rng: &mut Rng| -> Vec<u8> {
+            let mut pool = rng.floats(pages.rows * width);
+            for p in 0..len {
+                pool[pages.row(p) * width..][..width].copy_from_slice(&v[p * width..][..width]);
+            }
+            pool.iter().flat_map(|&x| f16_bytes(x)).collect()
+        };
         let (qb, kb, vb) = (
             put(&gpu, &to_bytes(&q)),
-            put(&gpu, &halves(&keys)),
-            put(&gpu, &halves(&values)),
+            put(&gpu, &scatter(&keys, kw, &mut rng)),
+            put(&gpu, &scatter(&values, vw, &mut rng)),
         );
+        let kv = LayerKv {
+            k: kb.ptr(),
+            v: vb.ptr(),
+            pages: pages.buffer.ptr(),
+        };
         let out = gpu.alloc(n * n_head * dim * 4, "test").unwrap();
         let shape = AttentionShape {
             n_head,
@@ -442,17 +495,8 @@ fn attention_matches_the_reference() {
         };
         let pos = position(&gpu, start);
         let run = |split: Option<&SplitScratch>| {
-            gpu.attention(
-                &shape,
-                qb.ptr(),
-                kb.ptr(),
-                vb.ptr(),
-                out.ptr(),
-                n,
-                pos.ptr(),
-                split,
-            )
-            .unwrap();
+            gpu.attention(&shape, qb.ptr(), &kv, out.ptr(), n, pos.ptr(), split)
+                .unwrap();
             get(&gpu, &out, n * n_head * dim)
         };
         let mut results = vec![("one block per head", run(None))];

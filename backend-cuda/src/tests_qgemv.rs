@@ -10,7 +10,7 @@ use worker_common::gguf::GgmlType;
 use crate::device::Buffer;
 use crate::ops::{DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm};
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, quantized_row_bytes};
-use crate::tests::{Rng, get, gpu, put, random_weights, rel_error, to_bytes};
+use crate::tests::{PageTable, Rng, get, gpu, put, random_weights, rel_error, to_bytes};
 
 const TYPES: [GgmlType; 7] = [
     GgmlType::Q4_0,
@@ -298,8 +298,9 @@ fn qgemv_rope_equals_projection_then_rope_store() {
         .map(|c| put(&gpu, &to_bytes(&rng.floats(c.matrix.rows))))
         .collect();
     let pos = put(&gpu, &(start as u32).to_le_bytes());
+    let pages = PageTable::scrambled(&gpu, &mut rng, max_len);
     let zeros = |floats: usize| put(&gpu, &vec![0u8; floats * 4]);
-    let cache_floats = |rows: usize| max_len * rows / 2;
+    let cache_floats = |rows: usize| pages.rows * rows / 2;
     for (neox, dims) in [(true, 64), (false, 64), (true, 32), (false, 32)] {
         let rope = RopeParams {
             dims,
@@ -339,6 +340,7 @@ fn qgemv_rope_equals_projection_then_rope_store() {
             k_cache: caches[0].ptr(),
             v_cache: caches[1].ptr(),
             pos: pos.ptr(),
+            pages: pages.buffer.ptr(),
             n,
             n_head,
             n_head_kv,
@@ -356,6 +358,7 @@ fn qgemv_rope_equals_projection_then_rope_store() {
             rope,
             head_dim,
             pos: pos.ptr(),
+            pages: pages.buffer.ptr(),
             k_cache: fused_caches[0].ptr(),
             v_cache: fused_caches[1].ptr(),
         };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use backend_cpu::{CpuBackend, CpuOptions};
 use llorch_tests::assets::Model;
 use llorch_tests::fixtures::{fixture_ids, logit_fixture};
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::{InferenceBackend, Load, LoadConfig};
 use worker_common::generate::{
     CancelToken, Finished, GenerateError, GenerateEvent, GenerateRequest, PromptFormatter,
     StopReason, generate,
@@ -27,8 +27,12 @@ impl Worker {
     fn new(model: Model, threads: usize) -> Self {
         let model = Arc::new(ModelFile::open(model.path()).unwrap());
         let tokenizer = Tokenizer::from_gguf(&model.gguf).unwrap();
-        let backend =
-            CpuBackend::load(model.clone(), &CpuOptions { threads }, &mut |_| {}).unwrap();
+        let config = LoadConfig {
+            context_length: model.spec.hparams.context_length,
+            kv_cache_bytes: None,
+        };
+        let options = CpuOptions { threads };
+        let backend = CpuBackend::load(model.clone(), &options, &config, &mut |_| {}).unwrap();
         Self {
             model,
             tokenizer,
@@ -74,6 +78,7 @@ fn request(prompt_tokens: Vec<u32>, max_tokens: usize, temperature: f32) -> Gene
         },
         stop: Vec::new(),
         deadline: None,
+        ignore_eos: false,
     }
 }
 
@@ -277,6 +282,7 @@ fn chat_answer_ends_at_end_of_turn_without_emitting_it() {
 fn cancel_stops_within_one_step_and_frees_the_sequence() {
     let mut worker = Worker::new(Model::SmolLm2, 2);
     let request = request(france(&worker), 40, 0.0);
+    let pool = worker.backend.info().memory.kv;
     let cancel = CancelToken::new();
     let flag = cancel.clone();
     let (outcome, _) = run_with(&mut worker, &request, &cancel, |events| {
@@ -289,7 +295,11 @@ fn cancel_stops_within_one_step_and_frees_the_sequence() {
         matches!(outcome, Err(GenerateError::Cancelled)),
         "{outcome:?}"
     );
-    assert_eq!(worker.backend.info().memory.kv, 0, "KV freed after cancel");
+    assert_eq!(
+        worker.backend.info().memory.kv,
+        pool,
+        "the KV pool is fixed at load"
+    );
     // Cancelled before the start: no token at all.
     let (outcome, text) = run_with(&mut worker, &request, &cancel, |_| true);
     assert!(matches!(outcome, Err(GenerateError::Cancelled)) && text.is_empty());

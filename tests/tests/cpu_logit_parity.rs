@@ -11,7 +11,7 @@ use backend_cpu::{CpuBackend, CpuOptions};
 use llorch_tests::assets::Model;
 use llorch_tests::fixtures::{fixture_ids, logit_fixture};
 use serde_json::Value;
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::{Load, LoadConfig, PAGE_SIZE, PageId, SingleSequence};
 use worker_common::model::ModelFile;
 
 /// Largest |Δlogit − mean Δ| accepted over llama.cpp's top-20 at any position. Q8 activations
@@ -24,7 +24,11 @@ const CLEAR_MARGIN: f32 = 0.5;
 
 fn load(model: Model, threads: usize) -> CpuBackend {
     let file = Arc::new(ModelFile::open(model.path()).unwrap());
-    CpuBackend::load(file, &CpuOptions { threads }, &mut |_| {}).unwrap()
+    let config = LoadConfig {
+        context_length: 4096,
+        kv_cache_bytes: None,
+    };
+    CpuBackend::load(file, &CpuOptions { threads }, &config, &mut |_| {}).unwrap()
 }
 
 /// Llama.cpp's top-20 `(id, logit)` at one position.
@@ -108,26 +112,26 @@ fn parity(model: Model) {
         let tokens = fixture_ids(&sequence["tokens"]);
         let tops = sequence["top"].as_array().unwrap();
         assert!(tokens.len() >= 64 && tops.len() == tokens.len(), "{name}");
-        backend.begin_sequence(tokens.len()).unwrap();
-        let logits = backend.forward_all(&tokens, 0).unwrap().to_vec();
+        let pages: Vec<PageId> = (0..tokens.len().div_ceil(PAGE_SIZE) as u32)
+            .map(PageId)
+            .collect();
+        let logits = backend.forward_all(&tokens, 0, &pages).unwrap().to_vec();
         for (p, top) in tops.iter().enumerate() {
             let ours = &logits[p * vocab..(p + 1) * vocab];
             let at = format!("{name} position {p} (batched)");
             failures.extend(tally.check(ours, &reference_top(top), &at));
         }
-        backend.end_sequence();
     }
     let first = &sequences[0];
     let tokens = fixture_ids(&first["tokens"]);
     let prompt_len = first["prompt_len"].as_u64().unwrap() as usize;
-    backend.begin_sequence(tokens.len()).unwrap();
-    backend.forward(&tokens[..prompt_len], 0).unwrap();
+    let mut sequence = SingleSequence::begin(&mut backend, tokens.len()).unwrap();
+    sequence.forward(&tokens[..prompt_len], 0).unwrap();
     for p in prompt_len..tokens.len() {
-        let ours = backend.forward(&tokens[p..=p], p).unwrap().to_vec();
+        let ours = sequence.forward(&tokens[p..=p], p).unwrap().to_vec();
         let top = reference_top(&first["top"][p]);
         failures.extend(tally.check(&ours, &top, &format!("position {p} (decode)")));
     }
-    backend.end_sequence();
     let own = sequences
         .iter()
         .flat_map(|s| s["inc_abs_diff"].as_array().unwrap())

@@ -1,5 +1,6 @@
-//! A loaded CPU worker uses the weights in place: after loading SmolLM2 and generating, the
-//! process's resident memory grew by at most the file size + the KV cache + 64 MiB.
+//! A loaded CPU worker uses the weights in place and its KV page pool costs only the pages
+//! written: after loading SmolLM2 (with the default pool of four contexts) and generating, the
+//! process's resident memory grew by at most the file size + the request's KV + 64 MiB.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -7,7 +8,7 @@ use std::sync::Arc;
 
 use backend_cpu::{CpuBackend, CpuOptions};
 use llorch_tests::assets::Model;
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::{InferenceBackend, Load, LoadConfig};
 use worker_common::generate::{CancelToken, GenerateRequest, PromptFormatter, generate};
 use worker_common::model::ModelFile;
 use worker_common::sampling::SamplingParams;
@@ -28,8 +29,12 @@ fn smollm2_resident_memory_is_file_plus_kv_plus_64_mib() {
     let before = resident_bytes();
     let model = Arc::new(ModelFile::open(&path).unwrap());
     let tokenizer = Tokenizer::from_gguf(&model.gguf).unwrap();
-    let mut backend =
-        CpuBackend::load(model.clone(), &CpuOptions { threads: 2 }, &mut |_| {}).unwrap();
+    let config = LoadConfig {
+        context_length: model.spec.hparams.context_length,
+        kv_cache_bytes: None,
+    };
+    let options = CpuOptions { threads: 2 };
+    let mut backend = CpuBackend::load(model.clone(), &options, &config, &mut |_| {}).unwrap();
     let formatter = PromptFormatter::from_model(&model.gguf, &tokenizer).unwrap();
     let prompt = formatter
         .tokenize(&tokenizer, "Tell me about the sea.", false)
@@ -40,8 +45,9 @@ fn smollm2_resident_memory_is_file_plus_kv_plus_64_mib() {
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         deadline: None,
+        ignore_eos: false,
     };
-    // The KV cache of this request: reserved for prompt + max_tokens positions, f16 K and V.
+    // The KV this request writes: prompt + max_tokens positions, f16 K and V.
     let hp = &model.spec.hparams;
     let kv_bytes = ((request.prompt_tokens.len() + request.max_tokens)
         * hp.n_layers
@@ -66,13 +72,18 @@ fn smollm2_resident_memory_is_file_plus_kv_plus_64_mib() {
     let limit = file_bytes + kv_bytes + (64 << 20);
     let info = backend.info();
     println!(
-        "resident grew by {:.1} MiB (file {:.1} MiB, KV {:.1} MiB, limit {:.1} MiB); info: weights {:.1} MiB, scratch {:.1} MiB",
+        "resident grew by {:.1} MiB (file {:.1} MiB, KV {:.1} MiB, limit {:.1} MiB); info: weights {:.1} MiB, KV pool {:.1} MiB, scratch {:.1} MiB",
         grown as f64 / 1048576.0,
         file_bytes as f64 / 1048576.0,
         kv_bytes as f64 / 1048576.0,
         limit as f64 / 1048576.0,
         info.memory.weights as f64 / 1048576.0,
+        info.memory.kv as f64 / 1048576.0,
         info.memory.scratch as f64 / 1048576.0,
+    );
+    assert!(
+        info.memory.kv > 4 * (64 << 20),
+        "the default pool should be large enough for the test to show that it is not resident"
     );
     assert!(
         grown >= file_bytes / 2,

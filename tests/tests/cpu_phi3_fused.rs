@@ -16,7 +16,7 @@ use std::sync::Arc;
 use backend_cpu::{CpuBackend, CpuOptions};
 use llorch_tests::assets::Model;
 use llorch_tests::gguf_writer::{GgufBuilder, OwnedValue};
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::{Load, LoadConfig, PAGE_SIZE, PageId};
 use worker_common::gguf::Gguf;
 use worker_common::model::{Architecture, ModelFile};
 
@@ -81,9 +81,16 @@ fn phi3_from_llama(gguf: &Gguf) -> Vec<u8> {
 }
 
 fn logits(model: Arc<ModelFile>, tokens: &[u32]) -> Vec<f32> {
-    let mut backend = CpuBackend::load(model, &CpuOptions { threads: 2 }, &mut |_| {}).unwrap();
-    backend.begin_sequence(tokens.len()).unwrap();
-    backend.forward_all(tokens, 0).unwrap().to_vec()
+    let config = LoadConfig {
+        context_length: tokens.len(),
+        kv_cache_bytes: None,
+    };
+    let options = CpuOptions { threads: 2 };
+    let mut backend = CpuBackend::load(model, &options, &config, &mut |_| {}).unwrap();
+    let pages: Vec<PageId> = (0..tokens.len().div_ceil(PAGE_SIZE) as u32)
+        .map(PageId)
+        .collect();
+    backend.forward_all(tokens, 0, &pages).unwrap().to_vec()
 }
 
 #[test]

@@ -9,14 +9,16 @@ use std::sync::Arc;
 use backend_cuda::{CudaBackend, CudaOptions};
 use llorch_tests::assets::Model;
 use llorch_tests::fixtures::{fixture_ids, logit_fixture};
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::{Load, LoadConfig};
 use worker_common::generate::{CancelToken, Finished, GenerateRequest, StopReason, generate};
 use worker_common::model::ModelFile;
 use worker_common::sampling::SamplingParams;
 use worker_common::tokenizer::Tokenizer;
 
+/// The context the backend is loaded for and the loop runs in (the fixtures are shorter).
+const CONTEXT: usize = 4096;
+
 struct Worker {
-    model: Arc<ModelFile>,
     tokenizer: Tokenizer,
     backend: CudaBackend,
 }
@@ -25,21 +27,20 @@ impl Worker {
     fn new(model: Model) -> Self {
         let model = Arc::new(ModelFile::open(model.path()).unwrap());
         let tokenizer = Tokenizer::from_gguf(&model.gguf).unwrap();
-        let backend =
-            CudaBackend::load(model.clone(), &CudaOptions { device: 0 }, &mut |_| {}).unwrap();
-        Self {
-            model,
-            tokenizer,
-            backend,
-        }
+        let config = LoadConfig {
+            context_length: CONTEXT,
+            kv_cache_bytes: None,
+        };
+        let options = CudaOptions { device: 0 };
+        let backend = CudaBackend::load(model, &options, &config, &mut |_| {}).unwrap();
+        Self { tokenizer, backend }
     }
 
     fn run(&mut self, request: &GenerateRequest) -> Finished {
-        let context = self.model.spec.hparams.context_length;
         generate(
             &mut self.backend,
             &self.tokenizer,
-            context,
+            CONTEXT,
             request,
             &CancelToken::new(),
             &mut |_| true,
@@ -59,6 +60,7 @@ fn request(prompt_tokens: Vec<u32>, max_tokens: usize, temperature: f32) -> Gene
         },
         stop: Vec::new(),
         deadline: None,
+        ignore_eos: false,
     }
 }
 

@@ -118,7 +118,7 @@ fn cancel_during_prefill_ends_within_a_chunk() {
 #[test]
 fn queued_jobs_can_be_cancelled_and_unknown_ids_are_accepted() {
     let _serial = serial();
-    let worker = smollm2(&[]);
+    let worker = smollm2(&["--parallel", "1"]);
     let mut running = open(worker.addr, &long_job("running"));
     read_tokens(&mut running, 2);
     let mut queued = open(worker.addr, &job("queued", "Hi", json!({"max_tokens": 4})));
@@ -200,9 +200,9 @@ fn a_hundred_cancels_and_disconnects_leave_memory_at_its_baseline() {
 }
 
 #[test]
-fn eight_simultaneous_jobs_run_one_at_a_time_in_order() {
+fn with_one_slot_eight_simultaneous_jobs_run_one_at_a_time_in_order() {
     let _serial = serial();
-    let worker = smollm2(&[]);
+    let worker = smollm2(&["--parallel", "1"]);
     let addr = worker.addr;
     let threads: Vec<_> = (0..8)
         .map(|i| {
@@ -246,7 +246,7 @@ fn eight_simultaneous_jobs_run_one_at_a_time_in_order() {
 #[test]
 fn a_full_queue_answers_worker_busy() {
     let _serial = serial();
-    let worker = smollm2(&["--queue-depth", "1"]);
+    let worker = smollm2(&["--queue-depth", "1", "--parallel", "1"]);
     let mut running = open(worker.addr, &long_job("a"));
     read_tokens(&mut running, 1);
     let mut waiting = open(worker.addr, &long_job("b"));
@@ -271,7 +271,7 @@ fn a_full_queue_answers_worker_busy() {
 #[test]
 fn health_answers_quickly_during_a_long_generation() {
     let _serial = serial();
-    let worker = smollm2(&["--threads", "2"]);
+    let worker = smollm2(&["--threads", "2", "--parallel", "1"]);
     let mut stream = open(worker.addr, &long_job("load"));
     read_tokens(&mut stream, 2);
     let mut latencies: Vec<Duration> = (0..300)

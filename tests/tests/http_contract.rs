@@ -257,7 +257,7 @@ fn a_prompt_longer_than_the_context_is_refused_with_its_limit() {
 fn health_goes_from_loading_to_ready_and_busy_with_true_values() {
     let _serial = serial();
     let model = Model::Qwen05.path();
-    let worker = Worker::spawn(&model, &["--worker-id", "w-health"]);
+    let worker = Worker::spawn(&model, &["--worker-id", "w-health", "--parallel", "1"]);
     let first = http::get(worker.addr, "/health").unwrap();
     assert_eq!(first.status, 503, "{}", first.text());
     assert_eq!(first.json()["state"], "loading");
@@ -289,9 +289,20 @@ fn health_goes_from_loading_to_ready_and_busy_with_true_values() {
     );
     let file_bytes = std::fs::metadata(&model).unwrap().len();
     let memory = health["memory_bytes"].as_u64().unwrap();
+    let metrics = http::get(worker.addr, "/metrics").unwrap().text();
+    let kv = metric(&metrics, "worker_memory_bytes{kind=\"kv\"}") as u64;
+    let pages = health["kv_pages_total"].as_u64().unwrap();
+    // The KV pool is allocated at load: its pages hold the whole context at least.
+    assert!(pages * 16 >= 8192 && kv > 0, "{pages} pages, {kv} bytes");
+    let without_kv = memory - kv;
     assert!(
-        memory > file_bytes / 2 && memory < file_bytes * 2,
-        "{memory} vs file {file_bytes}"
+        without_kv > file_bytes / 2 && without_kv < file_bytes * 2,
+        "{memory} - {kv} KV vs file {file_bytes}"
+    );
+    assert_eq!(health["kv_pages_free"], health["kv_pages_total"]);
+    assert_eq!(
+        (health["slots"].as_u64(), health["slots_busy"].as_u64()),
+        (Some(1), Some(0))
     );
     let vram = if cpu { 0 } else { memory };
     assert_eq!(
@@ -319,6 +330,7 @@ fn health_goes_from_loading_to_ready_and_busy_with_true_values() {
         (busy.status, busy.json()["state"].as_str()),
         (200, Some("busy"))
     );
+    assert_eq!(busy.json()["slots_busy"], 1);
 }
 
 /// Counter values of the Prometheus text.

@@ -1,23 +1,31 @@
-//! The engine: ONE dedicated OS thread that loads the model, owns the backend and runs jobs one
-//! at a time through `worker_common::generate`. The async runtime never runs model code.
+//! The engine: ONE dedicated OS thread that loads the model, owns the backend and runs the
+//! scheduler: it admits queued jobs while there is room and steps every running job together
+//! (`worker_common::schedule`). The async runtime never runs model code.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::oneshot;
-use worker_common::backend::{BackendError, InferenceBackend, LoadProgress};
-use worker_common::generate::{GenerateError, GenerateEvent, PromptFormatter, generate};
+use worker_common::backend::{
+    BackendError, InferenceBackend, Load, LoadConfig, LoadProgress, PAGE_SIZE,
+};
+use worker_common::generate::{
+    EventSink, Finished, GenerateError, GenerateEvent, PromptFormatter, Sequence, check_context,
+};
 use worker_common::model::{ModelError, ModelFile};
+use worker_common::schedule::{Ended, PrefixIndex, Scheduler, SchedulerConfig};
 use worker_common::tokenizer::template::TemplateError;
 use worker_common::tokenizer::{Tokenizer, TokenizerError};
 
-use crate::api::{EndEvent, ErrorCode, StreamEvent};
-use crate::metrics::{JobRecord, Outcome};
-use crate::queue::Job;
+use crate::job_end::{JobEnd, JobEvent, end_job};
+use crate::queue::{Job, Ticket};
 use crate::state::{Loaded, Shared};
 
 /// Largest default context: a model's full context can need gigabytes of KV cache.
 pub const DEFAULT_MAX_CONTEXT: usize = 8192;
+
+/// Most jobs running at once when `--parallel` is not given.
+pub const MAX_DEFAULT_PARALLEL: usize = 64;
 
 /// Why the model could not be loaded (the process exits 1).
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +52,16 @@ pub enum LoadError {
         /// The model's `context_length`.
         model: usize,
     },
+    /// The KV pool cannot hold one sequence of the whole context.
+    #[error(
+        "the KV cache holds {positions} positions, less than the context of {context}; raise --kv-cache-mb or lower --ctx-size"
+    )]
+    KvTooSmall {
+        /// Positions the pool holds.
+        positions: usize,
+        /// The context length.
+        context: usize,
+    },
     /// The engine thread could not be started.
     #[error("starting the engine thread: {0}")]
     Thread(#[from] std::io::Error),
@@ -61,7 +79,7 @@ impl LoadError {
 
 /// Starts the engine thread for backend `B`; `ready` reports the load's outcome, after which
 /// the thread serves the queue until it is closed.
-pub fn spawn<B: InferenceBackend>(
+pub fn spawn<B: Load>(
     shared: Arc<Shared>,
     options: B::Options,
     ready: oneshot::Sender<Result<(), LoadError>>,
@@ -69,10 +87,10 @@ pub fn spawn<B: InferenceBackend>(
     let handle = std::thread::Builder::new()
         .name("engine".into())
         .spawn(move || match load::<B>(&shared, &options) {
-            Ok((mut backend, loaded)) => {
-                shared.publish(loaded, &backend.info());
+            Ok((backend, loaded)) => {
+                let scheduler = publish(&shared, &backend, loaded);
                 let _ = ready.send(Ok(()));
-                serve(&shared, &mut backend);
+                serve(&shared, backend, scheduler);
             }
             Err(err) => {
                 let _ = ready.send(Err(err));
@@ -81,10 +99,7 @@ pub fn spawn<B: InferenceBackend>(
     Ok(handle)
 }
 
-fn load<B: InferenceBackend>(
-    shared: &Shared,
-    options: &B::Options,
-) -> Result<(B, Loaded), LoadError> {
+fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), LoadError> {
     let settings = &shared.settings;
     let worker_id = settings.worker_id.as_str();
     let path = settings.model_ref.display().to_string();
@@ -107,8 +122,23 @@ fn load<B: InferenceBackend>(
             );
         }
     };
-    let backend = B::load(model.clone(), options, &mut progress)?;
+    let config = LoadConfig {
+        context_length,
+        kv_cache_bytes: settings.kv_cache_mb.map(|mb| mb << 20),
+    };
+    let backend = B::load(model.clone(), options, &config, &mut progress)?;
     let info = backend.info();
+    let positions = backend.kv_pages() * PAGE_SIZE;
+    if positions < context_length {
+        return Err(LoadError::KvTooSmall {
+            positions,
+            context: context_length,
+        });
+    }
+    let slots = match settings.parallel {
+        Some(parallel) => parallel as usize,
+        None => (positions / context_length).clamp(1, MAX_DEFAULT_PARALLEL),
+    };
     let spec = &model.spec;
     let loaded = Loaded {
         model_name: spec.name.clone(),
@@ -120,6 +150,8 @@ fn load<B: InferenceBackend>(
         formatter,
         device: info.device.clone(),
         gpu: info.gpu.clone(),
+        slots,
+        prefix_index: PrefixIndex::default(),
     };
     tracing::info!(
         event = "model_load_complete",
@@ -127,6 +159,11 @@ fn load<B: InferenceBackend>(
         model = %loaded.model_name,
         device = %info.device,
         memory_bytes = info.memory.total(),
+        kv_cache_bytes = info.memory.kv,
+        kv_pages = backend.kv_pages(),
+        slots,
+        batch_tokens = settings.batch_tokens,
+        prefix_cache = settings.prefix_cache,
         context_length,
         "model loaded"
     );
@@ -144,32 +181,109 @@ fn context_length(flag: Option<u32>, model: usize) -> Result<usize, LoadError> {
     }
 }
 
-fn serve<B: InferenceBackend>(shared: &Shared, backend: &mut B) {
-    let Some(loaded) = shared.loaded().cloned() else {
-        return;
+/// Builds the scheduler for a loaded backend and publishes the model: the worker is ready.
+fn publish<B: InferenceBackend>(
+    shared: &Shared,
+    backend: &B,
+    mut loaded: Loaded,
+) -> Scheduler<Running> {
+    let config = SchedulerConfig {
+        max_running: loaded.slots,
+        step_tokens: shared.settings.batch_tokens as usize,
+        prefix_cache: shared.settings.prefix_cache,
     };
-    while let Some(mut job) = shared.queue.next() {
-        let terminal = run_job(shared, backend, &loaded, &mut job);
-        shared.set_memory(backend.info().memory);
-        shared.queue.finish();
-        // Last, so a client that has the terminal event sees the job in /metrics and /health.
-        let _ = job.events.send(terminal);
+    let scheduler = Scheduler::new(config, backend.kv_pages(), backend.vocab_size());
+    loaded.prefix_index = scheduler.prefix_index();
+    shared.set_scheduler(scheduler.stats());
+    shared.publish(loaded, &backend.info());
+    scheduler
+}
+
+/// Serves the queue with an already built backend on a new engine thread (the in-process
+/// route tests, over a scripted backend).
+#[cfg(test)]
+pub(crate) fn start_loaded<B: InferenceBackend>(
+    shared: Arc<Shared>,
+    backend: B,
+    loaded: Loaded,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let scheduler = publish(&shared, &backend, loaded);
+        serve(&shared, backend, scheduler);
+    })
+}
+
+/// A job the scheduler runs: its queue entry, its ticket and when it started. Its events go
+/// to the client's stream as they come.
+struct Running {
+    job: Job,
+    ticket: Ticket,
+    started: Instant,
+}
+
+impl EventSink for Running {
+    fn send(&mut self, event: GenerateEvent) -> bool {
+        self.job.events.send(JobEvent::Generate(event)).is_ok()
     }
 }
 
-/// Runs `job`; returns its terminal event, not yet sent.
-fn run_job<B: InferenceBackend>(
-    shared: &Shared,
-    backend: &mut B,
-    loaded: &Loaded,
-    job: &mut Job,
-) -> StreamEvent {
-    let started = Instant::now();
-    let worker_id = shared.settings.worker_id.as_str();
-    job.request.deadline = Some(started + shared.settings.inference_timeout);
+/// Admits jobs and steps the scheduler until the queue is closed and every job has ended.
+fn serve<B: InferenceBackend>(shared: &Shared, mut backend: B, mut scheduler: Scheduler<Running>) {
+    let Some(loaded) = shared.loaded().cloned() else {
+        return;
+    };
+    loop {
+        admit(shared, &loaded, &mut scheduler);
+        if scheduler.is_idle() {
+            if !shared.queue.wait() {
+                return;
+            }
+            continue;
+        }
+        let ended = scheduler.step(&mut backend, &loaded.tokenizer);
+        let stats = scheduler.stats();
+        if let Some(step) = stats.last_step {
+            shared
+                .metrics
+                .record_step(step.sequences, step.tokens, step.duration.as_secs_f64());
+        }
+        shared.set_scheduler(stats);
+        if !ended.is_empty() {
+            shared.set_memory(backend.info().memory);
+        }
+        for Ended { job, result } in ended {
+            end_running(shared, job, result);
+        }
+    }
+}
+
+/// Starts queued jobs, in arrival order, while the scheduler has a slot and pages for them.
+fn admit(shared: &Shared, loaded: &Loaded, scheduler: &mut Scheduler<Running>) {
+    while let Some((mut job, ticket)) = shared
+        .queue
+        .start_next(|job| scheduler.can_admit(job.request.prompt_tokens.len()))
+    {
+        let started = Instant::now();
+        job.request.deadline = Some(started + shared.settings.inference_timeout);
+        log_start(shared, &job);
+        let sequence = check_context(&job.request, loaded.context_length)
+            .and_then(|()| Sequence::new(job.request.clone(), job.cancel.clone()));
+        let running = Running {
+            job,
+            ticket,
+            started,
+        };
+        match sequence {
+            Ok(sequence) => scheduler.admit(running, sequence),
+            Err(err) => end_running(shared, running, Err(err)),
+        }
+    }
+}
+
+fn log_start(shared: &Shared, job: &Job) {
     tracing::info!(
         event = "execute_start",
-        worker_id,
+        worker_id = shared.settings.worker_id.as_str(),
         job_id = %job.id,
         correlation_id = %job.correlation_id,
         prompt_chars = job.prompt_summary.0,
@@ -178,158 +292,14 @@ fn run_job<B: InferenceBackend>(
         max_tokens = job.request.max_tokens,
         "job started"
     );
-    let events = job.events.clone();
-    let job_id = job.id.clone();
-    let mut sink = |event: GenerateEvent| {
-        let event = match event {
-            GenerateEvent::Token { text, index } => StreamEvent::Token { t: text, i: index },
-            GenerateEvent::Metrics {
-                tokens_out,
-                decode_time_ms,
-                tokens_per_sec,
-                memory_bytes,
-            } => StreamEvent::Metrics {
-                job_id: job_id.clone(),
-                tokens_out,
-                decode_time_ms,
-                tokens_per_sec,
-                memory_bytes,
-            },
-        };
-        events.send(event).is_ok()
-    };
-    let context = loaded.context_length;
-    let result = generate(
-        backend,
-        &loaded.tokenizer,
-        context,
-        &job.request,
-        &job.cancel,
-        &mut sink,
-    );
-    finish_job(shared, job, result, started)
 }
 
-/// Records metrics and logs the end; returns the terminal event.
-fn finish_job(
-    shared: &Shared,
-    job: &Job,
-    result: Result<worker_common::generate::Finished, GenerateError>,
-    started: Instant,
-) -> StreamEvent {
-    let duration = started.elapsed().as_secs_f64();
-    let mut decode_steps = None;
-    let (event, record) = match result {
-        Ok(done) => {
-            decode_steps = Some(done.decode_steps_ms);
-            let tokens_out = done.tokens.len();
-            let record = JobRecord {
-                outcome: Outcome::Success,
-                tokens_out: tokens_out as u64,
-                time_to_first_token: Some(done.time_to_first_token_ms / 1e3),
-                inter_token_latency: (tokens_out > 1)
-                    .then(|| done.decode_time_ms / 1e3 / (tokens_out - 1) as f64),
-                duration,
-            };
-            let end = EndEvent {
-                tokens_out,
-                decode_time_ms: micros(done.decode_time_ms),
-                prefill_time_ms: micros(done.prefill_time_ms),
-                time_to_first_token_ms: micros(done.time_to_first_token_ms),
-                stop_reason: done.stop_reason.as_str(),
-                stop_sequence_matched: done.stop_sequence_matched,
-            };
-            (StreamEvent::End(end), record)
-        }
-        Err(err) => {
-            let (code, outcome) = error_code(&err);
-            let record = JobRecord {
-                outcome,
-                tokens_out: 0,
-                time_to_first_token: None,
-                inter_token_latency: None,
-                duration,
-            };
-            (StreamEvent::error(code, err.to_string()), record)
-        }
-    };
-    log_end(shared, job, &event, &record, decode_steps);
-    shared.metrics.record(record);
-    event
-}
-
-/// Logs how `job` ended; `decode_steps` is the part of its decode time (ms) in the steps
-/// themselves (forward and the token's choice), for a job that finished.
-fn log_end(
-    shared: &Shared,
-    job: &Job,
-    event: &StreamEvent,
-    record: &JobRecord,
-    decode_steps: Option<f64>,
-) {
-    let worker_id = shared.settings.worker_id.as_str();
-    let (job_id, correlation_id) = (job.id.as_str(), job.correlation_id.as_str());
-    match event {
-        StreamEvent::Error { code, message, .. } => {
-            let kind = if *code == ErrorCode::Cancelled.as_str() {
-                "cancel"
-            } else {
-                "error"
-            };
-            tracing::info!(event = kind, worker_id, job_id, correlation_id, code, detail = %message, "job ended with {code}");
-        }
-        _ => tracing::info!(
-            event = "execute_end",
-            worker_id,
-            job_id,
-            correlation_id,
-            tokens_out = record.tokens_out,
-            duration_ms = record.duration * 1e3,
-            decode_steps_ms = decode_steps.map(micros),
-            "job finished"
-        ),
-    }
-}
-
-/// Milliseconds rounded to the microsecond, for readable events.
-fn micros(ms: f64) -> f64 {
-    (ms * 1e3).round() / 1e3
-}
-
-/// The stream error code and metrics outcome of a failed job.
-fn error_code(err: &GenerateError) -> (ErrorCode, Outcome) {
-    match err {
-        GenerateError::Cancelled => (ErrorCode::Cancelled, Outcome::Cancelled),
-        GenerateError::Timeout => (ErrorCode::InferenceTimeout, Outcome::Timeout),
-        GenerateError::ContextLength { .. } | GenerateError::InvalidRequest(_) => {
-            (ErrorCode::InvalidRequest, Outcome::Error)
-        }
-        GenerateError::Backend(BackendError::OutOfMemory { .. }) => {
-            (ErrorCode::VramOom, Outcome::Error)
-        }
-        GenerateError::Backend(BackendError::Device(_)) => (ErrorCode::CudaError, Outcome::Error),
-        GenerateError::Backend(_) => (ErrorCode::Internal, Outcome::Error),
-    }
-}
-
-/// Ends a job that never ran (cancelled while waiting, or the worker draining).
-pub fn end_unstarted(shared: &Shared, job: Job, code: ErrorCode, message: &str) {
-    let outcome = if code == ErrorCode::Cancelled {
-        Outcome::Cancelled
-    } else {
-        Outcome::Error
-    };
-    let record = JobRecord {
-        outcome,
-        tokens_out: 0,
-        time_to_first_token: None,
-        inter_token_latency: None,
-        duration: 0.0,
-    };
-    let event = StreamEvent::error(code, message);
-    log_end(shared, &job, &event, &record, None);
-    shared.metrics.record(record);
-    let _ = job.events.send(event);
+/// Ends a job the engine started; the queue learns first, so a client holding the terminal
+/// event sees the job gone from /health.
+fn end_running(shared: &Shared, running: Running, result: Result<Finished, GenerateError>) {
+    shared.queue.finish(running.ticket);
+    let ran_for = running.started.elapsed().as_secs_f64();
+    end_job(shared, running.job, JobEnd::from(result), ran_for);
 }
 
 #[cfg(test)]

@@ -47,9 +47,25 @@ pub struct CommonFlags {
     #[arg(long, env = "LLORCH_MAX_TOKENS_OUT", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens_out: u32,
 
-    /// Jobs that may wait behind the running one.
+    /// Jobs that may wait behind the running ones.
     #[arg(long, env = "LLORCH_QUEUE_DEPTH", default_value_t = 16)]
     pub queue_depth: u32,
+
+    /// Most jobs decoded together (default: as many full contexts as the KV pool holds, 1 to 64).
+    #[arg(long, env = "LLORCH_PARALLEL", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub parallel: Option<u32>,
+
+    /// Most tokens in one engine step: every running decode's token, then prefill chunks.
+    #[arg(long, env = "LLORCH_BATCH_TOKENS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(256..=65536))]
+    pub batch_tokens: u32,
+
+    /// MiB for the KV page pool (default: the backend's, see specs/BATCHING.md).
+    #[arg(long, env = "LLORCH_KV_CACHE_MB", value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_cache_mb: Option<u64>,
+
+    /// Never share KV pages between prompts with the same beginning.
+    #[arg(long, env = "LLORCH_NO_PREFIX_CACHE")]
+    pub no_prefix_cache: bool,
 
     /// Seconds a job may run before it ends with INFERENCE_TIMEOUT.
     #[arg(long, env = "LLORCH_INFERENCE_TIMEOUT_SEC", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
@@ -88,6 +104,8 @@ mod tests {
             (300, 30)
         );
         assert_eq!(flags.log_format, LogFormat::Json);
+        assert_eq!((flags.parallel, flags.batch_tokens), (None, 512));
+        assert!(flags.kv_cache_mb.is_none() && !flags.no_prefix_cache);
         assert!(uuid::Uuid::parse_str(&flags.worker_id).is_ok());
     }
 

@@ -1,5 +1,5 @@
 //! The worker shell shared by `worker-orcd` and `llorch-cpud`: the HTTP/SSE server of
-//! `specs/CONTRACT.md`, generic over the [`InferenceBackend`].
+//! `specs/CONTRACT.md`, generic over the backend ([`Load`]).
 //!
 //! [`run`] is all a binary calls. Requests are validated and tokenized on the async runtime; the
 //! model runs on one engine thread that owns the backend ([`engine`]), fed by a bounded FIFO
@@ -11,6 +11,7 @@ mod clock;
 mod correlation;
 pub mod engine;
 mod flags;
+pub mod job_end;
 mod logging;
 mod metrics;
 pub mod queue;
@@ -22,11 +23,11 @@ use std::process::ExitCode;
 
 pub use flags::{CommonFlags, LogFormat};
 pub use server::StartError;
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::Load;
 
 /// Runs a worker over backend `B` until it has drained: exit code 0 after a shutdown, 1 when
 /// start-up fails (model load, memory, listener, callback).
-pub fn run<B: InferenceBackend>(flags: CommonFlags, options: B::Options) -> ExitCode {
+pub fn run<B: Load>(flags: CommonFlags, options: B::Options) -> ExitCode {
     logging::init(flags.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -5,6 +5,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use worker_common::backend::MemoryUsage;
+use worker_common::schedule::SchedulerStats;
 
 /// How a request ended, the `outcome` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,29 +32,45 @@ const LATENCY_BOUNDS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
 ];
 
-/// A fixed-bucket histogram of seconds.
-#[derive(Debug, Default)]
+/// Bucket bounds of the step size histograms (sequences or tokens in one step).
+const SIZE_BOUNDS: [f64; 12] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
+/// A fixed-bucket histogram.
+#[derive(Debug)]
 struct Histogram {
-    buckets: [AtomicU64; LATENCY_BOUNDS.len()],
+    bounds: &'static [f64],
+    buckets: Vec<AtomicU64>,
     count: AtomicU64,
+    /// The sum, in billionths of the unit.
     sum_nanos: AtomicU64,
 }
 
 impl Histogram {
-    fn observe(&self, seconds: f64) {
-        for (bound, bucket) in LATENCY_BOUNDS.iter().zip(&self.buckets) {
-            if seconds <= *bound {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, value: f64) {
+        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
+            if value <= *bound {
                 bucket.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        let nanos = (seconds.max(0.0) * 1e9) as u64;
+        let nanos = (value.max(0.0) * 1e9) as u64;
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (bound, bucket) in LATENCY_BOUNDS.iter().zip(&self.buckets) {
+        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
             let n = bucket.load(Ordering::Relaxed);
             let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {n}");
         }
@@ -80,7 +97,7 @@ pub struct JobRecord {
 }
 
 /// The worker's metrics.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     requests: [AtomicU64; 4],
     tokens_in: AtomicU64,
@@ -88,13 +105,34 @@ pub struct Metrics {
     time_to_first_token: Histogram,
     inter_token_latency: Histogram,
     inference_duration: Histogram,
+    step_duration: Histogram,
+    step_sequences: Histogram,
+    step_tokens: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            requests: Default::default(),
+            tokens_in: AtomicU64::new(0),
+            tokens_out: AtomicU64::new(0),
+            time_to_first_token: Histogram::new(&LATENCY_BOUNDS),
+            inter_token_latency: Histogram::new(&LATENCY_BOUNDS),
+            inference_duration: Histogram::new(&LATENCY_BOUNDS),
+            step_duration: Histogram::new(&LATENCY_BOUNDS),
+            step_sequences: Histogram::new(&SIZE_BOUNDS),
+            step_tokens: Histogram::new(&SIZE_BOUNDS),
+        }
+    }
 }
 
 /// Gauges read from the rest of the worker at render time.
 #[derive(Debug, Clone, Copy)]
 pub struct Gauges {
-    /// Jobs waiting.
+    /// Jobs waiting in the queue (not yet admitted).
     pub queue_len: usize,
+    /// The scheduler's state after its last step.
+    pub scheduler: SchedulerStats,
     /// Backend memory by kind.
     pub memory: MemoryUsage,
     /// Seconds since start.
@@ -105,6 +143,13 @@ impl Metrics {
     /// Counts the prompt tokens of an accepted job.
     pub fn add_tokens_in(&self, tokens: usize) {
         self.tokens_in.fetch_add(tokens as u64, Ordering::Relaxed);
+    }
+
+    /// Records one engine step's size and duration.
+    pub fn record_step(&self, sequences: usize, tokens: usize, seconds: f64) {
+        self.step_sequences.observe(sequences as f64);
+        self.step_tokens.observe(tokens as f64);
+        self.step_duration.observe(seconds);
     }
 
     /// Records a finished job.
@@ -176,6 +221,7 @@ impl Metrics {
             "Jobs waiting.",
             gauges.queue_len as f64,
         );
+        self.render_scheduler(&mut out, &gauges);
         let _ = writeln!(
             out,
             "# HELP worker_memory_bytes Backend memory by kind.\n# TYPE worker_memory_bytes gauge"
@@ -195,6 +241,52 @@ impl Metrics {
             gauges.uptime_seconds,
         );
         out
+    }
+}
+
+impl Metrics {
+    fn render_scheduler(&self, out: &mut String, gauges: &Gauges) {
+        let stats = gauges.scheduler;
+        gauge(
+            out,
+            "worker_sequences_running",
+            "Sequences in the running batch.",
+            stats.running as f64,
+        );
+        gauge(
+            out,
+            "worker_sequences_waiting",
+            "Jobs not running: queued, or preempted for KV pages.",
+            (gauges.queue_len + stats.preempted) as f64,
+        );
+        let used = stats.kv_pages_total.saturating_sub(stats.kv_pages_free);
+        gauge(
+            out,
+            "worker_kv_cache_usage_ratio",
+            "KV pages held by sequences over all pages (cached idle pages count as free).",
+            used as f64 / stats.kv_pages_total.max(1) as f64,
+        );
+        counter(
+            out,
+            "worker_preemptions_total",
+            "Sequences preempted for KV pages (re-prefilled later, their streams unbroken).",
+            stats.preemptions,
+        );
+        counter(
+            out,
+            "worker_prefix_cache_hit_tokens_total",
+            "Prompt tokens whose KV came from the prefix cache.",
+            stats.cached_tokens,
+        );
+        self.step_sequences
+            .render(out, "worker_batch_size", "Sequences per engine step.");
+        self.step_tokens
+            .render(out, "worker_batch_tokens", "Tokens per engine step.");
+        self.step_duration.render(
+            out,
+            "worker_step_duration_seconds",
+            "Wall time of one engine step.",
+        );
     }
 }
 
@@ -227,8 +319,18 @@ mod tests {
             inter_token_latency: Some(0.02),
             duration: 0.2,
         });
+        metrics.record_step(3, 40, 0.004);
         let text = metrics.render(Gauges {
             queue_len: 2,
+            scheduler: SchedulerStats {
+                running: 3,
+                preempted: 1,
+                kv_pages_total: 10,
+                kv_pages_free: 4,
+                preemptions: 2,
+                cached_tokens: 32,
+                last_step: None,
+            },
             memory: MemoryUsage {
                 weights: 10,
                 kv: 20,
@@ -245,5 +347,13 @@ mod tests {
         assert!(text.contains("worker_inter_token_latency_seconds_count 1\n"));
         assert!(text.contains("worker_memory_bytes{kind=\"kv\"} 20\n"));
         assert!(text.contains("worker_queue_len 2\n"));
+        assert!(text.contains("worker_sequences_running 3\n"));
+        assert!(text.contains("worker_sequences_waiting 3\n"));
+        assert!(text.contains("worker_kv_cache_usage_ratio 0.6\n"));
+        assert!(text.contains("worker_preemptions_total 2\n"));
+        assert!(text.contains("worker_prefix_cache_hit_tokens_total 32\n"));
+        assert!(text.contains("worker_batch_size_bucket{le=\"2\"} 0\n"));
+        assert!(text.contains("worker_batch_size_bucket{le=\"4\"} 1\n"));
+        assert!(text.contains("worker_batch_tokens_sum 40\n"));
     }
 }

@@ -1,5 +1,5 @@
 //! The job queue between the HTTP handlers and the engine thread: arrival order, a bounded
-//! number of waiting jobs, and cancellation of waiting and running jobs by id.
+//! number of waiting jobs, the list of running jobs, and cancellation of either by id.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
@@ -7,7 +7,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use tokio::sync::mpsc::UnboundedSender;
 use worker_common::generate::{CancelToken, GenerateRequest};
 
-use crate::api::StreamEvent;
+use crate::job_end::JobEvent;
 
 /// An accepted job, waiting or running.
 #[derive(Debug)]
@@ -23,7 +23,7 @@ pub struct Job {
     /// What the logs say about the prompt instead of its text: characters and FNV-1a hash.
     pub prompt_summary: (usize, u64),
     /// The job's stream; dropped after the terminal event, which ends the response.
-    pub events: UnboundedSender<StreamEvent>,
+    pub events: UnboundedSender<JobEvent>,
 }
 
 /// Why a job was not accepted.
@@ -35,14 +35,28 @@ pub enum Rejected {
     Closed,
 }
 
+/// A running job as the queue knows it: enough to cancel it.
+#[derive(Debug)]
+struct RunningJob {
+    /// Tells running jobs with the same caller id apart.
+    serial: u64,
+    id: String,
+    cancel: CancelToken,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     waiting: VecDeque<Job>,
-    running: Option<(String, CancelToken)>,
+    running: Vec<RunningJob>,
+    next_serial: u64,
     closed: bool,
 }
 
-/// FIFO of jobs for the one engine thread.
+/// A started job's ticket, handed back to [`JobQueue::finish`] when it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(u64);
+
+/// FIFO of jobs for the engine thread, and the list of the running ones.
 #[derive(Debug)]
 pub struct JobQueue {
     depth: usize,
@@ -51,7 +65,7 @@ pub struct JobQueue {
 }
 
 impl JobQueue {
-    /// A queue holding at most `depth` waiting jobs besides the running one.
+    /// A queue holding at most `depth` waiting jobs besides the running ones.
     pub fn new(depth: usize) -> Self {
         Self {
             depth,
@@ -66,8 +80,10 @@ impl JobQueue {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Enqueues `job`; returns how many jobs are ahead of it. A refused job is dropped.
-    pub fn submit(&self, job: Job) -> Result<usize, Rejected> {
+    /// Enqueues `job` for an engine running at most `slots` jobs; returns its queue position:
+    /// how many jobs must start or end before it can start (0: it starts now, a slot being
+    /// free). A refused job is dropped.
+    pub fn submit(&self, job: Job, slots: usize) -> Result<usize, Rejected> {
         let mut inner = self.lock();
         if inner.closed {
             return Err(Rejected::Closed);
@@ -75,22 +91,39 @@ impl JobQueue {
         if inner.waiting.len() >= self.depth {
             return Err(Rejected::Full);
         }
-        let ahead = inner.waiting.len() + usize::from(inner.running.is_some());
+        let ahead = (inner.running.len() + inner.waiting.len() + 1).saturating_sub(slots);
         inner.waiting.push_back(job);
         self.wake.notify_one();
         Ok(ahead)
     }
 
-    /// Blocks until a job is waiting and marks it running; `None` once closed and empty.
-    pub fn next(&self) -> Option<Job> {
+    /// Takes the first waiting job if `admit` accepts it, and marks it running: arrival order,
+    /// so a job that does not fit yet holds back the ones behind it.
+    pub fn start_next(&self, admit: impl FnOnce(&Job) -> bool) -> Option<(Job, Ticket)> {
+        let mut inner = self.lock();
+        if !admit(inner.waiting.front()?) {
+            return None;
+        }
+        let job = inner.waiting.pop_front()?;
+        inner.next_serial += 1;
+        let serial = inner.next_serial;
+        inner.running.push(RunningJob {
+            serial,
+            id: job.id.clone(),
+            cancel: job.cancel.clone(),
+        });
+        Some((job, Ticket(serial)))
+    }
+
+    /// Blocks until a job waits; false once the queue is closed and empty.
+    pub fn wait(&self) -> bool {
         let mut inner = self.lock();
         loop {
-            if let Some(job) = inner.waiting.pop_front() {
-                inner.running = Some((job.id.clone(), job.cancel.clone()));
-                return Some(job);
+            if !inner.waiting.is_empty() {
+                return true;
             }
             if inner.closed {
-                return None;
+                return false;
             }
             inner = self
                 .wake
@@ -99,19 +132,17 @@ impl JobQueue {
         }
     }
 
-    /// Marks the running job done.
-    pub fn finish(&self) {
-        self.lock().running = None;
+    /// Marks the running job of `ticket` done.
+    pub fn finish(&self, ticket: Ticket) {
+        self.lock().running.retain(|job| job.serial != ticket.0);
     }
 
-    /// Cancels the running job with `id`, if any, and removes waiting ones, which are returned
-    /// for the caller to end.
+    /// Cancels the running jobs with `id` and removes the waiting ones, which are returned for
+    /// the caller to end.
     pub fn cancel(&self, id: &str) -> Vec<Job> {
         let mut inner = self.lock();
-        if let Some((running, cancel)) = &inner.running
-            && running == id
-        {
-            cancel.cancel();
+        for job in inner.running.iter().filter(|job| job.id == id) {
+            job.cancel.cancel();
         }
         let (removed, kept): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(&mut inner.waiting)
             .into_iter()
@@ -120,7 +151,7 @@ impl JobQueue {
         removed.into()
     }
 
-    /// Refuses new jobs and returns the waiting ones; the engine ends after the running job.
+    /// Refuses new jobs and returns the waiting ones; the engine ends after the running jobs.
     pub fn close(&self) -> Vec<Job> {
         let mut inner = self.lock();
         inner.closed = true;
@@ -128,10 +159,10 @@ impl JobQueue {
         inner.waiting.drain(..).collect()
     }
 
-    /// Cancels the running job, whatever its id.
+    /// Cancels every running job.
     pub fn cancel_running(&self) {
-        if let Some((_, cancel)) = &self.lock().running {
-            cancel.cancel();
+        for job in &self.lock().running {
+            job.cancel.cancel();
         }
     }
 
@@ -145,9 +176,9 @@ impl JobQueue {
         self.len() == 0
     }
 
-    /// Whether a job is running.
-    pub fn is_busy(&self) -> bool {
-        self.lock().running.is_some()
+    /// Jobs running.
+    pub fn running(&self) -> usize {
+        self.lock().running.len()
     }
 }
 
@@ -158,7 +189,7 @@ mod tests {
 
     use super::*;
 
-    fn job(id: &str) -> (Job, mpsc::UnboundedReceiver<StreamEvent>) {
+    fn job(id: &str) -> (Job, mpsc::UnboundedReceiver<JobEvent>) {
         let (events, receiver) = mpsc::unbounded_channel();
         let request = GenerateRequest {
             prompt_tokens: vec![1],
@@ -166,6 +197,7 @@ mod tests {
             sampling: SamplingParams::default(),
             stop: Vec::new(),
             deadline: None,
+            ignore_eos: false,
         };
         let job = Job {
             id: id.into(),
@@ -178,16 +210,38 @@ mod tests {
         (job, receiver)
     }
 
+    fn start(queue: &JobQueue) -> Option<(String, Ticket)> {
+        queue
+            .start_next(|_| true)
+            .map(|(job, ticket)| (job.id, ticket))
+    }
+
     #[test]
-    fn jobs_run_in_order_and_the_depth_bounds_waiting_jobs() {
+    fn jobs_start_in_order_and_the_depth_bounds_waiting_jobs() {
         let queue = JobQueue::new(2);
-        assert_eq!(queue.submit(job("a").0).ok(), Some(0));
-        assert_eq!(queue.submit(job("b").0).ok(), Some(1));
-        assert_eq!(queue.submit(job("c").0).err(), Some(Rejected::Full));
-        assert_eq!(queue.next().map(|j| j.id).as_deref(), Some("a"));
-        assert!(queue.is_busy());
-        assert_eq!(queue.submit(job("c").0).ok(), Some(2));
-        assert_eq!(queue.next().map(|j| j.id).as_deref(), Some("b"));
+        assert_eq!(queue.submit(job("a").0, 1).ok(), Some(0));
+        assert_eq!(queue.submit(job("b").0, 1).ok(), Some(1));
+        assert_eq!(queue.submit(job("c").0, 1).err(), Some(Rejected::Full));
+        assert!(
+            queue.start_next(|_| false).is_none(),
+            "the engine had no room"
+        );
+        let (first, ticket) = start(&queue).unwrap();
+        assert_eq!(first, "a");
+        assert_eq!(queue.running(), 1);
+        assert_eq!(
+            queue.submit(job("c").0, 1).ok(),
+            Some(2),
+            "one running, one waiting ahead"
+        );
+        assert_eq!(start(&queue).map(|(id, _)| id).as_deref(), Some("b"));
+        queue.finish(ticket);
+        assert_eq!(queue.running(), 1);
+        assert_eq!(
+            queue.submit(job("d").0, 4).ok(),
+            Some(0),
+            "a free slot of four"
+        );
     }
 
     #[test]
@@ -195,10 +249,10 @@ mod tests {
         let queue = JobQueue::new(4);
         let (running, _rx) = job("x");
         let token = running.cancel.clone();
-        queue.submit(running).ok();
-        queue.submit(job("y").0).ok();
-        queue.submit(job("x").0).ok();
-        let _ = queue.next();
+        queue.submit(running, 1).ok();
+        queue.submit(job("y").0, 1).ok();
+        queue.submit(job("x").0, 1).ok();
+        let _ = start(&queue);
         let removed = queue.cancel("x");
         assert!(token.is_cancelled());
         assert_eq!(removed.len(), 1);
@@ -209,9 +263,9 @@ mod tests {
     #[test]
     fn a_closed_queue_refuses_jobs_and_ends_the_engine_loop() {
         let queue = JobQueue::new(4);
-        queue.submit(job("a").0).ok();
+        queue.submit(job("a").0, 1).ok();
         assert_eq!(queue.close().len(), 1);
-        assert_eq!(queue.submit(job("b").0).err(), Some(Rejected::Closed));
-        assert!(queue.next().is_none());
+        assert_eq!(queue.submit(job("b").0, 1).err(), Some(Rejected::Closed));
+        assert!(!queue.wait());
     }
 }

@@ -7,12 +7,13 @@ use std::thread::JoinHandle;
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use worker_common::backend::InferenceBackend;
+use worker_common::backend::Load;
 
 use crate::CommonFlags;
 use crate::api::ErrorCode;
 use crate::callback::{self, CallbackError};
-use crate::engine::{self, LoadError, end_unstarted};
+use crate::engine::{self, LoadError};
+use crate::job_end::{JobEnd, end_job};
 use crate::routes::router;
 use crate::state::{Lifecycle, Settings, Shared};
 
@@ -55,10 +56,7 @@ impl StartError {
 }
 
 /// Runs the worker until it has drained; `Err` means exit 1.
-pub async fn serve<B: InferenceBackend>(
-    flags: CommonFlags,
-    options: B::Options,
-) -> Result<(), StartError> {
+pub async fn serve<B: Load>(flags: CommonFlags, options: B::Options) -> Result<(), StartError> {
     let address = SocketAddr::new(flags.host, flags.port);
     let listener = TcpListener::bind(address)
         .await
@@ -143,7 +141,7 @@ pub async fn serve<B: InferenceBackend>(
     Ok(())
 }
 
-fn settings<B: InferenceBackend>(flags: &CommonFlags) -> Settings {
+fn settings<B: Load>(flags: &CommonFlags) -> Settings {
     Settings {
         worker_id: flags.worker_id.clone(),
         model_ref: flags.model.clone(),
@@ -151,6 +149,10 @@ fn settings<B: InferenceBackend>(flags: &CommonFlags) -> Settings {
         max_tokens_out: flags.max_tokens_out,
         inference_timeout: std::time::Duration::from_secs(flags.inference_timeout_sec),
         shutdown_grace: std::time::Duration::from_secs(flags.shutdown_grace_sec),
+        parallel: flags.parallel,
+        batch_tokens: flags.batch_tokens,
+        kv_cache_mb: flags.kv_cache_mb,
+        prefix_cache: !flags.no_prefix_cache,
         worker_type: B::WORKER_TYPE,
         memory_architecture: B::MEMORY_ARCHITECTURE,
     }
@@ -161,6 +163,7 @@ fn callback_payload(shared: &Shared, uri: &str) -> serde_json::Value {
     let settings = &shared.settings;
     let memory_bytes = shared.memory().total();
     let loaded = shared.loaded();
+    let scheduler = shared.scheduler();
     serde_json::json!({
         "worker_id": settings.worker_id,
         "model_ref": settings.model_ref.display().to_string(),
@@ -174,11 +177,15 @@ fn callback_payload(shared: &Shared, uri: &str) -> serde_json::Value {
         "protocol": "sse",
         "quant_kind": loaded.map(|m| m.quant_kind.clone()),
         "context_length": loaded.map(|m| m.context_length),
+        "slots": loaded.map(|m| m.slots),
+        "slots_busy": shared.queue.running(),
+        "kv_pages_total": scheduler.kv_pages_total,
+        "kv_pages_free": scheduler.kv_pages_free,
     })
 }
 
-/// Refuses new jobs, ends the waiting ones, lets the running one finish within the grace, then
-/// cancels it and waits for the engine to release the backend.
+/// Refuses new jobs, ends the waiting ones, lets the running ones finish within the grace, then
+/// cancels them and waits for the engine to release the backend.
 async fn drain(shared: &Arc<Shared>, engine: JoinHandle<()>) {
     let worker_id = shared.settings.worker_id.as_str();
     let grace = shared.settings.shutdown_grace;
@@ -190,19 +197,15 @@ async fn drain(shared: &Arc<Shared>, engine: JoinHandle<()>) {
     );
     shared.set_lifecycle(Lifecycle::Draining);
     for job in shared.queue.close() {
-        end_unstarted(
-            shared,
-            job,
-            ErrorCode::WorkerDraining,
-            "the worker is shutting down",
-        );
+        let end = JobEnd::failed(ErrorCode::WorkerDraining, "the worker is shutting down");
+        end_job(shared, job, end, 0.0);
     }
     let mut joined = tokio::task::spawn_blocking(move || engine.join());
     if tokio::time::timeout(grace, &mut joined).await.is_err() {
         tracing::info!(
             event = "shutdown",
             worker_id,
-            "grace over: cancelling the running job"
+            "grace over: cancelling the running jobs"
         );
         shared.queue.cancel_running();
         let _ = joined.await;

@@ -3,12 +3,13 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use worker_common::backend::{BackendInfo, GpuInfo, MemoryUsage};
 use worker_common::generate::PromptFormatter;
+use worker_common::schedule::{PrefixIndex, SchedulerStats};
 use worker_common::tokenizer::Tokenizer;
 
 use crate::metrics::Metrics;
@@ -29,6 +30,14 @@ pub struct Settings {
     pub inference_timeout: Duration,
     /// `--shutdown-grace-sec`.
     pub shutdown_grace: Duration,
+    /// `--parallel`, when given (else derived from the KV pool at load).
+    pub parallel: Option<u32>,
+    /// `--batch-tokens`.
+    pub batch_tokens: u32,
+    /// `--kv-cache-mb`, when given.
+    pub kv_cache_mb: Option<u64>,
+    /// Whether full KV pages are shared between prompts (`--no-prefix-cache` turns it off).
+    pub prefix_cache: bool,
     /// The backend's `WORKER_TYPE`.
     pub worker_type: &'static str,
     /// The backend's `MEMORY_ARCHITECTURE`.
@@ -56,9 +65,13 @@ pub struct Loaded {
     pub device: String,
     /// GPU facts on a GPU backend.
     pub gpu: Option<GpuInfo>,
+    /// Most jobs running at once (`--parallel`, else from the KV pool).
+    pub slots: usize,
+    /// Which prompt prefixes the engine's KV pages hold (for `started.cached_tokens`).
+    pub prefix_index: PrefixIndex,
 }
 
-/// Where the worker is in its life (`busy` is `Ready` with a running job).
+/// Where the worker is in its life (`busy` is `Ready` with every slot taken).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Lifecycle {
@@ -87,6 +100,7 @@ pub struct Shared {
     lifecycle: AtomicU8,
     loaded: OnceLock<Arc<Loaded>>,
     memory: [AtomicU64; 3],
+    scheduler: Mutex<SchedulerStats>,
 }
 
 impl Shared {
@@ -101,6 +115,7 @@ impl Shared {
             lifecycle: AtomicU8::new(Lifecycle::Loading as u8),
             loaded: OnceLock::new(),
             memory: Default::default(),
+            scheduler: Mutex::default(),
         }
     }
 
@@ -150,6 +165,22 @@ impl Shared {
             kv: kv.load(Ordering::Relaxed),
             scratch: scratch.load(Ordering::Relaxed),
         }
+    }
+
+    /// Caches the scheduler's state (the engine calls this after every step).
+    pub fn set_scheduler(&self, stats: SchedulerStats) {
+        *self
+            .scheduler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = stats;
+    }
+
+    /// The scheduler's state after its last step.
+    pub fn scheduler(&self) -> SchedulerStats {
+        *self
+            .scheduler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Seconds since the process started serving.

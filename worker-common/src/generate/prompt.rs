@@ -46,6 +46,11 @@ impl PromptFormatter {
         })
     }
 
+    /// A formatter for a model without a chat template: prompts are tokenized as they are.
+    pub fn without_template() -> Self {
+        Self { template: None }
+    }
+
     /// Whether the model has a chat template (so non-raw prompts are rendered).
     pub fn has_template(&self) -> bool {
         self.template.is_some()

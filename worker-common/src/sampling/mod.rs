@@ -230,6 +230,13 @@ fn penalize(logit: f64, penalty: f64) -> f64 {
     }
 }
 
+/// The greedy choice over `logits`: what [`Sampler::sample`] picks at T = 0 without a penalty
+/// (the highest logit, NaN as -inf and +inf as `f32::MAX`, the lowest id on ties; 0 for none).
+/// A backend answering [`Want::Greedy`](crate::backend::Want::Greedy) on the host calls this.
+pub fn greedy_choice(logits: &[f32]) -> u32 {
+    argmax_f32(logits)
+}
+
 /// The highest sanitized logit, the lowest id on ties, in one pass over sixteen interleaved
 /// lanes (a loop the compiler vectorizes; a scan for the maximum's first id afterwards cost up
 /// to 0.4 ms at V = 152k on a GPU host). Each lane keeps its first maximum (strictly greater

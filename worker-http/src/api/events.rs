@@ -17,7 +17,10 @@ pub struct StartedEvent {
     pub seed: u64,
     /// Prompt length in tokens after templating.
     pub prompt_tokens: usize,
-    /// Jobs ahead of this one (0: it runs now).
+    /// Prompt tokens whose pages the prefix cache held on acceptance (`end` says how many were
+    /// really reused: pages can be evicted or added while the job waits).
+    pub cached_tokens: usize,
+    /// Jobs that must start or end before this one starts (0: a slot is free, it runs now).
     pub queue_position: usize,
     /// The request's correlation id.
     pub correlation_id: String,
@@ -28,9 +31,11 @@ pub struct StartedEvent {
 pub struct EndEvent {
     /// Tokens generated (an end-of-generation token not counted).
     pub tokens_out: usize,
+    /// Prompt tokens whose keys and values came from the prefix cache (not prefilled again).
+    pub cached_tokens: usize,
     /// From the first generated token to the end.
     pub decode_time_ms: f64,
-    /// Time of the prompt's forward passes.
+    /// From the prompt's first prefill step to the first token's choice.
     pub prefill_time_ms: f64,
     /// From the start of the job to the first generated token.
     pub time_to_first_token_ms: f64,

@@ -48,6 +48,8 @@ pub struct ExecuteRequest {
     pub seed: Option<u64>,
     /// Tokenize the prompt as is, without the chat template.
     pub raw: bool,
+    /// An end-of-generation token does not end the job (benchmarks; llama-server's field).
+    pub ignore_eos: bool,
 }
 
 impl ExecuteRequest {
@@ -69,7 +71,8 @@ impl ExecuteRequest {
         let repetition_penalty = fields.float("repetition_penalty", 1.0, |r| r > 0.0 && r <= 2.0);
         let stop = fields.stop();
         let seed = fields.seed();
-        let raw = fields.raw();
+        let raw = fields.boolean("raw");
+        let ignore_eos = fields.boolean("ignore_eos");
         if !fields.errors.is_empty() {
             return Err(fields.errors);
         }
@@ -87,6 +90,7 @@ impl ExecuteRequest {
             stop,
             seed,
             raw,
+            ignore_eos,
         })
     }
 }
@@ -304,12 +308,13 @@ impl<'a> Fields<'a> {
         seed
     }
 
-    fn raw(&mut self) -> bool {
-        match self.get("raw") {
+    /// An optional boolean field, false when absent.
+    fn boolean(&mut self, field: &str) -> bool {
+        match self.get(field) {
             None => false,
-            Some(Value::Bool(raw)) => *raw,
+            Some(Value::Bool(value)) => *value,
             Some(other) => {
-                self.wrong_type("raw", "boolean", other);
+                self.wrong_type(field, "boolean", other);
                 false
             }
         }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::{body_or_error, content_type};
 use crate::api::{ApiError, CancelRequest, ErrorCode};
 use crate::correlation::CorrelationId;
-use crate::engine::end_unstarted;
+use crate::job_end::{JobEnd, end_job};
 use crate::state::Shared;
 
 /// `POST /cancel` with `{"job_id": …}`.
@@ -45,12 +45,8 @@ fn cancel(shared: &Shared, job_id: &str, correlation_id: &str) -> StatusCode {
         "cancel requested"
     );
     for job in shared.queue.cancel(job_id) {
-        end_unstarted(
-            shared,
-            job,
-            ErrorCode::Cancelled,
-            "cancelled before it started",
-        );
+        let end = JobEnd::failed(ErrorCode::Cancelled, "cancelled before it started");
+        end_job(shared, job, end, 0.0);
     }
     StatusCode::ACCEPTED
 }

@@ -22,6 +22,7 @@ use crate::api::{
 };
 use crate::clock::rfc3339;
 use crate::correlation::CorrelationId;
+use crate::job_end::{JobEvent, render};
 use crate::queue::{Job, Rejected};
 use crate::state::{Lifecycle, Loaded, Shared};
 
@@ -61,29 +62,38 @@ pub async fn execute(
         events,
     };
     let prompt_tokens = job.request.prompt_tokens.len();
-    let queue_position = shared.queue.submit(job).map_err(|why| match why {
-        Rejected::Full => ApiError::new(
-            ErrorCode::WorkerBusy,
-            format!(
-                "{} jobs are already waiting; retry later",
-                shared.queue.len()
+    let cached_tokens = loaded
+        .prefix_index
+        .cached_tokens(&job.request.prompt_tokens, prompt_tokens.saturating_sub(1));
+    let queue_position = shared
+        .queue
+        .submit(job, loaded.slots)
+        .map_err(|why| match why {
+            Rejected::Full => ApiError::new(
+                ErrorCode::WorkerBusy,
+                format!(
+                    "{} jobs are already waiting; retry later",
+                    shared.queue.len()
+                ),
+                &correlation_id,
             ),
-            &correlation_id,
-        ),
-        Rejected::Closed => draining(&correlation_id),
-    })?;
+            Rejected::Closed => draining(&correlation_id),
+        })?;
     shared.metrics.add_tokens_in(prompt_tokens);
+    let job_id = request.job_id.clone();
     let started = StreamEvent::Started(StartedEvent {
         job_id: request.job_id,
         model: loaded.model_name.clone(),
         started_at: rfc3339(SystemTime::now()),
         seed,
         prompt_tokens,
+        cached_tokens,
         queue_position,
         correlation_id,
     });
     let stream = JobStream {
         started: Some(started),
+        job_id,
         receiver,
         cancel,
         ended: false,
@@ -169,6 +179,7 @@ fn generate_request(
         },
         stop: request.stop.clone(),
         deadline: None,
+        ignore_eos: request.ignore_eos,
     }
 }
 
@@ -179,11 +190,13 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// A job's SSE stream: `started`, then what the engine sends until the terminal event.
-/// Dropping it before the end (the client went away) cancels the job, queued or running.
+/// A job's SSE stream: `started`, then what the engine sends until the terminal event, rendered
+/// for the wire here. Dropping it before the end (the client went away) cancels the job, queued
+/// or running.
 pub struct JobStream {
     started: Option<StreamEvent>,
-    receiver: mpsc::UnboundedReceiver<StreamEvent>,
+    job_id: String,
+    receiver: mpsc::UnboundedReceiver<JobEvent>,
     cancel: CancelToken,
     ended: bool,
 }
@@ -198,7 +211,7 @@ impl Stream for JobStream {
         let event = match self.started.take() {
             Some(started) => started,
             None => match self.receiver.poll_recv(cx) {
-                Poll::Ready(Some(event)) => event,
+                Poll::Ready(Some(event)) => render(event, &self.job_id),
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             },

@@ -70,3 +70,6 @@ fn body_or_error(
         }
     })
 }
+
+#[cfg(test)]
+mod tests;

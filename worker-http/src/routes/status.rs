@@ -15,9 +15,13 @@ use crate::state::{Lifecycle, Shared};
 pub async fn health(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Value>) {
     let lifecycle = shared.lifecycle();
     let serving = lifecycle == Lifecycle::Ready;
+    let loaded = shared.loaded();
+    let slots = loaded.map_or(0, |m| m.slots);
+    let slots_busy = shared.queue.running();
+    let scheduler = shared.scheduler();
     let state = match lifecycle {
         Lifecycle::Loading => "loading",
-        Lifecycle::Ready if shared.queue.is_busy() => "busy",
+        Lifecycle::Ready if slots_busy >= slots => "busy",
         Lifecycle::Ready => "ready",
         Lifecycle::Draining => "draining",
         Lifecycle::Failed => "failed",
@@ -29,7 +33,6 @@ pub async fn health(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Valu
     } else {
         0
     };
-    let loaded = shared.loaded();
     let mut body = json!({
         "status": if serving { "healthy" } else { "unhealthy" },
         "state": state,
@@ -49,6 +52,10 @@ pub async fn health(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Valu
         "vram_bytes_used": vram_bytes,
         "vram_bytes": vram_bytes,
         "queue_len": shared.queue.len(),
+        "slots": slots,
+        "slots_busy": slots_busy,
+        "kv_pages_total": scheduler.kv_pages_total,
+        "kv_pages_free": scheduler.kv_pages_free,
         "uptime_seconds": shared.uptime().as_secs(),
         "version": env!("CARGO_PKG_VERSION"),
     });
@@ -76,6 +83,7 @@ pub async fn health(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Valu
 pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let gauges = Gauges {
         queue_len: shared.queue.len(),
+        scheduler: shared.scheduler(),
         memory: shared.memory(),
         uptime_seconds: shared.uptime().as_secs_f64(),
     };

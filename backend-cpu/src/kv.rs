@@ -1,0 +1,155 @@
+//! The KV page pool: every layer's keys and values for [`PAGE_SIZE`]-position pages, f16, shared
+//! by all sequences through their page tables.
+//!
+//! Keys and values are stored as f16, as llama.cpp and vLLM store them by default: half the
+//! memory of f32, and the rounding llama.cpp's logits carry (Qwen's large key biases make the
+//! difference visible in the parity tests).
+//!
+//! The pool is one zeroed allocation made at load (`alloc_zeroed`, which the system allocator
+//! serves for a block this large with fresh anonymous pages, zero without being written): its
+//! memory becomes resident only as steps write the pages, so an idle worker's pool costs
+//! address space, not RSS, as the old per-sequence reservation did.
+
+use half::f16;
+use worker_common::backend::{BackendError, LoadConfig, PAGE_SIZE, PageId};
+
+/// Pool lengths, in units of whole default contexts.
+const DEFAULT_CONTEXTS: usize = 4;
+
+/// Keys `[page][slot][k_width]` then values `[page][slot][v_width]`, layer after layer.
+#[derive(Debug)]
+pub struct KvPool {
+    data: Box<[f16]>,
+    pages: usize,
+    k_width: usize,
+    v_width: usize,
+}
+
+/// One layer's keys and values, whole pool.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerKv<'a> {
+    /// Keys, `[pool row][k_width]`.
+    pub keys: &'a [f16],
+    /// Values, `[pool row][v_width]`.
+    pub values: &'a [f16],
+}
+
+/// The pool row (`page * PAGE_SIZE + slot`) of position `pos` of a sequence with `pages`.
+/// Positions come from validated chunks, whose tables cover them.
+#[inline(always)]
+pub fn pool_row(pages: &[PageId], pos: usize) -> usize {
+    pages[pos / PAGE_SIZE].index() * PAGE_SIZE + pos % PAGE_SIZE
+}
+
+impl KvPool {
+    /// Sizes and allocates the pool for `n_layers` layers of keys `k_width` and values
+    /// `v_width` wide: `config.kv_cache_bytes`, or by default [`DEFAULT_CONTEXTS`] contexts
+    /// capped at a quarter of physical memory; never less than one context
+    /// (`InsufficientMemory` on `device` when the budget is smaller).
+    pub fn new(
+        n_layers: usize,
+        (k_width, v_width): (usize, usize),
+        config: &LoadConfig,
+        device: &str,
+    ) -> Result<Self, BackendError> {
+        let page_elements = PAGE_SIZE * n_layers * (k_width + v_width);
+        let page_bytes = (page_elements * size_of::<f16>()).max(1);
+        let context_pages = config.context_length.max(1).div_ceil(PAGE_SIZE);
+        let pages = match config.kv_cache_bytes {
+            Some(budget) => usize::try_from(budget).unwrap_or(usize::MAX) / page_bytes,
+            None => {
+                let cap = physical_memory().map_or(usize::MAX, |bytes| bytes / 4 / page_bytes);
+                context_pages.saturating_mul(DEFAULT_CONTEXTS).min(cap)
+            }
+        };
+        let pages = match config.kv_cache_bytes {
+            Some(budget) if pages < context_pages => {
+                return Err(BackendError::InsufficientMemory {
+                    device: device.to_owned(),
+                    required: (context_pages * page_bytes) as u64,
+                    available: budget,
+                });
+            }
+            _ => pages.max(context_pages),
+        };
+        let elements = pages
+            .checked_mul(page_elements)
+            .ok_or(BackendError::OutOfMemory {
+                what: "KV page pool",
+                bytes: u64::MAX,
+            })?;
+        Ok(Self {
+            data: zeroed(elements)?,
+            pages,
+            k_width,
+            v_width,
+        })
+    }
+
+    /// Pages in the pool.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * size_of::<f16>()
+    }
+
+    fn layer_range(&self, layer: usize) -> (usize, usize, usize) {
+        let rows = self.pages * PAGE_SIZE;
+        let (keys, values) = (rows * self.k_width, rows * self.v_width);
+        (layer * (keys + values), keys, values)
+    }
+
+    /// Layer `layer`'s keys and values.
+    pub fn layer(&self, layer: usize) -> LayerKv<'_> {
+        let (start, keys, values) = self.layer_range(layer);
+        let (k, v) = self.data[start..start + keys + values].split_at(keys);
+        LayerKv { keys: k, values: v }
+    }
+
+    /// Writes the f32 key row `k` and value row `v` of layer `layer` into pool row `row`,
+    /// rounded to f16.
+    pub fn store(&mut self, layer: usize, row: usize, k: &[f32], v: &[f32]) {
+        let (start, keys, _) = self.layer_range(layer);
+        let (kw, vw) = (self.k_width, self.v_width);
+        let layer_data = &mut self.data[start..];
+        for (dst, &x) in layer_data[row * kw..][..kw].iter_mut().zip(k) {
+            *dst = f16::from_f32(x);
+        }
+        for (dst, &x) in layer_data[keys + row * vw..][..vw].iter_mut().zip(v) {
+            *dst = f16::from_f32(x);
+        }
+    }
+}
+
+/// `len` zero f16 values in one fresh allocation; `OutOfMemory` when it cannot be had.
+fn zeroed(len: usize) -> Result<Box<[f16]>, BackendError> {
+    let oom = || BackendError::OutOfMemory {
+        what: "KV page pool",
+        bytes: (len as u64).saturating_mul(2),
+    };
+    if len == 0 {
+        return Ok(Box::default());
+    }
+    let layout = std::alloc::Layout::array::<f16>(len).map_err(|_| oom())?;
+    // SAFETY: the layout has a non-zero size (len > 0, f16 is two bytes).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f16>();
+    if ptr.is_null() {
+        return Err(oom());
+    }
+    let slice = std::ptr::slice_from_raw_parts_mut(ptr, len);
+    // SAFETY: `ptr` is a live allocation of the global allocator with the layout of `[f16; len]`
+    // (what `Box<[f16]>` frees it with), all-zero bytes are a valid f16 (+0.0), and the box
+    // becomes its only owner.
+    Ok(unsafe { Box::from_raw(slice) })
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn physical_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}

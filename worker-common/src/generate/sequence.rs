@@ -1,0 +1,310 @@
+//! [`Sequence`]: one job's generation state, stepped by the scheduler. Everything a job does
+//! between its prompt and its end (sampling, end-of-generation, stop strings with UTF-8 and
+//! stop-string hold-back, `max_tokens`, token and metrics events, cancel and deadline) happens
+//! here, once, whatever the number of sequences running beside it.
+//!
+//! A sequence is its token history (prompt, then each generated token) and how many of those
+//! positions have keys and values in its pages (`computed`). The next input is always
+//! `history[computed..]`: the prompt at first (in chunks), then one token per step. A sequence
+//! preempted for pages starts again from `computed = 0` and re-runs its whole history, which
+//! gives the same logits (batch invariance) and so the same tokens, without a gap or a repeat.
+
+use std::time::{Duration, Instant};
+
+use super::stop::{Released, StopMatcher};
+use super::{
+    CancelToken, EventSink, Finished, GenerateError, GenerateEvent, GenerateRequest,
+    METRICS_INTERVAL, StopReason,
+};
+use crate::backend::{ChunkOutput, Want};
+use crate::sampling::Sampler;
+use crate::tokenizer::Tokenizer;
+use crate::tokenizer::stream::StreamDecoder;
+
+/// What [`Sequence::accept`] needs from the step beside the chunk's output.
+pub struct StepContext<'a> {
+    /// Token text and end-of-generation ids.
+    pub tokenizer: &'a Tokenizer,
+    /// The backend's memory, for `metrics` events.
+    pub memory_bytes: u64,
+    /// How long the step took.
+    pub step_time: Duration,
+}
+
+/// One job's state between steps.
+pub struct Sequence {
+    request: GenerateRequest,
+    cancel: CancelToken,
+    sampler: Sampler,
+    /// The prompt, then every generated token (an end-of-generation token excluded).
+    history: Vec<u32>,
+    /// Positions of `history` whose keys and values are stored.
+    computed: usize,
+    /// Prompt tokens whose pages came from the prefix cache.
+    cached_tokens: usize,
+    generated: usize,
+    text: TextStream,
+    started: Instant,
+    first_chunk_at: Option<Instant>,
+    first_token_at: Option<Instant>,
+    prefill_time_ms: f64,
+    decode_steps: Duration,
+    last_metrics: Instant,
+}
+
+impl Sequence {
+    /// A sequence for `request`, started now; refuses an empty prompt or `max_tokens` 0.
+    pub fn new(request: GenerateRequest, cancel: CancelToken) -> Result<Self, GenerateError> {
+        let prompt_tokens = request.prompt_tokens.len();
+        if prompt_tokens == 0 || request.max_tokens == 0 {
+            return Err(GenerateError::InvalidRequest(format!(
+                "{prompt_tokens} prompt tokens and max_tokens {} (both must be ≥ 1)",
+                request.max_tokens
+            )));
+        }
+        let now = Instant::now();
+        let mut history = Vec::with_capacity(prompt_tokens + request.max_tokens);
+        history.extend_from_slice(&request.prompt_tokens);
+        Ok(Self {
+            sampler: Sampler::new(request.sampling),
+            text: TextStream::new(&request.stop),
+            history,
+            computed: 0,
+            cached_tokens: 0,
+            generated: 0,
+            started: now,
+            first_chunk_at: None,
+            first_token_at: None,
+            prefill_time_ms: 0.0,
+            decode_steps: Duration::ZERO,
+            last_metrics: now,
+            request,
+            cancel,
+        })
+    }
+
+    /// Positions this sequence can reach: prompt plus `max_tokens`.
+    pub fn max_len(&self) -> usize {
+        self.request.prompt_tokens.len() + self.request.max_tokens
+    }
+
+    /// The tokens run so far or next: the prompt, then the generated tokens.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Positions whose keys and values are stored.
+    pub fn computed(&self) -> usize {
+        self.computed
+    }
+
+    /// Tokens still to run before the next token can be chosen (1 while decoding).
+    pub fn pending(&self) -> usize {
+        self.history.len() - self.computed
+    }
+
+    /// Prompt tokens taken from the prefix cache.
+    pub fn cached_tokens(&self) -> usize {
+        self.cached_tokens
+    }
+
+    /// Records that the first `tokens` positions' keys and values came from the prefix cache.
+    pub fn start_from_cache(&mut self, tokens: usize) {
+        self.computed = tokens.min(self.history.len().saturating_sub(1));
+        if self.first_token_at.is_none() {
+            self.cached_tokens = self.computed;
+        }
+    }
+
+    /// Forgets every stored position (its pages were taken back): the history runs again.
+    pub fn preempt(&mut self) {
+        self.computed = 0;
+    }
+
+    /// Whether the job must end now: cancelled, or past its deadline.
+    pub fn check(&self) -> Result<(), GenerateError> {
+        if self.cancel.is_cancelled() {
+            return Err(GenerateError::Cancelled);
+        }
+        match self.request.deadline {
+            Some(deadline) if Instant::now() >= deadline => Err(GenerateError::Timeout),
+            _ => Ok(()),
+        }
+    }
+
+    /// What a chunk of the next `len` pending tokens asks the backend for: nothing before the
+    /// end of the history, else the greedy id when that is all the sampler would compute.
+    pub fn want(&self, len: usize) -> Want {
+        if self.computed + len < self.history.len() {
+            Want::Nothing
+        } else if self.sampler.is_plain_greedy() {
+            Want::Greedy
+        } else {
+            Want::Logits
+        }
+    }
+
+    /// Marks a chunk of this sequence as being run now (the prefill clock starts at the first).
+    pub fn chunk_started(&mut self, at: Instant) {
+        self.first_chunk_at.get_or_insert(at);
+    }
+
+    /// Takes a step's result for the sequence's chunk of `len` tokens: stores the progress and,
+    /// at the end of the history, chooses the next token and streams it to `sink`. Returns how
+    /// the job ended, or `None` while it goes on.
+    pub fn accept(
+        &mut self,
+        len: usize,
+        output: ChunkOutput<'_>,
+        step: &StepContext<'_>,
+        sink: &mut dyn EventSink,
+    ) -> Result<Option<Finished>, GenerateError> {
+        self.computed += len;
+        let token = match output {
+            ChunkOutput::Nothing => return Ok(None),
+            ChunkOutput::Greedy(token) => token,
+            ChunkOutput::Logits(logits) => self.sampler.sample(logits, &self.history),
+        };
+        let now = Instant::now();
+        match self.first_token_at {
+            None => {
+                self.first_token_at = Some(now);
+                let since = self.first_chunk_at.unwrap_or(self.started);
+                self.prefill_time_ms = ms_between(since, now);
+                self.last_metrics = now;
+            }
+            Some(_) => self.decode_steps += step.step_time,
+        }
+        let tokenizer = step.tokenizer;
+        if tokenizer.is_end_of_generation(token) && !self.request.ignore_eos {
+            return self.finish(StopReason::Eos, None, sink).map(Some);
+        }
+        self.history.push(token);
+        self.generated += 1;
+        let released = self.text.push(&tokenizer.token_bytes(token));
+        self.emit(released.text, sink)?;
+        if let Some(stop) = released.matched {
+            return self
+                .finish(StopReason::StopSequence, Some(stop), sink)
+                .map(Some);
+        }
+        if self.generated == self.request.max_tokens {
+            return self.finish(StopReason::MaxTokens, None, sink).map(Some);
+        }
+        if self.last_metrics.elapsed() >= METRICS_INTERVAL {
+            self.last_metrics = Instant::now();
+            self.metrics(step.memory_bytes, sink)?;
+        }
+        Ok(None)
+    }
+
+    fn finish(
+        &mut self,
+        stop_reason: StopReason,
+        matched: Option<String>,
+        sink: &mut dyn EventSink,
+    ) -> Result<Finished, GenerateError> {
+        if matched.is_none() {
+            let rest = self.text.finish();
+            self.emit(rest, sink)?;
+        }
+        let prompt_tokens = self.request.prompt_tokens.len();
+        let first_token_at = self.first_token_at.unwrap_or_else(Instant::now);
+        Ok(Finished {
+            stop_reason,
+            stop_sequence_matched: matched,
+            tokens: self.history[prompt_tokens..].to_vec(),
+            prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            prefill_time_ms: self.prefill_time_ms,
+            time_to_first_token_ms: ms_between(self.started, first_token_at),
+            decode_time_ms: ms_between(first_token_at, Instant::now()),
+            decode_steps_ms: self.decode_steps.as_secs_f64() * 1e3,
+        })
+    }
+
+    fn emit(&mut self, piece: String, sink: &mut dyn EventSink) -> Result<(), GenerateError> {
+        if piece.is_empty() {
+            return Ok(());
+        }
+        let index = self.text.events;
+        self.text.events += 1;
+        send(sink, GenerateEvent::Token { text: piece, index })
+    }
+
+    fn metrics(
+        &mut self,
+        memory_bytes: u64,
+        sink: &mut dyn EventSink,
+    ) -> Result<(), GenerateError> {
+        let since = self.first_token_at.unwrap_or(self.started);
+        let seconds = since.elapsed().as_secs_f64();
+        let tokens_out = self.generated;
+        send(
+            sink,
+            GenerateEvent::Metrics {
+                tokens_out,
+                decode_time_ms: (seconds * 1e3) as u64,
+                tokens_per_sec: if seconds > 0.0 {
+                    tokens_out as f64 / seconds
+                } else {
+                    0.0
+                },
+                memory_bytes,
+            },
+        )
+    }
+}
+
+/// Sends an event; a sink nobody listens to any more cancels the job.
+fn send(sink: &mut dyn EventSink, event: GenerateEvent) -> Result<(), GenerateError> {
+    if sink.send(event) {
+        Ok(())
+    } else {
+        Err(GenerateError::Cancelled)
+    }
+}
+
+/// Milliseconds from `from` to `to`, fractional.
+fn ms_between(from: Instant, to: Instant) -> f64 {
+    to.duration_since(from).as_secs_f64() * 1e3
+}
+
+/// Token bytes → UTF-8 fragments → stop-string hold-back.
+struct TextStream {
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+    events: usize,
+}
+
+impl TextStream {
+    fn new(stops: &[String]) -> Self {
+        Self {
+            decoder: StreamDecoder::new(),
+            stops: StopMatcher::new(stops),
+            events: 0,
+        }
+    }
+
+    fn push(&mut self, piece: &[u8]) -> Released {
+        match self.decoder.push(piece) {
+            Some(text) => self.stops.push(&text),
+            None => Released {
+                text: String::new(),
+                matched: None,
+            },
+        }
+    }
+
+    /// Text still held when generation ends without a stop string.
+    fn finish(&mut self) -> String {
+        let tail = std::mem::take(&mut self.decoder)
+            .finish()
+            .unwrap_or_default();
+        let mut released = self.stops.push(&tail);
+        if released.matched.is_none() {
+            released.text.push_str(&self.stops.finish());
+        }
+        released.text
+    }
+}

@@ -1,0 +1,452 @@
+//! THE scheduler: which sequences run in the next step, with which tokens and pages.
+//!
+//! Every [`Scheduler::step`]: sequences that were cancelled or ran out of time leave (their
+//! pages return at once); preempted sequences come back first, oldest first, when pages allow;
+//! every decoding sequence gets its one token (a decode that needs a page and finds none
+//! preempts the youngest sequence); the rest of the step's token budget goes to prefill chunks,
+//! oldest sequence first; one backend step runs them all; each sequence takes its output.
+//!
+//! Prefill chunks end on multiples of [`PREFILL_CHUNK`] positions (or at the end of the
+//! history), never where a budget happened to run out, so how a prompt is cut depends on the
+//! prompt alone: a backend whose numerics differ between chunk sizes still computes the same
+//! keys and values for it whatever else runs.
+//!
+//! New jobs are admitted by the caller, in arrival order, while [`Scheduler::can_admit`] says
+//! there is room (a slot and the prompt's pages): the caller owns the waiting queue.
+
+mod pages;
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+pub use pages::{PagePool, PrefixIndex, chain_hash};
+
+use crate::backend::{BackendError, Chunk, InferenceBackend, PAGE_SIZE, PageId, StepOutputs};
+use crate::generate::{EventSink, Finished, GenerateError, Sequence, StepContext};
+use crate::tokenizer::Tokenizer;
+
+/// Prefill chunks end on multiples of this many positions.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// The scheduler's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most sequences running at once (`--parallel`).
+    pub max_running: usize,
+    /// Most tokens in one step (`--batch-tokens`); at least [`PREFILL_CHUNK`] so a lone prefill
+    /// chunk always fits.
+    pub step_tokens: usize,
+    /// Whether full pages are shared between sequences with the same leading tokens.
+    pub prefix_cache: bool,
+}
+
+/// A job that left the scheduler, with how it ended.
+pub struct Ended<J> {
+    /// The caller's job.
+    pub job: J,
+    /// Its result.
+    pub result: Result<Finished, GenerateError>,
+}
+
+/// What the scheduler holds and has done, for `/health` and `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SchedulerStats {
+    /// Sequences running (admitted, not preempted).
+    pub running: usize,
+    /// Sequences preempted, waiting for pages.
+    pub preempted: usize,
+    /// Pages in the pool.
+    pub kv_pages_total: usize,
+    /// Pages a sequence could get now (free, or cached and unreferenced).
+    pub kv_pages_free: usize,
+    /// Preemptions so far.
+    pub preemptions: u64,
+    /// Prompt tokens taken from the prefix cache so far.
+    pub cached_tokens: u64,
+    /// The last step: chunks, tokens and duration.
+    pub last_step: Option<StepStats>,
+}
+
+/// One step's size and duration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    /// Sequences in the step.
+    pub sequences: usize,
+    /// Tokens in the step.
+    pub tokens: usize,
+    /// Wall time of the backend's step.
+    pub duration: Duration,
+}
+
+/// A sequence and what the scheduler keeps for it.
+struct Entry<J> {
+    job: J,
+    seq: Sequence,
+    /// Admission order: lower is older.
+    order: u64,
+    pages: Vec<PageId>,
+    /// Leading pages known to the prefix cache, and the chain hash of the last of them.
+    registered: usize,
+    parent_hash: u64,
+}
+
+/// Sequences, pages and the step loop of one backend.
+pub struct Scheduler<J> {
+    config: SchedulerConfig,
+    pool: PagePool,
+    /// Oldest first.
+    running: Vec<Entry<J>>,
+    /// Oldest first.
+    preempted: VecDeque<Entry<J>>,
+    outputs: StepOutputs,
+    admitted: u64,
+    stats: SchedulerStats,
+}
+
+/// Pages holding `positions` positions.
+fn pages_for(positions: usize) -> usize {
+    positions.div_ceil(PAGE_SIZE)
+}
+
+impl<J: EventSink> Scheduler<J> {
+    /// A scheduler over a pool of `kv_pages` pages and logits of `vocab_size`.
+    pub fn new(config: SchedulerConfig, kv_pages: usize, vocab_size: usize) -> Self {
+        let config = SchedulerConfig {
+            max_running: config.max_running.max(1),
+            step_tokens: config.step_tokens.max(PREFILL_CHUNK),
+            ..config
+        };
+        Self {
+            pool: PagePool::new(kv_pages, config.prefix_cache),
+            config,
+            running: Vec::new(),
+            preempted: VecDeque::new(),
+            outputs: StepOutputs::new(vocab_size),
+            admitted: 0,
+            stats: SchedulerStats::default(),
+        }
+    }
+
+    /// The limits in force (the step budget raised to [`PREFILL_CHUNK`] if it was lower).
+    pub fn config(&self) -> SchedulerConfig {
+        self.config
+    }
+
+    /// Whether no sequence is running or preempted.
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.preempted.is_empty()
+    }
+
+    /// Whether a job with `prompt_tokens` can start now: a free slot, pages for its prompt and
+    /// first token, and no preempted sequence waiting before it.
+    pub fn can_admit(&self, prompt_tokens: usize) -> bool {
+        self.preempted.is_empty()
+            && self.running.len() < self.config.max_running
+            && self.pool.available() >= pages_for(prompt_tokens + 1)
+    }
+
+    /// Starts `seq` for `job`, taking its prompt's leading pages from the prefix cache.
+    pub fn admit(&mut self, job: J, seq: Sequence) {
+        self.admitted += 1;
+        let mut entry = Entry {
+            job,
+            seq,
+            order: self.admitted,
+            pages: Vec::new(),
+            registered: 0,
+            parent_hash: 0,
+        };
+        self.attach_cached(&mut entry);
+        self.stats.cached_tokens += entry.seq.computed() as u64;
+        self.running.push(entry);
+    }
+
+    /// A view of the prefix cache other threads can query.
+    pub fn prefix_index(&self) -> PrefixIndex {
+        self.pool.index()
+    }
+
+    /// Counters and gauges.
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            running: self.running.len(),
+            preempted: self.preempted.len(),
+            kv_pages_total: self.pool.total(),
+            kv_pages_free: self.pool.available(),
+            ..self.stats
+        }
+    }
+
+    /// Ends every sequence with `error()` (the worker is failing or the caller gives up).
+    pub fn abort_all(&mut self, error: impl Fn() -> GenerateError) -> Vec<Ended<J>> {
+        let entries: Vec<Entry<J>> = self
+            .running
+            .drain(..)
+            .chain(self.preempted.drain(..))
+            .collect();
+        entries
+            .into_iter()
+            .map(|e| self.end(e, Err(error())))
+            .collect()
+    }
+
+    /// Runs one step; returns the jobs that ended in it (or before it: cancelled, timed out).
+    pub fn step<B: InferenceBackend>(
+        &mut self,
+        backend: &mut B,
+        tokenizer: &Tokenizer,
+    ) -> Vec<Ended<J>> {
+        let mut ended = self.drop_stopped();
+        self.resume_preempted();
+        let plan = self.plan();
+        if plan.is_empty() {
+            return ended;
+        }
+        let started = Instant::now();
+        let result = self.run(backend, &plan, started);
+        let step_time = started.elapsed();
+        self.stats.last_step = Some(StepStats {
+            sequences: plan.len(),
+            tokens: plan.iter().map(|&(_, len)| len).sum(),
+            duration: step_time,
+        });
+        let step = StepContext {
+            tokenizer,
+            memory_bytes: backend.info().memory.total(),
+            step_time,
+        };
+        let mut finished = Vec::new();
+        for (k, &(i, len)) in plan.iter().enumerate() {
+            let entry = &mut self.running[i];
+            let outcome = match &result {
+                Ok(()) => self
+                    .outputs
+                    .get(k)
+                    .map_err(GenerateError::from)
+                    .and_then(|out| entry.seq.accept(len, out, &step, &mut entry.job)),
+                Err(err) => Err(GenerateError::Backend(duplicate(err))),
+            };
+            match outcome {
+                Ok(None) => register_full_pages(&mut self.pool, entry),
+                Ok(Some(done)) => finished.push((i, Ok(done))),
+                Err(err) => finished.push((i, Err(err))),
+            }
+        }
+        // Highest index first, so the indices still to remove stay valid.
+        for (i, result) in finished.into_iter().rev() {
+            let entry = self.running.remove(i);
+            ended.push(self.end(entry, result));
+        }
+        ended
+    }
+
+    fn run<B: InferenceBackend>(
+        &mut self,
+        backend: &mut B,
+        plan: &[(usize, usize)],
+        started: Instant,
+    ) -> Result<(), BackendError> {
+        let mut chunks = Vec::with_capacity(plan.len());
+        for &(i, len) in plan {
+            let entry = &mut self.running[i];
+            entry.seq.chunk_started(started);
+            let from = entry.seq.computed();
+            chunks.push((i, from, len, entry.seq.want(len)));
+        }
+        let chunks: Vec<Chunk<'_>> = chunks
+            .into_iter()
+            .map(|(i, from, len, want)| Chunk {
+                tokens: &self.running[i].seq.history()[from..from + len],
+                start_pos: from,
+                pages: &self.running[i].pages,
+                want,
+            })
+            .collect();
+        backend.step(&chunks, &mut self.outputs)
+    }
+
+    /// Removes cancelled and timed-out sequences, returning their pages.
+    fn drop_stopped(&mut self) -> Vec<Ended<J>> {
+        let mut ended = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            match self.running[i].seq.check() {
+                Ok(()) => i += 1,
+                Err(err) => {
+                    let entry = self.running.remove(i);
+                    ended.push(self.end(entry, Err(err)));
+                }
+            }
+        }
+        let preempted = std::mem::take(&mut self.preempted);
+        for entry in preempted {
+            match entry.seq.check() {
+                Ok(()) => self.preempted.push_back(entry),
+                Err(err) => ended.push(self.end(entry, Err(err))),
+            }
+        }
+        ended
+    }
+
+    /// Brings preempted sequences back, oldest first, while slots and pages allow.
+    fn resume_preempted(&mut self) {
+        while let Some(entry) = self.preempted.front() {
+            let fits = self.running.len() < self.config.max_running
+                && self.pool.available() >= pages_for(entry.seq.history().len() + 1);
+            if !fits {
+                return;
+            }
+            let Some(mut entry) = self.preempted.pop_front() else {
+                return;
+            };
+            self.attach_cached(&mut entry);
+            let at = self.running.partition_point(|e| e.order < entry.order);
+            self.running.insert(at, entry);
+        }
+    }
+
+    /// Points a sequence starting from nothing at the cached pages of its leading tokens.
+    fn attach_cached(&mut self, entry: &mut Entry<J>) {
+        let history = entry.seq.history();
+        let (pages, parent_hash) = self.pool.lookup(history, history.len() - 1);
+        entry.seq.start_from_cache(pages.len() * PAGE_SIZE);
+        entry.registered = pages.len();
+        entry.parent_hash = parent_hash;
+        entry.pages = pages;
+    }
+
+    /// Chooses this step's chunks: `(index in running, tokens)`, decodes first.
+    fn plan(&mut self) -> Vec<(usize, usize)> {
+        loop {
+            self.reserve_decode_pages();
+            let mut plan = Vec::new();
+            let mut budget = self.config.step_tokens;
+            for (i, entry) in self.running.iter().enumerate() {
+                let has_page = entry.pages.len() * PAGE_SIZE > entry.seq.computed();
+                if entry.seq.pending() == 1 && has_page && budget > 0 {
+                    plan.push((i, 1));
+                    budget -= 1;
+                }
+            }
+            for i in 0..self.running.len() {
+                let seq = &self.running[i].seq;
+                if seq.pending() < 2 {
+                    continue;
+                }
+                let to_boundary = PREFILL_CHUNK - seq.computed() % PREFILL_CHUNK;
+                let len = seq.pending().min(to_boundary);
+                if len > budget || !self.grow(i, seq.computed() + len) {
+                    continue;
+                }
+                plan.push((i, len));
+                budget -= len;
+            }
+            // Nothing fits although sequences wait: prefills hold every page. The youngest
+            // gives its pages back so the oldest can go on.
+            if !plan.is_empty() || self.running.is_empty() {
+                return plan;
+            }
+            self.preempt_youngest();
+        }
+    }
+
+    /// Gives each decoding sequence the page its next position needs, preempting the youngest
+    /// sequences while the pool has too few.
+    fn reserve_decode_pages(&mut self) {
+        loop {
+            let needing = self
+                .running
+                .iter()
+                .filter(|e| e.seq.pending() == 1 && e.pages.len() * PAGE_SIZE <= e.seq.computed())
+                .count();
+            if needing <= self.pool.available() || self.running.is_empty() {
+                break;
+            }
+            self.preempt_youngest();
+        }
+        for i in 0..self.running.len() {
+            if self.running[i].seq.pending() == 1 {
+                let end = self.running[i].seq.computed() + 1;
+                self.grow(i, end);
+            }
+        }
+    }
+
+    /// Gives sequence `i` pages up to `positions`; false (taking none) when the pool is short.
+    fn grow(&mut self, i: usize, positions: usize) -> bool {
+        let entry = &mut self.running[i];
+        let missing = pages_for(positions).saturating_sub(entry.pages.len());
+        if missing > self.pool.available() {
+            return false;
+        }
+        for _ in 0..missing {
+            match self.pool.allocate() {
+                Some(page) => entry.pages.push(page),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    fn preempt_youngest(&mut self) {
+        let Some(mut entry) = self.running.pop() else {
+            return;
+        };
+        self.pool.release(&entry.pages);
+        entry.pages.clear();
+        entry.registered = 0;
+        entry.parent_hash = 0;
+        entry.seq.preempt();
+        self.stats.preemptions += 1;
+        let at = self.preempted.partition_point(|e| e.order < entry.order);
+        self.preempted.insert(at, entry);
+    }
+
+    fn end(&mut self, entry: Entry<J>, result: Result<Finished, GenerateError>) -> Ended<J> {
+        self.pool.release(&entry.pages);
+        Ended {
+            job: entry.job,
+            result,
+        }
+    }
+}
+
+/// Offers the sequence's newly full pages to the prefix cache.
+fn register_full_pages<J>(pool: &mut PagePool, entry: &mut Entry<J>) {
+    let full = entry.seq.computed() / PAGE_SIZE;
+    while entry.registered < full.min(entry.pages.len()) {
+        let page = entry.registered;
+        let tokens = &entry.seq.history()[page * PAGE_SIZE..(page + 1) * PAGE_SIZE];
+        entry.parent_hash = pool.register(entry.pages[page], entry.parent_hash, tokens);
+        entry.registered += 1;
+    }
+}
+
+/// The same error for each sequence of a failed step.
+fn duplicate(err: &BackendError) -> BackendError {
+    match err {
+        BackendError::Unsupported { backend, what } => BackendError::Unsupported {
+            backend,
+            what: what.clone(),
+        },
+        BackendError::InvalidModel(what) => BackendError::InvalidModel(what.clone()),
+        BackendError::InsufficientMemory {
+            device,
+            required,
+            available,
+        } => BackendError::InsufficientMemory {
+            device: device.clone(),
+            required: *required,
+            available: *available,
+        },
+        BackendError::OutOfMemory { what, bytes } => BackendError::OutOfMemory {
+            what,
+            bytes: *bytes,
+        },
+        BackendError::InvalidInput(what) => BackendError::InvalidInput(what.clone()),
+        BackendError::Device(what) => BackendError::Device(what.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

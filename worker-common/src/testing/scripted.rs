@@ -1,0 +1,149 @@
+//! [`ScriptedBackend`]: a backend whose "KV cache" stores the token at each position, so every
+//! step can read back a chunk's whole history through its page table (a wrong page table, a
+//! lost page or a bad prefix share changes the output), and whose logits force the token a
+//! script picks from that history.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::backend::{
+    BackendError, BackendInfo, Chunk, InferenceBackend, MemoryUsage, PAGE_SIZE, StepOutputs, Want,
+    page_slot,
+};
+use crate::sampling::greedy_choice;
+
+/// Picks the next token from a sequence's whole history (prompt and generated tokens).
+pub type Script = Arc<dyn Fn(&[u32]) -> u32 + Send + Sync>;
+
+/// What one step held, for assertions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepRecord {
+    /// Per chunk: its first position and token count.
+    pub chunks: Vec<(usize, usize)>,
+}
+
+/// A backend that follows a script; see the module doc.
+pub struct ScriptedBackend {
+    script: Script,
+    vocab_size: usize,
+    /// The token stored at each position of each page; `None` where nothing was written.
+    pool: Vec<[Option<u32>; PAGE_SIZE]>,
+    /// Sleeps this long in every step (cancel and disconnect tests).
+    pub step_delay: Duration,
+    /// Fails the step with this many steps done (0: the first) with a device error.
+    pub fail_at_step: Option<usize>,
+    steps: Arc<Mutex<Vec<StepRecord>>>,
+}
+
+impl ScriptedBackend {
+    /// A backend of `kv_pages` pages over a vocabulary of `vocab_size`, following `script`.
+    pub fn new(kv_pages: usize, vocab_size: usize, script: Script) -> Self {
+        Self {
+            script,
+            vocab_size,
+            pool: vec![[None; PAGE_SIZE]; kv_pages],
+            step_delay: Duration::ZERO,
+            fail_at_step: None,
+            steps: Arc::default(),
+        }
+    }
+
+    /// The record of every step so far, shared (it stays readable after the backend moved to
+    /// an engine thread).
+    pub fn steps(&self) -> Arc<Mutex<Vec<StepRecord>>> {
+        self.steps.clone()
+    }
+
+    /// Writes the chunk's tokens and reads back its whole history.
+    fn history(&mut self, chunk: &Chunk<'_>) -> Result<Vec<u32>, BackendError> {
+        for (offset, &token) in chunk.tokens.iter().enumerate() {
+            let (page, slot) = slot(chunk, chunk.start_pos + offset)?;
+            self.pool[page][slot] = Some(token);
+        }
+        (0..chunk.end_pos())
+            .map(|pos| {
+                let (page, slot) = slot(chunk, pos)?;
+                self.pool[page][slot].ok_or_else(|| {
+                    BackendError::InvalidInput(format!("position {pos} was never written"))
+                })
+            })
+            .collect()
+    }
+
+    fn logits(&self, history: &[u32]) -> Vec<f32> {
+        let mut logits = vec![0.0; self.vocab_size];
+        let next = (self.script)(history) as usize % self.vocab_size;
+        // Sharp enough that sampling at any allowed temperature picks it.
+        logits[next] = 1000.0;
+        logits
+    }
+}
+
+fn slot(chunk: &Chunk<'_>, pos: usize) -> Result<(usize, usize), BackendError> {
+    page_slot(chunk.pages, pos)
+        .ok_or_else(|| BackendError::InvalidInput(format!("position {pos} has no page")))
+}
+
+impl InferenceBackend for ScriptedBackend {
+    const WORKER_TYPE: &'static str = "scripted";
+    const MEMORY_ARCHITECTURE: &'static str = "cpu";
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            device: "scripted".to_owned(),
+            memory: MemoryUsage {
+                weights: 1 << 20,
+                kv: (self.pool.len() * PAGE_SIZE * 4) as u64,
+                scratch: 0,
+            },
+            gpu: None,
+        }
+    }
+
+    fn kv_pages(&self) -> usize {
+        self.pool.len()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn step(
+        &mut self,
+        chunks: &[Chunk<'_>],
+        outputs: &mut StepOutputs,
+    ) -> Result<(), BackendError> {
+        let done = {
+            let mut steps = self.steps.lock().unwrap_or_else(PoisonError::into_inner);
+            steps.push(StepRecord {
+                chunks: chunks
+                    .iter()
+                    .map(|c| (c.start_pos, c.tokens.len()))
+                    .collect(),
+            });
+            steps.len() - 1
+        };
+        std::thread::sleep(self.step_delay);
+        if self.fail_at_step == Some(done) {
+            return Err(BackendError::Device("scripted fault".to_owned()));
+        }
+        for chunk in chunks {
+            chunk.validate(self.pool.len(), self.vocab_size)?;
+        }
+        outputs.prepare(chunks);
+        for (i, chunk) in chunks.iter().enumerate() {
+            let history = self.history(chunk)?;
+            let logits = self.logits(&history);
+            match chunk.want {
+                Want::Nothing => {}
+                Want::Greedy => outputs.set_greedy(i, greedy_choice(&logits)),
+                Want::Logits => {
+                    if let Some(row) = outputs.logits_mut(i) {
+                        row.copy_from_slice(&logits);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,221 @@
+//! The routes in process (`tower::ServiceExt::oneshot`) over the real engine thread and
+//! scheduler with a scripted backend: streams, batching, cancel, faults and the health fields.
+//! The black-box suite (`tests/tests/http_*.rs`) runs the real binaries on real models.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+use worker_common::generate::PromptFormatter;
+use worker_common::schedule::PrefixIndex;
+use worker_common::testing::{ScriptedBackend, tiny_tokenizer};
+
+use super::router;
+use crate::engine::start_loaded;
+use crate::state::{Lifecycle, Loaded, Settings, Shared};
+
+fn settings(parallel: u32) -> Settings {
+    Settings {
+        worker_id: "w-test".into(),
+        model_ref: "scripted.gguf".into(),
+        ctx_size: None,
+        max_tokens_out: 2048,
+        inference_timeout: Duration::from_secs(30),
+        shutdown_grace: Duration::from_secs(1),
+        worker_type: "scripted",
+        memory_architecture: "cpu",
+        parallel: Some(parallel),
+        batch_tokens: 512,
+        kv_cache_mb: None,
+        prefix_cache: true,
+    }
+}
+
+/// A worker over `backend` with `slots` slots, ready.
+fn worker(backend: ScriptedBackend, slots: usize) -> Arc<Shared> {
+    let shared = Arc::new(Shared::new(settings(slots as u32), 64));
+    let loaded = Loaded {
+        model_name: "scripted".into(),
+        quant_kind: "F32".into(),
+        tokenizer_kind: "gguf-bpe",
+        vocab_size: 10,
+        context_length: 256,
+        tokenizer: tiny_tokenizer(),
+        formatter: PromptFormatter::without_template(),
+        device: "scripted".into(),
+        gpu: None,
+        slots,
+        prefix_index: PrefixIndex::default(),
+    };
+    drop(start_loaded(shared.clone(), backend, loaded));
+    for _ in 0..1000 {
+        if shared.lifecycle() == Lifecycle::Ready {
+            return shared;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("the engine did not publish the model");
+}
+
+/// Next token: x, y, z, a, b, c… from the history's length (never the end of generation).
+fn counting() -> ScriptedBackend {
+    ScriptedBackend::new(
+        64,
+        10,
+        Arc::new(|h: &[u32]| [7, 8, 9, 1, 2, 3][h.len() % 6]),
+    )
+}
+
+async fn send(
+    shared: &Arc<Shared>,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, String) {
+    let request = Request::builder().method(method).uri(path);
+    let request = match body {
+        Some(body) => request
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string())),
+        None => request.body(Body::empty()),
+    };
+    let response = router(shared.clone())
+        .oneshot(request.unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The `data:` objects of an SSE body.
+fn events(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect()
+}
+
+fn execute_body(id: &str, max_tokens: u32) -> Value {
+    json!({"job_id": id, "prompt": "abc", "raw": true, "temperature": 0, "max_tokens": max_tokens})
+}
+
+fn text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter(|e| e["type"] == "token")
+        .map(|e| e["t"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_job_streams_started_tokens_and_end() {
+    let shared = worker(counting(), 2);
+    let (status, body) = send(&shared, "POST", "/execute", Some(execute_body("one", 5))).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = events(&body);
+    assert_eq!(events[0]["type"], "started");
+    assert_eq!(
+        (
+            events[0]["prompt_tokens"].as_u64(),
+            events[0]["queue_position"].as_u64()
+        ),
+        (Some(3), Some(0))
+    );
+    assert_eq!(text(&events), "abcxy", "history lengths 3..7 → a b c x y");
+    let end = events.last().unwrap();
+    assert_eq!(
+        (end["type"].as_str(), end["tokens_out"].as_u64()),
+        (Some("end"), Some(5))
+    );
+    assert_eq!(end["stop_reason"], "MAX_TOKENS");
+}
+
+#[tokio::test]
+async fn concurrent_jobs_share_steps_and_each_gets_its_own_tokens() {
+    let mut backend = counting();
+    backend.step_delay = Duration::from_millis(5);
+    let steps = backend.steps();
+    let shared = worker(backend, 4);
+    let jobs = (0..4).map(|i| {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            send(
+                &shared,
+                "POST",
+                "/execute",
+                Some(execute_body(&format!("j{i}"), 12)),
+            )
+            .await
+        })
+    });
+    let bodies: Vec<_> = futures_util::future::join_all(jobs).await;
+    for result in bodies {
+        let (_, body) = result.unwrap();
+        assert_eq!(text(&events(&body)), "abcxyzabcxyz");
+    }
+    let widest = steps.lock().unwrap().iter().map(|s| s.chunks.len()).max();
+    assert!(widest >= Some(2), "no step held two jobs: {widest:?}");
+    let (_, health) = send(&shared, "GET", "/health", None).await;
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(
+        (health["slots"].as_u64(), health["slots_busy"].as_u64()),
+        (Some(4), Some(0))
+    );
+    assert_eq!(health["kv_pages_total"], 64);
+    assert_eq!(health["kv_pages_free"], 64);
+}
+
+#[tokio::test]
+async fn a_cancel_ends_a_running_job_and_the_others_go_on() {
+    let mut backend = counting();
+    backend.step_delay = Duration::from_millis(20);
+    let shared = worker(backend, 2);
+    let long = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            send(&shared, "POST", "/execute", Some(execute_body("long", 200))).await
+        })
+    };
+    let short = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            send(&shared, "POST", "/execute", Some(execute_body("short", 6))).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _) = send(&shared, "POST", "/cancel/long", None).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (_, body) = long.await.unwrap();
+    let cancelled = events(&body);
+    assert_eq!(cancelled.last().unwrap()["code"], "CANCELLED");
+    let (_, body) = short.await.unwrap();
+    assert_eq!(text(&events(&body)), "abcxyz");
+    let (_, metrics) = send(&shared, "GET", "/metrics", None).await;
+    assert!(
+        metrics.contains("worker_requests_total{outcome=\"cancelled\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("worker_sequences_running 0\n"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_step_fails_its_jobs_with_cuda_error_and_the_worker_goes_on() {
+    let mut backend = counting();
+    backend.fail_at_step = Some(0);
+    let shared = worker(backend, 2);
+    let (_, body) = send(&shared, "POST", "/execute", Some(execute_body("bad", 4))).await;
+    let failed = events(&body);
+    assert_eq!(failed.last().unwrap()["code"], "CUDA_ERROR");
+    let (_, body) = send(&shared, "POST", "/execute", Some(execute_body("good", 4))).await;
+    assert_eq!(events(&body).last().unwrap()["type"], "end");
+}
