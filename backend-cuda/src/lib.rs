@@ -193,6 +193,11 @@ impl InferenceBackend for CudaBackend {
         self.plan.hp.vocab_size
     }
 
+    fn chunking_invariant(&self) -> bool {
+        // Chunks under 17 rows take the int8 GEMV, longer ones dequantize + SGEMM.
+        false
+    }
+
     /// Runs the chunks one after the other, each exactly as it would run alone (so the step is
     /// batch invariant), downloading what each wants before the next one starts.
     fn step(

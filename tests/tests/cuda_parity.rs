@@ -193,9 +193,9 @@ fn memory_is_reported_and_bad_steps_leave_the_backend_usable() {
     );
     assert_eq!(info.memory.scratch, 0);
     assert!(!gpu_info.sm.is_empty() && !gpu_info.cuda_runtime_version.is_empty());
-    // More pages than the pool: OutOfMemory, then a normal sequence still runs.
+    // More pages than the pool: refused, then a normal sequence still runs.
     let err = SingleSequence::begin(&mut gpu, 1 << 40).err().unwrap();
-    assert!(matches!(err, BackendError::OutOfMemory { .. }), "{err:?}");
+    assert!(matches!(err, BackendError::InvalidInput(_)), "{err:?}");
     let mut outputs = StepOutputs::new(gpu.vocab_size());
     let outside = [PageId(gpu.kv_pages() as u32)];
     let far: Vec<PageId> = (0..=CONTEXT / PAGE_SIZE)

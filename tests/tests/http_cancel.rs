@@ -314,8 +314,8 @@ fn sigterm_drains_and_exits_0() {
         Some(0)
     );
 
-    // A job that would outlast the grace is cancelled; a waiting one is refused; exit 0.
-    let mut worker = smollm2(&["--shutdown-grace-sec", "1"]);
+    // A job that would outlast the grace is cancelled; a waiting one (one slot) is refused.
+    let mut worker = smollm2(&["--shutdown-grace-sec", "1", "--parallel", "1"]);
     let mut running = open(worker.addr, &long_job("long"));
     read_tokens(&mut running, 1);
     let mut waiting = open(worker.addr, &long_job("waiting"));

@@ -190,13 +190,28 @@ fn publish<B: InferenceBackend>(
     let config = SchedulerConfig {
         max_running: loaded.slots,
         step_tokens: shared.settings.batch_tokens as usize,
-        prefix_cache: shared.settings.prefix_cache,
+        prefix_cache: prefix_cache(shared, backend),
     };
     let scheduler = Scheduler::new(config, backend.kv_pages(), backend.vocab_size());
     loaded.prefix_index = scheduler.prefix_index();
     shared.set_scheduler(scheduler.stats());
     shared.publish(loaded, &backend.info());
     scheduler
+}
+
+/// Whether prompts share KV pages: asked for, and the backend's results do not depend on how
+/// a prompt was cut into chunks (else a shared page would change the tokens; BATCHING.md).
+fn prefix_cache<B: InferenceBackend>(shared: &Shared, backend: &B) -> bool {
+    let wanted = shared.settings.prefix_cache;
+    let invariant = backend.chunking_invariant();
+    if wanted && !invariant {
+        tracing::info!(
+            event = "prefix_cache_off",
+            worker_id = shared.settings.worker_id.as_str(),
+            "prefix cache off: this backend's results depend on prompt chunking"
+        );
+    }
+    wanted && invariant
 }
 
 /// Serves the queue with an already built backend on a new engine thread (the in-process

@@ -291,6 +291,13 @@ pub trait InferenceBackend: Sized + Send + 'static {
     /// Logits per position: the model's output rows.
     fn vocab_size(&self) -> usize;
 
+    /// Whether a chunk's results are also the same however its sequence's positions were cut
+    /// into chunks (so pages another prompt filled, or a re-prefill after preemption, give the
+    /// bits a cold run gives). The worker shares prefix pages only where this holds, keeping
+    /// "same seed, same tokens" under any load: the CPU backend's kernels are row-invariant;
+    /// the CUDA backend's differ between chunk sizes until its batched kernels land.
+    fn chunking_invariant(&self) -> bool;
+
     /// Runs one step over `chunks` (at most one per sequence) and fills `outputs` with what
     /// each chunk wants, in the chunks' order.
     fn step(&mut self, chunks: &[Chunk<'_>], outputs: &mut StepOutputs)

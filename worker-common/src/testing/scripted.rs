@@ -108,6 +108,10 @@ impl InferenceBackend for ScriptedBackend {
         self.vocab_size
     }
 
+    fn chunking_invariant(&self) -> bool {
+        true
+    }
+
     fn step(
         &mut self,
         chunks: &[Chunk<'_>],
