@@ -66,6 +66,7 @@ fn main() -> Result<()> {
     let config = LoadConfig {
         context_length: model.spec.hparams.context_length,
         kv_cache_bytes: None,
+        parallel: None,
     };
     let mut backend = CpuBackend::load(model.clone(), &options, &config, &mut |_| {})?;
     if let Some(prompt_tokens) = args.bench {

@@ -43,8 +43,8 @@ pub fn pool_row(pages: &[PageId], pos: usize) -> usize {
 
 impl KvPool {
     /// Sizes and allocates the pool for `n_layers` layers of keys `k_width` and values
-    /// `v_width` wide: `config.kv_cache_bytes`, or by default [`DEFAULT_CONTEXTS`] contexts
-    /// capped at a quarter of physical memory; never less than one context
+    /// `v_width` wide: `config.kv_cache_bytes`, or by default [`DEFAULT_CONTEXTS`] contexts (or
+    /// `config.parallel` contexts, if more) capped at a quarter of physical memory; never less than one context
     /// (`InsufficientMemory` on `device` when the budget is smaller).
     pub fn new(
         n_layers: usize,
@@ -59,7 +59,8 @@ impl KvPool {
             Some(budget) => usize::try_from(budget).unwrap_or(usize::MAX) / page_bytes,
             None => {
                 let cap = physical_memory().map_or(usize::MAX, |bytes| bytes / 4 / page_bytes);
-                context_pages.saturating_mul(DEFAULT_CONTEXTS).min(cap)
+                let contexts = config.parallel.unwrap_or(0).max(DEFAULT_CONTEXTS);
+                context_pages.saturating_mul(contexts).min(cap)
             }
         };
         let pages = match config.kv_cache_bytes {
@@ -152,4 +153,38 @@ fn physical_memory() -> Option<usize> {
     let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(kv_cache_bytes: Option<u64>, parallel: Option<usize>) -> LoadConfig {
+        LoadConfig {
+            context_length: 32,
+            kv_cache_bytes,
+            parallel,
+        }
+    }
+
+    #[test]
+    fn the_default_pool_holds_four_contexts_or_one_per_parallel_sequence() {
+        let pages =
+            |parallel| KvPool::new(1, (2, 2), &config(None, parallel), "cpu").map(|p| p.pages());
+        assert_eq!(pages(None).ok(), Some(8), "4 contexts of 2 pages");
+        assert_eq!(pages(Some(2)).ok(), Some(8));
+        assert_eq!(pages(Some(16)).ok(), Some(32));
+    }
+
+    #[test]
+    fn a_budget_below_one_context_is_refused() {
+        // A page of one layer, 2 + 2 wide: 16 positions × 4 × 2 bytes = 128 bytes.
+        let pool = KvPool::new(1, (2, 2), &config(Some(3 * 128), None), "cpu");
+        assert!(matches!(pool, Ok(ref p) if p.pages() == 3));
+        let small = KvPool::new(1, (2, 2), &config(Some(128), None), "cpu");
+        assert!(matches!(
+            small,
+            Err(BackendError::InsufficientMemory { .. })
+        ));
+    }
 }

@@ -38,6 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = LoadConfig {
         context_length: CONTEXT,
         kv_cache_bytes: None,
+        parallel: None,
     };
     let mut backend =
         CudaBackend::load(model.clone(), &CudaOptions { device }, &config, &mut |_| {})?;
@@ -164,6 +165,10 @@ impl InferenceBackend for Timed {
 
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
+    }
+
+    fn chunking_invariant(&self) -> bool {
+        self.inner.chunking_invariant()
     }
 
     fn step(

@@ -23,6 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = LoadConfig {
         context_length: 8192.max(context + steps + 1),
         kv_cache_bytes: None,
+        parallel: None,
     };
     let options = CudaOptions { device: 0 };
     let mut backend = CudaBackend::load(model.clone(), &options, &config, &mut |_| {})?;

@@ -25,6 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = LoadConfig {
         context_length: 2048,
         kv_cache_bytes: Some(1 << 30),
+        parallel: None,
     };
     let mut backend =
         CudaBackend::load(model.clone(), &CudaOptions { device }, &config, &mut |_| {})?;

@@ -29,10 +29,16 @@ pub fn position_bytes(hp: &HyperParams) -> u64 {
 }
 
 /// The default pool size: what is free after the weights less a headroom (the larger of
-/// [`MIN_HEADROOM`] and a tenth of the device), capped at 64 contexts and 16 GiB. The caller
-/// checks that it holds at least one context.
-pub fn default_bytes(free: u64, total: u64, context_length: usize, position: u64) -> u64 {
+/// [`MIN_HEADROOM`] and a tenth of the device), capped at 64 contexts (or `parallel`, if
+/// more) and 16 GiB. The caller checks that it holds at least one context.
+pub fn default_bytes(
+    free: u64,
+    total: u64,
+    (context_length, parallel): (usize, Option<usize>),
+    position: u64,
+) -> u64 {
     let contexts = MAX_DEFAULT_CONTEXTS
+        .max(parallel.unwrap_or(0) as u64)
         .saturating_mul(context_length as u64)
         .saturating_mul(position);
     free.saturating_sub(headroom(total))
@@ -92,11 +98,25 @@ mod tests {
     #[test]
     fn the_default_pool_keeps_a_headroom_and_its_caps() {
         // 80 GiB device, 70 GiB free: 8 GiB headroom, then the 16 GiB cap.
-        assert_eq!(default_bytes(70 * GIB, 80 * GIB, 8192, 1 << 20), 16 * GIB);
+        assert_eq!(
+            default_bytes(70 * GIB, 80 * GIB, (8192, None), 1 << 20),
+            16 * GIB
+        );
         // 64 contexts of 8192 positions of 1 KiB: 512 MiB.
-        assert_eq!(default_bytes(70 * GIB, 80 * GIB, 8192, 1024), 512 << 20);
+        assert_eq!(
+            default_bytes(70 * GIB, 80 * GIB, (8192, None), 1024),
+            512 << 20
+        );
+        // --parallel 128 raises the cap of 64 contexts to 128.
+        assert_eq!(
+            default_bytes(70 * GIB, 80 * GIB, (8192, Some(128)), 1024),
+            GIB
+        );
         // A small device: at least 1 GiB stays free.
-        assert_eq!(default_bytes(3 * GIB, 4 * GIB, 8192, 1 << 20), 2 * GIB);
-        assert_eq!(default_bytes(GIB / 2, 4 * GIB, 8192, 1 << 20), 0);
+        assert_eq!(
+            default_bytes(3 * GIB, 4 * GIB, (8192, None), 1 << 20),
+            2 * GIB
+        );
+        assert_eq!(default_bytes(GIB / 2, 4 * GIB, (8192, None), 1 << 20), 0);
     }
 }

@@ -131,6 +131,7 @@ impl Load for CudaBackend {
             device: format!("GPU {} ({})", options.device, gpu.name),
             position_bytes: kv::position_bytes(&plan.hp),
             context_length: config.context_length,
+            parallel: config.parallel,
             weight_bytes: tensor_bytes,
             free_at_load: gpu.memory()?.0,
         };
@@ -271,6 +272,8 @@ struct PoolSizing {
     /// Bytes of one position of every layer.
     position_bytes: u64,
     context_length: usize,
+    /// `--parallel`, which raises the default pool's cap.
+    parallel: Option<usize>,
     weight_bytes: u64,
     /// Free device memory before the weights.
     free_at_load: u64,
@@ -323,8 +326,12 @@ impl PoolSizing {
                 bytes
             }
             None => {
-                let bytes =
-                    kv::default_bytes(free, total, self.context_length, self.position_bytes);
+                let bytes = kv::default_bytes(
+                    free,
+                    total,
+                    (self.context_length, self.parallel),
+                    self.position_bytes,
+                );
                 if bytes < self.smallest() {
                     return Err(BackendError::InsufficientMemory {
                         device: self.device.clone(),

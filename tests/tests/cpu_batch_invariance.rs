@@ -40,6 +40,7 @@ impl Fixture {
         let config = LoadConfig {
             context_length: 256,
             kv_cache_bytes: None,
+            parallel: None,
         };
         let backend =
             CpuBackend::load(file, &CpuOptions { threads: 2 }, &config, &mut |_| {}).unwrap();

@@ -30,6 +30,7 @@ impl Worker {
         let config = LoadConfig {
             context_length: model.spec.hparams.context_length,
             kv_cache_bytes: None,
+            parallel: None,
         };
         let options = CpuOptions { threads };
         let backend = CpuBackend::load(model.clone(), &options, &config, &mut |_| {}).unwrap();

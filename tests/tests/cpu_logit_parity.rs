@@ -27,6 +27,7 @@ fn load(model: Model, threads: usize) -> CpuBackend {
     let config = LoadConfig {
         context_length: 4096,
         kv_cache_bytes: None,
+        parallel: None,
     };
     CpuBackend::load(file, &CpuOptions { threads }, &config, &mut |_| {}).unwrap()
 }

@@ -32,6 +32,7 @@ fn smollm2_resident_memory_is_file_plus_kv_plus_64_mib() {
     let config = LoadConfig {
         context_length: model.spec.hparams.context_length,
         kv_cache_bytes: None,
+        parallel: None,
     };
     let options = CpuOptions { threads: 2 };
     let mut backend = CpuBackend::load(model.clone(), &options, &config, &mut |_| {}).unwrap();

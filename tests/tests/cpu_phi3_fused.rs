@@ -84,6 +84,7 @@ fn logits(model: Arc<ModelFile>, tokens: &[u32]) -> Vec<f32> {
     let config = LoadConfig {
         context_length: tokens.len(),
         kv_cache_bytes: None,
+        parallel: None,
     };
     let options = CpuOptions { threads: 2 };
     let mut backend = CpuBackend::load(model, &options, &config, &mut |_| {}).unwrap();

@@ -30,6 +30,7 @@ impl Worker {
         let config = LoadConfig {
             context_length: CONTEXT,
             kv_cache_bytes: None,
+            parallel: None,
         };
         let options = CudaOptions { device: 0 };
         let backend = CudaBackend::load(model, &options, &config, &mut |_| {}).unwrap();

@@ -34,6 +34,7 @@ fn config() -> LoadConfig {
     LoadConfig {
         context_length: CONTEXT,
         kv_cache_bytes: None,
+        parallel: None,
     }
 }
 
@@ -171,6 +172,7 @@ fn memory_is_reported_and_bad_steps_leave_the_backend_usable() {
     let huge = LoadConfig {
         context_length: CONTEXT,
         kv_cache_bytes: Some(1 << 50),
+        parallel: None,
     };
     let refused = CudaBackend::load(file.clone(), &CudaOptions { device: 0 }, &huge, &mut |_| {});
     assert!(

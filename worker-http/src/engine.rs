@@ -125,6 +125,7 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), L
     let config = LoadConfig {
         context_length,
         kv_cache_bytes: settings.kv_cache_mb.map(|mb| mb << 20),
+        parallel: settings.parallel.map(|n| n as usize),
     };
     let backend = B::load(model.clone(), options, &config, &mut progress)?;
     let info = backend.info();

@@ -248,6 +248,9 @@ pub struct LoadConfig {
     /// Bytes for the KV page pool; `None` for the backend's default (what the device has left
     /// after weights and scratch, capped: see each backend's spec).
     pub kv_cache_bytes: Option<u64>,
+    /// Sequences the worker runs at once (`--parallel`), when given: the default pool then holds
+    /// at least that many full contexts (memory allowing), so they run without preemption.
+    pub parallel: Option<usize>,
 }
 
 /// Builds a backend: loading is its own step, apart from running.

@@ -25,8 +25,9 @@ use crate::tokenizer::stream::StreamDecoder;
 pub struct StepContext<'a> {
     /// Token text and end-of-generation ids.
     pub tokenizer: &'a Tokenizer,
-    /// The backend's memory, for `metrics` events.
-    pub memory_bytes: u64,
+    /// The backend's memory, for `metrics` events (asked only when one is due: a GPU backend
+    /// reads it from the driver).
+    pub memory_bytes: &'a dyn Fn() -> u64,
     /// How long the step took.
     pub step_time: Duration,
 }
@@ -193,7 +194,7 @@ impl Sequence {
         }
         if self.last_metrics.elapsed() >= METRICS_INTERVAL {
             self.last_metrics = Instant::now();
-            self.metrics(step.memory_bytes, sink)?;
+            self.metrics((step.memory_bytes)(), sink)?;
         }
         Ok(None)
     }

@@ -210,9 +210,10 @@ impl<J: EventSink> Scheduler<J> {
             tokens: plan.iter().map(|&(_, len)| len).sum(),
             duration: step_time,
         });
+        let memory_bytes = || backend.info().memory.total();
         let step = StepContext {
             tokenizer,
-            memory_bytes: backend.info().memory.total(),
+            memory_bytes: &memory_bytes,
             step_time,
         };
         let mut finished = Vec::new();
