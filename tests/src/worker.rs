@@ -13,8 +13,20 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::assets::Model;
 use crate::bins::binary;
 use crate::http;
+
+/// Runs the black-box tests of one test binary one at a time: each worker takes both cores.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A ready worker on SmolLM2 with `args`.
+pub fn smollm2(args: &[&str]) -> Worker {
+    Worker::ready(&Model::SmolLm2.path(), args)
+}
 
 /// The worker binary under test.
 pub fn worker_binary() -> String {

@@ -6,24 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::time::Instant;
 
-use llorch_tests::assets::Model;
 use llorch_tests::http::{self, EventStream, SseEvent, request};
 use llorch_tests::stream::{assert_well_formed, job, open, run, terminal, text};
-use llorch_tests::worker::{Worker, worker_binary};
+use llorch_tests::worker::{serial, smollm2, worker_binary};
 use serde_json::{Value, json};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn smollm2(args: &[&str]) -> Worker {
-    Worker::ready(&Model::SmolLm2.path(), args)
-}
 
 /// Runs every body at once, one client thread each; returns their events in body order.
 fn run_together(addr: SocketAddr, bodies: &[Value]) -> Vec<Vec<SseEvent>> {

@@ -3,24 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use llorch_tests::assets::Model;
 use llorch_tests::http::{self, EventStream, post_json, request};
 use llorch_tests::stream::{assert_well_formed, job, open, run, terminal, text};
-use llorch_tests::worker::Worker;
+use llorch_tests::worker::{Worker, serial, smollm2};
 use serde_json::{Value, json};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn smollm2(args: &[&str]) -> Worker {
-    Worker::ready(&Model::SmolLm2.path(), args)
-}
 
 /// A job that keeps generating (greedy counting) until cancelled.
 fn long_job(id: &str) -> Value {

@@ -4,26 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use llorch_tests::assets::Model;
 use llorch_tests::http::{self, post_json, request};
 use llorch_tests::pool::{Pool, Requirement};
 use llorch_tests::stream::{job, open, run, terminal, text};
-use llorch_tests::worker::{Worker, worker_binary};
+use llorch_tests::worker::{Worker, serial, smollm2, worker_binary};
 use serde_json::{Value, json};
-
-/// One worker at a time: the tests share two cores.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn smollm2(args: &[&str]) -> Worker {
-    Worker::ready(&Model::SmolLm2.path(), args)
-}
 
 #[test]
 fn streams_have_the_contract_shape_and_stop_reasons() {

@@ -95,18 +95,23 @@ fn tokens(result: &Result<Finished, GenerateError>) -> Vec<u32> {
     result.as_ref().unwrap().tokens.clone()
 }
 
-#[test]
-fn jobs_decode_together_and_each_gets_what_it_gets_alone() {
-    let requests: Vec<_> = (0..4)
-        .map(|i| request(prompt(5 + i * 9, i as u32), 20))
-        .collect();
-    let alone: Vec<_> = requests
+/// The tokens each request gets when it runs alone.
+fn each_alone(requests: &[GenerateRequest]) -> Vec<Vec<u32>> {
+    requests
         .iter()
         .map(|r| {
             let mut backend = ScriptedBackend::new(64, 10, script());
             tokens(&run_all(config(1), &mut backend, vec![r.clone()])[0].1)
         })
+        .collect()
+}
+
+#[test]
+fn jobs_decode_together_and_each_gets_what_it_gets_alone() {
+    let requests: Vec<_> = (0..4)
+        .map(|i| request(prompt(5 + i * 9, i as u32), 20))
         .collect();
+    let alone = each_alone(&requests);
     let mut backend = ScriptedBackend::new(64, 10, script());
     let steps = backend.steps();
     let together = run_all(config(4), &mut backend, requests);
@@ -180,13 +185,7 @@ fn page_exhaustion_preempts_and_every_job_still_ends_once_with_its_tokens() {
     let requests: Vec<_> = (0..12)
         .map(|i| request(prompt(30 + i * 5, i as u32), 40))
         .collect();
-    let alone: Vec<_> = requests
-        .iter()
-        .map(|r| {
-            let mut backend = ScriptedBackend::new(64, 10, script());
-            tokens(&run_all(config(1), &mut backend, vec![r.clone()])[0].1)
-        })
-        .collect();
+    let alone = each_alone(&requests);
     // 14 pages of 16: one sequence needs up to 8, so eight running at once must preempt.
     let mut backend = ScriptedBackend::new(14, 10, script());
     let tokenizer = tiny_tokenizer();
