@@ -21,7 +21,6 @@ use worker_common::backend::{
     MemoryUsage, PageId, StepOutputs, Want, refuse_unapplied_tensors,
 };
 use worker_common::model::ModelFile;
-use worker_common::sampling::greedy_choice;
 
 use forward::{Buffers, Model, Plan};
 use kv::KvPool;
@@ -114,10 +113,7 @@ impl InferenceBackend for CpuBackend {
         outputs: &mut StepOutputs,
     ) -> Result<(), BackendError> {
         let vocab = self.vocab_size();
-        for chunk in chunks {
-            chunk.validate(self.kv.pages(), vocab)?;
-        }
-        outputs.prepare(chunks);
+        outputs.begin(chunks, self.kv.pages())?;
         self.run(chunks, false)?;
         let mut rows = self.buffers.logits.chunks_exact(vocab);
         for (index, chunk) in chunks.iter().enumerate() {
@@ -127,10 +123,7 @@ impl InferenceBackend for CpuBackend {
             let row = rows.next().ok_or_else(|| {
                 BackendError::InvalidInput(format!("no logits computed for chunk {index}"))
             })?;
-            match outputs.logits_mut(index) {
-                Some(out) => out.copy_from_slice(row),
-                None => outputs.set_greedy(index, greedy_choice(row)),
-            }
+            outputs.put_logits(index, row);
         }
         Ok(())
     }

@@ -206,8 +206,8 @@ impl InferenceBackend for CudaBackend {
         chunks: &[Chunk<'_>],
         outputs: &mut StepOutputs,
     ) -> Result<(), BackendError> {
+        outputs.begin(chunks, self.kv.pages)?;
         for chunk in chunks {
-            chunk.validate(self.kv.pages, self.vocab_size())?;
             if chunk.end_pos() > self.kv.context_length {
                 return Err(BackendError::InvalidInput(format!(
                     "position {} is past the context length {}",
@@ -216,7 +216,6 @@ impl InferenceBackend for CudaBackend {
                 )));
             }
         }
-        outputs.prepare(chunks);
         self.gpu.bind()?;
         // Grown once for the step's largest chunk, not chunk by chunk.
         let largest = chunks.iter().map(|c| c.tokens.len()).max().unwrap_or(0);

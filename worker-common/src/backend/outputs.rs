@@ -2,6 +2,7 @@
 //! steps (no allocation per step once warm).
 
 use super::{BackendError, Chunk, Want};
+use crate::sampling::greedy_choice;
 
 /// One chunk's result.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,8 +41,18 @@ impl StepOutputs {
         }
     }
 
-    /// Prepares a slot per chunk (the backend calls this first in every step): a logits row for
-    /// each chunk that wants logits, an unset choice for each that wants the greedy id.
+    /// Starts a step (every backend calls this first): validates each chunk against a pool of
+    /// `kv_pages` pages and the vocabulary, then [`prepare`](Self::prepare)s the slots.
+    pub fn begin(&mut self, chunks: &[Chunk<'_>], kv_pages: usize) -> Result<(), BackendError> {
+        for chunk in chunks {
+            chunk.validate(kv_pages, self.vocab_size)?;
+        }
+        self.prepare(chunks);
+        Ok(())
+    }
+
+    /// Prepares a slot per chunk: a logits row for each chunk that wants logits, an unset
+    /// choice for each that wants the greedy id.
     pub fn prepare(&mut self, chunks: &[Chunk<'_>]) {
         self.slots.clear();
         let mut rows = 0;
@@ -67,6 +78,20 @@ impl StepOutputs {
                 self.logits.get_mut(row * width..(row + 1) * width)
             }
             _ => None,
+        }
+    }
+
+    /// Hands chunk `index` what it wants from the logits of its last position, computed on the
+    /// host: the row itself, or its greedy choice ([`greedy_choice`]); nothing for `Nothing`.
+    pub fn put_logits(&mut self, index: usize, logits: &[f32]) {
+        match self.slots.get(index) {
+            Some(Slot::Logits(_)) => {
+                if let Some(row) = self.logits_mut(index) {
+                    row.copy_from_slice(logits);
+                }
+            }
+            Some(Slot::Greedy(_)) => self.set_greedy(index, greedy_choice(logits)),
+            _ => {}
         }
     }
 
@@ -137,5 +162,38 @@ mod tests {
             Some(ChunkOutput::Logits(&[1.0, 2.0, 3.0]))
         );
         assert!(outputs.get(4).is_err());
+    }
+
+    #[test]
+    fn host_logits_become_the_row_or_the_greedy_choice_and_bad_chunks_are_refused() {
+        let pages = [PageId(0)];
+        let chunk = |want, tokens: &'static [u32]| Chunk {
+            tokens,
+            start_pos: 0,
+            pages: &pages,
+            want,
+        };
+        let mut outputs = StepOutputs::new(3);
+        let chunks = [chunk(Want::Logits, &[1]), chunk(Want::Greedy, &[2])];
+        assert!(outputs.begin(&chunks, 1).is_ok());
+        outputs.put_logits(0, &[0.5, 0.25, 0.0]);
+        outputs.put_logits(1, &[0.0, 2.0, 2.0]);
+        assert_eq!(
+            outputs.get(0).ok(),
+            Some(ChunkOutput::Logits(&[0.5, 0.25, 0.0]))
+        );
+        assert_eq!(
+            outputs.get(1).ok(),
+            Some(ChunkOutput::Greedy(1)),
+            "lowest id on ties"
+        );
+        assert!(
+            outputs.begin(&[chunk(Want::Logits, &[3])], 1).is_err(),
+            "token 3 ≥ vocab 3"
+        );
+        assert!(
+            outputs.begin(&chunks, 0).is_err(),
+            "page 0 outside an empty pool"
+        );
     }
 }

@@ -7,10 +7,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::backend::{
-    BackendError, BackendInfo, Chunk, InferenceBackend, MemoryUsage, PAGE_SIZE, StepOutputs, Want,
+    BackendError, BackendInfo, Chunk, InferenceBackend, MemoryUsage, PAGE_SIZE, StepOutputs,
     page_slot,
 };
-use crate::sampling::greedy_choice;
 
 /// Picks the next token from a sequence's whole history (prompt and generated tokens).
 pub type Script = Arc<dyn Fn(&[u32]) -> u32 + Send + Sync>;
@@ -131,22 +130,10 @@ impl InferenceBackend for ScriptedBackend {
         if self.fail_at_step == Some(done) {
             return Err(BackendError::Device("scripted fault".to_owned()));
         }
-        for chunk in chunks {
-            chunk.validate(self.pool.len(), self.vocab_size)?;
-        }
-        outputs.prepare(chunks);
+        outputs.begin(chunks, self.pool.len())?;
         for (i, chunk) in chunks.iter().enumerate() {
             let history = self.history(chunk)?;
-            let logits = self.logits(&history);
-            match chunk.want {
-                Want::Nothing => {}
-                Want::Greedy => outputs.set_greedy(i, greedy_choice(&logits)),
-                Want::Logits => {
-                    if let Some(row) = outputs.logits_mut(i) {
-                        row.copy_from_slice(&logits);
-                    }
-                }
-            }
+            outputs.put_logits(i, &self.logits(&history));
         }
         Ok(())
     }
