@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 use worker_common::backend::{Chunk, PageId};
+use worker_common::model::AttentionShape;
 
 use crate::kv::{LayerKv, pool_row};
 
@@ -18,23 +19,6 @@ pub struct Row {
     pub pos: usize,
     /// Index of its chunk in the step.
     pub chunk: usize,
-}
-
-/// Shape of one attention call.
-#[derive(Debug, Clone, Copy)]
-pub struct AttentionShape {
-    /// Query heads.
-    pub n_head: usize,
-    /// Key/value heads (grouped-query attention shares each among `n_head / n_head_kv`).
-    pub n_head_kv: usize,
-    /// Query/key head width.
-    pub head_dim_k: usize,
-    /// Value head width.
-    pub head_dim_v: usize,
-    /// Multiplier of `q · k`.
-    pub scale: f32,
-    /// Keys visible to a query at `p`: `p + 1 - window ..= p`; `None` for all of `0..=p`.
-    pub window: Option<usize>,
 }
 
 /// Attention of the query rows `q` (`[row][head][head_dim_k]`) of `rows` over `kv`, each row

@@ -1,63 +1,17 @@
 //! The transformer forward pass for `llama`, `qwen2`, `gemma3` and `phi3`: one code path whose
 //! per-architecture differences (biases, fused projections, Gemma's norms and scales, sliding
-//! windows) come from the loaded [`Weights`] and [`ModelSpec`].
+//! windows) come from the loaded [`Weights`] and the [`ModelPlan`].
 
 use rayon::prelude::*;
 use worker_common::backend::{BackendError, Chunk, Want};
-use worker_common::model::{Architecture, HyperParams, ModelSpec};
+use worker_common::model::{Activation, GateUp, ModelPlan, Qkv};
 
-use crate::attention::{AttentionShape, Row, attention};
+use crate::attention::{Row, attention};
 use crate::kv::{KvPool, pool_row};
 use crate::matmul::{MatmulScratch, matmul, matmul_group};
-use crate::ops::{self, Rope};
+use crate::ops;
 use crate::quant;
-use crate::weights::{GateUp, Layer, Matrix, Qkv, Weights};
-
-/// Per-model constants derived once at load time.
-#[derive(Debug)]
-pub struct Plan {
-    hp: HyperParams,
-    /// Gemma multiplies embeddings by `√n_embd`.
-    embedding_scale: Option<f32>,
-    attention_scale: f32,
-    gelu: bool,
-    rope_global: Rope,
-    rope_sliding: Rope,
-}
-
-impl Plan {
-    /// Derives the constants of `spec`, refusing RoPE scalings we do not implement.
-    pub fn new(spec: &ModelSpec) -> Result<Self, BackendError> {
-        let hp = spec.hparams.clone();
-        let rope = &hp.rope;
-        let freq_scale = match rope.scaling_type.as_str() {
-            "linear" => 1.0 / rope.scaling_factor,
-            "none" => 1.0,
-            _ if rope.scaling_factor == 1.0 => 1.0,
-            other => {
-                return Err(BackendError::Unsupported {
-                    backend: "cpu",
-                    what: format!("RoPE scaling {other:?}"),
-                });
-            }
-        };
-        let gemma = spec.architecture == Architecture::Gemma3;
-        // Gemma 3 27B scales queries by the model width per head, the others by the head width.
-        let scale_dim = if gemma && hp.n_layers == 62 {
-            hp.n_embd / hp.n_head
-        } else {
-            hp.head_dim_k
-        };
-        Ok(Self {
-            embedding_scale: gemma.then(|| (hp.n_embd as f32).sqrt()),
-            attention_scale: 1.0 / (scale_dim as f32).sqrt(),
-            gelu: gemma,
-            rope_global: Rope::new(rope.style, rope.dimensions, rope.freq_base, freq_scale),
-            rope_sliding: Rope::new(rope.style, rope.dimensions, rope.freq_base_swa, 1.0),
-            hp,
-        })
-    }
-}
+use crate::weights::{Layer, Matrix, Weights};
 
 /// Activation buffers, reused across steps so decode steps do not allocate. Row `r` of every
 /// activation is row `r` of the step: the chunks' tokens concatenated.
@@ -111,7 +65,7 @@ impl Buffers {
 /// Everything one forward call reads.
 pub struct Model<'a> {
     /// Derived constants.
-    pub plan: &'a Plan,
+    pub plan: &'a ModelPlan,
     /// Tensor locations.
     pub weights: &'a Weights,
     /// The mapped file.
@@ -254,41 +208,34 @@ impl Model<'_> {
             ops::rms_norm(&mut buf.q, q_norm, hp.norm_eps);
             ops::rms_norm(&mut buf.k, k_norm, hp.norm_eps);
         }
-        let rope = if layer.sliding {
-            &self.plan.rope_sliding
-        } else {
-            &self.plan.rope_global
-        };
+        let layer_plan = &self.plan.layers[il];
+        let rope = &layer_plan.rope;
         let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
         for (t, row) in buf.rows.iter().enumerate() {
-            rope.angles(row.pos, &mut buf.angles);
+            ops::rope_angles(rope, row.pos, &mut buf.angles);
             let q_row = &mut buf.q[t * qw..(t + 1) * qw];
             let k_row = &mut buf.k[t * kw..(t + 1) * kw];
             for head in q_row.chunks_exact_mut(hp.head_dim_k) {
-                rope.apply(head, &buf.angles);
+                ops::rope_apply(rope, head, &buf.angles);
             }
             for head in k_row.chunks_exact_mut(hp.head_dim_k) {
-                rope.apply(head, &buf.angles);
+                ops::rope_apply(rope, head, &buf.angles);
             }
             // Every row's keys and values are stored before any row attends: a prefill row
             // reads those of the rows before it in its chunk.
             let slot = pool_row(chunks[row.chunk].pages, row.pos);
             kv.store(il, slot, k_row, &buf.v[t * vw..(t + 1) * vw]);
         }
-        let shape = AttentionShape {
-            n_head: hp.n_head,
-            n_head_kv: hp.n_head_kv,
-            head_dim_k: hp.head_dim_k,
-            head_dim_v: hp.head_dim_v,
-            scale: self.plan.attention_scale,
-            window: layer
-                .sliding
-                .then(|| hp.sliding_window.as_ref().map(|w| w.size))
-                .flatten(),
-        };
         buf.attn.resize(n * hp.attn_out_width(), 0.0);
         let layer_kv = kv.layer(il);
-        attention(&shape, &buf.q, layer_kv, &buf.rows, chunks, &mut buf.attn);
+        attention(
+            &layer_plan.attention,
+            &buf.q,
+            layer_kv,
+            &buf.rows,
+            chunks,
+            &mut buf.attn,
+        );
         let attn = std::mem::take(&mut buf.attn);
         let result = self.project(
             &layer.attn_output,
@@ -321,11 +268,14 @@ impl Model<'_> {
                 split(&buf.fused, &[qw, kw, vw], &mut parts);
             }
         }
-        if let Some(bias) = &layer.qkv_bias {
-            ops::add_bias(&mut buf.q, &bias[..qw]);
-            ops::add_bias(&mut buf.k, &bias[qw..qw + kw]);
-            ops::add_bias(&mut buf.v, &bias[qw + kw..]);
-        }
+        let (q_bias, k_bias, v_bias) = match &layer.qkv_bias {
+            Some(Qkv::Separate { q, k, v }) => (&q[..], &k[..], &v[..]),
+            Some(Qkv::Fused(bias)) => (&bias[..qw], &bias[qw..qw + kw], &bias[qw + kw..]),
+            None => return Ok(()),
+        };
+        ops::add_bias(&mut buf.q, q_bias);
+        ops::add_bias(&mut buf.k, k_bias);
+        ops::add_bias(&mut buf.v, v_bias);
         Ok(())
     }
 
@@ -344,10 +294,9 @@ impl Model<'_> {
                 split(&buf.fused, &[half, half], &mut parts);
             }
         }
-        let activation = if self.plan.gelu {
-            ops::gelu_tanh
-        } else {
-            ops::silu
+        let activation = match self.plan.activation {
+            Activation::GeluTanh => ops::gelu_tanh,
+            Activation::Silu => ops::silu,
         };
         let gated = |(gate, up): (&mut [f32], &[f32])| {
             for (g, u) in gate.iter_mut().zip(up) {

@@ -18,11 +18,11 @@ use std::sync::Arc;
 
 use worker_common::backend::{
     BackendError, BackendInfo, Chunk, InferenceBackend, Load, LoadConfig, LoadProgress,
-    MemoryUsage, PageId, StepOutputs, Want, refuse_unapplied_tensors,
+    MemoryUsage, PageId, StepOutputs, Want,
 };
-use worker_common::model::ModelFile;
+use worker_common::model::{ModelFile, ModelPlan};
 
-use forward::{Buffers, Model, Plan};
+use forward::{Buffers, Model};
 use kv::KvPool;
 use weights::Weights;
 
@@ -36,7 +36,7 @@ pub struct CpuOptions {
 /// The CPU backend: one loaded model and its KV page pool.
 pub struct CpuBackend {
     model: Arc<ModelFile>,
-    plan: Plan,
+    plan: ModelPlan,
     weights: Weights,
     pool: rayon::ThreadPool,
     kv: KvPool,
@@ -53,9 +53,8 @@ impl Load for CpuBackend {
         config: &LoadConfig,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, BackendError> {
-        refuse_unapplied_tensors(&model, Self::WORKER_TYPE)?;
-        let plan = Plan::new(&model.spec)?;
-        let weights = Weights::from_file(&model.gguf, &model.spec)?;
+        let plan = ModelPlan::new(&model.spec, Self::WORKER_TYPE)?;
+        let weights = weights::from_file(&model.gguf, &model.spec)?;
         let device = cpu_name();
         let hp = &model.spec.hparams;
         // Before the prefault, so that a pool that cannot be had fails the load at once.
@@ -86,7 +85,8 @@ impl InferenceBackend for CpuBackend {
         BackendInfo {
             device: self.device.clone(),
             memory: MemoryUsage {
-                weights: (self.weights.mapped_bytes() + self.weights.copied_bytes()) as u64,
+                weights: (weights::mapped_bytes(&self.weights)
+                    + weights::copied_bytes(&self.weights)) as u64,
                 kv: self.kv.bytes() as u64,
                 scratch: self.buffers.bytes() as u64,
             },

@@ -2,7 +2,7 @@
 //! choice shows in the logits (f64 sum of squares in RMSNorm, RoPE angles by repeated
 //! multiplication, tanh-approximated GELU).
 
-use worker_common::model::RopeStyle;
+use worker_common::model::{RopePlan, RopeStyle};
 
 /// `out = x / rms(x) * weight` for each `weight.len()`-wide row of `x`, in place.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
@@ -61,52 +61,28 @@ pub fn gelu_tanh(x: f32) -> f32 {
     half::f16::from_f32(y).to_f32()
 }
 
-/// Rotary position embedding for one layer type: the angles' scale and the pairing.
-#[derive(Debug, Clone)]
-pub struct Rope {
-    style: RopeStyle,
-    /// Rotated dimensions per head (the rest pass through).
-    dims: usize,
-    /// `base^(-2/dims)`, multiplied up pair by pair as ggml does.
-    theta_scale: f32,
-    /// Linear position scaling (1 when none).
-    freq_scale: f32,
+/// `(cos, sin)` for each of the `rope.dims / 2` pairs at `pos`.
+pub fn rope_angles(rope: &RopePlan, pos: usize, out: &mut Vec<(f32, f32)>) {
+    out.clear();
+    let mut theta = pos as f32;
+    for _ in 0..rope.dims / 2 {
+        let (sin, cos) = (rope.freq_scale * theta).sin_cos();
+        out.push((cos, sin));
+        theta *= rope.theta_scale;
+    }
 }
 
-impl Rope {
-    /// A RoPE over the first `dims` elements of each head with frequency base `base`.
-    pub fn new(style: RopeStyle, dims: usize, base: f32, freq_scale: f32) -> Self {
-        Self {
-            style,
-            dims,
-            theta_scale: base.powf(-2.0 / dims as f32),
-            freq_scale,
-        }
-    }
-
-    /// `(cos, sin)` for each of the `dims / 2` pairs at `pos`.
-    pub fn angles(&self, pos: usize, out: &mut Vec<(f32, f32)>) {
-        out.clear();
-        let mut theta = pos as f32;
-        for _ in 0..self.dims / 2 {
-            let (sin, cos) = (self.freq_scale * theta).sin_cos();
-            out.push((cos, sin));
-            theta *= self.theta_scale;
-        }
-    }
-
-    /// Rotates one head in place with the angles of its position.
-    pub fn apply(&self, head: &mut [f32], angles: &[(f32, f32)]) {
-        let half = self.dims / 2;
-        for (i, &(cos, sin)) in angles.iter().enumerate() {
-            let (a, b) = match self.style {
-                RopeStyle::Normal => (2 * i, 2 * i + 1),
-                RopeStyle::Neox => (i, i + half),
-            };
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos - x1 * sin;
-            head[b] = x0 * sin + x1 * cos;
-        }
+/// Rotates one head in place with the angles of its position.
+pub fn rope_apply(rope: &RopePlan, head: &mut [f32], angles: &[(f32, f32)]) {
+    let half = rope.dims / 2;
+    for (i, &(cos, sin)) in angles.iter().enumerate() {
+        let (a, b) = match rope.style {
+            RopeStyle::Normal => (2 * i, 2 * i + 1),
+            RopeStyle::Neox => (i, i + half),
+        };
+        let (x0, x1) = (head[a], head[b]);
+        head[a] = x0 * cos - x1 * sin;
+        head[b] = x0 * sin + x1 * cos;
     }
 }
 
@@ -134,33 +110,42 @@ mod tests {
     #[test]
     fn rope_position_zero_is_identity_and_preserves_norm() {
         for style in [RopeStyle::Normal, RopeStyle::Neox] {
-            let rope = Rope::new(style, 8, 10_000.0, 1.0);
+            let rope = rope_plan(style, 8);
             let head: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
             let mut angles = Vec::new();
-            rope.angles(0, &mut angles);
+            rope_angles(&rope, 0, &mut angles);
             let mut rotated = head.clone();
-            rope.apply(&mut rotated, &angles);
+            rope_apply(&rope, &mut rotated, &angles);
             assert_eq!(rotated, head);
-            rope.angles(17, &mut angles);
-            rope.apply(&mut rotated, &angles);
+            rope_angles(&rope, 17, &mut angles);
+            rope_apply(&rope, &mut rotated, &angles);
             let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>();
             assert!((norm(&rotated) - norm(&head)).abs() < 1e-3);
             assert_ne!(rotated, head);
         }
     }
 
+    fn rope_plan(style: RopeStyle, dims: usize) -> RopePlan {
+        RopePlan {
+            style,
+            dims,
+            theta_scale: 10_000f32.powf(-2.0 / dims as f32),
+            freq_scale: 1.0,
+        }
+    }
+
     #[test]
     fn rope_pairs_by_style() {
         let mut angles = Vec::new();
-        let normal = Rope::new(RopeStyle::Normal, 4, 10_000.0, 1.0);
-        normal.angles(1, &mut angles);
+        let normal = rope_plan(RopeStyle::Normal, 4);
+        rope_angles(&normal, 1, &mut angles);
         // Pair 0 rotates by one radian: elements (0, 1) for Normal, (0, 2) for NEOX.
         let mut head = [1.0, 0.0, 0.0, 0.0];
-        normal.apply(&mut head, &angles);
+        rope_apply(&normal, &mut head, &angles);
         assert!((head[1] - 1f32.sin()).abs() < 1e-6 && head[2] == 0.0);
-        let neox = Rope::new(RopeStyle::Neox, 4, 10_000.0, 1.0);
+        let neox = rope_plan(RopeStyle::Neox, 4);
         let mut head = [1.0, 0.0, 0.0, 0.0];
-        neox.apply(&mut head, &angles);
+        rope_apply(&neox, &mut head, &angles);
         assert!((head[2] - 1f32.sin()).abs() < 1e-6 && head[1] == 0.0);
     }
 

@@ -1,18 +1,16 @@
 //! The transformer forward pass on the GPU for `llama`, `qwen2`, `gemma3` and `phi3`, step for
 //! step the CPU backend's (backend-cpu/src/forward.rs), with its per-architecture differences
-//! coming from the loaded [`Weights`] and the [`Plan`].
+//! coming from the loaded [`Weights`] and the [`ModelPlan`].
 
 use worker_common::backend::{BackendError, Chunk, PAGE_SIZE, Want};
-use worker_common::model::{Architecture, HyperParams, ModelSpec, RopeStyle};
+use worker_common::model::{Activation, GateUp, ModelPlan, Qkv, RopePlan};
 
 use crate::device::{Gpu, device_error};
 use crate::kv::KvPool;
-use crate::ops::{
-    AttentionShape, DeviceMatrix, LayerKv, Projection, RopeParams, RopeStore, RowNorm, SplitScratch,
-};
+use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch};
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, prequantized};
 use crate::scratch::{Act, DecodeGraph, Scratch};
-use crate::weights::{DeviceVector, GateUp, Layer, Qkv, Weights};
+use crate::weights::{DeviceVector, Layer, Weights};
 
 /// From this many tokens, a projection dequantizes its matrix once into f32 scratch and runs
 /// cuBLAS SGEMM; below it, the GEMV kernels read the quantized weights directly per token.
@@ -23,76 +21,26 @@ pub const GEMM_MIN_TOKENS: usize = 17;
 /// Largest head width the attention kernel holds in registers (`MAX_HEAD` in attention.cu).
 const MAX_HEAD_DIM: usize = 256;
 
-/// Per-model constants derived once at load time.
-#[derive(Debug)]
-pub struct Plan {
-    /// Hyper-parameters.
-    pub hp: HyperParams,
-    embedding_scale: f32,
-    attention_scale: f32,
-    gelu: bool,
-    rope_global: RopeParams,
-    rope_sliding: RopeParams,
-    /// Whether a projection is fused (QKV or gate-up), needing the `Fused` buffer.
-    pub fused: bool,
-}
-
-impl Plan {
-    /// Derives the constants of `spec`, refusing what the kernels cannot run.
-    pub fn new(spec: &ModelSpec) -> Result<Self, BackendError> {
-        let hp = spec.hparams.clone();
-        let rope = &hp.rope;
-        let unsupported = |what: String| BackendError::Unsupported {
-            backend: "bespoke-cuda",
-            what,
-        };
-        let freq_scale = match rope.scaling_type.as_str() {
-            "linear" => 1.0 / rope.scaling_factor,
-            "none" => 1.0,
-            _ if rope.scaling_factor == 1.0 => 1.0,
-            other => return Err(unsupported(format!("RoPE scaling {other:?}"))),
-        };
-        for (what, dim) in [("key", hp.head_dim_k), ("value", hp.head_dim_v)] {
-            if !dim.is_multiple_of(32) || dim > MAX_HEAD_DIM {
-                return Err(unsupported(format!(
-                    "{what} head width {dim} (must be a multiple of 32 up to {MAX_HEAD_DIM})"
-                )));
-            }
-        }
-        if !rope.dimensions.is_multiple_of(2) || rope.dimensions > hp.head_dim_k {
+/// Refuses what the kernels cannot run: head widths beyond the attention kernel's registers,
+/// RoPE over an odd or too wide span.
+pub fn check_supported(plan: &ModelPlan) -> Result<(), BackendError> {
+    let hp = &plan.hp;
+    let unsupported = |what: String| BackendError::Unsupported {
+        backend: "bespoke-cuda",
+        what,
+    };
+    for (what, dim) in [("key", hp.head_dim_k), ("value", hp.head_dim_v)] {
+        if !dim.is_multiple_of(32) || dim > MAX_HEAD_DIM {
             return Err(unsupported(format!(
-                "RoPE over {} dimensions",
-                rope.dimensions
+                "{what} head width {dim} (must be a multiple of 32 up to {MAX_HEAD_DIM})"
             )));
         }
-        let gemma = spec.architecture == Architecture::Gemma3;
-        // Gemma 3 27B scales queries by the model width per head, the others by the head width.
-        let scale_dim = if gemma && hp.n_layers == 62 {
-            hp.n_embd / hp.n_head
-        } else {
-            hp.head_dim_k
-        };
-        let rope_params = |base: f32, freq_scale: f32| RopeParams {
-            dims: rope.dimensions,
-            theta_scale: base.powf(-2.0 / rope.dimensions as f32),
-            freq_scale,
-            neox: rope.style == RopeStyle::Neox,
-        };
-        Ok(Self {
-            embedding_scale: if gemma {
-                (hp.n_embd as f32).sqrt()
-            } else {
-                1.0
-            },
-            attention_scale: 1.0 / (scale_dim as f32).sqrt(),
-            gelu: gemma,
-            rope_global: rope_params(rope.freq_base, freq_scale),
-            rope_sliding: rope_params(rope.freq_base_swa, 1.0),
-            fused: spec.architecture.fused_gate_up()
-                || spec.qkv_layout == worker_common::model::QkvLayout::Fused,
-            hp,
-        })
     }
+    let rope_dims = hp.rope.dimensions;
+    if !rope_dims.is_multiple_of(2) || rope_dims > hp.head_dim_k {
+        return Err(unsupported(format!("RoPE over {rope_dims} dimensions")));
+    }
+    Ok(())
 }
 
 /// Everything one forward call reads.
@@ -100,7 +48,7 @@ pub struct Model<'a> {
     /// The device.
     pub gpu: &'a Gpu,
     /// Derived constants.
-    pub plan: &'a Plan,
+    pub plan: &'a ModelPlan,
     /// The tensors.
     pub weights: &'a Weights,
     /// The KV page pool.
@@ -132,7 +80,7 @@ impl Model<'_> {
             .pages
             .get(..chunk.end_pos().div_ceil(PAGE_SIZE))
             .ok_or_else(|| BackendError::InvalidInput("a page table too short".to_owned()))?;
-        scratch.reserve(self.gpu, self.plan, self.weights, n)?;
+        scratch.reserve(self.gpu, self.plan, n)?;
         scratch.upload_step(self.gpu, pos, chunk.tokens, pages)?;
         let splits = decode_splits(chunk.end_pos());
         if n > 1 {
@@ -163,7 +111,7 @@ impl Model<'_> {
             &self.weights.token_embd,
             n,
             Some(s.ptr(Act::Step) + 4),
-            self.plan.embedding_scale,
+            self.plan.embedding_scale.unwrap_or(1.0),
             s.ptr(Act::X),
         )?;
         for (il, layer) in self.weights.layers.iter().enumerate() {
@@ -306,15 +254,6 @@ impl Model<'_> {
         self.gpu.add(x, projected, n * hp.n_embd)
     }
 
-    /// The RoPE of `layer` (sliding-window layers have their own base).
-    fn rope(&self, layer: &Layer) -> RopeParams {
-        if layer.sliding {
-            self.plan.rope_sliding
-        } else {
-            self.plan.rope_global
-        }
-    }
-
     /// Q, K and V of the `n` tokens into [`Act::Q`], [`Act::K`], [`Act::V`].
     fn qkv(
         &self,
@@ -333,24 +272,23 @@ impl Model<'_> {
                 k: wk,
                 v: wv,
             } => {
-                let bias = |i: usize| layer.qkv_bias.as_ref().map(|b| b[i].ptr);
                 let parts: Vec<Projection<'_>> = [(wq, q), (wk, k), (wv, v)]
                     .into_iter()
-                    .enumerate()
-                    .map(|(i, (w, out))| Projection {
-                        w,
-                        bias: bias(i),
-                        out,
-                    })
+                    .zip(separate_biases(layer))
+                    .map(|((w, out), bias)| Projection { w, bias, out })
                     .collect();
                 self.project(&parts, input, norm, n, s)
             }
-            Qkv::Fused(w, bias) => {
+            Qkv::Fused(w) => {
                 let fused = s.ptr(Act::Fused);
                 let width = qw + kw + vw;
+                let bias = match &layer.qkv_bias {
+                    Some(Qkv::Fused(bias)) => Some(bias.ptr),
+                    _ => None,
+                };
                 let part = Projection {
                     w,
-                    bias: bias.map(|b| b.ptr),
+                    bias,
                     out: fused,
                 };
                 self.project(&[part], input, norm, n, s)?;
@@ -369,6 +307,7 @@ impl Model<'_> {
     fn qkv_with_rope(
         &self,
         layer: &Layer,
+        rope: RopePlan,
         input: u64,
         norm: Option<RowNorm>,
         n: usize,
@@ -384,24 +323,19 @@ impl Model<'_> {
         }
         let hp = &self.plan.hp;
         let target = RopeTarget {
-            rope: self.rope(layer),
+            rope,
             head_dim: hp.head_dim_k,
             pos: s.ptr(Act::Step),
             pages: kv.pages,
             k_cache: kv.k,
             v_cache: kv.v,
         };
-        let bias = |i: usize| layer.qkv_bias.as_ref().map(|b| b[i].ptr);
         let outs = [s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V)];
         let parts = [q, k, v]
             .into_iter()
             .zip(outs)
-            .enumerate()
-            .map(|(i, (w, out))| Projection {
-                w,
-                bias: bias(i),
-                out,
-            });
+            .zip(separate_biases(layer))
+            .map(|((w, out), bias)| Projection { w, bias, out });
         let parts: Vec<Projection<'_>> = parts.collect();
         self.qgemv(&parts, input, norm, n, QgemvMode::Rope(target), s)?;
         Ok(true)
@@ -426,7 +360,8 @@ impl Model<'_> {
             pages: s.pages_ptr(),
         };
         let pos = s.ptr(Act::Step);
-        if !self.qkv_with_rope(layer, input, norm, n, &kv, s)? {
+        let layer_plan = &self.plan.layers[il];
+        if !self.qkv_with_rope(layer, layer_plan.rope, input, norm, n, &kv, s)? {
             self.qkv(layer, input, norm, n, s)?;
             if let Some((q_norm, k_norm)) = &layer.qk_norm {
                 gpu.rms_norm(q, q_norm.ptr, q, n * hp.n_head, hp.head_dim_k, hp.norm_eps)?;
@@ -453,19 +388,8 @@ impl Model<'_> {
                 head_dim: hp.head_dim_k,
                 v_width: hp.v_width(),
             };
-            gpu.rope_store(&store, &self.rope(layer))?;
+            gpu.rope_store(&store, &layer_plan.rope)?;
         }
-        let shape = AttentionShape {
-            n_head: hp.n_head,
-            n_head_kv: hp.n_head_kv,
-            head_dim_k: hp.head_dim_k,
-            head_dim_v: hp.head_dim_v,
-            scale: self.plan.attention_scale,
-            window: layer
-                .sliding
-                .then(|| hp.sliding_window.as_ref().map(|w| w.size))
-                .flatten(),
-        };
         let attn = s.ptr(Act::Attn);
         let split = SplitScratch {
             splits,
@@ -473,7 +397,7 @@ impl Model<'_> {
             counters: s.ptr(Act::Counters),
         };
         let split = (n < GEMM_MIN_TOKENS).then_some(&split);
-        gpu.attention(&shape, q, &kv, attn, n, pos, split)?;
+        gpu.attention(&layer_plan.attention, q, &kv, attn, n, pos, split)?;
         self.residual(
             &layer.attn_output,
             attn,
@@ -519,7 +443,7 @@ impl Model<'_> {
         out: u64,
         s: &Scratch,
     ) -> Result<(), BackendError> {
-        let gelu = self.plan.gelu;
+        let gelu = self.plan.activation == Activation::GeluTanh;
         if has_qgemv(gate.ggml_type) {
             let parts = [gate, up].map(|w| Projection { w, bias: None, out });
             return self.qgemv(&parts, input, norm, n, QgemvMode::Gated { gelu }, s);
@@ -531,7 +455,7 @@ impl Model<'_> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
         let (gate, up) = (s.ptr(Act::Gate), s.ptr(Act::Up));
-        let (ff, gelu) = (hp.n_ff, self.plan.gelu);
+        let (ff, gelu) = (hp.n_ff, self.plan.activation == Activation::GeluTanh);
         let (input, norm) = self.normalized(s.ptr(Act::X), &layer.ffn_norm, n, s)?;
         let gemv = n < GEMM_MIN_TOKENS;
         match &layer.gate_up {
@@ -594,4 +518,12 @@ fn decode_splits(end_pos: usize) -> usize {
 /// Whether two matrices can share one GEMV launch (same format and row shape).
 fn same_layout(a: &DeviceMatrix, b: &DeviceMatrix) -> bool {
     a.ggml_type == b.ggml_type && a.cols == b.cols && a.row_bytes == b.row_bytes
+}
+
+/// The device addresses of separate Q, K and V biases (none when the model has none).
+fn separate_biases(layer: &Layer) -> [Option<u64>; 3] {
+    match &layer.qkv_bias {
+        Some(Qkv::Separate { q, k, v }) => [Some(q.ptr), Some(k.ptr), Some(v.ptr)],
+        _ => [None; 3],
+    }
 }

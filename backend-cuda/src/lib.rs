@@ -29,15 +29,15 @@ use std::sync::Arc;
 
 use worker_common::backend::{
     BackendError, BackendInfo, Chunk, GpuInfo, InferenceBackend, Load, LoadConfig, LoadProgress,
-    MemoryUsage, PAGE_SIZE, StepOutputs, Want, refuse_unapplied_tensors,
+    MemoryUsage, PAGE_SIZE, StepOutputs, Want,
 };
-use worker_common::model::ModelFile;
+use worker_common::model::{ModelFile, ModelPlan};
 
 use device::Gpu;
-use forward::{Model, Plan};
+use forward::Model;
 use kv::KvPool;
 use scratch::Scratch;
-use weights::Weights;
+use weights::DeviceWeights;
 
 /// Why the CUDA backend cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -88,8 +88,8 @@ pub struct CudaOptions {
 /// The CUDA backend: one model in VRAM, its KV page pool, and the scratch every chunk runs
 /// through in turn.
 pub struct CudaBackend {
-    plan: Plan,
-    weights: Weights,
+    plan: ModelPlan,
+    weights: DeviceWeights,
     kv: KvPool,
     scratch: Scratch,
     /// Fixed bytes the loaded backend holds besides the weight buffers: cuBLAS's workspace, and
@@ -117,8 +117,8 @@ impl Load for CudaBackend {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, BackendError> {
         check_libraries().map_err(|e| BackendError::Device(e.to_string()))?;
-        refuse_unapplied_tensors(&model, Self::WORKER_TYPE)?;
-        let plan = Plan::new(&model.spec)?;
+        let plan = ModelPlan::new(&model.spec, Self::WORKER_TYPE)?;
+        forward::check_supported(&plan)?;
         if config.context_length == 0 || i32::try_from(config.context_length).is_err() {
             return Err(BackendError::InvalidInput(format!(
                 "context length {}",
@@ -145,9 +145,12 @@ impl Load for CudaBackend {
         let pool_at_load = gpu.pool_reserved()?;
         Ok(Self {
             plan,
-            weights,
             kv,
-            scratch: Scratch::new(config.context_length.div_ceil(PAGE_SIZE)),
+            scratch: Scratch::new(
+                config.context_length.div_ceil(PAGE_SIZE),
+                weights.max_layer_matrix,
+            ),
+            weights,
             runtime,
             pool_at_load,
             ordinal: options.device,
@@ -220,12 +223,12 @@ impl InferenceBackend for CudaBackend {
         // Grown once for the step's largest chunk, not chunk by chunk.
         let largest = chunks.iter().map(|c| c.tokens.len()).max().unwrap_or(0);
         self.scratch
-            .reserve(&self.gpu, &self.plan, &self.weights, largest)?;
+            .reserve(&self.gpu, &self.plan, largest)?;
         for (i, chunk) in chunks.iter().enumerate() {
             let model = Model {
                 gpu: &self.gpu,
                 plan: &self.plan,
-                weights: &self.weights,
+                weights: &self.weights.tensors,
                 kv: &self.kv,
             };
             model.forward(chunk, &mut self.scratch)?;
@@ -365,7 +368,7 @@ fn runtime_bytes(gpu: &Gpu, buffers: u64) -> Result<u64, BackendError> {
 
 /// Checks that the driver reports every weight allocation as device memory (never host or
 /// managed memory that would page over the bus), and logs the result.
-fn check_residency(weights: &Weights) -> Result<(), BackendError> {
+fn check_residency(weights: &DeviceWeights) -> Result<(), BackendError> {
     let mut off_device = 0usize;
     for buffer in &weights.buffers {
         if !Gpu::is_device_memory(buffer)? {

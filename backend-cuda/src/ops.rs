@@ -3,6 +3,7 @@
 
 use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
+use worker_common::model::{AttentionShape, RopePlan, RopeStyle};
 
 use crate::device::{Arg, Gpu};
 
@@ -232,7 +233,7 @@ impl Gpu {
 
     /// RoPE of `n` tokens' query and key heads at positions `*pos..` (`pos`: a device `int`),
     /// then their keys and values (f32) into one layer's f16 pool through the page table.
-    pub fn rope_store(&self, t: &RopeStore, rope: &RopeParams) -> Result<(), BackendError> {
+    pub fn rope_store(&self, t: &RopeStore, rope: &RopePlan) -> Result<(), BackendError> {
         let args = [
             Arg::Ptr(t.q),
             Arg::Ptr(t.k),
@@ -247,7 +248,7 @@ impl Gpu {
             Arg::I32(int(rope.dims)?),
             Arg::F32(rope.theta_scale),
             Arg::F32(rope.freq_scale),
-            Arg::I32(i32::from(rope.neox)),
+            Arg::I32(i32::from(rope.style == RopeStyle::Neox)),
             Arg::I32(int(t.v_width)?),
         ];
         self.launch(
@@ -464,19 +465,6 @@ pub struct RopeStore {
     pub v_width: usize,
 }
 
-/// RoPE of one layer type, as the kernel takes it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RopeParams {
-    /// Rotated dimensions per head.
-    pub dims: usize,
-    /// `base^(-2/dims)`, multiplied up pair by pair (computed on the host as the CPU backend).
-    pub theta_scale: f32,
-    /// Linear position scaling (1 when none).
-    pub freq_scale: f32,
-    /// NEOX pairing (i, i + dims/2) instead of (2i, 2i + 1).
-    pub neox: bool,
-}
-
 /// RMSNorm a GEMV applies to its input rows itself (see [`RowNorm::fits`]).
 #[derive(Debug, Clone, Copy)]
 pub struct RowNorm {
@@ -530,21 +518,4 @@ impl SplitScratch {
     pub fn splits_for(max_len: usize) -> usize {
         max_len.div_ceil(SPLIT_CHUNK).clamp(1, MAX_SPLITS)
     }
-}
-
-/// Shape of one attention call.
-#[derive(Debug, Clone, Copy)]
-pub struct AttentionShape {
-    /// Query heads.
-    pub n_head: usize,
-    /// Key/value heads.
-    pub n_head_kv: usize,
-    /// Query/key head width (a multiple of 32, at most 256).
-    pub head_dim_k: usize,
-    /// Value head width (likewise).
-    pub head_dim_v: usize,
-    /// Multiplier of `q · k`.
-    pub scale: f32,
-    /// Sliding window length, `None` for global attention.
-    pub window: Option<usize>,
 }

@@ -4,9 +4,10 @@
 
 use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
+use worker_common::model::{RopePlan, RopeStyle};
 
 use crate::device::{Arg, Gpu};
-use crate::ops::{DeviceMatrix, Projection, RopeParams, RowNorm};
+use crate::ops::{DeviceMatrix, Projection, RowNorm};
 
 /// Warps per block (`QG_WARPS` in qgemv.cu).
 const WARPS: usize = 8;
@@ -71,7 +72,7 @@ pub enum QgemvMode {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeTarget {
     /// The rotation.
-    pub rope: RopeParams,
+    pub rope: RopePlan,
     /// Query/key head width.
     pub head_dim: usize,
     /// Device address of the `int` position of the first token.
@@ -282,7 +283,7 @@ fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), BackendError> {
         Arg::I32(int(rope.dims)?),
         Arg::F32(rope.theta_scale),
         Arg::F32(rope.freq_scale),
-        Arg::I32(i32::from(rope.neox)),
+        Arg::I32(i32::from(rope.style == RopeStyle::Neox)),
     ]);
     Ok(())
 }

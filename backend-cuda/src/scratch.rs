@@ -4,12 +4,12 @@
 
 use cudarc::driver::{CudaGraph, PinnedHostSlice};
 use worker_common::backend::{BackendError, PageId};
+use worker_common::model::ModelPlan;
 
 use crate::device::{Buffer, Gpu, device_error};
-use crate::forward::{GEMM_MIN_TOKENS, Plan};
+use crate::forward::GEMM_MIN_TOKENS;
 use crate::ops::{ArgmaxScratch, SplitScratch};
 use crate::qgemv::quantized_row_bytes;
-use crate::weights::Weights;
 
 /// Indices into the activation buffers.
 #[derive(Clone, Copy)]
@@ -67,6 +67,8 @@ unsafe impl Send for DecodeGraph {}
 
 /// Activation buffers, grown to the largest chunk and reused.
 pub struct Scratch {
+    /// Elements of the largest layer matrix: the prefill's dequantization buffer holds one.
+    max_layer_matrix: usize,
     tokens: usize,
     /// Entries of the page table in [`Act::Step`]: the pages of the longest sequence.
     table_pages: usize,
@@ -83,8 +85,9 @@ pub struct Scratch {
 
 impl Scratch {
     /// No buffers yet, for page tables of up to `table_pages` entries.
-    pub fn new(table_pages: usize) -> Self {
+    pub fn new(table_pages: usize, max_layer_matrix: usize) -> Self {
         Self {
+            max_layer_matrix,
             tokens: 0,
             table_pages,
             staging: Vec::new(),
@@ -121,13 +124,7 @@ impl Scratch {
 
     /// Makes room for `n` tokens (and the SGEMM scratch when `n` takes that path); a
     /// reallocation drops the captured step, whose launches name the old addresses.
-    pub fn reserve(
-        &mut self,
-        gpu: &Gpu,
-        plan: &Plan,
-        weights: &Weights,
-        n: usize,
-    ) -> Result<(), BackendError> {
+    pub fn reserve(&mut self, gpu: &Gpu, plan: &ModelPlan, n: usize) -> Result<(), BackendError> {
         let hp = &plan.hp;
         if n > self.tokens {
             self.decode.clear();
@@ -178,7 +175,7 @@ impl Scratch {
             self.logits = Some(gpu.alloc_pinned(hp.vocab_size + 1)?);
         }
         if n >= GEMM_MIN_TOKENS && self.dequant.is_none() {
-            self.dequant = Some(gpu.alloc(weights.max_layer_matrix * 4, "prefill scratch")?);
+            self.dequant = Some(gpu.alloc(self.max_layer_matrix * 4, "prefill scratch")?);
         }
         Ok(())
     }

@@ -6,12 +6,12 @@
 use backend_cpu::quant;
 use worker_common::backend::PAGE_SIZE;
 use worker_common::gguf::GgmlType;
+use worker_common::model::{AttentionShape, RopePlan, RopeStyle};
 
 use crate::device::{Buffer, Gpu};
 use crate::module::{self, WEIGHT_TYPES};
 use crate::ops::{
-    ArgmaxScratch, AttentionShape, DeviceMatrix, LayerKv, Projection, RopeParams, RopeStore,
-    RowNorm, SplitScratch,
+    ArgmaxScratch, DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch,
 };
 
 /// xorshift64*: reproducible random inputs without a dependency.
@@ -362,11 +362,15 @@ fn rms_norm_and_rope_match_the_reference() {
     // Queries and keys share the rotation; keys and values then land in the f16 cache.
     let (n, heads, kv_heads, head_dim, start) = (4, 3, 1, 64, 1000);
     for neox in [false, true] {
-        let rope = RopeParams {
+        let rope = RopePlan {
+            style: if neox {
+                RopeStyle::Neox
+            } else {
+                RopeStyle::Normal
+            },
             dims: head_dim,
             theta_scale: 10_000f32.powf(-2.0 / head_dim as f32),
             freq_scale: 1.0,
-            neox,
         };
         let (qw, kw) = (heads * head_dim, kv_heads * head_dim);
         let q = rng.floats(n * qw);

@@ -6,9 +6,10 @@
 
 use backend_cpu::quant::{self, activation};
 use worker_common::gguf::GgmlType;
+use worker_common::model::{RopePlan, RopeStyle};
 
 use crate::device::Buffer;
-use crate::ops::{DeviceMatrix, Projection, RopeParams, RopeStore, RowNorm};
+use crate::ops::{DeviceMatrix, Projection, RopeStore, RowNorm};
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, get, gpu, put, random_weights, rel_error, to_bytes};
 
@@ -302,11 +303,15 @@ fn qgemv_rope_equals_projection_then_rope_store() {
     let zeros = |floats: usize| put(&gpu, &vec![0u8; floats * 4]);
     let cache_floats = |rows: usize| pages.rows * rows / 2;
     for (neox, dims) in [(true, 64), (false, 64), (true, 32), (false, 32)] {
-        let rope = RopeParams {
+        let rope = RopePlan {
+            style: if neox {
+                RopeStyle::Neox
+            } else {
+                RopeStyle::Normal
+            },
             dims,
             theta_scale: 10000f32.powf(-2.0 / dims as f32),
             freq_scale: 1.0,
-            neox,
         };
         // Reference: the projections, then rope_store.
         let outs: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();

@@ -116,37 +116,6 @@ impl LoadProgress {
     }
 }
 
-/// Tensors some architectures may carry that no backend applies yet; refusing them at load is
-/// better than silently computing something else than llama.cpp.
-const UNAPPLIED_OPTIONAL_TENSORS: [&str; 7] = [
-    "attn_output.bias",
-    "ffn_gate.bias",
-    "ffn_up.bias",
-    "ffn_down.bias",
-    "rope_freqs.weight",
-    "rope_factors_long.weight",
-    "rope_factors_short.weight",
-];
-
-/// Refuses a model carrying a tensor the backends do not apply (`backend` is its `WORKER_TYPE`).
-pub fn refuse_unapplied_tensors(
-    model: &ModelFile,
-    backend: &'static str,
-) -> Result<(), BackendError> {
-    let unapplied = model.gguf.tensors().find(|tensor| {
-        UNAPPLIED_OPTIONAL_TENSORS
-            .iter()
-            .any(|suffix| tensor.name.ends_with(suffix))
-    });
-    match unapplied {
-        Some(tensor) => Err(BackendError::Unsupported {
-            backend,
-            what: format!("tensor {}", tensor.name),
-        }),
-        None => Ok(()),
-    }
-}
-
 /// Positions per KV page, for every backend: small enough that a sequence wastes little of its
 /// last page, large enough that page tables stay short (an 8192-position sequence has 512).
 pub const PAGE_SIZE: usize = 16;

@@ -6,7 +6,9 @@
 
 mod arch;
 mod hparams;
+mod plan;
 mod tensors;
+mod weights;
 
 use std::fmt;
 use std::path::Path;
@@ -15,7 +17,9 @@ use crate::gguf::{Gguf, GgufError, file_type_label};
 
 pub use arch::{Architecture, RopeStyle};
 pub use hparams::{HyperParams, MAX_COUNT, Rope, SlidingWindow};
+pub use plan::{Activation, AttentionShape, LayerPlan, ModelPlan, RopePlan};
 pub use tensors::{Presence, QkvLayout, TensorSpec};
+pub use weights::{GateUp, Layer, MatrixTensor, Qkv, TensorSource, VectorTensor, Weights};
 
 /// Why a GGUF file is not a model we can run.
 #[derive(Debug, thiserror::Error)]
