@@ -222,8 +222,7 @@ impl InferenceBackend for CudaBackend {
         self.gpu.bind()?;
         // Grown once for the step's largest chunk, not chunk by chunk.
         let largest = chunks.iter().map(|c| c.tokens.len()).max().unwrap_or(0);
-        self.scratch
-            .reserve(&self.gpu, &self.plan, largest)?;
+        self.scratch.reserve(&self.gpu, &self.plan, largest)?;
         for (i, chunk) in chunks.iter().enumerate() {
             let model = Model {
                 gpu: &self.gpu,

@@ -25,6 +25,9 @@ pub use flags::{CommonFlags, LogFormat};
 pub use server::StartError;
 use worker_common::backend::Load;
 
+/// How long the exit waits for blocking tasks once the server has stopped.
+const RUNTIME_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Runs a worker over backend `B` until it has drained: exit code 0 after a shutdown, 1 when
 /// start-up fails (model load, memory, listener, callback).
 pub fn run<B: Load>(flags: CommonFlags, options: B::Options) -> ExitCode {
@@ -47,7 +50,11 @@ pub fn run<B: Load>(flags: CommonFlags, options: B::Options) -> ExitCode {
     };
     let model_ref = flags.model.display().to_string();
     let worker_id = flags.worker_id.clone();
-    match runtime.block_on(server::serve::<B>(flags, options)) {
+    let served = runtime.block_on(server::serve::<B>(flags, options));
+    // A blocking task still running (a request's render, the engine's join after the drain gave
+    // up on it) must not keep the process from exiting.
+    runtime.shutdown_timeout(RUNTIME_STOP_TIMEOUT);
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(

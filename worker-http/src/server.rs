@@ -208,9 +208,24 @@ async fn drain(shared: &Arc<Shared>, engine: JoinHandle<()>) {
             "grace over: cancelling the running jobs"
         );
         shared.queue.cancel_running();
-        let _ = joined.await;
+        // Cancelled jobs leave at the next step boundary; a step that never ends must not keep
+        // the process from exiting.
+        if tokio::time::timeout(ENGINE_STOP_TIMEOUT, joined)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                event = "shutdown",
+                worker_id,
+                "the engine did not stop within {}s of the cancel; exiting without it",
+                ENGINE_STOP_TIMEOUT.as_secs()
+            );
+        }
     }
 }
+
+/// How long the drain waits for the engine after cancelling its running jobs.
+const ENGINE_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Turns SIGTERM and SIGINT into a drain.
 async fn forward_signals(shared: Arc<Shared>) {

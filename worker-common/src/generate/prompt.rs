@@ -18,6 +18,22 @@ pub enum PromptError {
     Tokenizer(#[from] TokenizerError),
 }
 
+/// Renders a short conversation once at load, so that a template that cannot finish within its
+/// budget refuses the model instead of failing every request. Other render errors (a template
+/// that refuses a system message, say) are left to the requests they concern.
+fn probe(template: &ChatTemplate) -> Result<(), TemplateError> {
+    let conversation = [
+        ChatMessage::new("system", "You are a helpful assistant."),
+        ChatMessage::new("user", "Hello!"),
+        ChatMessage::new("assistant", "Hi. How can I help?"),
+        ChatMessage::new("user", "Write a haiku about autumn."),
+    ];
+    match template.render(&conversation, true) {
+        Err(err @ TemplateError::Budget(_)) => Err(err),
+        _ => Ok(()),
+    }
+}
+
 /// Renders and tokenizes prompts for one model.
 #[derive(Debug)]
 pub struct PromptFormatter {
@@ -41,6 +57,7 @@ impl PromptFormatter {
         };
         let special = vocab.special();
         let template = ChatTemplate::new(source, &text(special.bos), &text(special.eos))?;
+        probe(&template)?;
         Ok(Self {
             template: Some(template),
         })

@@ -35,6 +35,18 @@ use minijinja::{Environment, Error, ErrorKind, Value, context};
 /// The name the template is registered under in its private environment.
 const TEMPLATE_NAME: &str = "tokenizer.chat_template";
 
+/// MiniJinja instructions one render may execute. Templates come from model files, which users
+/// download from anywhere: a loop nest must end a request, not hang the worker. This admits
+/// conversations of thousands of messages (a test renders 1,000) and stops a runaway render
+/// within a fraction of a second.
+pub const RENDER_FUEL: u64 = 2_000_000;
+
+/// Most bytes one render may produce (a prompt this long is far beyond any context).
+pub const MAX_RENDER_BYTES: usize = 16 << 20;
+
+/// Deepest nesting of macro calls and blocks, well above what chat templates use.
+const RECURSION_LIMIT: usize = 64;
+
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatMessage {
@@ -108,6 +120,10 @@ pub enum TemplateError {
     /// The template called `raise_exception(message)`, e.g. for an unsupported role order.
     #[error("chat template raised an exception: {0}")]
     Raised(String),
+    /// The render ran past its budget of instructions ([`RENDER_FUEL`]) or output bytes
+    /// ([`MAX_RENDER_BYTES`]): the template loops or grows without bound.
+    #[error("chat template exceeded its render budget ({0})")]
+    Budget(String),
     /// Rendering failed otherwise (an unknown filter or function, a type error, …).
     #[error("chat template failed to render at {line}: {detail}")]
     Render {
@@ -170,6 +186,8 @@ impl ChatTemplate {
         let syntax = syntax.build().map_err(|err| syntax_error(&err))?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_fuel(Some(RENDER_FUEL));
+        env.set_recursion_limit(RECURSION_LIMIT);
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(|err| syntax_error(&err))?;
@@ -218,7 +236,17 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|err| render_error(&err))?;
-        template.render(ctx).map_err(|err| render_error(&err))
+        let mut out = BoundedOutput::default();
+        template
+            .render_captured_to(ctx, &mut out)
+            .map_err(|err| match out.overflowed {
+                true => TemplateError::Budget(format!("more than {MAX_RENDER_BYTES} bytes")),
+                false => render_error(&err),
+            })?;
+        String::from_utf8(out.bytes).map_err(|err| TemplateError::Render {
+            line: Line(None),
+            detail: format!("output is not UTF-8: {err}"),
+        })
     }
 
     /// Renders as [`ChatTemplate::render`], then removes a leading BOS text when the tokenizer
@@ -243,6 +271,28 @@ impl ChatTemplate {
     }
 }
 
+/// The render's output, refusing to grow past [`MAX_RENDER_BYTES`].
+#[derive(Default)]
+struct BoundedOutput {
+    bytes: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_RENDER_BYTES {
+            self.overflowed = true;
+            return Err(std::io::Error::other("render output budget exceeded"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn syntax_error(err: &Error) -> TemplateError {
     TemplateError::Syntax {
         line: Line(err.line()),
@@ -251,6 +301,9 @@ fn syntax_error(err: &Error) -> TemplateError {
 }
 
 fn render_error(err: &Error) -> TemplateError {
+    if err.kind() == ErrorKind::OutOfFuel {
+        return TemplateError::Budget(format!("more than {RENDER_FUEL} instructions"));
+    }
     // The raised message may sit below MiniJinja's own wrapping errors (e.g. from a macro).
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(current) = source {
@@ -438,5 +491,37 @@ mod tests {
             t.render(&[user("hi")], false).unwrap(),
             "role=user;content=hi;False True anon 2"
         );
+    }
+
+    /// A loop nest that would run for days stops at the fuel budget, as an error of its own.
+    #[test]
+    fn a_runaway_loop_is_stopped_by_the_budget() {
+        let source = "{% for a in range(100000) %}{% for b in range(100000) %}\
+{% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        let started = std::time::Instant::now();
+        let err = t.render(&[user("hi")], true).unwrap_err();
+        assert!(matches!(err, TemplateError::Budget(_)), "{err}");
+        // Not a timing assertion: a stop at the budget rather than days later.
+        assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    }
+
+    #[test]
+    fn unbounded_output_is_stopped_by_the_budget() {
+        let source = "{% for a in range(1000) %}{{ 'x' * 100000 }}{% endfor %}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        let err = t.render(&[user("hi")], true).unwrap_err();
+        assert!(matches!(err, TemplateError::Budget(_)), "{err}");
+    }
+
+    /// The budget leaves room for long real conversations.
+    #[test]
+    fn a_thousand_message_conversation_fits_the_budget() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let messages: Vec<ChatMessage> = (0..1000)
+            .map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "turn"))
+            .collect();
+        let text = t.render(&messages, true).unwrap();
+        assert_eq!(text.matches("<|im_start|>").count(), 1002);
     }
 }

@@ -22,8 +22,8 @@ use crate::api::{
 };
 use crate::clock::rfc3339;
 use crate::correlation::CorrelationId;
-use crate::job_end::{JobEvent, render};
-use crate::queue::{Job, Rejected};
+use crate::job_end::{JobEnd, JobEvent, end_job, render};
+use crate::queue::{Job, Rejected, Submitted, Ticket};
 use crate::state::{Lifecycle, Loaded, Shared};
 
 /// Interval of the SSE keep-alive comment.
@@ -65,7 +65,7 @@ pub async fn execute(
     let cached_tokens = loaded
         .prefix_index
         .cached_tokens(&job.request.prompt_tokens, prompt_tokens.saturating_sub(1));
-    let queue_position = shared
+    let submitted = shared
         .queue
         .submit(job, loaded.slots)
         .map_err(|why| match why {
@@ -79,6 +79,14 @@ pub async fn execute(
             ),
             Rejected::Closed => draining(&correlation_id),
         })?;
+    let (queue_position, ticket) = match submitted {
+        Submitted::Queued { position, ticket } => (position, Some(ticket)),
+        Submitted::CancelledOnArrival(job) => {
+            let end = JobEnd::failed(ErrorCode::Cancelled, "cancelled before it arrived");
+            end_job(&shared, *job, end, 0.0);
+            (0, None)
+        }
+    };
     shared.metrics.add_tokens_in(prompt_tokens);
     let job_id = request.job_id.clone();
     let started = StreamEvent::Started(StartedEvent {
@@ -97,6 +105,7 @@ pub async fn execute(
         receiver,
         cancel,
         ended: false,
+        queued: ticket.map(|ticket| (shared.clone(), ticket)),
     };
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }
@@ -199,6 +208,9 @@ pub struct JobStream {
     receiver: mpsc::UnboundedReceiver<JobEvent>,
     cancel: CancelToken,
     ended: bool,
+    /// The queue and the job's ticket, to take the job out at once if the client leaves while
+    /// it waits.
+    queued: Option<(Arc<Shared>, Ticket)>,
 }
 
 impl Stream for JobStream {
@@ -222,9 +234,17 @@ impl Stream for JobStream {
 }
 
 impl Drop for JobStream {
+    /// The client left: a waiting job leaves the queue now, a running one at the next step.
     fn drop(&mut self) {
-        if !self.ended {
-            self.cancel.cancel();
+        if self.ended {
+            return;
+        }
+        self.cancel.cancel();
+        if let Some((shared, ticket)) = &self.queued
+            && let Some(job) = shared.queue.abandon(*ticket)
+        {
+            let end = JobEnd::failed(ErrorCode::Cancelled, "the client left before it started");
+            end_job(shared, job, end, 0.0);
         }
     }
 }

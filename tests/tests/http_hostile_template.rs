@@ -1,0 +1,92 @@
+//! Chat templates come from model files, which users download from anywhere. A template that
+//! loops is refused at load when a sample conversation trips it, or fails only the templated
+//! requests that trip it; raw requests keep working, and SIGTERM still stops the worker.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use llorch_tests::assets::Model;
+use llorch_tests::bins::binary;
+use llorch_tests::gguf_writer::{GgufBuilder, OwnedValue};
+use llorch_tests::http::post_json;
+use llorch_tests::stream::{job, run, terminal};
+use llorch_tests::worker::{Worker, serial, worker_binary};
+use serde_json::json;
+use worker_common::gguf::Gguf;
+
+/// Three nested loops of 100,000: days of work for any template engine without a budget.
+const SPIN: &str = "{% for a in range(100000) %}{% for b in range(100000) %}\
+{% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}";
+
+/// SmolLM2 with `template` as its chat template, written to a temporary file.
+fn smollm2_with_template(name: &str, template: &str) -> PathBuf {
+    let original = Gguf::open(Model::SmolLm2.path()).unwrap();
+    let mut copy = GgufBuilder::from_gguf(&original);
+    copy.metadata("tokenizer.chat_template", OwnedValue::string(template));
+    let path = std::env::temp_dir().join(format!("llorch-{name}-{}.gguf", std::process::id()));
+    std::fs::write(&path, copy.to_bytes()).unwrap();
+    path
+}
+
+#[test]
+fn a_template_that_always_loops_is_refused_at_load() {
+    let _serial = serial();
+    let model = smollm2_with_template("spin-always", SPIN);
+    let output = Command::new(binary(&worker_binary()))
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&model).unwrap();
+    let message = String::from_utf8_lossy(&output.stderr).into_owned()
+        + &String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains("MODEL_LOAD_FAILED") && message.contains("render budget"),
+        "{message}"
+    );
+    assert!(!message.contains("panicked"), "{message}");
+}
+
+#[test]
+fn a_template_that_loops_on_some_prompts_fails_only_those() {
+    let _serial = serial();
+    let template = format!(
+        "{{% if 'spin' in messages[-1]['content'] %}}{SPIN}{{% endif %}}\
+<|im_start|>user\n{{{{ messages[-1]['content'] }}}}<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let model = smollm2_with_template("spin-sometimes", &template);
+    let mut worker = Worker::ready(&model, &["--shutdown-grace-sec", "2"]);
+    std::fs::remove_file(&model).unwrap();
+
+    let started = Instant::now();
+    let refused = post_json(
+        worker.addr,
+        "/execute",
+        &job("spin", "please spin", json!({"max_tokens": 4})),
+    )
+    .unwrap();
+    let took = started.elapsed();
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    let error = refused.json();
+    assert_eq!(error["error"]["code"], "INVALID_REQUEST", "{error}");
+    assert!(error.to_string().contains("render budget"), "{error}");
+    eprintln!("the looping render was refused after {took:?}");
+
+    for (id, prompt, raw) in [("raw", "please spin", true), ("calm", "hello", false)] {
+        let body = job(
+            id,
+            prompt,
+            json!({"raw": raw, "max_tokens": 4, "temperature": 0}),
+        );
+        let events = run(worker.addr, &body);
+        assert_eq!(terminal(&events)["type"], "end", "{id}: {events:?}");
+    }
+
+    worker.terminate();
+    let exited = worker.wait_exit(Duration::from_secs(10));
+    assert!(exited.is_some_and(|status| status.success()), "{exited:?}");
+}
