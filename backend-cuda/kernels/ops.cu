@@ -106,11 +106,13 @@ extern "C" __global__ void softcap(float* x, float cap, long long total) {
 }
 
 // The greedy choice over n logits, as worker_common's sampler makes it at T = 0 without a
-// penalty: the highest value with NaN as -inf and +inf as FLT_MAX, the lowest index on ties.
-// Each block reduces a contiguous slice and writes its (value, index) to `partial`; the last
-// block to finish (an atomic count, reset for the next replay, as attention_split's merge)
-// reduces those in block order and stores the index as a u32 at `out`. Every step compares by
-// one total order, so the result does not depend on scheduling.
+// penalty: the highest value, the lowest index on ties; 0xffffffff instead when any logit is
+// NaN or infinite (the numerics guard: the host ends the job with MODEL_NUMERICS).
+// Each block reduces a contiguous slice and writes its (value, index) to `partial`, the value
+// NaN when its slice held a non-finite logit; the last block to finish (an atomic count, reset
+// for the next replay, as attention_split's merge) reduces those in block order and stores the
+// index as a u32 at `out`. Every step compares by one total order, so the result does not
+// depend on scheduling.
 __device__ __forceinline__ bool better(float v, int i, float best, int best_i) {
     return v > best || (v == best && i < best_i);
 }
@@ -149,14 +151,17 @@ argmax_logits(const float* logits, int n, u32* out, float* partial, u32* counter
     int last = min(n, first + slice);
     float best = NEG_INF;
     int best_i = 0x7fffffff;
+    int non_finite = 0;
     for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
         float v = logits[i];
+        non_finite |= (__float_as_int(v) & 0x7f800000) == 0x7f800000;
         v = v != v ? NEG_INF : fminf(v, MAX);
         if (better(v, i, best, best_i)) best = v, best_i = i;
     }
+    non_finite = __syncthreads_or(non_finite);
     block_best(&best, &best_i);
     if (threadIdx.x == 0) {
-        partial[2 * blockIdx.x] = best;
+        partial[2 * blockIdx.x] = non_finite ? __int_as_float(0x7fffffff) : best;
         partial[2 * blockIdx.x + 1] = __int_as_float(best_i);
         __threadfence();
         u32 done = atomicAdd(counter, 1u);
@@ -168,12 +173,14 @@ argmax_logits(const float* logits, int n, u32* out, float* partial, u32* counter
     __threadfence();
     best = NEG_INF;
     best_i = 0x7fffffff;
+    non_finite = 0;
     for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
         float v = __ldcg(partial + 2 * b);
         int i = __float_as_int(__ldcg(partial + 2 * b + 1));
+        non_finite |= v != v;
         if (better(v, i, best, best_i)) best = v, best_i = i;
     }
+    non_finite = __syncthreads_or(non_finite);
     block_best(&best, &best_i);
-    // Every value -inf or NaN: the lowest index, 0, as the sampler.
-    if (threadIdx.x == 0) *out = best == NEG_INF ? 0u : (u32)best_i;
+    if (threadIdx.x == 0) *out = non_finite ? 0xffffffffu : best == NEG_INF ? 0u : (u32)best_i;
 }

@@ -259,7 +259,11 @@ impl CudaBackend {
                 let choice = self.scratch.greedy().ok_or_else(|| {
                     BackendError::Device("the greedy choice was not downloaded".to_owned())
                 })?;
-                outputs.set_greedy(index, choice);
+                if choice == ops::NON_FINITE_CHOICE {
+                    outputs.set_non_finite(index);
+                } else {
+                    outputs.set_greedy(index, choice);
+                }
             }
         }
         Ok(())

@@ -332,9 +332,9 @@ impl Gpu {
         )
     }
 
-    /// The index of the highest of `n` logits (NaN as -inf, +inf as `f32::MAX`, the lowest
-    /// index on ties: the sampler's greedy choice) as a `u32` at `out`; `scratch` is an
-    /// [`ArgmaxScratch`].
+    /// The index of the highest of `n` logits (the lowest index on ties: the sampler's greedy
+    /// choice) as a `u32` at `out`, or [`NON_FINITE_CHOICE`] when any logit is NaN or infinite;
+    /// `scratch` is an [`ArgmaxScratch`].
     pub fn argmax_logits(
         &self,
         logits: u64,
@@ -480,6 +480,9 @@ impl RowNorm {
         cols * 4 <= MAX_DYNAMIC_SHARED
     }
 }
+
+/// What [`Gpu::argmax_logits`] stores instead of an index when a logit is NaN or infinite.
+pub const NON_FINITE_CHOICE: u32 = u32::MAX;
 
 /// Logits per block of the greedy choice (eight per thread).
 const ARGMAX_PER_BLOCK: usize = 2048;

@@ -73,6 +73,17 @@ pub fn post_json(
     request(addr, "POST", path, &headers, body.to_string().as_bytes())
 }
 
+/// A POST without a body (`/cancel/{id}`, `/shutdown`), sent as JSON as every POST must be.
+pub fn post_empty(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
+    request(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        b"",
+    )
+}
+
 fn send(
     addr: SocketAddr,
     method: &str,

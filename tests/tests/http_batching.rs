@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use llorch_tests::http::{self, EventStream, SseEvent, request};
+use llorch_tests::http::{self, EventStream, SseEvent};
 use llorch_tests::stream::{assert_well_formed, job, open, run, terminal, text};
 use llorch_tests::worker::{serial, smollm2, worker_binary};
 use serde_json::{Value, json};
@@ -159,7 +159,7 @@ fn cancelling_one_job_mid_batch_leaves_the_others_unchanged_and_frees_its_pages(
     let others =
         std::thread::spawn(move || run_together(addr, &(0..3).map(body).collect::<Vec<_>>()));
     read_tokens(&mut victim, 4);
-    let response = request(addr, "POST", "/cancel/victim", &[], b"").unwrap();
+    let response = http::post_empty(addr, "/cancel/victim").unwrap();
     assert_eq!(response.status, 202);
     let rest = victim.collect();
     assert_eq!(rest.last().unwrap().data["code"], "CANCELLED");

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use llorch_tests::http::{self, EventStream, post_json, request};
+use llorch_tests::http::{self, EventStream, post_json};
 use llorch_tests::stream::{assert_well_formed, job, open, run, terminal, text};
 use llorch_tests::worker::{Worker, serial, smollm2};
 use serde_json::{Value, json};
@@ -37,7 +37,7 @@ fn read_tokens(stream: &mut EventStream, n: usize) -> Vec<Instant> {
 }
 
 fn cancel_path(worker: &Worker, id: &str) {
-    let response = request(worker.addr, "POST", &format!("/cancel/{id}"), &[], b"").unwrap();
+    let response = http::post_empty(worker.addr, &format!("/cancel/{id}")).unwrap();
     assert_eq!(response.status, 202);
 }
 

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use llorch_tests::http::{EventStream, get, request};
+use llorch_tests::http::{self, EventStream, get};
 use llorch_tests::stream::{job, open, run, terminal};
 use llorch_tests::worker::{serial, smollm2};
 use serde_json::{Value, json};
@@ -71,8 +71,8 @@ fn clients_that_leave_while_queued_free_their_places_at_once() {
     let started = next.next_event().unwrap();
     assert_eq!(started.data["queue_position"], 1, "{:?}", started.data);
 
-    request(worker.addr, "POST", "/cancel/running", &[], b"").unwrap();
-    request(worker.addr, "POST", "/cancel/next", &[], b"").unwrap();
+    http::post_empty(worker.addr, "/cancel/running").unwrap();
+    http::post_empty(worker.addr, "/cancel/next").unwrap();
     assert_eq!(terminal(&running.collect())["code"], "CANCELLED");
     assert_eq!(terminal(&next.collect())["code"], "CANCELLED");
     let events = run(worker.addr, &job("after", "Hi", json!({"max_tokens": 3})));
@@ -83,7 +83,7 @@ fn clients_that_leave_while_queued_free_their_places_at_once() {
 fn a_cancel_sent_before_the_job_arrives_cancels_it() {
     let _serial = serial();
     let worker = smollm2(&[]);
-    let response = request(worker.addr, "POST", "/cancel/early", &[], b"").unwrap();
+    let response = http::post_empty(worker.addr, "/cancel/early").unwrap();
     assert_eq!(response.status, 202);
     let events = run(worker.addr, &long_job("early"));
     assert_eq!(events[0].event, "started");

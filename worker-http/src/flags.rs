@@ -75,9 +75,80 @@ pub struct CommonFlags {
     #[arg(long, env = "LLORCH_SHUTDOWN_GRACE_SEC", default_value_t = 30)]
     pub shutdown_grace_sec: u64,
 
+    /// Most HTTP connections open at once; a few are kept for /health and /metrics (default: from
+    /// the descriptor limit, at most 4096).
+    #[arg(long, env = "LLORCH_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(8..))]
+    pub max_connections: Option<u32>,
+
+    /// Seconds a connection may take to send a request head, counted from its opening or its
+    /// previous response (closes idle keep-alive connections too).
+    #[arg(long, env = "LLORCH_HTTP_IDLE_TIMEOUT_SEC", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_idle_timeout_sec: u64,
+
+    /// Seconds a client may leave its stream unread before it counts as gone and its job is
+    /// cancelled (`client_stalled`).
+    #[arg(long, env = "LLORCH_STREAM_STALL_SEC", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_stall_sec: u64,
+
+    /// Require `Authorization: Bearer <key>` on every route but /health and /metrics.
+    #[arg(
+        long,
+        env = "LLORCH_API_KEY",
+        hide_env_values = true,
+        conflicts_with = "api_key_file"
+    )]
+    pub api_key: Option<ApiKey>,
+
+    /// Read the API key from this file (its first line).
+    #[arg(long, env = "LLORCH_API_KEY_FILE")]
+    pub api_key_file: Option<PathBuf>,
+
     /// Log line format.
     #[arg(long, env = "LLORCH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
     pub log_format: LogFormat,
+}
+
+/// A secret bearer key; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// The key's bytes, to compare in constant time.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+
+    /// Reads the key from the first line of `path`.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|err| format!("reading the API key file {}: {err}", path.display()))?;
+        text.lines()
+            .next()
+            .unwrap_or("")
+            .parse()
+            .map_err(|err| format!("the API key file {}: {err}", path.display()))
+    }
+}
+
+impl std::str::FromStr for ApiKey {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let key = text.trim();
+        if key.is_empty() {
+            return Err("the API key is empty".into());
+        }
+        if !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("the API key must be printable ASCII without spaces".into());
+        }
+        Ok(Self(key.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
 }
 
 #[cfg(test)]
@@ -107,6 +178,22 @@ mod tests {
         assert_eq!((flags.parallel, flags.batch_tokens), (None, 512));
         assert!(flags.kv_cache_mb.is_none() && !flags.no_prefix_cache);
         assert!(uuid::Uuid::parse_str(&flags.worker_id).is_ok());
+        assert_eq!(flags.max_connections, None);
+        assert_eq!(
+            (flags.http_idle_timeout_sec, flags.stream_stall_sec),
+            (10, 30)
+        );
+        assert!(flags.api_key.is_none() && flags.api_key_file.is_none());
+    }
+
+    #[test]
+    fn api_keys_are_checked_and_never_printed() {
+        let cli = Cli::try_parse_from(["worker", "--model", "m", "--api-key", "s3cret"]).unwrap();
+        let key = cli.common.api_key.unwrap();
+        assert_eq!(key.as_bytes(), b"s3cret");
+        assert!(!format!("{key:?}").contains("s3cret"));
+        assert!(Cli::try_parse_from(["worker", "--model", "m", "--api-key", " "]).is_err());
+        assert!(Cli::try_parse_from(["worker", "--model", "m", "--api-key", "a b"]).is_err());
     }
 
     #[test]

@@ -57,6 +57,9 @@ impl From<&GenerateError> for ErrorCode {
             }
             GenerateError::Backend(BackendError::OutOfMemory { .. }) => ErrorCode::VramOom,
             GenerateError::Backend(BackendError::Device(_)) => ErrorCode::CudaError,
+            GenerateError::Backend(BackendError::NonFiniteLogits { .. }) => {
+                ErrorCode::ModelNumerics
+            }
             GenerateError::Backend(_) => ErrorCode::Internal,
         }
     }
@@ -106,6 +109,15 @@ pub fn end_job(shared: &Shared, job: Job, end: JobEnd, ran_for: f64) {
     let record = end.record(ran_for);
     log_end(shared, &job, &end, &record);
     shared.metrics.record(record);
+    if matches!(
+        end,
+        JobEnd::Failed {
+            code: ErrorCode::ModelNumerics,
+            ..
+        }
+    ) {
+        shared.metrics.record_numerics();
+    }
     let _ = job.events.send(JobEvent::End(end));
 }
 
@@ -170,4 +182,27 @@ pub fn render(event: JobEvent, job_id: &str) -> StreamEvent {
 /// Milliseconds rounded to the microsecond, for readable events.
 fn micros(ms: f64) -> f64 {
     (ms * 1e3).round() / 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_logits_end_the_job_with_model_numerics_not_retriable() {
+        let err = GenerateError::Backend(BackendError::NonFiniteLogits {
+            first: Some((7, f32::NAN)),
+        });
+        let end = JobEnd::from(Err(err));
+        let JobEnd::Failed { code, message } = &end else {
+            panic!("{end:?}");
+        };
+        assert_eq!(*code, ErrorCode::ModelNumerics);
+        assert_eq!(code.as_str(), "MODEL_NUMERICS");
+        assert!(!code.retriable());
+        assert!(message.contains("NaN for token 7"), "{message}");
+        assert_eq!(end.record(0.5).outcome, Outcome::Error);
+        let device = GenerateError::Backend(BackendError::NonFiniteLogits { first: None });
+        assert_eq!(ErrorCode::from(&device), ErrorCode::ModelNumerics);
+    }
 }

@@ -8,6 +8,7 @@
 pub mod api;
 mod callback;
 mod clock;
+mod connections;
 mod correlation;
 pub mod engine;
 mod flags;
@@ -21,7 +22,8 @@ pub mod state;
 
 use std::process::ExitCode;
 
-pub use flags::{CommonFlags, LogFormat};
+pub use flags::{ApiKey, CommonFlags, LogFormat};
+pub use routes::Access;
 pub use server::StartError;
 use worker_common::backend::Load;
 

@@ -100,6 +100,8 @@ pub struct JobRecord {
 #[derive(Debug)]
 pub struct Metrics {
     requests: [AtomicU64; 4],
+    /// Jobs ended with `MODEL_NUMERICS` (also counted as `outcome="error"`).
+    numerics: AtomicU64,
     tokens_in: AtomicU64,
     tokens_out: AtomicU64,
     time_to_first_token: Histogram,
@@ -114,6 +116,7 @@ impl Default for Metrics {
     fn default() -> Self {
         Self {
             requests: Default::default(),
+            numerics: AtomicU64::new(0),
             tokens_in: AtomicU64::new(0),
             tokens_out: AtomicU64::new(0),
             time_to_first_token: Histogram::new(&LATENCY_BOUNDS),
@@ -152,6 +155,12 @@ impl Metrics {
         self.step_duration.observe(seconds);
     }
 
+    /// Counts a job that ended with `MODEL_NUMERICS` (non-finite logits), besides its
+    /// [`record`](Self::record).
+    pub fn record_numerics(&self) {
+        self.numerics.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Records a finished job.
     pub fn record(&self, job: JobRecord) {
         let slot = OUTCOMES
@@ -180,6 +189,12 @@ impl Metrics {
             let n = count.load(Ordering::Relaxed);
             let _ = writeln!(out, "worker_requests_total{{outcome=\"{label}\"}} {n}");
         }
+        counter(
+            &mut out,
+            "worker_model_numerics_errors_total",
+            "Jobs ended with MODEL_NUMERICS: the model computed NaN or infinite logits (broken weights).",
+            self.numerics.load(Ordering::Relaxed),
+        );
         let tokens_in = self.tokens_in.load(Ordering::Relaxed);
         let tokens_out = self.tokens_out.load(Ordering::Relaxed);
         counter(
@@ -320,6 +335,7 @@ mod tests {
             duration: 0.2,
         });
         metrics.record_step(3, 40, 0.004);
+        metrics.record_numerics();
         let text = metrics.render(Gauges {
             queue_len: 2,
             scheduler: SchedulerStats {
@@ -341,6 +357,7 @@ mod tests {
         assert!(text.contains("worker_requests_total{outcome=\"cancelled\"} 1\n"));
         assert!(text.contains("worker_requests_total{outcome=\"success\"} 0\n"));
         assert!(text.contains("worker_tokens_in_total 7\n"));
+        assert!(text.contains("worker_model_numerics_errors_total 1\n"));
         assert!(text.contains("tokens_out_total 5\n"));
         assert!(text.contains("worker_time_to_first_token_seconds_bucket{le=\"0.0025\"} 0\n"));
         assert!(text.contains("worker_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"));

@@ -4,18 +4,20 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use worker_common::backend::Load;
 
-use crate::CommonFlags;
 use crate::api::ErrorCode;
 use crate::callback::{self, CallbackError};
+use crate::connections::{self, ConnectionLimits};
 use crate::engine::{self, LoadError};
 use crate::job_end::{JobEnd, end_job};
 use crate::routes::router;
 use crate::state::{Lifecycle, Settings, Shared};
+use crate::{Access, ApiKey, CommonFlags};
 
 /// Why the worker stopped with exit code 1.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +41,9 @@ pub enum StartError {
     /// The ready callback failed.
     #[error(transparent)]
     Callback(#[from] CallbackError),
+    /// A flag's value could not be used (the API key file).
+    #[error("{0}")]
+    Config(String),
     /// The engine thread died without reporting (a bug).
     #[error("the engine thread ended without reporting the load")]
     EngineLost,
@@ -50,7 +55,9 @@ impl StartError {
         match self {
             StartError::Load { source, .. } => source.code(),
             StartError::Callback(_) => "CALLBACK_FAILED",
-            StartError::Bind { .. } | StartError::EngineLost => "STARTUP_FAILED",
+            StartError::Bind { .. } | StartError::Config(_) | StartError::EngineLost => {
+                "STARTUP_FAILED"
+            }
         }
     }
 }
@@ -64,16 +71,34 @@ pub async fn serve<B: Load>(flags: CommonFlags, options: B::Options) -> Result<(
     let bound = listener
         .local_addr()
         .map_err(|source| StartError::Bind { address, source })?;
+    let access = Access::new(
+        api_key(&flags)?,
+        bound.ip(),
+        flags.advertise_host.as_deref(),
+    );
+    if access.api_key.is_none() && !bound.ip().is_loopback() {
+        tracing::warn!(
+            event = "startup",
+            address = %bound,
+            "listening beyond loopback without --api-key: anyone who reaches the port can run, cancel and stop jobs"
+        );
+    }
     let shared = Arc::new(Shared::new(
-        settings::<B>(&flags),
+        settings::<B>(&flags, access),
         flags.queue_depth as usize,
     ));
+    let limits = ConnectionLimits::new(
+        flags.max_connections.map(|max| max as usize),
+        Duration::from_secs(flags.http_idle_timeout_sec),
+        Duration::from_secs(flags.stream_stall_sec),
+    );
     let worker_id = shared.settings.worker_id.clone();
     tracing::info!(
         event = "startup",
         worker_id,
         address = %bound,
         port = bound.port(),
+        max_connections = limits.max,
         model_ref = %flags.model.display(),
         worker_type = B::WORKER_TYPE,
         version = env!("CARGO_PKG_VERSION"),
@@ -87,14 +112,11 @@ pub async fn serve<B: Load>(flags: CommonFlags, options: B::Options) -> Result<(
     let engine = engine::spawn::<B>(shared.clone(), options, ready_tx).map_err(load_error)?;
     let (stop_server, server_stopped) = oneshot::channel::<()>();
     let app = router(shared.clone());
-    let server = tokio::spawn(async move {
-        let shutdown = async {
-            let _ = server_stopped.await;
-        };
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-    });
+    let shutdown = async {
+        let _ = server_stopped.await;
+    };
+    let stats = shared.connections.clone();
+    let server = tokio::spawn(connections::serve(listener, app, limits, stats, shutdown));
     tokio::spawn(forward_signals(shared.clone()));
     tokio::select! {
         loaded = ready_rx => match loaded {
@@ -141,7 +163,18 @@ pub async fn serve<B: Load>(flags: CommonFlags, options: B::Options) -> Result<(
     Ok(())
 }
 
-fn settings<B: Load>(flags: &CommonFlags) -> Settings {
+/// `--api-key`, or the first line of `--api-key-file`.
+fn api_key(flags: &CommonFlags) -> Result<Option<ApiKey>, StartError> {
+    match (&flags.api_key, &flags.api_key_file) {
+        (Some(key), _) => Ok(Some(key.clone())),
+        (None, Some(path)) => ApiKey::from_file(path)
+            .map(Some)
+            .map_err(StartError::Config),
+        (None, None) => Ok(None),
+    }
+}
+
+fn settings<B: Load>(flags: &CommonFlags, access: Access) -> Settings {
     Settings {
         worker_id: flags.worker_id.clone(),
         model_ref: flags.model.clone(),
@@ -155,6 +188,7 @@ fn settings<B: Load>(flags: &CommonFlags) -> Settings {
         prefix_cache: !flags.no_prefix_cache,
         worker_type: B::WORKER_TYPE,
         memory_architecture: B::MEMORY_ARCHITECTURE,
+        access,
     }
 }
 

@@ -42,6 +42,8 @@ pub struct Settings {
     pub worker_type: &'static str,
     /// The backend's `MEMORY_ARCHITECTURE`.
     pub memory_architecture: &'static str,
+    /// The API key and the accepted `Host` names.
+    pub access: crate::routes::Access,
 }
 
 /// The loaded model's facts, and what turns prompts into tokens.
@@ -94,6 +96,8 @@ pub struct Shared {
     pub queue: JobQueue,
     /// Counters and histograms.
     pub metrics: Metrics,
+    /// Connection counters, kept by the listener.
+    pub connections: Arc<crate::connections::ConnectionStats>,
     /// Signalled by `/shutdown` and the signal handler.
     pub shutdown: Notify,
     started: Instant,
@@ -110,6 +114,7 @@ impl Shared {
             settings,
             queue: JobQueue::new(queue_depth),
             metrics: Metrics::default(),
+            connections: Arc::default(),
             shutdown: Notify::new(),
             started: Instant::now(),
             lifecycle: AtomicU8::new(Lifecycle::Loading as u8),

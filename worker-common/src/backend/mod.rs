@@ -55,6 +55,24 @@ pub enum BackendError {
     /// The device or its driver failed (`CUDA_ERROR`).
     #[error("device error: {0}")]
     Device(String),
+    /// The model computed a NaN or an infinity among a chunk's logits (`MODEL_NUMERICS`): its
+    /// weights are broken or its activations overflowed, so sending the job again cannot help.
+    #[error(
+        "the model computed non-finite logits ({}): its weights are broken or its numerics overflow on this input; check the model file (a retry gives the same result)",
+        describe_non_finite(.first)
+    )]
+    NonFiniteLogits {
+        /// The first non-finite logit (token id, value), when the host saw the row; `None` when
+        /// a device only flagged it.
+        first: Option<(u32, f32)>,
+    },
+}
+
+fn describe_non_finite(first: &Option<(u32, f32)>) -> String {
+    match *first {
+        Some((token, value)) => format!("{value} for token {token}"),
+        None => "NaN or infinity, found on the device".to_owned(),
+    }
 }
 
 /// What the backend reports about itself once loaded.
@@ -146,10 +164,12 @@ pub enum Want {
     Nothing,
     /// The logits (`vocab_size` values) of the chunk's last position.
     Logits,
-    /// Only the greedy choice over those logits: the highest logit, NaN as -inf and +inf as
-    /// `f32::MAX`, the lowest id on ties, exactly what [`Sampler`](crate::sampling::Sampler)
-    /// picks at T = 0 without a penalty ([`greedy_choice`](crate::sampling::greedy_choice)). A
-    /// GPU backend computes it on the device and copies 4 bytes instead of the logits.
+    /// Only the greedy choice over those logits: the highest logit, the lowest id on ties,
+    /// exactly what [`Sampler`](crate::sampling::Sampler) picks at T = 0 without a penalty
+    /// ([`greedy_choice`](crate::sampling::greedy_choice)). A GPU backend computes it on the
+    /// device and copies 4 bytes instead of the logits. Logits that are not all finite give no
+    /// choice but [`BackendError::NonFiniteLogits`], as a logits row would
+    /// ([`StepOutputs::set_non_finite`]).
     Greedy,
 }
 

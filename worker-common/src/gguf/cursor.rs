@@ -54,12 +54,21 @@ impl<'a> Cursor<'a> {
                 self.pos += n;
                 Ok(span)
             }
-            _ => Err(GgufError::Truncated {
-                what: what(),
-                offset: self.pos,
-                needed: len,
-                available,
-            }),
+            _ => Err(
+                match GgufError::plausible_end((self.pos as u64).checked_add(len)) {
+                    Some(needed) => GgufError::Incomplete {
+                        what: what(),
+                        file_size: self.bytes.len() as u64,
+                        needed,
+                    },
+                    None => GgufError::Truncated {
+                        what: what(),
+                        offset: self.pos,
+                        needed: len,
+                        available,
+                    },
+                },
+            ),
         }
     }
 
@@ -115,16 +124,22 @@ impl<'a> Cursor<'a> {
         let offset = self.pos;
         let count = self.u64(|| format!("count of {}", what()))?;
         let available = self.remaining();
-        if count
-            .checked_mul(min_size)
-            .is_none_or(|need| need > available as u64)
-        {
-            return Err(GgufError::CountTooLarge {
-                what: what(),
-                count,
-                offset,
-                available,
-                min_size,
+        let need = count.checked_mul(min_size);
+        if need.is_none_or(|need| need > available as u64) {
+            let needed = need.and_then(|need| need.checked_add(self.pos as u64));
+            return Err(match GgufError::plausible_end(needed) {
+                Some(needed) => GgufError::Incomplete {
+                    what: format!("{count} {} at offset {offset}", what()),
+                    file_size: self.bytes.len() as u64,
+                    needed,
+                },
+                None => GgufError::CountTooLarge {
+                    what: what(),
+                    count,
+                    offset,
+                    available,
+                    min_size,
+                },
             });
         }
         Ok(count)

@@ -14,6 +14,34 @@ pub enum GgufError {
         source: std::io::Error,
     },
 
+    /// The path names a directory or another non-file (which cannot be mapped).
+    #[error("{} is {kind}; --model takes a .gguf file{hint}", path.display())]
+    NotAFile {
+        /// The path given to `open`.
+        path: PathBuf,
+        /// `a directory`, or what else it is.
+        kind: &'static str,
+        /// The `.gguf` files a directory holds, if any, as a suggestion.
+        hint: String,
+    },
+
+    /// The file ends before the bytes its own header describes: almost always a download or copy
+    /// that stopped early. Only reported when the bytes needed are plausible for a real file;
+    /// an absurd length or offset stays [`Truncated`](Self::Truncated),
+    /// [`CountTooLarge`](Self::CountTooLarge) or [`BadTensor`](Self::BadTensor).
+    #[error(
+        "GGUF file is incomplete: it has {file_size} bytes but needs at least {needed} for \
+         {what}; probably an incomplete download: delete the file and fetch it again"
+    )]
+    Incomplete {
+        /// What runs past the end (a header field, the tensors' data).
+        what: String,
+        /// Bytes in the file.
+        file_size: u64,
+        /// Bytes the file must have at least.
+        needed: u64,
+    },
+
     /// The first four bytes are not `GGUF`.
     #[error("not a GGUF file: magic is {found:02x?}, expected \"GGUF\" (47 47 55 46)")]
     BadMagic {
@@ -172,7 +200,18 @@ pub enum GgufError {
     },
 }
 
+/// Largest file size believed when deciding whether a read past the end means an incomplete
+/// file: a real model is smaller than 1 TiB; a larger need comes from a corrupt or hostile value.
+pub(crate) const PLAUSIBLE_FILE_SIZE: u64 = 1 << 40;
+
 impl GgufError {
+    /// For a read or count past the end that needs the file to have `needed` bytes (`None`: more
+    /// than u64 holds): `needed` when it is plausible, so the file is probably
+    /// [`Incomplete`](Self::Incomplete); `None` for a corrupt or hostile value.
+    pub(crate) fn plausible_end(needed: Option<u64>) -> Option<u64> {
+        needed.filter(|&needed| needed <= PLAUSIBLE_FILE_SIZE)
+    }
+
     pub(crate) fn bad_tensor(tensor: &str, problem: impl Into<String>) -> Self {
         Self::BadTensor {
             tensor: excerpt(tensor),

@@ -87,6 +87,11 @@ impl Gguf<Mmap> {
             source,
         };
         let file = File::open(path).map_err(io_error)?;
+        // Mapping a directory fails with ENODEV ("No such device"): say what is wrong instead.
+        let file_type = file.metadata().map_err(io_error)?.file_type();
+        if !file_type.is_file() {
+            return Err(not_a_file(path, file_type.is_dir()));
+        }
         // SAFETY: the mapping is read-only. Another process truncating or rewriting the model file
         // while the worker runs is outside what any mmap-based loader (llama.cpp included) defends
         // against; the worker's model files are immutable by operation.
@@ -234,6 +239,39 @@ impl<B: AsRef<[u8]>> Gguf<B> {
     }
 }
 
+/// The error for a path that is not a regular file; for a directory, its `.gguf` files are
+/// suggested (the first few, sorted).
+fn not_a_file(path: &Path, is_dir: bool) -> GgufError {
+    const SHOWN: usize = 3;
+    if !is_dir {
+        return GgufError::NotAFile {
+            path: path.to_owned(),
+            kind: "not a regular file",
+            hint: String::new(),
+        };
+    }
+    let mut names: Vec<String> = std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".gguf"))
+        .collect();
+    names.sort();
+    let hint = match names.len() {
+        0 => String::new(),
+        n => {
+            let more = if n > SHOWN { ", …" } else { "" };
+            let shown = names[..n.min(SHOWN)].join(", ");
+            format!(" (it holds {shown}{more})")
+        }
+    };
+    GgufError::NotAFile {
+        path: path.to_owned(),
+        kind: "a directory",
+        hint,
+    }
+}
+
 fn read_preamble(cursor: &mut Cursor<'_>) -> Result<(), GgufError> {
     let magic = cursor.take(4, || "magic".to_owned())?.of(cursor.bytes());
     if magic != b"GGUF" {
@@ -336,6 +374,98 @@ mod tests {
         assert!(Gguf::parse(header(2, 0, 0)).is_ok(), "v2 has v3's layout");
         let err = Gguf::parse(header(3u32.swap_bytes(), 0, 0)).err().unwrap();
         assert!(err.to_string().contains("big-endian"), "{err}");
+    }
+
+    /// A file with two packed F32 tensors of 8 elements (32 bytes each) and a metadata string;
+    /// `second_offset` is where the second tensor says its data starts (32 when packed).
+    fn two_tensor_file(second_offset: u64) -> Vec<u8> {
+        let mut bytes = header(3, 2, 1);
+        bytes.extend_from_slice(&5u64.to_le_bytes());
+        bytes.extend_from_slice(b"a.key");
+        bytes.extend_from_slice(&8u32.to_le_bytes()); // string
+        bytes.extend_from_slice(&2u64.to_le_bytes());
+        bytes.extend_from_slice(b"hi");
+        for (name, offset) in [(b"t0", 0u64), (b"t1", second_offset)] {
+            bytes.extend_from_slice(&2u64.to_le_bytes());
+            bytes.extend_from_slice(name);
+            bytes.extend_from_slice(&1u32.to_le_bytes()); // n_dims
+            bytes.extend_from_slice(&8u64.to_le_bytes()); // shape [8]
+            bytes.extend_from_slice(&0u32.to_le_bytes()); // F32
+            bytes.extend_from_slice(&offset.to_le_bytes());
+        }
+        bytes.resize(bytes.len().next_multiple_of(32), 0);
+        bytes.extend_from_slice(&[0x3f; 64]);
+        bytes
+    }
+
+    #[test]
+    fn a_truncated_download_is_named_as_such() {
+        let full = two_tensor_file(32);
+        assert_eq!(Gguf::parse(full.clone()).unwrap().tensor_count(), 2);
+        // Cut inside the data, inside the tensor infos, inside the metadata string, at 0 bytes.
+        for cut in [full.len() - 1, full.len() - 40, 80, 42, 0] {
+            let err = Gguf::parse(&full[..cut]).err().unwrap();
+            let GgufError::Incomplete {
+                file_size, needed, ..
+            } = err
+            else {
+                panic!("cut at {cut}: {err}");
+            };
+            assert_eq!(file_size, cut as u64, "{err}");
+            assert!(needed > file_size, "{err}");
+            let message = err.to_string();
+            assert!(
+                message.contains(&format!("it has {cut} bytes but needs at least {needed}"))
+                    && message.contains("probably an incomplete download: delete the file"),
+                "{message}"
+            );
+        }
+        let err = Gguf::parse(&full[..full.len() - 1]).err().unwrap();
+        assert!(
+            err.to_string().contains(&format!(
+                "needs at least {} for the data of its 2 tensors;",
+                full.len()
+            )),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_lying_offset_or_length_is_not_called_a_truncated_download() {
+        // The second tensor's data is claimed far away (aligned, no overlap): a corrupt header.
+        let err = Gguf::parse(two_tensor_file(1 << 20)).err().unwrap();
+        assert!(matches!(err, GgufError::BadTensor { .. }), "{err}");
+        assert!(
+            err.to_string().contains("outside the data section"),
+            "{err}"
+        );
+        // A key length of 2^60 bytes.
+        let mut bytes = header(3, 0, 1);
+        bytes.extend_from_slice(&(1u64 << 60).to_le_bytes());
+        bytes.extend_from_slice(b"a.key");
+        let err = Gguf::parse(bytes).err().unwrap();
+        assert!(matches!(err, GgufError::Truncated { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_directory_is_named_as_a_directory() {
+        let dir = std::env::temp_dir().join(format!("llorch-gguf-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("b.gguf"), two_tensor_file(32)).unwrap();
+        std::fs::write(dir.join("a.gguf"), two_tensor_file(32)).unwrap();
+        std::fs::write(dir.join("notes.txt"), b"").unwrap();
+        let err = Gguf::open(&dir).err().unwrap();
+        let message = err.to_string();
+        assert!(Gguf::open(dir.join("a.gguf")).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(err, GgufError::NotAFile { .. }), "{message}");
+        assert_eq!(
+            message,
+            format!(
+                "{} is a directory; --model takes a .gguf file (it holds a.gguf, b.gguf)",
+                dir.display()
+            )
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Tensor infos: read, then validated against the file before any data is touched.
 
 use super::cursor::{Cursor, Span};
-use super::error::excerpt;
+use super::error::{PLAUSIBLE_FILE_SIZE, excerpt};
 use super::{GgmlType, GgufError};
 
 /// Most dimensions a ggml tensor has (`GGML_MAX_DIMS`).
@@ -104,6 +104,19 @@ pub(crate) fn validate_layout(
 ) -> Result<(), GgufError> {
     let data_len = (bytes.len() as u64).saturating_sub(data_offset as u64);
     let name_of = |t: &TensorInfo| excerpt(&String::from_utf8_lossy(t.name.of(bytes)));
+    // Writers pack tensors back to back; a packed layout running past the end of the file is a
+    // file cut short (an interrupted download), not one tensor with a lying offset.
+    let file_size = bytes.len() as u64;
+    if let Some(needed) = packed_end(tensors, alignment)
+        .and_then(|end| end.checked_add(data_offset as u64))
+        .filter(|&needed| needed > file_size && needed <= PLAUSIBLE_FILE_SIZE)
+    {
+        return Err(GgufError::Incomplete {
+            what: format!("the data of its {} tensors", tensors.len()),
+            file_size,
+            needed,
+        });
+    }
     for tensor in tensors {
         if tensor.offset % alignment != 0 {
             return Err(GgufError::bad_tensor(
@@ -139,4 +152,25 @@ pub(crate) fn validate_layout(
         }
     }
     Ok(())
+}
+
+/// Where the data section must end if the tensors are packed back to back in some order (each
+/// starting at the aligned end of the one before, the first at 0), as writers lay them out; `None`
+/// for any other layout, and without tensors (no data section is needed).
+fn packed_end(tensors: &[TensorInfo], alignment: u64) -> Option<u64> {
+    if tensors.is_empty() {
+        return None;
+    }
+    let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
+    by_offset.sort_by_key(|t| t.offset);
+    let mut next = 0u64;
+    let mut end = 0u64;
+    for tensor in by_offset {
+        if tensor.offset != next {
+            return None;
+        }
+        end = tensor.offset.checked_add(tensor.size)?;
+        next = end.checked_next_multiple_of(alignment)?;
+    }
+    Some(end)
 }

@@ -5,6 +5,7 @@
 //! every name and shape they look up.
 
 mod arch;
+mod checks;
 mod hparams;
 mod plan;
 mod tensors;
@@ -92,6 +93,32 @@ pub enum ModelError {
         /// The architecture.
         architecture: &'static str,
     },
+
+    /// The token list and a tensor with one row per token disagree on the vocabulary's size.
+    #[error(
+        "the token list (tokenizer.ggml.tokens) has {tokens} tokens but tensor {tensor:?} has {rows} rows, one per token: the vocabulary does not belong to these weights; use a model file whose token list matches its embedding"
+    )]
+    VocabularyMismatch {
+        /// Entries of `tokenizer.ggml.tokens`.
+        tokens: u64,
+        /// `token_embd.weight` or `output.weight`.
+        tensor: &'static str,
+        /// Its rows.
+        rows: u64,
+    },
+
+    /// A vector the model reads (a norm, a bias) holds a NaN or an infinity.
+    #[error(
+        "tensor {name:?} holds {value} at element {index}: the weights are broken (a norm or bias that is not finite makes every token NaN); re-download or re-convert the model"
+    )]
+    NonFiniteWeight {
+        /// The tensor name.
+        name: String,
+        /// The first element that is not finite.
+        index: usize,
+        /// Its value (NaN, inf or -inf).
+        value: f32,
+    },
 }
 
 impl ModelError {
@@ -136,12 +163,14 @@ impl ModelSpec {
     pub fn from_gguf<B: AsRef<[u8]>>(gguf: &Gguf<B>) -> Result<Self, ModelError> {
         let architecture = Architecture::from_name(gguf.require::<&str>("general.architecture")?)?;
         let hparams = HyperParams::read(gguf, architecture)?;
+        checks::check_vocabulary(gguf)?;
         let qkv_layout = match gguf.tensor("blk.0.attn_qkv.weight") {
             Some(_) => QkvLayout::Fused,
             None => QkvLayout::Separate,
         };
         let tensors = tensors::expected_tensors(architecture, &hparams, qkv_layout);
         tensors::check_tensors(gguf, architecture, &tensors)?;
+        checks::check_vectors(gguf, &tensors)?;
         let qkv_bias = uniform_qkv_bias(gguf, hparams.n_layers, qkv_layout)?;
         Ok(Self {
             architecture,

@@ -324,3 +324,45 @@ fn eos_stop_strings_and_utf8_are_handled_per_sequence() {
         (StopReason::MaxTokens, 6)
     );
 }
+
+#[test]
+fn non_finite_logits_end_only_the_jobs_whose_tokens_made_them() {
+    // Token 8 stands for a token with a broken embedding row: a history holding it gets NaN
+    // logits. The script emits 8 once a sequence is 6 tokens long, else 1.
+    let script: crate::testing::Script =
+        Arc::new(|history: &[u32]| if history.len() >= 6 { 8 } else { 1 });
+    let mut backend = ScriptedBackend::new(64, 10, script);
+    backend.non_finite_on = Some(8);
+    let greedy = |mut request: GenerateRequest| {
+        request.sampling.temperature = 0.0;
+        request
+    };
+    let results = run_all(
+        config(4),
+        &mut backend,
+        vec![
+            request(vec![1, 8, 2], 5),
+            greedy(request(vec![8, 3], 5)),
+            request(vec![1, 2, 3], 10),
+            request(vec![1, 2], 3),
+        ],
+    );
+    let first = |k: usize| match &results[k].1 {
+        Err(GenerateError::Backend(BackendError::NonFiniteLogits { first })) => *first,
+        other => panic!("job {k}: {other:?}"),
+    };
+    // The sampled job's logits row and the greedy job's host-side choice both report the NaN.
+    assert!(matches!(first(0), Some((0, v)) if v.is_nan()));
+    assert!(matches!(first(1), Some((0, v)) if v.is_nan()));
+    assert!(results[0].0.events.is_empty() && results[1].0.events.is_empty());
+    // Job 2 streamed three tokens and the 8, then failed on the next step.
+    assert!(first(2).is_some());
+    let streamed = results[2]
+        .0
+        .events
+        .iter()
+        .filter(|e| matches!(e, GenerateEvent::Token { .. }))
+        .count();
+    assert_eq!(streamed, 4, "{:?}", results[2].0.events);
+    assert_eq!(tokens(&results[3].1), vec![1, 1, 1], "the job beside them");
+}

@@ -31,6 +31,9 @@ pub struct ScriptedBackend {
     pub step_delay: Duration,
     /// Fails the step with this many steps done (0: the first) with a device error.
     pub fail_at_step: Option<usize>,
+    /// A token whose presence anywhere in a chunk's history makes its logits NaN, as a broken
+    /// embedding row does (numerics guard tests).
+    pub non_finite_on: Option<u32>,
     steps: Arc<Mutex<Vec<StepRecord>>>,
 }
 
@@ -43,6 +46,7 @@ impl ScriptedBackend {
             pool: vec![[None; PAGE_SIZE]; kv_pages],
             step_delay: Duration::ZERO,
             fail_at_step: None,
+            non_finite_on: None,
             steps: Arc::default(),
         }
     }
@@ -74,6 +78,9 @@ impl ScriptedBackend {
         let next = (self.script)(history) as usize % self.vocab_size;
         // Sharp enough that sampling at any allowed temperature picks it.
         logits[next] = 1000.0;
+        if self.non_finite_on.is_some_and(|bad| history.contains(&bad)) {
+            logits.fill(f32::NAN);
+        }
         logits
     }
 }

@@ -21,10 +21,14 @@ pub enum ErrorCode {
     VramOom,
     /// The device failed.
     CudaError,
+    /// The model computed non-finite logits for the job (broken weights; not retriable).
+    ModelNumerics,
     /// The job ran past `--inference-timeout-sec` (retriable).
     InferenceTimeout,
     /// The job was cancelled (`/cancel`, disconnect, shutdown).
     Cancelled,
+    /// The request lacks the worker's API key (401).
+    Unauthorized,
     /// Anything else; a bug.
     Internal,
 }
@@ -39,8 +43,10 @@ impl ErrorCode {
             ErrorCode::WorkerDraining => "WORKER_DRAINING",
             ErrorCode::VramOom => "VRAM_OOM",
             ErrorCode::CudaError => "CUDA_ERROR",
+            ErrorCode::ModelNumerics => "MODEL_NUMERICS",
             ErrorCode::InferenceTimeout => "INFERENCE_TIMEOUT",
             ErrorCode::Cancelled => "CANCELLED",
+            ErrorCode::Unauthorized => "UNAUTHORIZED",
             ErrorCode::Internal => "INTERNAL",
         }
     }
@@ -60,6 +66,7 @@ impl ErrorCode {
     fn status(self) -> StatusCode {
         match self {
             ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::WorkerNotReady | ErrorCode::WorkerBusy | ErrorCode::WorkerDraining => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -138,6 +145,11 @@ impl ApiError {
         }
     }
 
+    /// The same error with another HTTP status (405, 421, …), code unchanged.
+    pub fn with_status(self, status: StatusCode) -> Self {
+        Self { status, ..self }
+    }
+
     /// The error code.
     pub fn code(&self) -> ErrorCode {
         self.code
@@ -158,6 +170,12 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, axum::Json(body)).into_response();
         if let Ok(value) = HeaderValue::from_str(&self.correlation_id) {
             response.headers_mut().insert(CORRELATION_HEADER, value);
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            let challenge = HeaderValue::from_static("Bearer");
+            response
+                .headers_mut()
+                .insert(axum::http::header::WWW_AUTHENTICATE, challenge);
         }
         response
     }

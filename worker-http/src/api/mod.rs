@@ -7,4 +7,4 @@ mod request;
 
 pub use error::{ApiError, ErrorCode, FieldError};
 pub use events::{EndEvent, StartedEvent, StreamEvent};
-pub use request::{CancelRequest, ExecuteRequest, Limits};
+pub use request::{CancelRequest, ExecuteRequest, Limits, require_json};

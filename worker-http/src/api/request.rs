@@ -123,23 +123,30 @@ fn body_error(constraint: &str, message: String) -> Vec<FieldError> {
     }]
 }
 
+/// Every POST must say `Content-Type: application/json`: a browser cannot send that cross-origin
+/// without a preflight the worker never grants.
+pub fn require_json(content_type: Option<&str>) -> Result<(), Vec<FieldError>> {
+    let media_type = content_type
+        .and_then(|value| value.split(';').next())
+        .map(str::trim);
+    if media_type.is_some_and(|media| media.eq_ignore_ascii_case("application/json")) {
+        return Ok(());
+    }
+    Err(body_error(
+        "content_type(application/json)",
+        format!(
+            "Content-Type must be application/json, got {}",
+            content_type.unwrap_or("none")
+        ),
+    ))
+}
+
 /// The body as a JSON object, after the content-type check.
 fn json_object(
     content_type: Option<&str>,
     body: &[u8],
 ) -> Result<Map<String, Value>, Vec<FieldError>> {
-    let media_type = content_type
-        .and_then(|value| value.split(';').next())
-        .map(str::trim);
-    if !media_type.is_some_and(|media| media.eq_ignore_ascii_case("application/json")) {
-        return Err(body_error(
-            "content_type(application/json)",
-            format!(
-                "Content-Type must be application/json, got {}",
-                content_type.unwrap_or("none")
-            ),
-        ));
-    }
+    require_json(content_type)?;
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(object)) => Ok(object),
         Ok(other) => Err(body_error(

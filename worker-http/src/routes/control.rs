@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use bytes::Bytes;
 
 use super::{body_or_error, content_type};
-use crate::api::{ApiError, CancelRequest, ErrorCode};
+use crate::api::{ApiError, CancelRequest, ErrorCode, FieldError};
 use crate::correlation::CorrelationId;
 use crate::job_end::{JobEnd, end_job};
 use crate::state::Shared;
@@ -30,9 +30,21 @@ pub async fn cancel_body(
 pub async fn cancel_path(
     State(shared): State<Arc<Shared>>,
     CorrelationId(correlation_id): CorrelationId,
-    Path(job_id): Path<String>,
-) -> StatusCode {
-    cancel(&shared, &job_id, &correlation_id)
+    job_id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Path(job_id) = job_id.map_err(|rejection| {
+        let error = FieldError {
+            field: "job_id".into(),
+            constraint: "utf8".into(),
+            message: format!(
+                "the job id in the path is unreadable: {}",
+                rejection.body_text()
+            ),
+            value: None,
+        };
+        ApiError::invalid(vec![error], &correlation_id)
+    })?;
+    Ok(cancel(&shared, &job_id, &correlation_id))
 }
 
 /// Idempotent: unknown and finished jobs are a no-op, answered 202 all the same.

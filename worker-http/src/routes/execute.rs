@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use axum::Extension;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
@@ -21,6 +22,7 @@ use crate::api::{
     ApiError, ErrorCode, ExecuteRequest, FieldError, Limits, StartedEvent, StreamEvent,
 };
 use crate::clock::rfc3339;
+use crate::connections::Connection;
 use crate::correlation::CorrelationId;
 use crate::job_end::{JobEnd, JobEvent, end_job, render};
 use crate::queue::{Job, Rejected, Submitted, Ticket};
@@ -33,6 +35,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 pub async fn execute(
     State(shared): State<Arc<Shared>>,
     CorrelationId(correlation_id): CorrelationId,
+    connection: Option<Extension<Arc<Connection>>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Sse<KeepAliveStream<JobStream>>, ApiError> {
@@ -106,6 +109,7 @@ pub async fn execute(
         cancel,
         ended: false,
         queued: ticket.map(|ticket| (shared.clone(), ticket)),
+        connection: connection.map(|Extension(connection)| connection),
     };
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }
@@ -211,6 +215,8 @@ pub struct JobStream {
     /// The queue and the job's ticket, to take the job out at once if the client leaves while
     /// it waits.
     queued: Option<(Arc<Shared>, Ticket)>,
+    /// The connection the stream is sent on (absent in in-process tests).
+    connection: Option<Arc<Connection>>,
 }
 
 impl Stream for JobStream {
@@ -240,6 +246,14 @@ impl Drop for JobStream {
             return;
         }
         self.cancel.cancel();
+        if self.connection.as_ref().is_some_and(|c| c.stalled()) {
+            tracing::info!(
+                event = "cancel",
+                job_id = %self.job_id,
+                reason = "client_stalled",
+                "the client stopped reading its stream; cancelling the job"
+            );
+        }
         if let Some((shared, ticket)) = &self.queued
             && let Some(job) = shared.queue.abandon(*ticket)
         {

@@ -2,7 +2,10 @@
 
 mod control;
 mod execute;
+mod guard;
 mod status;
+
+pub use guard::Access;
 
 use std::sync::Arc;
 
@@ -26,7 +29,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/health", get(status::health))
         .route("/metrics", get(status::metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            guard::guard,
+        ))
         .layer(axum::middleware::from_fn(correlate))
         .with_state(shared)
 }
@@ -39,6 +47,24 @@ async fn not_found(
 ) -> crate::api::ApiError {
     let message = format!("no endpoint {method} {}; see specs/CONTRACT.md", uri.path());
     crate::api::ApiError::not_found(message, &correlation_id)
+}
+
+/// A known path with the wrong method: 405 in the contract's error shape.
+async fn method_not_allowed(
+    crate::correlation::CorrelationId(correlation_id): crate::correlation::CorrelationId,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> crate::api::ApiError {
+    let message = format!(
+        "{} does not take {method}; see specs/CONTRACT.md",
+        uri.path()
+    );
+    crate::api::ApiError::new(
+        crate::api::ErrorCode::InvalidRequest,
+        message,
+        &correlation_id,
+    )
+    .with_status(axum::http::StatusCode::METHOD_NOT_ALLOWED)
 }
 
 /// The request's `Content-Type`, if readable.

@@ -92,6 +92,10 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        shared.metrics.render(gauges),
+        {
+            let mut text = shared.metrics.render(gauges);
+            shared.connections.render(&mut text);
+            text
+        },
     )
 }

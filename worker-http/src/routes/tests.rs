@@ -34,12 +34,22 @@ fn settings(parallel: u32) -> Settings {
         batch_tokens: 512,
         kv_cache_mb: None,
         prefix_cache: true,
+        access: crate::Access::default(),
     }
 }
 
 /// A worker over `backend` with `slots` slots, ready.
 fn worker(backend: ScriptedBackend, slots: usize) -> Arc<Shared> {
-    let shared = Arc::new(Shared::new(settings(slots as u32), 64));
+    worker_with(backend, slots, crate::Access::default())
+}
+
+/// A worker with access rules.
+fn worker_with(backend: ScriptedBackend, slots: usize, access: crate::Access) -> Arc<Shared> {
+    let settings = Settings {
+        access,
+        ..settings(slots as u32)
+    };
+    let shared = Arc::new(Shared::new(settings, 64));
     let loaded = Loaded {
         model_name: "scripted".into(),
         quant_kind: "F32".into(),
@@ -80,15 +90,19 @@ async fn send(
 ) -> (StatusCode, String) {
     let request = Request::builder().method(method).uri(path);
     let request = match body {
-        Some(body) => request
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string())),
+        Some(body) => request.body(Body::from(body.to_string())),
         None => request.body(Body::empty()),
     };
-    let response = router(shared.clone())
-        .oneshot(request.unwrap())
-        .await
-        .unwrap();
+    let mut request = request.unwrap();
+    if method == "POST" {
+        let json = "application/json".parse().unwrap();
+        request.headers_mut().insert("content-type", json);
+    }
+    send_request(shared, request).await
+}
+
+async fn send_request(shared: &Arc<Shared>, request: Request<Body>) -> (StatusCode, String) {
+    let response = router(shared.clone()).oneshot(request).await.unwrap();
     let status = response.status();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&bytes).into_owned())
@@ -218,4 +232,50 @@ async fn a_failing_step_fails_its_jobs_with_cuda_error_and_the_worker_goes_on() 
     assert_eq!(failed.last().unwrap()["code"], "CUDA_ERROR");
     let (_, body) = send(&shared, "POST", "/execute", Some(execute_body("good", 4))).await;
     assert_eq!(events(&body).last().unwrap()["type"], "end");
+}
+
+/// The error object of a non-2xx answer.
+fn error_of(body: &str) -> Value {
+    serde_json::from_str::<Value>(body).unwrap()["error"].clone()
+}
+
+#[tokio::test]
+async fn wrong_methods_bad_paths_and_bodyless_posts_get_the_error_object() {
+    let shared = worker(counting(), 1);
+    let (status, body) = send(&shared, "GET", "/execute", None).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(error_of(&body)["code"], "INVALID_REQUEST");
+    let (status, body) = send(&shared, "POST", "/cancel/%ff", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&body)["code"], "INVALID_REQUEST");
+    let plain = Request::post("/shutdown").header("content-type", "text/plain");
+    let (status, body) = send_request(&shared, plain.body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&body)["code"], "INVALID_REQUEST");
+    assert_eq!(shared.lifecycle(), Lifecycle::Ready, "not shut down");
+}
+
+#[tokio::test]
+async fn with_a_key_only_the_status_routes_are_open() {
+    let key: crate::ApiKey = "k3y".parse().unwrap();
+    let access = crate::Access::new(Some(key), [127, 0, 0, 1].into(), None);
+    let shared = worker_with(counting(), 1, access);
+    let (status, body) = send(&shared, "POST", "/execute", Some(execute_body("a", 2))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(error_of(&body)["code"], "UNAUTHORIZED");
+    assert_eq!(
+        send(&shared, "GET", "/health", None).await.0,
+        StatusCode::OK
+    );
+    let keyed = Request::post("/execute")
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer k3y")
+        .body(Body::from(execute_body("a", 2).to_string()))
+        .unwrap();
+    let (status, body) = send_request(&shared, keyed).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(events(&body).last().unwrap()["type"], "end");
+    let rebound = Request::get("/health").header("host", "attacker.example");
+    let (status, _) = send_request(&shared, rebound.body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::MISDIRECTED_REQUEST);
 }

@@ -1,0 +1,126 @@
+//! The listener against clients that hold connections, on the real worker binary
+//! (`LLORCH_TEST_WORKER`, default `llorch-cpud`) on SmolLM2: idle connections cannot starve
+//! `/health`, idle keep-alive connections are closed, and a client that stops reading its stream
+//! is dropped so the job behind it starts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use llorch_tests::http::{self, EventStream};
+use llorch_tests::stream::{job, open, terminal};
+use llorch_tests::worker::{serial, smollm2};
+use serde_json::json;
+
+/// The value of the metric line that starts with `name` (labels included) in a /metrics text.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn metrics(addr: SocketAddr) -> String {
+    http::get(addr, "/metrics").unwrap().text()
+}
+
+#[test]
+fn three_hundred_idle_connections_leave_health_answering() {
+    let _serial = serial();
+    let worker = smollm2(&["--max-connections", "64"]);
+    let idle: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(worker.addr).unwrap())
+        .collect();
+    // Let the worker accept them all (and evict the oldest idle ones past its limit).
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    let health = http::get(worker.addr, "/health").unwrap();
+    let took = asked.elapsed();
+    assert_eq!(health.status, 200, "{}", health.text());
+    eprintln!("/health behind 300 idle connections: {took:?}");
+    assert!(took < Duration::from_millis(100), "{took:?}");
+    let text = metrics(worker.addr);
+    let evicted = metric(
+        &text,
+        "worker_http_connections_closed_total{reason=\"evicted_idle\"}",
+    );
+    assert!(evicted.unwrap() >= 236.0, "{text}");
+    let open = metric(&text, "worker_http_connections").unwrap();
+    assert!(open <= 64.0, "{text}");
+    drop(idle);
+}
+
+#[test]
+fn idle_keep_alive_connections_are_closed() {
+    let _serial = serial();
+    let worker = smollm2(&["--http-idle-timeout-sec", "1"]);
+    let mut silent = TcpStream::connect(worker.addr).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let opened = Instant::now();
+    let mut byte = [0u8; 1];
+    let read = silent.read(&mut byte);
+    assert!(matches!(read, Ok(0)), "{read:?}");
+    let took = opened.elapsed();
+    assert!(took >= Duration::from_millis(900), "closed early: {took:?}");
+    assert!(took < Duration::from_secs(5), "closed late: {took:?}");
+}
+
+/// A client socket whose receive window is a few KiB, so that the worker's writes block soon
+/// once it stops reading.
+fn small_window_client(addr: SocketAddr) -> TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&addr.into()).unwrap();
+    socket.into()
+}
+
+#[test]
+fn a_client_that_never_reads_is_dropped_and_the_job_behind_it_starts() {
+    let _serial = serial();
+    let worker = smollm2(&["--parallel", "1", "--stream-stall-sec", "2"]);
+    let mut stalled = small_window_client(worker.addr);
+    let body = job(
+        "never-read",
+        "Count: 1, 2, 3,",
+        json!({"raw": true, "temperature": 0, "max_tokens": 2048, "ignore_eos": true}),
+    )
+    .to_string();
+    let head = format!(
+        "POST /execute HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        worker.addr,
+        body.len()
+    );
+    use std::io::Write;
+    stalled.write_all(head.as_bytes()).unwrap();
+    stalled.write_all(body.as_bytes()).unwrap();
+
+    let behind = json!({"raw": true, "temperature": 0, "max_tokens": 4});
+    let mut next: EventStream = open(worker.addr, &job("behind", "Hello", behind));
+    let started = next.next_event().unwrap();
+    assert_eq!(started.event, "started");
+    assert_eq!(started.data["queue_position"], 1, "waits behind the reader");
+    let events = next.collect();
+    assert_eq!(terminal(&events)["type"], "end", "{events:?}");
+
+    let dropped =
+        worker.wait_for_log(|l| l["reason"] == "client_stalled" && l["job_id"] == "never-read");
+    assert!(
+        dropped.is_some(),
+        "no client_stalled cancel: {:?}",
+        worker.log_lines()
+    );
+    let ended = worker.wait_for_log(|l| {
+        l["event"] == "cancel" && l["job_id"] == "never-read" && l["code"] == "CANCELLED"
+    });
+    assert!(ended.is_some(), "{:?}", worker.log_lines());
+    let text = metrics(worker.addr);
+    let stalls = metric(
+        &text,
+        "worker_http_connections_closed_total{reason=\"client_stalled\"}",
+    );
+    assert_eq!(stalls, Some(1.0), "{text}");
+    drop(stalled);
+}
