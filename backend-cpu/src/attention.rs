@@ -7,10 +7,10 @@ use std::ops::Range;
 
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
-use worker_common::backend::{Chunk, PageId};
+use worker_common::backend::{Chunk, PAGE_SIZE, PageId};
 use worker_common::model::AttentionShape;
 
-use crate::kv::{LayerKv, pool_row};
+use crate::kv::{LayerKv, key_index};
 
 /// Where one row of a step sits: its position and the index of its chunk (whose page table it
 /// reads).
@@ -122,102 +122,66 @@ struct Span {
     offset: usize,
 }
 
+impl Span {
+    /// Positions attended.
+    fn len(&self) -> usize {
+        self.last + 1 - self.first
+    }
+}
+
 /// The attention of `task`'s rows for the query heads that share its KV head. For each row,
-/// head `j`'s scores are `dot(query, key_p) · scale` for its positions, softmaxed with an f64
-/// sum, and the output is `Σ_p weight_p · value_p` accumulated in position order, then scaled
-/// by the inverse sum: exactly the operations of the row attended alone.
+/// head `j`'s scores are `query · key_p · scale` (summed over the dimensions in order) for its
+/// positions, softmaxed with an f64 sum, and the output is `Σ_p weight_p · value_p` accumulated
+/// in position order, then scaled by the inverse sum: exactly the operations of the row
+/// attended alone, page by page.
 #[inline(always)]
 fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
-    let AttentionShape {
-        n_head,
-        n_head_kv,
-        head_dim_k: dk,
-        head_dim_v: dv,
-        scale,
-        window,
-    } = *inputs.shape;
-    let group = n_head / n_head_kv;
-    let (k_width, v_width) = (n_head_kv * dk, n_head_kv * dv);
-    let Scratch {
-        scores,
-        row,
-        inv_sums,
-        spans,
-        acc,
-    } = scratch;
-    row.resize(dk.max(dv), 0.0);
-    let first_row = inputs.rows[task.rows.start];
-    let pages: &[PageId] = inputs.chunks[first_row.chunk].pages;
-    spans.clear();
-    let mut offset = 0;
-    for t in task.rows.clone() {
-        let last = inputs.rows[t].pos;
-        let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
-        spans.push(Span {
-            first,
-            last,
-            offset,
-        });
-        offset += group * (last + 1 - first);
+    let tile = Tile::new(inputs, task, &mut scratch.spans);
+    let scores_len = tile
+        .spans
+        .last()
+        .map_or(0, |s| s.offset + tile.group * s.len());
+    scratch.scores.clear();
+    scratch.scores.resize(scores_len, 0.0);
+    for page in tile.pages() {
+        tile.page_targets(page, &mut scratch.targets);
+        tile.score_page(
+            page,
+            &scratch.targets,
+            &mut scratch.block,
+            &mut scratch.scores,
+        );
     }
-    scores.clear();
-    scores.resize(offset, 0.0);
-    let (lowest, highest) = (spans[0].first, spans[spans.len() - 1].last);
-    let query_of = |r: usize| {
-        let t = task.rows.start + r;
-        &inputs.q[(t * n_head + task.kv_head * group) * dk..][..group * dk]
-    };
-    for p in lowest..=highest {
-        let key = &mut row[..dk];
-        inputs.kv.keys[pool_row(pages, p) * k_width + task.kv_head * dk..][..dk]
-            .convert_to_f32_slice(key);
-        for (r, span) in spans.iter().enumerate() {
-            if p < span.first || p > span.last {
-                continue;
-            }
-            let (len, i) = (span.last + 1 - span.first, p - span.first);
-            for (j, query) in query_of(r).chunks_exact(dk).enumerate() {
-                scores[span.offset + j * len + i] = dot(query, key) * scale;
-            }
-        }
+    scratch.inv_sums.clear();
+    for span in tile.spans.iter() {
+        let head_scores =
+            scratch.scores[span.offset..][..tile.group * span.len()].chunks_exact_mut(span.len());
+        scratch.inv_sums.extend(head_scores.map(softmax_numerators));
     }
-    inv_sums.clear();
-    for span in spans.iter() {
-        let len = span.last + 1 - span.first;
-        for head_scores in scores[span.offset..][..group * len].chunks_exact_mut(len) {
-            let max = head_scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            let mut sum = 0.0f64;
-            for s in head_scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += f64::from(*s);
-            }
-            inv_sums.push((1.0 / sum) as f32);
-        }
+    let dv = tile.inputs.shape.head_dim_v;
+    let stride = dv.next_multiple_of(V_LANES);
+    scratch.acc.clear();
+    scratch
+        .acc
+        .resize(tile.spans.len() * tile.group * stride, 0.0);
+    for page in tile.pages() {
+        tile.page_targets(page, &mut scratch.targets);
+        tile.weigh_page(
+            page,
+            &scratch.targets,
+            &scratch.scores,
+            &mut scratch.block,
+            &mut scratch.acc,
+        );
     }
-    acc.clear();
-    acc.resize(spans.len() * group * dv, 0.0);
-    for p in lowest..=highest {
-        let value = &mut row[..dv];
-        inputs.kv.values[pool_row(pages, p) * v_width + task.kv_head * dv..][..dv]
-            .convert_to_f32_slice(value);
-        for (span, row_acc) in spans.iter().zip(acc.chunks_exact_mut(group * dv)) {
-            if p < span.first || p > span.last {
-                continue;
-            }
-            let (len, i) = (span.last + 1 - span.first, p - span.first);
-            for (j, head_out) in row_acc.chunks_exact_mut(dv).enumerate() {
-                let weight = scores[span.offset + j * len + i];
-                for (o, v) in head_out.iter_mut().zip(value.iter()) {
-                    *o += weight * v;
-                }
-            }
-        }
-    }
-    let heads = acc.chunks_exact(dv).zip(inv_sums.iter());
+    let heads = scratch
+        .acc
+        .chunks_exact(stride)
+        .zip(scratch.inv_sums.iter());
     for (index, (head_acc, &inv_sum)) in heads.enumerate() {
-        let (r, j) = (index / group, index % group);
+        let (r, j) = (index / tile.group, index % tile.group);
         let t = task.rows.start + r;
-        let place = (t * n_head + task.kv_head * group + j) * dv;
+        let place = (t * tile.inputs.shape.n_head + task.kv_head * tile.group + j) * dv;
         // SAFETY: `place..place + dv` lies inside `out` (row `t` < rows, head < n_head; the
         // length was asserted) and belongs to this task's (row, KV head) alone (see `Output`).
         let head_out = unsafe { std::slice::from_raw_parts_mut(out.0.add(place), dv) };
@@ -227,18 +191,180 @@ fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Outp
     }
 }
 
-/// [`tile_task`] compiled for AVX2 where the CPU has it, so its eight-lane dots and row
-/// updates run as single vector operations: the same IEEE operations in the same order (Rust
+/// Values are accumulated this many dimensions at a time, in registers across a page's
+/// positions (a head's output row is padded to a multiple of it in the scratch).
+const V_LANES: usize = 64;
+
+/// One task's rows as the page loops see them.
+struct Tile<'a, 'i> {
+    inputs: &'a Inputs<'i>,
+    task: &'a Task,
+    spans: &'a [Span],
+    pages: &'a [PageId],
+    group: usize,
+}
+
+impl<'a, 'i> Tile<'a, 'i> {
+    fn new(inputs: &'a Inputs<'i>, task: &'a Task, spans: &'a mut Vec<Span>) -> Self {
+        let shape = inputs.shape;
+        let group = shape.n_head / shape.n_head_kv;
+        spans.clear();
+        let mut offset = 0;
+        for t in task.rows.clone() {
+            let last = inputs.rows[t].pos;
+            let first = shape.window.map_or(0, |w| (last + 1).saturating_sub(w));
+            spans.push(Span {
+                first,
+                last,
+                offset,
+            });
+            offset += group * (last + 1 - first);
+        }
+        let chunk = inputs.rows[task.rows.start].chunk;
+        Self {
+            inputs,
+            task,
+            spans,
+            pages: inputs.chunks[chunk].pages,
+            group,
+        }
+    }
+
+    /// The sequence's pages any row of the tile attends.
+    fn pages(&self) -> std::ops::RangeInclusive<usize> {
+        let lowest = self.spans.iter().map(|s| s.first).min().unwrap_or(0);
+        let highest = self.spans.last().map_or(0, |s| s.last);
+        lowest / PAGE_SIZE..=highest / PAGE_SIZE
+    }
+
+    /// Every (row, head) that attends some of page `page`'s slots, and where its scores are.
+    fn page_targets(&self, page: usize, targets: &mut Vec<Target>) {
+        targets.clear();
+        let base = page * PAGE_SIZE;
+        for (r, span) in self.spans.iter().enumerate() {
+            let (from, to) = (base.max(span.first), (base + PAGE_SIZE - 1).min(span.last));
+            if from > to {
+                continue;
+            }
+            targets.extend((0..self.group).map(|j| Target {
+                query: (r, j),
+                scores_at: span.offset + j * span.len() + from - span.first,
+                slots: from - base..to + 1 - base,
+            }));
+        }
+    }
+
+    fn query(&self, target: &Target) -> &'i [f32] {
+        let AttentionShape {
+            n_head,
+            head_dim_k: dk,
+            ..
+        } = *self.inputs.shape;
+        let (r, j) = target.query;
+        let t = self.task.rows.start + r;
+        &self.inputs.q[(t * n_head + self.task.kv_head * self.group + j) * dk..][..dk]
+    }
+
+    /// The targets' scaled scores over page `page`, four queries at a time.
+    fn score_page(
+        &self,
+        page: usize,
+        targets: &[Target],
+        block: &mut Vec<f32>,
+        scores: &mut [f32],
+    ) {
+        let shape = self.inputs.shape;
+        let (dk, k_width) = (shape.head_dim_k, shape.n_head_kv * shape.head_dim_k);
+        block.resize(dk * PAGE_SIZE, 0.0);
+        let row = self.pages[page].index() * PAGE_SIZE;
+        let start = key_index(row, k_width, self.task.kv_head * dk);
+        self.inputs.kv.keys[start..][..dk * PAGE_SIZE].convert_to_f32_slice(block);
+        let mut quads = targets.chunks_exact(4);
+        for quad in &mut quads {
+            let queries = [0, 1, 2, 3].map(|i| self.query(&quad[i]));
+            let sums = page_scores(queries, block);
+            for (target, sums) in quad.iter().zip(&sums) {
+                target.store(sums, shape.scale, scores);
+            }
+        }
+        for target in quads.remainder() {
+            let [sums] = page_scores([self.query(target)], block);
+            target.store(&sums, shape.scale, scores);
+        }
+    }
+
+    /// Adds `weight · value` of page `page`'s slots to each target's accumulator, in slot order.
+    fn weigh_page(
+        &self,
+        page: usize,
+        targets: &[Target],
+        scores: &[f32],
+        block: &mut Vec<f32>,
+        acc: &mut [f32],
+    ) {
+        let shape = self.inputs.shape;
+        let (dv, v_width) = (shape.head_dim_v, shape.n_head_kv * shape.head_dim_v);
+        let stride = dv.next_multiple_of(V_LANES);
+        block.clear();
+        block.resize(PAGE_SIZE * stride, 0.0);
+        let used = targets.iter().map(|t| t.slots.end).max().unwrap_or(0);
+        for (slot, value) in block.chunks_exact_mut(stride).enumerate().take(used) {
+            let row = self.pages[page].index() * PAGE_SIZE + slot;
+            self.inputs.kv.values[row * v_width + self.task.kv_head * dv..][..dv]
+                .convert_to_f32_slice(&mut value[..dv]);
+        }
+        for target in targets {
+            let (r, j) = target.query;
+            let head_acc = &mut acc[(r * self.group + j) * stride..][..stride];
+            let weights = &scores[target.scores_at..][..target.slots.len()];
+            for (lanes, c) in head_acc
+                .chunks_exact_mut(V_LANES)
+                .zip((0..stride).step_by(V_LANES))
+            {
+                accumulate(lanes, weights, &block[c..], stride, target.slots.start);
+            }
+        }
+    }
+}
+
+/// `lanes += Σ weights[i] · values[(first + i) · stride ..][..V_LANES]`, in order of `i`, with
+/// the sums held in registers for the page.
+#[inline(always)]
+fn accumulate(lanes: &mut [f32], weights: &[f32], values: &[f32], stride: usize, first: usize) {
+    let mut sums = [0.0f32; V_LANES];
+    sums.copy_from_slice(&lanes[..V_LANES]);
+    for (i, &weight) in weights.iter().enumerate() {
+        let value = &values[(first + i) * stride..][..V_LANES];
+        for (sum, &v) in sums.iter_mut().zip(value) {
+            *sum += weight * v;
+        }
+    }
+    lanes[..V_LANES].copy_from_slice(&sums);
+}
+
+/// [`tile_task`] compiled for AVX-512 or AVX2 where the CPU has it, so its eight-lane dots,
+/// exponentials and row updates run as vector operations: the same IEEE operations in the same order (Rust
 /// never fuses a multiply and an add on its own), so the same bits as the plain build.
 mod simd {
     use super::{Inputs, Output, Scratch, Task};
 
     pub(super) fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
         #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature was detected on this CPU.
+            return unsafe { avx512(inputs, scratch, task, out) };
+        }
+        #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             // SAFETY: the features were detected on this CPU.
             return unsafe { avx2(inputs, scratch, task, out) };
         }
+        super::tile_task(inputs, scratch, task, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
         super::tile_task(inputs, scratch, task, out)
     }
 
@@ -249,43 +375,124 @@ mod simd {
     }
 }
 
-/// Per-task buffers: the scores of a tile's queries, one key or value row in f32, each query
-/// head's softmax normaliser, the rows' spans and their output accumulators.
+/// Per-task buffers: the scores of a tile's queries, a page's keys or values in f32, each query
+/// head's softmax normaliser, the rows' spans, a page's targets and the output accumulators.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
-    row: Vec<f32>,
+    block: Vec<f32>,
     inv_sums: Vec<f32>,
     spans: Vec<Span>,
+    targets: Vec<Target>,
     acc: Vec<f32>,
 }
 
-/// `Σ a[i]·b[i]` over eight lanes, so the compiler can vectorise it without reassociating.
+/// Replaces `scores` by `exp(score − max)` and returns the inverse of their sum (summed in f64
+/// over four lanes). Lane-wise operations in a fixed order, so they vectorise and give the same
+/// bits at any vector width.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let mut a_chunks = a.chunks_exact(8);
-    let mut b_chunks = b.chunks_exact(8);
-    for (x, y) in (&mut a_chunks).zip(&mut b_chunks) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
+fn softmax_numerators(scores: &mut [f32]) -> f32 {
+    let mut maxima = [f32::NEG_INFINITY; 8];
+    let mut chunks = scores.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (m, &s) in maxima.iter_mut().zip(chunk) {
+            *m = m.max(s);
         }
     }
-    let tail: f32 = a_chunks
+    let max = chunks
         .remainder()
         .iter()
-        .zip(b_chunks.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    lanes.iter().sum::<f32>() + tail
+        .chain(&maxima)
+        .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    for s in scores.iter_mut() {
+        *s = exp(*s - max);
+    }
+    let mut lanes = [0.0f64; 4];
+    let mut chunks = scores.chunks_exact(4);
+    for chunk in &mut chunks {
+        for (lane, &s) in lanes.iter_mut().zip(chunk) {
+            *lane += f64::from(s);
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&s| f64::from(s)).sum();
+    let sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + tail;
+    (1.0 / sum) as f32
+}
+
+/// `e^x` for the softmax's `x ≤ 0`, within about 2 ulp: Cody–Waite reduction to
+/// `x = k·ln 2 + r`, Cephes' degree-6 polynomial for `e^r`, and `2^k` built in the exponent
+/// bits. Plain IEEE operations without branches, so a loop over it vectorises (libm's `expf`
+/// is a call per score, which long prompts pay billions of times). Below −87 it returns
+/// `e^−87` (≈ 1.6e-38), which no softmax sum can tell from 0.
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    const ROUNDER: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Not `max`, which would turn a NaN score into a number: NaN must reach the logits.
+    let x = if x < -87.0 { -87.0 } else { x };
+    let shifted = x * std::f32::consts::LOG2_E + ROUNDER;
+    let k = shifted - ROUNDER;
+    let r = x - k * LN2_HI - k * LN2_LO;
+    let p = 1.987_569_1e-4;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 0.166_666_65;
+    let p = p * r + 0.5;
+    let e_r = p * (r * r) + r + 1.0;
+    // `shifted`'s low mantissa bits hold k in two's complement.
+    let k_bits = shifted.to_bits().wrapping_sub(ROUNDER.to_bits()) as i32;
+    let two_k = f32::from_bits(((k_bits + 127) as u32) << 23);
+    e_r * two_k
+}
+
+/// One query head's scores over one page: which query, where its scores go, which slots.
+#[derive(Debug, Clone)]
+struct Target {
+    /// (tile row, head in the group).
+    query: (usize, usize),
+    /// Index in the scratch scores of slot `slots.start`'s score.
+    scores_at: usize,
+    /// The page's slots the row attends.
+    slots: Range<usize>,
+}
+
+impl Target {
+    fn store(&self, sums: &[f32; PAGE_SIZE], scale: f32, scores: &mut [f32]) {
+        let slots = self.slots.clone();
+        for (score, &sum) in scores[self.scores_at..].iter_mut().zip(&sums[slots]) {
+            *score = sum * scale;
+        }
+    }
+}
+
+/// `query · key` of `N` queries for the [`PAGE_SIZE`] keys of a transposed page block
+/// (`[dimension][slot]`), each summed over the dimensions in order: one vector multiply and
+/// add per query and dimension, the `N` sums independent so they overlap in the pipeline.
+#[inline(always)]
+fn page_scores<const N: usize>(queries: [&[f32]; N], key_block: &[f32]) -> [[f32; PAGE_SIZE]; N] {
+    let mut sums = [[0.0f32; PAGE_SIZE]; N];
+    let dims = key_block.len() / PAGE_SIZE;
+    let queries = queries.map(|query| &query[..dims]);
+    for (d, keys) in key_block.chunks_exact(PAGE_SIZE).enumerate() {
+        for (sum, query) in sums.iter_mut().zip(&queries) {
+            let q = query[d];
+            for (s, &k) in sum.iter_mut().zip(keys) {
+                *s += q * k;
+            }
+        }
+    }
+    sums
 }
 
 #[cfg(test)]
 mod tests {
     use half::f16;
-    use worker_common::backend::{PAGE_SIZE, Want};
+    use worker_common::backend::Want;
 
     use super::*;
+    use crate::kv::pool_row;
 
     fn halves(values: &[f32]) -> Vec<f16> {
         values.iter().map(|&v| f16::from_f32(v)).collect()
@@ -322,7 +529,9 @@ mod tests {
         for &(pages, k, v) in sequences {
             for (p, key) in k.chunks_exact(dk_total).enumerate() {
                 let row = pool_row(pages, p);
-                keys[row * dk_total..][..dk_total].copy_from_slice(key);
+                for (element, &x) in key.iter().enumerate() {
+                    keys[key_index(row, dk_total, element)] = x;
+                }
                 values[row * dv_total..][..dv_total]
                     .copy_from_slice(&v[p * dv_total..][..dv_total]);
             }
@@ -518,6 +727,23 @@ mod tests {
                 .chunks(2)
                 .all(|pair| pair[0].kv_head == 0 && pair[1].kv_head == 1)
         );
+    }
+
+    #[test]
+    fn exp_is_within_a_few_ulp_of_libm() {
+        let mut state = 0xACE0_FBA5_E000_0001u64;
+        let mut worst = 0.0f64;
+        for x in random(100_000, &mut state)
+            .iter()
+            .map(|r| -43.5 * r.abs())
+            .chain([0.0, -1e-30, -0.5, -87.0, -86.9])
+        {
+            let want = f64::from(x).exp();
+            worst = worst.max((f64::from(exp(x)) - want).abs() / want);
+        }
+        assert!(worst < 4e-7, "relative error {worst:e}");
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(-1000.0), exp(-87.0));
     }
 
     fn small(window: Option<usize>) -> AttentionShape {

@@ -34,6 +34,14 @@ pub struct LayerKv<'a> {
     pub values: &'a [f16],
 }
 
+/// Where element `element` (KV head × head size + dimension) of the key in pool row `row` is.
+/// Keys are stored transposed within each page (`[page][element][slot]`): one dimension of a
+/// page's [`PAGE_SIZE`] keys lies side by side, so attention scores a page's positions with one
+/// vector operation per dimension, each score still summed over the dimensions in order.
+pub fn key_index(row: usize, k_width: usize, element: usize) -> usize {
+    ((row / PAGE_SIZE) * k_width + element) * PAGE_SIZE + row % PAGE_SIZE
+}
+
 /// The pool row (`page * PAGE_SIZE + slot`) of position `pos` of a sequence with `pages`.
 /// Positions come from validated chunks, whose tables cover them.
 #[inline(always)]
@@ -116,8 +124,8 @@ impl KvPool {
         let (start, keys, _) = self.layer_range(layer);
         let (kw, vw) = (self.k_width, self.v_width);
         let layer_data = &mut self.data[start..];
-        for (dst, &x) in layer_data[row * kw..][..kw].iter_mut().zip(k) {
-            *dst = f16::from_f32(x);
+        for (element, &x) in k.iter().enumerate().take(kw) {
+            layer_data[key_index(row, kw, element)] = f16::from_f32(x);
         }
         for (dst, &x) in layer_data[keys + row * vw..][..vw].iter_mut().zip(v) {
             *dst = f16::from_f32(x);

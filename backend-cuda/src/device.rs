@@ -70,9 +70,41 @@ pub struct Gpu {
 /// than by cuBLAS at the first GEMM (32 MiB is what cuBLAS itself takes on Hopper).
 const BLAS_WORKSPACE: usize = 32 << 20;
 
-/// A driver error as a backend error, naming what failed.
+/// A driver error as a backend error, naming what failed: [`BackendError::DeviceLost`] when
+/// the error is sticky ([`is_sticky`]), else [`BackendError::Device`].
 pub fn device_error(what: &str, e: DriverError) -> BackendError {
-    BackendError::Device(format!("{what}: {e}"))
+    if is_sticky(e.0) {
+        BackendError::DeviceLost(format!("{what}: {e}"))
+    } else {
+        BackendError::Device(format!("{what}: {e}"))
+    }
+}
+
+/// Whether a driver error poisons the context for the life of the process: CUDA's "sticky"
+/// errors, after which every call on the context returns the same error (a kernel faulted, or
+/// the hardware did). Everything else (out of memory, a bad argument or launch configuration,
+/// a capture error) leaves the context usable.
+pub fn is_sticky(code: sys::CUresult) -> bool {
+    use sys::CUresult as R;
+    matches!(
+        code,
+        R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+            | R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_MISALIGNED_ADDRESS
+            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | R::CUDA_ERROR_INVALID_PC
+            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | R::CUDA_ERROR_ASSERT
+            | R::CUDA_ERROR_TENSOR_MEMORY_LEAK
+            | R::CUDA_ERROR_ECC_UNCORRECTABLE
+            | R::CUDA_ERROR_NVLINK_UNCORRECTABLE
+            | R::CUDA_ERROR_CONTAINED
+            | R::CUDA_ERROR_EXTERNAL_DEVICE
+            | R::CUDA_ERROR_CONTEXT_IS_DESTROYED
+            | R::CUDA_ERROR_DEINITIALIZED
+    )
 }
 
 /// Device-wide bytes in use (total minus free).
@@ -291,6 +323,16 @@ impl Gpu {
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .map_err(|e| device_error("instantiating the captured graph", e))?
             .ok_or_else(|| BackendError::Device("the graph capture recorded nothing".to_owned()))
+    }
+
+    /// The sticky error the context holds, if any: after a call failed (a cuBLAS call, whose
+    /// status does not say why), synchronizing the context tells a poisoned one apart, since a
+    /// sticky error is returned by every call from then on.
+    pub fn sticky_error(&self) -> Option<DriverError> {
+        match self.ctx.synchronize() {
+            Err(e) if is_sticky(e.0) => Some(e),
+            _ => None,
+        }
     }
 
     /// Waits for all queued work; surfaces asynchronous kernel faults.

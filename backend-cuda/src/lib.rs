@@ -12,6 +12,7 @@
 //! NVRTC for the device at start-up and cached on disk.
 
 mod device;
+mod fault;
 mod forward;
 mod kv;
 mod module;
@@ -34,6 +35,7 @@ use worker_common::backend::{
 use worker_common::model::{ModelFile, ModelPlan};
 
 use device::Gpu;
+use fault::FaultTrigger;
 use forward::Model;
 use kv::KvPool;
 use scratch::Scratch;
@@ -99,6 +101,11 @@ pub struct CudaBackend {
     /// The memory pool's reservation once loaded: what it grows beyond is scratch.
     pool_at_load: u64,
     ordinal: u32,
+    /// The sticky error that poisoned the context, once one did: every later step fails with
+    /// it at once (`DeviceLost`).
+    lost: Option<String>,
+    /// The test-only fault (`LLORCH_TEST_DEVICE_FAULT`), when armed.
+    fault: Option<FaultTrigger>,
     // Declared last: the buffers above are freed before the context and module go.
     gpu: Gpu,
 }
@@ -143,6 +150,7 @@ impl Load for CudaBackend {
         tracing::info!(pages, bytes = kv.bytes() as u64, "KV page pool allocated");
         let runtime = runtime_bytes(&gpu, (weights.bytes() + kv.bytes()) as u64)?;
         let pool_at_load = gpu.pool_reserved()?;
+        let fault = FaultTrigger::from_env(&gpu)?;
         Ok(Self {
             plan,
             kv,
@@ -154,6 +162,8 @@ impl Load for CudaBackend {
             runtime,
             pool_at_load,
             ordinal: options.device,
+            lost: None,
+            fault,
             gpu,
         })
     }
@@ -203,8 +213,31 @@ impl InferenceBackend for CudaBackend {
     }
 
     /// Runs the chunks one after the other, each exactly as it would run alone (so the step is
-    /// batch invariant), downloading what each wants before the next one starts.
+    /// batch invariant), downloading what each wants before the next one starts. A sticky CUDA
+    /// error fails the step with `DeviceLost`, and every later step with the same.
     fn step(
+        &mut self,
+        chunks: &[Chunk<'_>],
+        outputs: &mut StepOutputs,
+    ) -> Result<(), BackendError> {
+        if let Some(lost) = &self.lost {
+            return Err(BackendError::DeviceLost(lost.clone()));
+        }
+        let result = self.run_step(chunks, outputs);
+        if let Err(err) = &result
+            && let Some(lost) = self.lost_by(err)
+        {
+            tracing::error!(error = %lost, "the CUDA context is poisoned by a sticky error");
+            self.lost = Some(lost.clone());
+            return Err(BackendError::DeviceLost(lost));
+        }
+        result
+    }
+}
+
+impl CudaBackend {
+    /// [`InferenceBackend::step`] on a usable context.
+    fn run_step(
         &mut self,
         chunks: &[Chunk<'_>],
         outputs: &mut StepOutputs,
@@ -220,6 +253,9 @@ impl InferenceBackend for CudaBackend {
             }
         }
         self.gpu.bind()?;
+        if let Some(fault) = &mut self.fault {
+            fault.before_step(&self.gpu)?;
+        }
         // Grown once for the step's largest chunk, not chunk by chunk.
         let largest = chunks.iter().map(|c| c.tokens.len()).max().unwrap_or(0);
         self.scratch.reserve(&self.gpu, &self.plan, largest)?;
@@ -235,9 +271,20 @@ impl InferenceBackend for CudaBackend {
         }
         Ok(())
     }
-}
 
-impl CudaBackend {
+    /// What poisoned the context, when `err` says or the context does: a `Device` error from a
+    /// call whose status hides the cause (cuBLAS) is checked against the context's sticky error.
+    fn lost_by(&self, err: &BackendError) -> Option<String> {
+        match err {
+            BackendError::DeviceLost(what) => Some(what.clone()),
+            BackendError::Device(what) => self
+                .gpu
+                .sticky_error()
+                .map(|sticky| format!("{what}; the context then reported {sticky}")),
+            _ => None,
+        }
+    }
+
     /// Downloads what chunk `index` wants into `outputs` (waiting for its pass).
     fn collect(
         &mut self,

@@ -12,7 +12,7 @@ use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
 
 /// The one NVRTC program: the files in dependency order (helpers first).
-const SOURCE: &str = concat!(
+pub const SOURCE: &str = concat!(
     include_str!("../kernels/prelude.cu"),
     include_str!("../kernels/quant.cu"),
     include_str!("../kernels/qgemv.cu"),
@@ -154,7 +154,7 @@ pub fn cubin_for(arch: &str) -> Result<Vec<u8>, BackendError> {
         return Ok(cached);
     }
     let started = std::time::Instant::now();
-    let cubin = compile(&options)?;
+    let cubin = compile(SOURCE, c"llorch_kernels.cu", &options)?;
     tracing::info!(
         arch,
         nvrtc = %version,
@@ -171,7 +171,7 @@ pub fn cubin_for(arch: &str) -> Result<Vec<u8>, BackendError> {
 
 /// NVRTC options: a cubin for exactly this GPU (no PTX left for the driver to compile), and
 /// no contraction of products and sums into fused multiply-adds (see prelude.cu).
-fn compile_options(arch: &str) -> Vec<String> {
+pub fn compile_options(arch: &str) -> Vec<String> {
     vec![
         format!("--gpu-architecture={arch}"),
         "--fmad=false".to_owned(),
@@ -188,11 +188,12 @@ fn nvrtc_version() -> Result<String, BackendError> {
     Ok(format!("{major}.{minor}"))
 }
 
-/// Compiles [`SOURCE`]; a compile error carries NVRTC's log.
-fn compile(options: &[String]) -> Result<Vec<u8>, BackendError> {
-    let source = CString::new(SOURCE)
+/// Compiles `source` (named `name` in NVRTC's messages) to a cubin; a compile error carries
+/// NVRTC's log.
+pub fn compile(source: &str, name: &CStr, options: &[String]) -> Result<Vec<u8>, BackendError> {
+    let source = CString::new(source)
         .map_err(|_| BackendError::Device("kernel source contains a NUL byte".to_owned()))?;
-    let prog = nvrtc::create_program(&source, Some(c"llorch_kernels.cu"))
+    let prog = nvrtc::create_program(&source, Some(name))
         .map_err(|e| BackendError::Device(format!("nvrtcCreateProgram: {e:?}")))?;
     let program = Program(prog);
     // SAFETY: `program.0` was just created and is destroyed only by `Program::drop`.

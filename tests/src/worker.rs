@@ -64,12 +64,18 @@ pub struct Worker {
 impl Worker {
     /// Starts the worker on `model` with `args` and waits for its listener (not for the model).
     pub fn spawn(model: &Path, args: &[&str]) -> Worker {
+        Self::spawn_with_env(model, args, &[])
+    }
+
+    /// [`Worker::spawn`] with extra environment variables (test-only triggers).
+    pub fn spawn_with_env(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Worker {
         let name = worker_binary();
         let mut command = Command::new(binary(&name));
         command
             .arg("--model")
             .arg(model)
             .args(worker_args(&name, args))
+            .envs(env.iter().copied())
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -17,6 +17,7 @@ use worker_common::schedule::{Ended, PrefixIndex, Scheduler, SchedulerConfig};
 use worker_common::tokenizer::template::TemplateError;
 use worker_common::tokenizer::{Tokenizer, TokenizerError};
 
+use crate::api::ErrorCode;
 use crate::job_end::{JobEnd, JobEvent, end_job};
 use crate::queue::{Job, Ticket};
 use crate::state::{Loaded, Shared};
@@ -243,7 +244,8 @@ impl EventSink for Running {
     }
 }
 
-/// Admits jobs and steps the scheduler until the queue is closed and every job has ended.
+/// Admits jobs and steps the scheduler until the queue is closed and every job has ended, or
+/// until the device fails for good ([`fail`]).
 fn serve<B: InferenceBackend>(shared: &Shared, mut backend: B, mut scheduler: Scheduler<Running>) {
     let Some(loaded) = shared.loaded().cloned() else {
         return;
@@ -264,12 +266,63 @@ fn serve<B: InferenceBackend>(shared: &Shared, mut backend: B, mut scheduler: Sc
                 .record_step(step.sequences, step.tokens, step.duration.as_secs_f64());
         }
         shared.set_scheduler(stats);
-        if !ended.is_empty() {
+        let lost = ended.iter().find_map(|e| lost_device(&e.result));
+        if let Some(message) = &lost {
+            // Failed before any job hears of the fault: a client holding its error event
+            // finds /health failed.
+            fail(shared, message);
+        } else if !ended.is_empty() {
             shared.set_memory(backend.info().memory);
         }
         for Ended { job, result } in ended {
             end_running(shared, job, result);
         }
+        if let Some(message) = lost {
+            end_all(shared, &mut scheduler, &message);
+            // After every job has its end, so the drain finds nothing to end as draining.
+            shared.shutdown.notify_one();
+            // Freeing on a poisoned context fails (cuBLAS's handle panics on it) and the process
+            // exits within the grace: the backend is left to the process's end.
+            std::mem::forget(backend);
+            return;
+        }
+    }
+}
+
+/// The message of a backend error that poisons the device.
+fn lost_device(result: &Result<Finished, GenerateError>) -> Option<String> {
+    match result {
+        Err(GenerateError::Backend(err)) if err.poisons_device() => Some(err.to_string()),
+        _ => None,
+    }
+}
+
+/// The device failed for good: the worker turns `failed` (`/health` 503, `/execute` refused);
+/// once the jobs are ended the server is woken to exit non-zero after the grace.
+fn fail(shared: &Shared, message: &str) {
+    let grace_sec = shared.settings.shutdown_grace.as_secs();
+    shared.fail(ErrorCode::CudaError.as_str(), message.to_owned());
+    tracing::error!(
+        event = "error",
+        worker_id = shared.settings.worker_id.as_str(),
+        code = ErrorCode::CudaError.as_str(),
+        grace_sec,
+        "the device failed for good ({message}): failing every job, exiting in {grace_sec}s"
+    );
+}
+
+/// Ends every job still running (preempted ones too) and every queued one with `CUDA_ERROR`,
+/// and closes the queue.
+fn end_all(shared: &Shared, scheduler: &mut Scheduler<Running>, message: &str) {
+    let lost = || GenerateError::Backend(BackendError::DeviceLost(message.to_owned()));
+    for Ended { job, result } in scheduler.abort_all(lost) {
+        end_running(shared, job, result);
+    }
+    for job in shared.queue.close() {
+        let end = JobEnd::device_lost(format!(
+            "the worker's device failed before this job started ({message}); send it to another worker"
+        ));
+        end_job(shared, job, end, 0.0);
     }
 }
 

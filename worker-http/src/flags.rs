@@ -71,7 +71,8 @@ pub struct CommonFlags {
     #[arg(long, env = "LLORCH_INFERENCE_TIMEOUT_SEC", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub inference_timeout_sec: u64,
 
-    /// Seconds a running job may continue after a shutdown request before it is cancelled.
+    /// Seconds a running job may continue after a shutdown request before it is cancelled; also
+    /// how long a worker whose device failed reports `failed` before it exits 1.
     #[arg(long, env = "LLORCH_SHUTDOWN_GRACE_SEC", default_value_t = 30)]
     pub shutdown_grace_sec: u64,
 

@@ -32,6 +32,10 @@ pub enum JobEnd {
         code: ErrorCode,
         /// What happened, for the client.
         message: String,
+        /// Whether the request may succeed if sent again: the code's own answer, except for
+        /// jobs ended by a device fault that failed the worker (`CUDA_ERROR`, retriable on
+        /// another worker: the request is not at fault).
+        retriable: bool,
     },
 }
 
@@ -42,6 +46,10 @@ impl From<Result<Finished, GenerateError>> for JobEnd {
             Err(err) => JobEnd::Failed {
                 code: ErrorCode::from(&err),
                 message: err.to_string(),
+                retriable: match &err {
+                    GenerateError::Backend(backend) if backend.poisons_device() => true,
+                    _ => ErrorCode::from(&err).retriable(),
+                },
             },
         }
     }
@@ -56,7 +64,9 @@ impl From<&GenerateError> for ErrorCode {
                 ErrorCode::InvalidRequest
             }
             GenerateError::Backend(BackendError::OutOfMemory { .. }) => ErrorCode::VramOom,
-            GenerateError::Backend(BackendError::Device(_)) => ErrorCode::CudaError,
+            GenerateError::Backend(BackendError::Device(_) | BackendError::DeviceLost(_)) => {
+                ErrorCode::CudaError
+            }
             GenerateError::Backend(BackendError::NonFiniteLogits { .. }) => {
                 ErrorCode::ModelNumerics
             }
@@ -71,6 +81,17 @@ impl JobEnd {
         JobEnd::Failed {
             code,
             message: message.into(),
+            retriable: code.retriable(),
+        }
+    }
+
+    /// A job the worker could not run because its device failed for good: `CUDA_ERROR`,
+    /// retriable on another worker.
+    pub fn device_lost(message: impl Into<String>) -> Self {
+        JobEnd::Failed {
+            code: ErrorCode::CudaError,
+            message: message.into(),
+            retriable: true,
         }
     }
 
@@ -125,7 +146,7 @@ fn log_end(shared: &Shared, job: &Job, end: &JobEnd, record: &JobRecord) {
     let worker_id = shared.settings.worker_id.as_str();
     let (job_id, correlation_id) = (job.id.as_str(), job.correlation_id.as_str());
     match end {
-        JobEnd::Failed { code, message } => {
+        JobEnd::Failed { code, message, .. } => {
             let kind = if *code == ErrorCode::Cancelled {
                 "cancel"
             } else {
@@ -175,7 +196,15 @@ pub fn render(event: JobEvent, job_id: &str) -> StreamEvent {
             stop_reason: done.stop_reason.as_str(),
             stop_sequence_matched: done.stop_sequence_matched,
         }),
-        JobEvent::End(JobEnd::Failed { code, message }) => StreamEvent::error(code, message),
+        JobEvent::End(JobEnd::Failed {
+            code,
+            message,
+            retriable,
+        }) => StreamEvent::Error {
+            code: code.as_str(),
+            message,
+            retriable,
+        },
     }
 }
 
@@ -194,7 +223,7 @@ mod tests {
             first: Some((7, f32::NAN)),
         });
         let end = JobEnd::from(Err(err));
-        let JobEnd::Failed { code, message } = &end else {
+        let JobEnd::Failed { code, message, .. } = &end else {
             panic!("{end:?}");
         };
         assert_eq!(*code, ErrorCode::ModelNumerics);
@@ -204,5 +233,24 @@ mod tests {
         assert_eq!(end.record(0.5).outcome, Outcome::Error);
         let device = GenerateError::Backend(BackendError::NonFiniteLogits { first: None });
         assert_eq!(ErrorCode::from(&device), ErrorCode::ModelNumerics);
+    }
+
+    #[test]
+    fn device_errors_are_cuda_error_and_only_a_lost_device_is_retriable() {
+        let recoverable = JobEnd::from(Err(GenerateError::Backend(BackendError::Device(
+            "a launch".into(),
+        ))));
+        let lost = JobEnd::from(Err(GenerateError::Backend(BackendError::DeviceLost(
+            "an illegal address".into(),
+        ))));
+        for (end, expected) in [(recoverable, false), (lost, true)] {
+            let StreamEvent::Error {
+                code, retriable, ..
+            } = render(JobEvent::End(end), "j")
+            else {
+                panic!("not an error event");
+            };
+            assert_eq!((code, retriable), ("CUDA_ERROR", expected));
+        }
     }
 }

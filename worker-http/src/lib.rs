@@ -31,7 +31,8 @@ use worker_common::backend::Load;
 const RUNTIME_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Runs a worker over backend `B` until it has drained: exit code 0 after a shutdown, 1 when
-/// start-up fails (model load, memory, listener, callback).
+/// start-up fails (model load, memory, listener, callback) or when the worker failed while
+/// serving (its device failed for good), after `--shutdown-grace-sec`.
 pub fn run<B: Load>(flags: CommonFlags, options: B::Options) -> ExitCode {
     logging::init(flags.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -56,6 +57,12 @@ pub fn run<B: Load>(flags: CommonFlags, options: B::Options) -> ExitCode {
     // A blocking task still running (a request's render, the engine's join after the drain gave
     // up on it) must not keep the process from exiting.
     runtime.shutdown_timeout(RUNTIME_STOP_TIMEOUT);
+    exit_code(served, &worker_id, &model_ref)
+}
+
+/// The process's exit code for how serving ended, logging a failure (`event: error` with its
+/// code: start-up codes, or `CUDA_ERROR` for a worker whose device failed).
+fn exit_code(served: Result<(), StartError>, worker_id: &str, model_ref: &str) -> ExitCode {
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -47,6 +47,14 @@ pub enum StartError {
     /// The engine thread died without reporting (a bug).
     #[error("the engine thread ended without reporting the load")]
     EngineLost,
+    /// The worker failed while serving (its device failed for good) and exited after the grace.
+    #[error("the worker failed: {message}")]
+    Failed {
+        /// The contract's code, e.g. `CUDA_ERROR`.
+        code: &'static str,
+        /// What failed.
+        message: String,
+    },
 }
 
 impl StartError {
@@ -55,6 +63,7 @@ impl StartError {
         match self {
             StartError::Load { source, .. } => source.code(),
             StartError::Callback(_) => "CALLBACK_FAILED",
+            StartError::Failed { code, .. } => code,
             StartError::Bind { .. } | StartError::Config(_) | StartError::EngineLost => {
                 "STARTUP_FAILED"
             }
@@ -122,7 +131,7 @@ pub async fn serve<B: Load>(flags: CommonFlags, options: B::Options) -> Result<(
         loaded = ready_rx => match loaded {
             Ok(Ok(())) => {}
             Ok(Err(source)) => {
-                shared.set_lifecycle(Lifecycle::Failed);
+                shared.fail(source.code(), source.to_string());
                 return Err(load_error(source));
             }
             Err(_) => return Err(StartError::EngineLost),
@@ -155,12 +164,40 @@ pub async fn serve<B: Load>(flags: CommonFlags, options: B::Options) -> Result<(
         })
         .await?;
     }
-    shared.shutdown.notified().await;
-    drain(&shared, engine).await;
+    let stopped = serve_until_stopped(&shared, engine).await;
     let _ = stop_server.send(());
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
     tracing::info!(event = "shutdown", worker_id, "stopped");
-    Ok(())
+    stopped
+}
+
+/// Serves until a shutdown (signal, `/shutdown`) or a device failure wakes it, then drains.
+/// `Err` (exit 1) when the worker failed: `/health` says `failed` until `--shutdown-grace-sec`
+/// after the failure (a signal cuts that short), so a pool manager polling it sees why.
+pub(crate) async fn serve_until_stopped(
+    shared: &Arc<Shared>,
+    engine: JoinHandle<()>,
+) -> Result<(), StartError> {
+    shared.shutdown.notified().await;
+    drain(shared, engine).await;
+    let Some(failure) = shared.failure() else {
+        return Ok(());
+    };
+    let until = failure.at + shared.settings.shutdown_grace;
+    tracing::info!(
+        event = "shutdown",
+        worker_id = shared.settings.worker_id.as_str(),
+        code = failure.code,
+        "failed: exiting with code 1 once the grace is over"
+    );
+    tokio::select! {
+        () = tokio::time::sleep_until(until.into()) => {}
+        () = shared.shutdown.notified() => {}
+    }
+    Err(StartError::Failed {
+        code: failure.code,
+        message: failure.message.clone(),
+    })
 }
 
 /// `--api-key`, or the first line of `--api-key-file`.
@@ -223,12 +260,15 @@ fn callback_payload(shared: &Shared, uri: &str) -> serde_json::Value {
 async fn drain(shared: &Arc<Shared>, engine: JoinHandle<()>) {
     let worker_id = shared.settings.worker_id.as_str();
     let grace = shared.settings.shutdown_grace;
-    tracing::info!(
-        event = "shutdown",
-        worker_id,
-        grace_sec = grace.as_secs(),
-        "draining"
-    );
+    if shared.failure().is_none() {
+        tracing::info!(
+            event = "shutdown",
+            worker_id,
+            grace_sec = grace.as_secs(),
+            "draining"
+        );
+    }
+    // A failed worker stays failed (`set_lifecycle` never leaves `Failed`).
     shared.set_lifecycle(Lifecycle::Draining);
     for job in shared.queue.close() {
         let end = JobEnd::failed(ErrorCode::WorkerDraining, "the worker is shutting down");

@@ -83,8 +83,20 @@ pub enum Lifecycle {
     Ready = 1,
     /// Shutting down; `/execute` answers `WORKER_DRAINING`.
     Draining = 2,
-    /// The model failed to load; the process is exiting.
+    /// The model failed to load, or the device failed for good ([`Shared::failure`]): the
+    /// process is exiting (exit 1); `/execute` answers `WORKER_NOT_READY`.
     Failed = 3,
+}
+
+/// Why the worker is [`Lifecycle::Failed`]: kept for `/health` (`last_error`) and the exit.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The contract's code (`CUDA_ERROR`, `MODEL_LOAD_FAILED`, …).
+    pub code: &'static str,
+    /// What failed, for the operator.
+    pub message: String,
+    /// When it failed: the exit comes `--shutdown-grace-sec` later.
+    pub at: Instant,
 }
 
 /// The state everything shares.
@@ -103,6 +115,7 @@ pub struct Shared {
     started: Instant,
     lifecycle: AtomicU8,
     loaded: OnceLock<Arc<Loaded>>,
+    failure: OnceLock<Failure>,
     memory: [AtomicU64; 3],
     scheduler: Mutex<SchedulerStats>,
 }
@@ -119,6 +132,7 @@ impl Shared {
             started: Instant::now(),
             lifecycle: AtomicU8::new(Lifecycle::Loading as u8),
             loaded: OnceLock::new(),
+            failure: OnceLock::new(),
             memory: Default::default(),
             scheduler: Mutex::default(),
         }
@@ -134,9 +148,33 @@ impl Shared {
         }
     }
 
-    /// Moves to `state`.
+    /// Moves to `state`; `Failed` is final, nothing moves the worker out of it.
     pub fn set_lifecycle(&self, state: Lifecycle) {
-        self.lifecycle.store(state as u8, Ordering::Release);
+        let _ = self
+            .lifecycle
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                (now != Lifecycle::Failed as u8).then_some(state as u8)
+            });
+    }
+
+    /// Moves to `Failed` for good, keeping the first failure's `code` and `message`; returns
+    /// false when the worker had already failed.
+    pub fn fail(&self, code: &'static str, message: String) -> bool {
+        let first = self
+            .failure
+            .set(Failure {
+                code,
+                message,
+                at: Instant::now(),
+            })
+            .is_ok();
+        self.set_lifecycle(Lifecycle::Failed);
+        first
+    }
+
+    /// Why the worker failed, once it has.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.failure.get()
     }
 
     /// The model, once loaded.

@@ -52,9 +52,16 @@ pub enum BackendError {
     /// The caller broke the step protocol (positions, page tables, token ids).
     #[error("invalid forward call: {0}")]
     InvalidInput(String),
-    /// The device or its driver failed (`CUDA_ERROR`).
+    /// The device or its driver failed for this call, and the backend stays usable
+    /// (`CUDA_ERROR`; the worker keeps serving).
     #[error("device error: {0}")]
     Device(String),
+    /// The device failed in a way that poisons it for the life of the process: a "sticky" CUDA
+    /// error (an illegal address, a kernel launch failure or timeout, an uncorrectable ECC
+    /// error, …) after which every later call fails the same way (`CUDA_ERROR`; the worker turns
+    /// `failed` and exits so that its supervisor restarts it). See [`BackendError::poisons_device`].
+    #[error("device lost: {0}")]
+    DeviceLost(String),
     /// The model computed a NaN or an infinity among a chunk's logits (`MODEL_NUMERICS`): its
     /// weights are broken or its activations overflowed, so sending the job again cannot help.
     #[error(
@@ -66,6 +73,14 @@ pub enum BackendError {
         /// a device only flagged it.
         first: Option<(u32, f32)>,
     },
+}
+
+impl BackendError {
+    /// Whether the backend is unusable after this error, for good: only a restart of the
+    /// process (a new device context) recovers. `OutOfMemory` and `Device` leave it usable.
+    pub fn poisons_device(&self) -> bool {
+        matches!(self, BackendError::DeviceLost(_))
+    }
 }
 
 fn describe_non_finite(first: &Option<(u32, f32)>) -> String {

@@ -446,6 +446,7 @@ fn duplicate(err: &BackendError) -> BackendError {
         },
         BackendError::InvalidInput(what) => BackendError::InvalidInput(what.clone()),
         BackendError::Device(what) => BackendError::Device(what.clone()),
+        BackendError::DeviceLost(what) => BackendError::DeviceLost(what.clone()),
         BackendError::NonFiniteLogits { first } => BackendError::NonFiniteLogits { first: *first },
     }
 }

@@ -286,6 +286,22 @@ fn a_failed_step_fails_every_sequence_in_it() {
 }
 
 #[test]
+fn a_poisoning_fault_fails_its_step_and_every_later_one() {
+    let mut backend = ScriptedBackend::new(32, 10, script());
+    backend.fail_at_step = Some(1);
+    backend.fail_poisons = true;
+    // The second job is admitted after the first failed: its steps fail the same way.
+    let requests = vec![request(prompt(4, 1), 5), request(prompt(6, 2), 5)];
+    let results = run_all(config(1), &mut backend, requests);
+    for (_, result) in results {
+        let Err(GenerateError::Backend(err)) = result else {
+            panic!("{result:?}");
+        };
+        assert!(err.poisons_device(), "{err:?}");
+    }
+}
+
+#[test]
 fn eos_stop_strings_and_utf8_are_handled_per_sequence() {
     // Prompt "a", then: Ã © x EOS (é split over two tokens, then x, then the end).
     let fixed: crate::testing::Script =

@@ -31,6 +31,10 @@ pub struct ScriptedBackend {
     pub step_delay: Duration,
     /// Fails the step with this many steps done (0: the first) with a device error.
     pub fail_at_step: Option<usize>,
+    /// Whether that fault poisons the device ([`BackendError::DeviceLost`], as a sticky CUDA
+    /// error): then every later step fails the same way. Otherwise it is a recoverable
+    /// [`BackendError::Device`] and later steps run.
+    pub fail_poisons: bool,
     /// A token whose presence anywhere in a chunk's history makes its logits NaN, as a broken
     /// embedding row does (numerics guard tests).
     pub non_finite_on: Option<u32>,
@@ -46,6 +50,7 @@ impl ScriptedBackend {
             pool: vec![[None; PAGE_SIZE]; kv_pages],
             step_delay: Duration::ZERO,
             fail_at_step: None,
+            fail_poisons: false,
             non_finite_on: None,
             steps: Arc::default(),
         }
@@ -134,8 +139,16 @@ impl InferenceBackend for ScriptedBackend {
             steps.len() - 1
         };
         std::thread::sleep(self.step_delay);
-        if self.fail_at_step == Some(done) {
-            return Err(BackendError::Device("scripted fault".to_owned()));
+        match self.fail_at_step {
+            Some(at) if at == done && !self.fail_poisons => {
+                return Err(BackendError::Device("scripted fault".to_owned()));
+            }
+            Some(at) if at <= done && self.fail_poisons => {
+                return Err(BackendError::DeviceLost(format!(
+                    "scripted sticky fault at step {at}"
+                )));
+            }
+            _ => {}
         }
         outputs.begin(chunks, self.pool.len())?;
         for (i, chunk) in chunks.iter().enumerate() {

@@ -189,8 +189,21 @@ impl ChatTemplate {
         env.set_fuel(Some(RENDER_FUEL));
         env.set_recursion_limit(RECURSION_LIMIT);
         env.add_function("raise_exception", raise_exception);
-        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
-            .map_err(|err| syntax_error(&err))?;
+        // MiniJinja 3.0.5's code generator panics (`unreachable!`) on some templates its parser
+        // accepts, e.g. `{% import 'x' as y|upper %}`: a model file must not crash the worker,
+        // so such a template is refused like any other that does not compile.
+        let added = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+        }));
+        match added {
+            Ok(result) => result.map_err(|err| syntax_error(&err))?,
+            Err(_) => {
+                return Err(TemplateError::Syntax {
+                    line: Line(None),
+                    detail: "the template compiler failed on this template".into(),
+                });
+            }
+        }
         Ok(Self {
             env,
             bos_token: bos_token.to_owned(),
@@ -515,6 +528,14 @@ mod tests {
     }
 
     /// The budget leaves room for long real conversations.
+    /// Found by the `chat_template` fuzz target: MiniJinja's code generator panicked on an
+    /// import target that is a filter expression.
+    #[test]
+    fn a_template_the_compiler_panics_on_is_a_syntax_error() {
+        let err = ChatTemplate::new("{% import 'x' as y|upper %}", "", "").unwrap_err();
+        assert!(matches!(err, TemplateError::Syntax { .. }), "{err:?}");
+    }
+
     #[test]
     fn a_thousand_message_conversation_fits_the_budget() {
         let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();

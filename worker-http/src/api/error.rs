@@ -11,7 +11,7 @@ use crate::correlation::CORRELATION_HEADER;
 pub enum ErrorCode {
     /// The request failed validation (400; 413 for an oversized body).
     InvalidRequest,
-    /// The model is still loading, or failed to (503).
+    /// The model is still loading or failed to, or the worker failed and is exiting (503).
     WorkerNotReady,
     /// The job queue is full (503, retriable).
     WorkerBusy,

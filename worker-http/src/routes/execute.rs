@@ -80,7 +80,7 @@ pub async fn execute(
                 ),
                 &correlation_id,
             ),
-            Rejected::Closed => draining(&correlation_id),
+            Rejected::Closed => closed(&shared, &correlation_id),
         })?;
     let (queue_position, ticket) = match submitted {
         Submitted::Queued { position, ticket } => (position, Some(ticket)),
@@ -119,12 +119,34 @@ fn accepting(shared: &Shared, correlation_id: &str) -> Result<Arc<Loaded>, ApiEr
     match (shared.lifecycle(), shared.loaded()) {
         (Lifecycle::Ready, Some(loaded)) => Ok(loaded.clone()),
         (Lifecycle::Draining, _) => Err(draining(correlation_id)),
+        (Lifecycle::Failed, _) => Err(failed(shared, correlation_id)),
         _ => Err(ApiError::new(
             ErrorCode::WorkerNotReady,
             "the model is not loaded yet; retry when /health says ready",
             correlation_id,
         )),
     }
+}
+
+/// A closed queue: the worker is draining, or it failed.
+fn closed(shared: &Shared, correlation_id: &str) -> ApiError {
+    match shared.lifecycle() {
+        Lifecycle::Failed => failed(shared, correlation_id),
+        _ => draining(correlation_id),
+    }
+}
+
+/// A failed worker takes no job (`WORKER_NOT_READY`, retriable elsewhere): it exits soon.
+fn failed(shared: &Shared, correlation_id: &str) -> ApiError {
+    let why = shared.failure().map_or_else(
+        || "failed".to_owned(),
+        |failure| format!("{}: {}", failure.code, failure.message),
+    );
+    ApiError::new(
+        ErrorCode::WorkerNotReady,
+        format!("the worker failed ({why}) and is exiting; send the job to another worker"),
+        correlation_id,
+    )
 }
 
 fn draining(correlation_id: &str) -> ApiError {

@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use crate::metrics::Gauges;
 use crate::state::{Lifecycle, Shared};
 
-/// `GET /health`: 200 when ready or busy, 503 (same body) while loading, draining or failed.
+/// `GET /health`: 200 when ready or busy, 503 (same body) while loading, draining or failed;
+/// `last_error` says why a failed worker failed (`null` otherwise).
 pub async fn health(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Value>) {
     let lifecycle = shared.lifecycle();
     let serving = lifecycle == Lifecycle::Ready;
@@ -58,6 +59,10 @@ pub async fn health(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Valu
         "kv_pages_free": scheduler.kv_pages_free,
         "uptime_seconds": shared.uptime().as_secs(),
         "version": env!("CARGO_PKG_VERSION"),
+        "last_error": shared.failure().map(|failure| json!({
+            "code": failure.code,
+            "message": failure.message,
+        })),
     });
     if let (Some(gpu), Some(object)) = (loaded.and_then(|m| m.gpu.as_ref()), body.as_object_mut()) {
         object.insert("device".into(), json!(gpu.ordinal));

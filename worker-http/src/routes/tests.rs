@@ -45,6 +45,15 @@ fn worker(backend: ScriptedBackend, slots: usize) -> Arc<Shared> {
 
 /// A worker with access rules.
 fn worker_with(backend: ScriptedBackend, slots: usize, access: crate::Access) -> Arc<Shared> {
+    start(backend, slots, access).0
+}
+
+/// A ready worker and its engine thread.
+fn start(
+    backend: ScriptedBackend,
+    slots: usize,
+    access: crate::Access,
+) -> (Arc<Shared>, std::thread::JoinHandle<()>) {
     let settings = Settings {
         access,
         ..settings(slots as u32)
@@ -63,10 +72,10 @@ fn worker_with(backend: ScriptedBackend, slots: usize, access: crate::Access) ->
         slots,
         prefix_index: PrefixIndex::default(),
     };
-    drop(start_loaded(shared.clone(), backend, loaded));
+    let engine = start_loaded(shared.clone(), backend, loaded);
     for _ in 0..1000 {
         if shared.lifecycle() == Lifecycle::Ready {
-            return shared;
+            return (shared, engine);
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -230,8 +239,120 @@ async fn a_failing_step_fails_its_jobs_with_cuda_error_and_the_worker_goes_on() 
     let (_, body) = send(&shared, "POST", "/execute", Some(execute_body("bad", 4))).await;
     let failed = events(&body);
     assert_eq!(failed.last().unwrap()["code"], "CUDA_ERROR");
+    assert_eq!(failed.last().unwrap()["retriable"], false);
+    let (status, health) = send(&shared, "GET", "/health", None).await;
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a recoverable fault keeps the worker: {health}"
+    );
+    assert_eq!(
+        (health["state"].as_str(), &health["last_error"]),
+        (Some("ready"), &Value::Null)
+    );
     let (_, body) = send(&shared, "POST", "/execute", Some(execute_body("good", 4))).await;
     assert_eq!(events(&body).last().unwrap()["type"], "end");
+}
+
+/// Polls `done` every millisecond for up to 5 s.
+async fn until(done: impl Fn() -> bool) {
+    for _ in 0..5000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("timed out");
+}
+
+#[tokio::test]
+async fn a_poisoning_fault_fails_the_worker_and_every_job_and_exits_1_after_the_grace() {
+    let mut backend = counting();
+    backend.fail_at_step = Some(4);
+    backend.fail_poisons = true;
+    backend.step_delay = Duration::from_millis(50);
+    // One slot: the second job waits in the queue.
+    let (shared, engine) = start(backend, 1, crate::Access::default());
+    let serving = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let stopped = crate::server::serve_until_stopped(&shared, engine).await;
+            (stopped, std::time::Instant::now())
+        })
+    };
+    let execute = |id: &'static str| {
+        let shared = shared.clone();
+        tokio::spawn(
+            async move { send(&shared, "POST", "/execute", Some(execute_body(id, 50))).await },
+        )
+    };
+    let running = execute("running");
+    until(|| shared.queue.running() == 1).await;
+    let queued = execute("queued");
+    until(|| shared.queue.len() == 1).await;
+
+    let (_, body) = running.await.unwrap();
+    let ran = events(&body);
+    let error = ran.last().unwrap();
+    assert_eq!(
+        (error["type"].as_str(), error["code"].as_str()),
+        (Some("error"), Some("CUDA_ERROR"))
+    );
+    assert_eq!(
+        error["retriable"], true,
+        "the request is not at fault: {error}"
+    );
+    assert_eq!(text(&ran), "abcx", "the steps before the fault streamed");
+    let (status, health) = send(&shared, "GET", "/health", None).await;
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{health}");
+    assert_eq!(
+        (health["state"].as_str(), health["status"].as_str()),
+        (Some("failed"), Some("unhealthy"))
+    );
+    assert_eq!(health["last_error"]["code"], "CUDA_ERROR");
+    assert!(
+        health["last_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sticky"),
+        "{health}"
+    );
+
+    let (_, body) = queued.await.unwrap();
+    let waited = events(&body);
+    assert_eq!(waited.first().unwrap()["type"], "started");
+    assert_eq!(waited.last().unwrap()["code"], "CUDA_ERROR", "{waited:?}");
+    assert_eq!(text(&waited), "");
+    let (status, body) = send(&shared, "POST", "/execute", Some(execute_body("late", 2))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(error_of(&body)["code"], "WORKER_NOT_READY");
+    assert!(
+        error_of(&body)["message"]
+            .as_str()
+            .unwrap()
+            .contains("CUDA_ERROR"),
+        "{body}"
+    );
+
+    let (stopped, at) = serving.await.unwrap();
+    let failed_at = shared.failure().unwrap().at;
+    assert!(
+        at.duration_since(failed_at) >= shared.settings.shutdown_grace,
+        "exited before the grace"
+    );
+    let err = stopped.unwrap_err();
+    assert_eq!(err.code(), "CUDA_ERROR");
+    assert_eq!(
+        crate::exit_code(Err(err), "w", "m"),
+        std::process::ExitCode::FAILURE
+    );
+    assert_eq!(
+        shared.lifecycle(),
+        Lifecycle::Failed,
+        "the drain leaves it failed"
+    );
 }
 
 /// The error object of a non-2xx answer.
