@@ -47,6 +47,11 @@ pub struct CommonFlags {
     #[arg(long, env = "LLORCH_MAX_TOKENS_OUT", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens_out: u32,
 
+    /// Most prompt tokens one job may have, after templating (default: the context). Long
+    /// prompts hold the engine for their prefill; this bounds what one request can ask.
+    #[arg(long, env = "LLORCH_MAX_PROMPT_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_prompt_tokens: Option<u32>,
+
     /// Jobs that may wait behind the running ones.
     #[arg(long, env = "LLORCH_QUEUE_DEPTH", default_value_t = 16)]
     pub queue_depth: u32,
@@ -180,6 +185,7 @@ mod tests {
         assert!(flags.kv_cache_mb.is_none() && !flags.no_prefix_cache);
         assert!(uuid::Uuid::parse_str(&flags.worker_id).is_ok());
         assert_eq!(flags.max_connections, None);
+        assert_eq!(flags.max_prompt_tokens, None);
         assert_eq!(
             (flags.http_idle_timeout_sec, flags.stream_stall_sec),
             (10, 30)

@@ -217,6 +217,7 @@ fn settings<B: Load>(flags: &CommonFlags, access: Access) -> Settings {
         model_ref: flags.model.clone(),
         ctx_size: flags.ctx_size,
         max_tokens_out: flags.max_tokens_out,
+        max_prompt_tokens: flags.max_prompt_tokens,
         inference_timeout: std::time::Duration::from_secs(flags.inference_timeout_sec),
         shutdown_grace: std::time::Duration::from_secs(flags.shutdown_grace_sec),
         parallel: flags.parallel,

@@ -26,6 +26,8 @@ pub struct Settings {
     pub ctx_size: Option<u32>,
     /// `--max-tokens-out`.
     pub max_tokens_out: u32,
+    /// `--max-prompt-tokens`, when given (else the context bounds prompts).
+    pub max_prompt_tokens: Option<u32>,
     /// `--inference-timeout-sec`.
     pub inference_timeout: Duration,
     /// `--shutdown-grace-sec`.

@@ -46,7 +46,8 @@ pub async fn execute(
     let request = ExecuteRequest::parse(content_type(&headers), &body, limits)
         .map_err(|errors| ApiError::invalid(errors, &correlation_id))?;
     let loaded = accepting(&shared, &correlation_id)?;
-    let prompt_tokens = tokenize(&loaded, &request, &correlation_id).await?;
+    let budget = shared.settings.max_prompt_tokens;
+    let prompt_tokens = tokenize(&loaded, &request, budget, &correlation_id).await?;
     // Generated seeds stay below 2^53 so JavaScript clients can send them back exactly.
     let seed = request
         .seed
@@ -161,6 +162,7 @@ fn draining(correlation_id: &str) -> ApiError {
 async fn tokenize(
     loaded: &Arc<Loaded>,
     request: &ExecuteRequest,
+    budget: Option<u32>,
     correlation_id: &str,
 ) -> Result<Vec<u32>, ApiError> {
     let (model, prompt, raw) = (loaded.clone(), request.prompt.clone(), request.raw);
@@ -178,6 +180,20 @@ async fn tokenize(
         };
         ApiError::invalid(vec![error], correlation_id)
     })?;
+    if let Some(budget) = budget
+        && tokens.len() > budget as usize
+    {
+        let error = FieldError {
+            field: "prompt".into(),
+            constraint: format!("max_prompt_tokens({budget})"),
+            message: format!(
+                "the prompt is {} tokens; this worker takes at most {budget} per job (--max-prompt-tokens)",
+                tokens.len()
+            ),
+            value: None,
+        };
+        return Err(ApiError::invalid(vec![error], correlation_id));
+    }
     let context = loaded.context_length;
     let allowed = context.saturating_sub(request.max_tokens as usize);
     if tokens.len() > allowed {

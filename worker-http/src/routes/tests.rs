@@ -26,6 +26,7 @@ fn settings(parallel: u32) -> Settings {
         model_ref: "scripted.gguf".into(),
         ctx_size: None,
         max_tokens_out: 2048,
+        max_prompt_tokens: None,
         inference_timeout: Duration::from_secs(30),
         shutdown_grace: Duration::from_secs(1),
         worker_type: "scripted",
@@ -58,6 +59,15 @@ fn start(
         access,
         ..settings(slots as u32)
     };
+    start_with(backend, slots, settings)
+}
+
+/// A ready worker with `settings` and its engine thread.
+fn start_with(
+    backend: ScriptedBackend,
+    slots: usize,
+    settings: Settings,
+) -> (Arc<Shared>, std::thread::JoinHandle<()>) {
     let shared = Arc::new(Shared::new(settings, 64));
     let loaded = Loaded {
         model_name: "scripted".into(),
@@ -399,4 +409,24 @@ async fn with_a_key_only_the_status_routes_are_open() {
     let rebound = Request::get("/health").header("host", "attacker.example");
     let (status, _) = send_request(&shared, rebound.body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::MISDIRECTED_REQUEST);
+}
+
+#[tokio::test]
+async fn prompts_over_the_token_budget_are_refused_before_the_queue() {
+    let budget = Settings {
+        max_prompt_tokens: Some(3),
+        ..settings(1)
+    };
+    let (shared, _engine) = start_with(counting(), 1, budget);
+    let long = json!({"job_id": "long", "prompt": "abcabc", "raw": true, "max_tokens": 2});
+    let (status, body) = send(&shared, "POST", "/execute", Some(long)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let errors: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        errors["errors"][0]["constraint"], "max_prompt_tokens(3)",
+        "{body}"
+    );
+    let short = json!({"job_id": "ok", "prompt": "ab", "raw": true, "max_tokens": 2});
+    let (status, _) = send(&shared, "POST", "/execute", Some(short)).await;
+    assert_eq!(status, StatusCode::OK);
 }
