@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Fills fuzz/corpus/gguf_parse (git-ignored) with seed files for the gguf_parse target:
-# the mutation test's synthetic file, a 25 KiB cut-down SmolLM2, eight-level nested arrays,
-# the first 4 KiB of the real SmolLM2, and a few tiny hand-made headers.
+# Regenerates the checked-in seed corpora under fuzz/corpus-seed/<target>/ (and the known
+# out-of-memory templates under fuzz/known-oom/). Needs the SmolLM2 and Qwen2.5-Coder-0.5B assets
+# (scripts/fetch-assets.sh). The seeds are committed, so a fuzz run does not need this script.
+#
+# gguf_parse: the mutation test's synthetic file, a 25 KiB cut-down SmolLM2, eight-level nested
+# arrays, the first 4 KiB of the real SmolLM2, and a few tiny hand-made headers.
+# tokenizer, chat_template, request: written by write-seeds.py.
 set -euo pipefail
 
 fuzz_dir="$(cd "$(dirname "$0")" && pwd)"
-corpus="$fuzz_dir/corpus/gguf_parse"
+corpus="$fuzz_dir/corpus-seed/gguf_parse"
 model="${LLORCH_ASSETS:-$HOME/.cache/llorch}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 mkdir -p "$corpus"
 
@@ -19,4 +23,6 @@ printf 'GGUF\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00
     > "$corpus/empty.gguf"
 printf 'GGUF\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x10' > "$corpus/2pow60-tensors.gguf"
 
-ls -l "$corpus"
+(cd "$fuzz_dir" && python3 write-seeds.py)
+
+du -sb "$fuzz_dir"/corpus-seed/*

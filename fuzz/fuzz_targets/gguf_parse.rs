@@ -1,4 +1,6 @@
-//! Parses arbitrary bytes as GGUF; when the reader accepts them, touches everything it exposes.
+//! Parses arbitrary bytes as GGUF; when the reader accepts them, touches everything it exposes,
+//! then builds what a worker builds from a parsed file: the `ModelSpec` and the tokenizer (which
+//! then encodes and decodes a short text).
 
 #![no_main]
 
@@ -6,6 +8,8 @@ use std::hint::black_box;
 
 use libfuzzer_sys::fuzz_target;
 use worker_common::gguf::{ArrayValue, Gguf, Value};
+use worker_common::model::ModelSpec;
+use worker_common::tokenizer::Tokenizer;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(gguf) = Gguf::parse(data) else {
@@ -37,6 +41,30 @@ fuzz_target!(|data: &[u8]| {
                 .is_some_and(|t| t.data == tensor.data)
         );
         black_box(tensor.data.iter().fold(0u8, |acc, b| acc ^ b));
+    }
+    match ModelSpec::from_gguf(&gguf) {
+        Ok(spec) => {
+            black_box(spec.to_string());
+        }
+        Err(err) => {
+            black_box(err.to_string());
+        }
+    }
+    match Tokenizer::from_gguf(&gguf) {
+        Ok(tokenizer) => {
+            let ids = tokenizer
+                .encode("Hi <s> a\u{e9}\n\n🦀 12", true, true)
+                .expect("a GGUF vocabulary always encodes");
+            let n_vocab = tokenizer.vocab().len();
+            assert!(
+                ids.iter().all(|&id| (id as usize) < n_vocab),
+                "{ids:?} of {n_vocab}"
+            );
+            black_box(tokenizer.decode(&ids));
+        }
+        Err(err) => {
+            black_box(err.to_string());
+        }
     }
 });
 
