@@ -96,6 +96,9 @@ fn a_client_that_never_reads_is_dropped_and_the_job_behind_it_starts() {
     use std::io::Write;
     stalled.write_all(head.as_bytes()).unwrap();
     stalled.write_all(body.as_bytes()).unwrap();
+    let running =
+        worker.wait_for_log(|l| l["event"] == "execute_start" && l["job_id"] == "never-read");
+    assert!(running.is_some(), "{:?}", worker.log_lines());
 
     let behind = json!({"raw": true, "temperature": 0, "max_tokens": 4});
     let mut next: EventStream = open(worker.addr, &job("behind", "Hello", behind));
