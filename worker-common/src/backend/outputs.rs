@@ -181,15 +181,20 @@ mod tests {
     use super::*;
     use crate::backend::PageId;
 
+    /// A one-token chunk at position 0 on `pages` that wants `want`.
+    fn one_token(pages: &[PageId], want: Want) -> Chunk<'_> {
+        Chunk {
+            tokens: &[1],
+            start_pos: 0,
+            pages,
+            want,
+        }
+    }
+
     #[test]
     fn each_chunk_gets_the_output_it_asked_for() {
         let pages = [PageId(0)];
-        let chunk = |want| Chunk {
-            tokens: &[1],
-            start_pos: 0,
-            pages: &pages,
-            want,
-        };
+        let chunk = |want| one_token(&pages, want);
         let mut outputs = StepOutputs::new(3);
         outputs.prepare(&[
             chunk(Want::Logits),
@@ -253,12 +258,7 @@ mod tests {
     #[test]
     fn non_finite_logits_are_an_error_however_they_arrive() {
         let pages = [PageId(0)];
-        let chunk = |want| Chunk {
-            tokens: &[1],
-            start_pos: 0,
-            pages: &pages,
-            want,
-        };
+        let chunk = |want| one_token(&pages, want);
         let mut outputs = StepOutputs::new(4);
         let chunks = [
             chunk(Want::Logits),
