@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the checked-in seed corpora under fuzz/corpus-seed/<target>/ (and the known
-# out-of-memory templates under fuzz/known-oom/). Needs the SmolLM2 and Qwen2.5-Coder-0.5B assets
+# Regenerates the checked-in seed corpora under fuzz/corpus-seed/<target>/. Needs the SmolLM2 and Qwen2.5-Coder-0.5B assets
 # (scripts/fetch-assets.sh). The seeds are committed, so a fuzz run does not need this script.
 #
 # gguf_parse: the mutation test's synthetic file, a 25 KiB cut-down SmolLM2, eight-level nested

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the checked-in seeds of the tokenizer, chat_template and request targets into
-corpus-seed/<target>/, and the known out-of-memory templates into known-oom/chat_template/.
+corpus-seed/<target>/ (among them the templates that grow a value past any memory, which the
+renderer process's heap cap stops).
 Real chat templates are read from the SmolLM2 and Qwen2.5-Coder-0.5B GGUFs of the asset cache.
 Run from fuzz/ (seed-corpus.sh does)."""
 import os, random, struct, sys
@@ -59,13 +60,10 @@ T['include'] = b"{% include 'tokenizer.chat_template' %}{% extends 'tokenizer.ch
 T['blocks'] = b"{% block a %}{% block b %}{{ super() }}{% endblock %}{% endblock %}{% call(x) f() %}{{ x }}{% endcall %}"
 # Intermediate values that double per iteration: MiniJinja bounds neither `~` nor `+`, so these
 # exhaust memory (see README, "Known out-of-memory inputs"); kept out of the seed corpus.
-KNOWN_OOM = {'grow': 'string-doubling', 'listgrow': 'list-doubling'}
+NAMES = {'grow': 'string-doubling', 'listgrow': 'list-doubling'}
 for i, (name, template) in enumerate(T.items()):
     data = bytes([i & 0xF]) + template
-    if name in KNOWN_OOM:
-        write('known-oom/chat_template', KNOWN_OOM[name], data)
-    else:
-        write('corpus-seed/chat_template', name, data)
+    write('corpus-seed/chat_template', NAMES.get(name, name), data)
 
 # tokenizer: the tokenizer (0-9 BPE pre-tokenizers, 10-12 lossy BPE, 13 SPM, 14 Gemma 4,
 # 15 tokenizer.json), flags, then text or u16 ids.

@@ -67,6 +67,28 @@ fn idle_keep_alive_connections_are_closed() {
     assert!(took < Duration::from_secs(5), "closed late: {took:?}");
 }
 
+#[test]
+fn a_request_whose_body_never_comes_gets_400_and_frees_its_connection() {
+    use std::io::Write;
+    let _serial = serial();
+    let worker = smollm2(&["--http-idle-timeout-sec", "1"]);
+    let mut slow = TcpStream::connect(worker.addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let head = "POST /execute HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+Content-Length: 100\r\n\r\n{\"job_id\":";
+    slow.write_all(head.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = slow.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("INVALID_REQUEST") && answer.contains("did not arrive within 1s"),
+        "{answer}"
+    );
+    let health = http::get(worker.addr, "/health").unwrap();
+    assert_eq!(health.status, 200);
+}
+
 /// A client socket whose receive window is a few KiB, so that the worker's writes block soon
 /// once it stops reading.
 fn small_window_client(addr: SocketAddr) -> TcpStream {

@@ -1,6 +1,7 @@
 //! Chat templates come from model files, which users download from anywhere. A template that
-//! loops is refused at load when a sample conversation trips it, or fails only the templated
-//! requests that trip it; raw requests keep working, and SIGTERM still stops the worker.
+//! loops or grows a value without bound is refused at load when a sample conversation trips it,
+//! or fails only the templated requests that trip it; raw requests keep working, and SIGTERM
+//! still stops the worker.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,6 +22,11 @@ use worker_common::gguf::Gguf;
 const SPIN: &str = "{% for a in range(100000) %}{% for b in range(100000) %}\
 {% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}";
 
+/// A string that doubles 60 times: 2^60 bytes, in a few hundred instructions (fuel does not
+/// see it; the renderer process's heap cap does).
+const DOUBLING: &str = "{% set ns = namespace(x='a') %}{% for i in range(60) %}\
+{% set ns.x = ns.x ~ ns.x %}{% endfor %}{{ ns.x|length }}";
+
 /// SmolLM2 with `template` as its chat template, written to a temporary file.
 fn smollm2_with_template(name: &str, template: &str) -> PathBuf {
     let original = Gguf::open(Model::SmolLm2.path()).unwrap();
@@ -33,8 +39,27 @@ fn smollm2_with_template(name: &str, template: &str) -> PathBuf {
 
 #[test]
 fn a_template_that_always_loops_is_refused_at_load() {
+    refused_at_load("spin-always", SPIN);
+}
+
+#[test]
+fn a_template_that_always_exhausts_memory_is_refused_at_load() {
+    refused_at_load("double-always", DOUBLING);
+}
+
+#[test]
+fn a_template_that_loops_on_some_prompts_fails_only_those() {
+    fails_only_the_prompts_that_trip_it("spin-sometimes", SPIN);
+}
+
+#[test]
+fn a_template_that_exhausts_memory_on_some_prompts_fails_only_those() {
+    fails_only_the_prompts_that_trip_it("double-sometimes", DOUBLING);
+}
+
+fn refused_at_load(name: &str, template: &str) {
     let _serial = serial();
-    let model = smollm2_with_template("spin-always", SPIN);
+    let model = smollm2_with_template(name, template);
     let output = Command::new(binary(&worker_binary()))
         .arg("--model")
         .arg(&model)
@@ -51,14 +76,14 @@ fn a_template_that_always_loops_is_refused_at_load() {
     assert!(!message.contains("panicked"), "{message}");
 }
 
-#[test]
-fn a_template_that_loops_on_some_prompts_fails_only_those() {
+/// `hostile` runs only when the user's message contains "spin".
+fn fails_only_the_prompts_that_trip_it(name: &str, hostile: &str) {
     let _serial = serial();
     let template = format!(
-        "{{% if 'spin' in messages[-1]['content'] %}}{SPIN}{{% endif %}}\
+        "{{% if 'spin' in messages[-1]['content'] %}}{hostile}{{% endif %}}\
 <|im_start|>user\n{{{{ messages[-1]['content'] }}}}<|im_end|>\n<|im_start|>assistant\n"
     );
-    let model = smollm2_with_template("spin-sometimes", &template);
+    let model = smollm2_with_template(name, &template);
     let mut worker = Worker::ready(&model, &["--shutdown-grace-sec", "2"]);
     std::fs::remove_file(&model).unwrap();
 
@@ -74,9 +99,14 @@ fn a_template_that_loops_on_some_prompts_fails_only_those() {
     let error = refused.json();
     assert_eq!(error["error"]["code"], "INVALID_REQUEST", "{error}");
     assert!(error.to_string().contains("render budget"), "{error}");
-    eprintln!("the looping render was refused after {took:?}");
+    eprintln!("{name}: the render was refused after {took:?}");
 
-    for (id, prompt, raw) in [("raw", "please spin", true), ("calm", "hello", false)] {
+    // The renderer that died is replaced: templated requests work again, twice.
+    for (id, prompt, raw) in [
+        ("raw", "please spin", true),
+        ("calm", "hello", false),
+        ("calm-again", "hello again", false),
+    ] {
         let body = job(
             id,
             prompt,

@@ -4,7 +4,13 @@ use std::process::ExitCode;
 
 use backend_cpu::{CpuBackend, CpuOptions, physical_cores};
 use clap::Parser;
+use worker_common::tokenizer::render_process::{BudgetAllocator, serve_if_renderer};
 use worker_http::CommonFlags;
+
+/// Chat templates render in a child process of this executable under a heap cap
+/// (`worker_common::tokenizer::render_process`); the cap needs this allocator.
+#[global_allocator]
+static ALLOCATOR: BudgetAllocator = BudgetAllocator;
 
 /// Command line: the contract's common flags plus the CPU thread count.
 #[derive(Debug, Parser)]
@@ -19,6 +25,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    serve_if_renderer();
     let cli = Cli::parse();
     let threads = cli.threads.map_or_else(physical_cores, |n| n as usize);
     worker_http::run::<CpuBackend>(cli.common, CpuOptions { threads })

@@ -6,7 +6,13 @@ use std::process::ExitCode;
 
 use backend_cuda::{CudaBackend, CudaOptions};
 use clap::Parser;
+use worker_common::tokenizer::render_process::{BudgetAllocator, serve_if_renderer};
 use worker_http::CommonFlags;
+
+/// Chat templates render in a child process of this executable under a heap cap
+/// (`worker_common::tokenizer::render_process`); the cap needs this allocator.
+#[global_allocator]
+static ALLOCATOR: BudgetAllocator = BudgetAllocator;
 
 /// Command line: the contract's common flags plus the GPU index.
 #[derive(Debug, Parser)]
@@ -21,6 +27,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    serve_if_renderer();
     let cli = Cli::parse();
     let options = CudaOptions {
         device: cli.gpu_device,

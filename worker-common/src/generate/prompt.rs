@@ -1,7 +1,8 @@
 //! From a request's `prompt` (and `raw` flag) to the token ids the model sees.
 
 use crate::gguf::Gguf;
-use crate::tokenizer::template::{ChatMessage, ChatTemplate, TemplateError};
+use crate::tokenizer::render_process::TemplateProcess;
+use crate::tokenizer::template::{ChatMessage, TemplateError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// Metadata key of the chat template.
@@ -21,15 +22,15 @@ pub enum PromptError {
 /// Renders a short conversation once at load, so that a template that cannot finish within its
 /// budget refuses the model instead of failing every request. Other render errors (a template
 /// that refuses a system message, say) are left to the requests they concern.
-fn probe(template: &ChatTemplate) -> Result<(), TemplateError> {
+fn probe(template: &TemplateProcess) -> Result<(), TemplateError> {
     let conversation = [
         ChatMessage::new("system", "You are a helpful assistant."),
         ChatMessage::new("user", "Hello!"),
         ChatMessage::new("assistant", "Hi. How can I help?"),
         ChatMessage::new("user", "Write a haiku about autumn."),
     ];
-    match template.render(&conversation, true) {
-        Err(err @ TemplateError::Budget(_)) => Err(err),
+    match template.render_prompt(&conversation, true, false, false) {
+        Err(err @ (TemplateError::Budget(_) | TemplateError::Process(_))) => Err(err),
         _ => Ok(()),
     }
 }
@@ -37,11 +38,13 @@ fn probe(template: &ChatTemplate) -> Result<(), TemplateError> {
 /// Renders and tokenizes prompts for one model.
 #[derive(Debug)]
 pub struct PromptFormatter {
-    template: Option<ChatTemplate>,
+    template: Option<TemplateProcess>,
 }
 
 impl PromptFormatter {
-    /// Compiles the model's chat template, when it has one.
+    /// Compiles the model's chat template, when it has one, in a renderer process
+    /// ([`crate::tokenizer::render_process`]: the binary must call `serve_if_renderer` first
+    /// in `main` and install `BudgetAllocator`).
     pub fn from_model<B: AsRef<[u8]>>(
         gguf: &Gguf<B>,
         tokenizer: &Tokenizer,
@@ -56,7 +59,7 @@ impl PromptFormatter {
                 .to_owned()
         };
         let special = vocab.special();
-        let template = ChatTemplate::new(source, &text(special.bos), &text(special.eos))?;
+        let template = TemplateProcess::start(source, &text(special.bos), &text(special.eos))?;
         probe(&template)?;
         Ok(Self {
             template: Some(template),

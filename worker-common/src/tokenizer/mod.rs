@@ -15,6 +15,7 @@ mod spm;
 mod vocab;
 
 pub mod hf;
+pub mod render_process;
 pub mod stream;
 pub mod template;
 

@@ -132,6 +132,10 @@ pub enum TemplateError {
         /// MiniJinja's description.
         detail: String,
     },
+    /// The renderer process could not be started or asked (see
+    /// [`crate::tokenizer::render_process`]).
+    #[error("{0}")]
+    Process(String),
 }
 
 /// The message of a `raise_exception` call, attached to MiniJinja's error as its source so

@@ -223,7 +223,11 @@ impl ConnectionTask {
         let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER_BYTES);
         let watch = Arc::new(WriteWatch::default());
         let io = TokioIo::new(StallIo::new(stream, watch.clone()));
-        let service = ConnectionService::new(self.app.clone(), self.connection.clone());
+        let service = ConnectionService::new(
+            self.app.clone(),
+            self.connection.clone(),
+            self.limits.idle_timeout,
+        );
         let mut builder = http1::Builder::new();
         builder
             .timer(TokioTimer::new())

@@ -1,11 +1,13 @@
-//! The per-connection service: the router, with the connection made known to the request and its
-//! response counted as in flight until its body has been sent or dropped.
+//! The per-connection service: the router, with the connection made known to the request, its
+//! body given a deadline, and its response counted as in flight until its body has been sent or
+//! dropped.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -20,12 +22,18 @@ use super::Connection;
 pub struct ConnectionService {
     app: Router,
     connection: Arc<Connection>,
+    /// Time allowed for a request's whole body, from its head.
+    body_timeout: Duration,
 }
 
 impl ConnectionService {
-    /// The service for `connection`.
-    pub fn new(app: Router, connection: Arc<Connection>) -> Self {
-        Self { app, connection }
+    /// The service for `connection`; bodies must arrive within `body_timeout`.
+    pub fn new(app: Router, connection: Arc<Connection>, body_timeout: Duration) -> Self {
+        Self {
+            app,
+            connection,
+            body_timeout,
+        }
     }
 }
 
@@ -36,13 +44,60 @@ impl hyper::service::Service<hyper::Request<Incoming>> for ConnectionService {
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         let busy = Busy::new(self.connection.clone());
-        let mut request = request.map(Body::new);
+        let deadline = Box::pin(tokio::time::sleep(self.body_timeout));
+        let timeout = self.body_timeout;
+        let mut request = request.map(|body| {
+            Body::new(DeadlineBody {
+                body,
+                deadline,
+                timeout,
+            })
+        });
         request.extensions_mut().insert(self.connection.clone());
         let app = self.app.clone();
         Box::pin(async move {
             let response = app.oneshot(request).await?;
             Ok(response.map(|body| Body::new(CountedBody { body, _busy: busy })))
         })
+    }
+}
+
+/// A request body that fails once its deadline passes: a client that sends a head and then
+/// trickles (or withholds) its body must not hold the connection and a handler forever.
+struct DeadlineBody {
+    body: Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+}
+
+/// The body did not arrive in time (the handler answers 400 with this text).
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {0:?} of its head")]
+struct BodyTimeout(Duration);
+
+impl HttpBody for DeadlineBody {
+    type Data = bytes::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            return Poll::Ready(frame.map(|frame| frame.map_err(axum::BoxError::from)));
+        }
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(BodyTimeout(self.timeout).into()))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -52,9 +52,16 @@ async fn start(limits: ConnectionLimits) -> (std::net::SocketAddr, Arc<Connectio
         });
         Body::from_stream(chunks)
     };
+    let echo = |body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>| async move {
+        match body {
+            Ok(bytes) => (axum::http::StatusCode::OK, format!("{} bytes", bytes.len())),
+            Err(rejection) => (rejection.status(), rejection.body_text()),
+        }
+    };
     let app = Router::new()
         .route("/quick", get(|| async { "ok" }))
-        .route("/endless", get(endless));
+        .route("/endless", get(endless))
+        .route("/echo", axum::routing::post(echo));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let stats = Arc::new(ConnectionStats::default());
@@ -113,4 +120,31 @@ async fn a_client_that_stops_reading_is_dropped() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(stats.open.load(Ordering::Relaxed), 0);
     drop(stream);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_arrives_fails_the_request_and_a_prompt_one_does_not() {
+    let (address, _stats) = start(limits(8)).await;
+    let result = tokio::task::spawn_blocking(move || {
+        let post = |body: &str| {
+            let mut stream = StdStream::connect(address).unwrap();
+            let head =
+                "POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\n\r\n";
+            stream.write_all(head.as_bytes()).unwrap();
+            stream.write_all(body.as_bytes()).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let mut answer = String::new();
+            let _ = stream.read_to_string(&mut answer);
+            answer
+        };
+        let whole = post("hello");
+        assert!(whole.ends_with("5 bytes"), "{whole}");
+        let withheld = post("he");
+        assert!(withheld.starts_with("HTTP/1.1 400"), "{withheld}");
+        assert!(withheld.contains("did not arrive within"), "{withheld}");
+    })
+    .await;
+    result.unwrap();
 }
