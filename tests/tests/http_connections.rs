@@ -102,7 +102,9 @@ fn small_window_client(addr: SocketAddr) -> TcpStream {
 #[test]
 fn a_client_that_never_reads_is_dropped_and_the_job_behind_it_starts() {
     let _serial = serial();
-    let worker = smollm2(&["--parallel", "1", "--stream-stall-sec", "2"]);
+    // One second: on a GPU the 2,048 tokens take about 2.5 s, and the job must still be running
+    // when the stall is noticed.
+    let worker = smollm2(&["--parallel", "1", "--stream-stall-sec", "1"]);
     let mut stalled = small_window_client(worker.addr);
     let body = job(
         "never-read",
