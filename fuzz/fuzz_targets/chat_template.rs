@@ -103,9 +103,10 @@ fn in_process(source: &str, messages: &[ChatMessage], flags: u8) -> Result<Strin
 
 fuzz_target!(
     init: {
+        // First, so that a panic the renderer catches (MiniJinja's compiler) does not abort it.
+        report_panics_only();
         // The renderer this target starts is this executable: it serves renders and exits here.
         serve_if_renderer();
-        report_panics_only();
     },
     |data: &[u8]| {
         let [flags, source @ ..] = data else {
