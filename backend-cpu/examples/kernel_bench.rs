@@ -3,10 +3,12 @@
 //! (`kernels::avx2::four_row_decode`); prefill runs Qwen2.5-0.5B-sized `ffn_up` (4864 rows of
 //! 896) and `ffn_down` (896 rows of 4864) against 64 tokens, the k-quants tiled and, for
 //! comparison, one row × one token per call.
+//! Batched decode (`batch`) streams 64 MB of rows against 1, 2, 4, 8 and 16 tokens, SmolLM2's
+//! and Qwen2.5-0.5B's formats: what a decode step of that many sequences pays per matrix.
 //! Best of several runs, so other load on a shared machine inflates the numbers less.
 //!
 //! ```text
-//! cargo run --release -p backend-cpu --example kernel_bench
+//! cargo run --release -p backend-cpu --example kernel_bench [batch]
 //! ```
 
 use std::error::Error;
@@ -187,7 +189,68 @@ fn legacy_prefill() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// Tokens of the batched-decode measurement.
+const BATCHES: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// Decode steps of `BATCHES` tokens over 64 MB of rows: time per step relative to one token.
+fn batched_decode() -> Result<(), Box<dyn Error>> {
+    let bytes = 64 << 20;
+    for format in [Legacy::Q4_1, Legacy::Q8_0] {
+        let row_bytes = COLS / 32 * format.block_bytes();
+        let rows = bytes / row_bytes;
+        let offsets: &[usize] = if format.uses_q8_1() { &[0, 2] } else { &[0] };
+        let weights = weights(rows * row_bytes, format.block_bytes(), offsets);
+        let mut line = format!("batched decode {format:?} ({rows} rows of {COLS}):");
+        let mut one = 0.0;
+        for n in BATCHES {
+            let x = activations(COLS * n);
+            let (mut q8_0, mut q8_1) = (Vec::new(), Vec::new());
+            quantize_q8_0(&x, &mut q8_0)?;
+            quantize_q8_1(&x, &mut q8_1)?;
+            let activations = if format.uses_q8_1() {
+                Q8Rows::Q8_1(&q8_1)
+            } else {
+                Q8Rows::Q8_0(&q8_0)
+            };
+            let mut out = vec![0.0; rows * n];
+            let seconds = best(DECODE_REPS, || {
+                Ok(dot_rows(format, &weights, activations, n, &mut out)?)
+            })?;
+            if n == 1 {
+                one = seconds;
+            }
+            line += &format!(" n={n} {:.2} ms ({:.2}×)", seconds * 1e3, seconds / one);
+        }
+        println!("{line}");
+    }
+    let cols = 896;
+    for format in [KQuant::Q4K, KQuant::Q6K] {
+        let row_bytes = cols / 256 * format.block_bytes();
+        let rows = bytes / row_bytes;
+        let weights = weights(rows * row_bytes, format.block_bytes(), k_scales(format));
+        let mut line = format!("batched decode {format:?} ({rows} rows of {cols}):");
+        let mut one = 0.0;
+        for n in BATCHES {
+            let mut q8_k = Vec::new();
+            quantize_q8_k(&activations(cols * n), &mut q8_k)?;
+            let mut out = vec![0.0; rows * n];
+            let seconds = best(DECODE_REPS, || {
+                Ok(dot::dot_rows_k(format, &weights, &q8_k, n, &mut out)?)
+            })?;
+            if n == 1 {
+                one = seconds;
+            }
+            line += &format!(" n={n} {:.2} ms ({:.2}×)", seconds * 1e3, seconds / one);
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
+    if std::env::args().nth(1).as_deref() == Some("batch") {
+        return batched_decode();
+    }
     legacy_prefill()?;
     legacy_decode()?;
     k_decode()?;

@@ -456,11 +456,14 @@ unsafe fn tile<const F: u8, A: ActBlock, const VNNI: bool, const R: usize, const
                     unsigned_codes(format, w)
                 };
             }
+            let mut s_a = [0.0f32; C];
             for c in 0..C {
                 let block = &cols[c][i];
                 let y = _mm256_loadu_si256(block.qs().as_ptr().cast());
                 let d_a = _mm256_set1_ps(f16_to_f32(block.d_bits()));
-                let s_a = f16_to_f32(block.s_bits());
+                if format.uses_q8_1() {
+                    s_a[c] = f16_to_f32(block.s_bits());
+                }
                 let neg_offsets = (factor != 0).then(|| negated_offsets::<VNNI>(y, factor));
                 for r in 0..R {
                     let lanes = if format == Legacy::Q8_0 {
@@ -471,8 +474,15 @@ unsafe fn tile<const F: u8, A: ActBlock, const VNNI: bool, const R: usize, const
                     // The exact product `d_w·d_a` (two f16 values) in every lane.
                     let scale = _mm256_mul_ps(d_w[r], d_a);
                     acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[r][c]);
-                    if format.uses_q8_1() {
-                        offsets[r][c] += m_w[r] * s_a;
+                }
+            }
+            // Apart from the loop above, so that the compiler computes a row's offsets for all
+            // columns in one vector multiply and add (each lane still rounds the product, then
+            // the sum, as the reference does).
+            if format.uses_q8_1() {
+                for r in 0..R {
+                    for c in 0..C {
+                        offsets[r][c] += m_w[r] * s_a[c];
                     }
                 }
             }
