@@ -5,7 +5,6 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 use worker_common::backend::{Chunk, PAGE_SIZE, PageId};
 use worker_common::model::AttentionShape;
@@ -278,7 +277,7 @@ impl<'a, 'i> Tile<'a, 'i> {
         block.resize(dk * PAGE_SIZE, 0.0);
         let row = self.pages[page].index() * PAGE_SIZE;
         let start = key_index(row, k_width, self.task.kv_head * dk);
-        self.inputs.kv.keys[start..][..dk * PAGE_SIZE].convert_to_f32_slice(block);
+        crate::ops::widen_f16(&self.inputs.kv.keys[start..][..dk * PAGE_SIZE], block);
         let mut quads = targets.chunks_exact(4);
         for quad in &mut quads {
             let queries = [0, 1, 2, 3].map(|i| self.query(&quad[i]));
@@ -310,8 +309,8 @@ impl<'a, 'i> Tile<'a, 'i> {
         let used = targets.iter().map(|t| t.slots.end).max().unwrap_or(0);
         for (slot, value) in block.chunks_exact_mut(stride).enumerate().take(used) {
             let row = self.pages[page].index() * PAGE_SIZE + slot;
-            self.inputs.kv.values[row * v_width + self.task.kv_head * dv..][..dv]
-                .convert_to_f32_slice(&mut value[..dv]);
+            let values = &self.inputs.kv.values[row * v_width + self.task.kv_head * dv..][..dv];
+            crate::ops::widen_f16(values, &mut value[..dv]);
         }
         for target in targets {
             let (r, j) = target.query;
