@@ -200,4 +200,20 @@ mod tests {
         assert_eq!(gelu_tanh(12.5), 12.5);
         assert_eq!(gelu_tanh(0.0), 0.0);
     }
+
+    #[test]
+    fn widen_f16_is_exact_for_every_half_and_any_length() {
+        let all: Vec<half::f16> = (0..=u16::MAX).map(half::f16::from_bits).collect();
+        for len in [0, 1, 7, 8, 9, 23, all.len()] {
+            let mut wide = vec![0.0f32; len];
+            widen_f16(&all[..len], &mut wide);
+            for (w, h) in wide.iter().zip(&all[..len]) {
+                let expected = h.to_f32();
+                assert!(
+                    w.to_bits() == expected.to_bits() || (w.is_nan() && expected.is_nan()),
+                    "{h:?}: {w} vs {expected}"
+                );
+            }
+        }
+    }
 }
