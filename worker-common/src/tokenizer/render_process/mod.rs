@@ -173,8 +173,15 @@ impl Renderer {
         };
         let executable: PathBuf =
             std::env::current_exe().map_err(|err| failed("finding this executable", &err))?;
-        let mut child = Command::new(&executable)
-            .env(RENDERER_ENV, memory_cap.to_string())
+        // A clean environment: the renderer needs none of the worker's (its API key included).
+        let mut command = Command::new(&executable);
+        command
+            .env_clear()
+            .env(RENDERER_ENV, memory_cap.to_string());
+        if let Some(paths) = std::env::var_os("LD_LIBRARY_PATH") {
+            command.env("LD_LIBRARY_PATH", paths);
+        }
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
