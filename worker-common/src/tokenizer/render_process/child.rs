@@ -19,12 +19,37 @@ pub fn serve_if_renderer() {
         .to_str()
         .and_then(|cap| cap.parse().ok())
         .unwrap_or(RENDER_MEMORY_BYTES);
+    #[cfg(unix)]
+    die_with_the_worker();
     let capped = allocator::enforce(cap);
     let code = match serve(capped) {
         Ok(()) => 0,
         Err(_) => 1,
     };
     std::process::exit(code);
+}
+
+/// Ends this renderer soon after the worker that started it dies: a worker killed with SIGKILL
+/// cannot stop a render that runs on (fuel does not count a filter walking a huge lazy
+/// sequence), and closing the pipe only ends the renderer between renders. A watch thread
+/// (rather than Linux's parent-death signal, which follows the spawning thread, and the worker
+/// spawns from short-lived blocking threads) checks the parent every 100 ms.
+#[cfg(unix)]
+fn die_with_the_worker() {
+    let parent = std::os::unix::process::parent_id();
+    let watch = move || {
+        while std::os::unix::process::parent_id() == parent {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        std::process::exit(1);
+    };
+    if std::thread::Builder::new()
+        .name("worker-watch".into())
+        .spawn(watch)
+        .is_err()
+    {
+        std::process::exit(1);
+    }
 }
 
 fn serve(capped: bool) -> io::Result<()> {
