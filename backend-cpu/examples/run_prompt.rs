@@ -16,7 +16,7 @@ use backend_cpu::{CpuBackend, CpuOptions};
 use clap::Parser;
 use worker_common::backend::{Load, LoadConfig, SingleSequence};
 use worker_common::generate::{
-    CancelToken, GenerateEvent, GenerateRequest, PromptFormatter, generate,
+    CancelToken, GenerateEvent, GenerateRequest, PromptFormatter, TemplateRendering, generate,
 };
 use worker_common::model::ModelFile;
 use worker_common::sampling::{SamplingParams, greedy_choice};
@@ -72,7 +72,8 @@ fn main() -> Result<()> {
     if let Some(prompt_tokens) = args.bench {
         return bench(&mut backend, &tokenizer, &args, prompt_tokens);
     }
-    let formatter = PromptFormatter::from_model(&model.gguf, &tokenizer)?;
+    let formatter =
+        PromptFormatter::from_model(&model.gguf, &tokenizer, TemplateRendering::InProcess)?;
     let request = GenerateRequest {
         prompt_tokens: formatter.tokenize(&tokenizer, &args.prompt, args.raw)?,
         max_tokens: args.max_tokens,

@@ -11,7 +11,7 @@ use llorch_tests::fixtures::{fixture_ids, logit_fixture};
 use worker_common::backend::{InferenceBackend, Load, LoadConfig};
 use worker_common::generate::{
     CancelToken, Finished, GenerateError, GenerateEvent, GenerateRequest, PromptFormatter,
-    StopReason, generate,
+    StopReason, TemplateRendering, generate,
 };
 use worker_common::model::ModelFile;
 use worker_common::sampling::SamplingParams;
@@ -86,7 +86,12 @@ fn request(prompt_tokens: Vec<u32>, max_tokens: usize, temperature: f32) -> Gene
 #[test]
 fn smollm2_capital_of_france() {
     let mut worker = Worker::new(Model::SmolLm2, 2);
-    let formatter = PromptFormatter::from_model(&worker.model.gguf, &worker.tokenizer).unwrap();
+    let formatter = PromptFormatter::from_model(
+        &worker.model.gguf,
+        &worker.tokenizer,
+        TemplateRendering::InProcess,
+    )
+    .unwrap();
     let prompt = formatter
         .tokenize(&worker.tokenizer, "The capital of France is", true)
         .unwrap();
@@ -168,7 +173,12 @@ fn deterministic(model: Model, prompt: &str) {
     let mut runs = Vec::new();
     for threads in [1, 2] {
         let mut worker = Worker::new(model, threads);
-        let formatter = PromptFormatter::from_model(&worker.model.gguf, &worker.tokenizer).unwrap();
+        let formatter = PromptFormatter::from_model(
+            &worker.model.gguf,
+            &worker.tokenizer,
+            TemplateRendering::InProcess,
+        )
+        .unwrap();
         let tokens = formatter
             .tokenize(&worker.tokenizer, prompt, false)
             .unwrap();
@@ -259,7 +269,12 @@ fn stop_string_ends_generation_and_is_not_emitted() {
 #[test]
 fn chat_answer_ends_at_end_of_turn_without_emitting_it() {
     let mut worker = Worker::new(Model::SmolLm2, 2);
-    let formatter = PromptFormatter::from_model(&worker.model.gguf, &worker.tokenizer).unwrap();
+    let formatter = PromptFormatter::from_model(
+        &worker.model.gguf,
+        &worker.tokenizer,
+        TemplateRendering::InProcess,
+    )
+    .unwrap();
     let prompt = formatter
         .tokenize(&worker.tokenizer, "What is 2+2?", false)
         .unwrap();

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use backend_cpu::{CpuBackend, CpuOptions};
 use llorch_tests::assets::Model;
 use worker_common::backend::{InferenceBackend, Load, LoadConfig};
-use worker_common::generate::{CancelToken, GenerateRequest, PromptFormatter, generate};
+use worker_common::generate::{
+    CancelToken, GenerateRequest, PromptFormatter, TemplateRendering, generate,
+};
 use worker_common::model::ModelFile;
 use worker_common::sampling::SamplingParams;
 use worker_common::tokenizer::Tokenizer;
@@ -36,7 +38,8 @@ fn smollm2_resident_memory_is_file_plus_kv_plus_64_mib() {
     };
     let options = CpuOptions { threads: 2 };
     let mut backend = CpuBackend::load(model.clone(), &options, &config, &mut |_| {}).unwrap();
-    let formatter = PromptFormatter::from_model(&model.gguf, &tokenizer).unwrap();
+    let formatter =
+        PromptFormatter::from_model(&model.gguf, &tokenizer, TemplateRendering::InProcess).unwrap();
     let prompt = formatter
         .tokenize(&tokenizer, "Tell me about the sea.", false)
         .unwrap();

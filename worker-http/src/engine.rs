@@ -10,7 +10,8 @@ use worker_common::backend::{
     BackendError, InferenceBackend, Load, LoadConfig, LoadProgress, PAGE_SIZE,
 };
 use worker_common::generate::{
-    EventSink, Finished, GenerateError, GenerateEvent, PromptFormatter, Sequence, check_context,
+    EventSink, Finished, GenerateError, GenerateEvent, PromptFormatter, Sequence,
+    TemplateRendering, check_context,
 };
 use worker_common::model::{ModelError, ModelFile};
 use worker_common::schedule::{Ended, PrefixIndex, Scheduler, SchedulerConfig};
@@ -108,7 +109,8 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), L
     let model = Arc::new(ModelFile::open(&settings.model_ref)?);
     let context_length = context_length(settings.ctx_size, model.spec.hparams.context_length)?;
     let tokenizer = Tokenizer::for_model(&model.gguf, &settings.model_ref, None)?;
-    let formatter = PromptFormatter::from_model(&model.gguf, &tokenizer)?;
+    let formatter =
+        PromptFormatter::from_model(&model.gguf, &tokenizer, TemplateRendering::Isolated)?;
     let mut logged_quarter = None;
     let mut progress = |step: LoadProgress| {
         let quarter = step.percent() / 25;

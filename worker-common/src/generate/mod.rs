@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-pub use prompt::{CHAT_TEMPLATE_KEY, PromptError, PromptFormatter};
+pub use prompt::{CHAT_TEMPLATE_KEY, PromptError, PromptFormatter, TemplateRendering};
 pub use sequence::{Sequence, StepContext};
 pub use stop::{Released, StopMatcher};
 

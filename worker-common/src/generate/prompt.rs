@@ -2,7 +2,7 @@
 
 use crate::gguf::Gguf;
 use crate::tokenizer::render_process::TemplateProcess;
-use crate::tokenizer::template::{ChatMessage, TemplateError};
+use crate::tokenizer::template::{ChatMessage, ChatTemplate, TemplateError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// Metadata key of the chat template.
@@ -22,7 +22,7 @@ pub enum PromptError {
 /// Renders a short conversation once at load, so that a template that cannot finish within its
 /// budget refuses the model instead of failing every request. Other render errors (a template
 /// that refuses a system message, say) are left to the requests they concern.
-fn probe(template: &TemplateProcess) -> Result<(), TemplateError> {
+fn probe(template: &Renderer) -> Result<(), TemplateError> {
     let conversation = [
         ChatMessage::new("system", "You are a helpful assistant."),
         ChatMessage::new("user", "Hello!"),
@@ -35,19 +35,56 @@ fn probe(template: &TemplateProcess) -> Result<(), TemplateError> {
     }
 }
 
+/// Where a model's chat template renders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateRendering {
+    /// In a renderer process with a heap cap and a deadline
+    /// ([`crate::tokenizer::render_process`]): what a worker does with model files from anywhere.
+    /// The binary must call `serve_if_renderer` first in `main` and install `BudgetAllocator`.
+    Isolated,
+    /// In this process, under fuel and output budgets only: for tests and tools that load
+    /// known model files (a template that grows a value without bound can exhaust memory).
+    InProcess,
+}
+
+/// A compiled chat template, in this process or in a renderer process.
+#[derive(Debug)]
+enum Renderer {
+    InProcess(ChatTemplate),
+    Isolated(TemplateProcess),
+}
+
+impl Renderer {
+    fn render_prompt(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        add_bos: bool,
+        add_eos: bool,
+    ) -> Result<String, TemplateError> {
+        match self {
+            Renderer::InProcess(template) => {
+                template.render_prompt(messages, add_generation_prompt, add_bos, add_eos)
+            }
+            Renderer::Isolated(process) => {
+                process.render_prompt(messages, add_generation_prompt, add_bos, add_eos)
+            }
+        }
+    }
+}
+
 /// Renders and tokenizes prompts for one model.
 #[derive(Debug)]
 pub struct PromptFormatter {
-    template: Option<TemplateProcess>,
+    template: Option<Renderer>,
 }
 
 impl PromptFormatter {
-    /// Compiles the model's chat template, when it has one, in a renderer process
-    /// ([`crate::tokenizer::render_process`]: the binary must call `serve_if_renderer` first
-    /// in `main` and install `BudgetAllocator`).
+    /// Compiles the model's chat template, when it has one, to render where `rendering` says.
     pub fn from_model<B: AsRef<[u8]>>(
         gguf: &Gguf<B>,
         tokenizer: &Tokenizer,
+        rendering: TemplateRendering,
     ) -> Result<Self, TemplateError> {
         let Ok(Some(source)) = gguf.optional::<&str>(CHAT_TEMPLATE_KEY) else {
             return Ok(Self { template: None });
@@ -59,7 +96,15 @@ impl PromptFormatter {
                 .to_owned()
         };
         let special = vocab.special();
-        let template = TemplateProcess::start(source, &text(special.bos), &text(special.eos))?;
+        let (bos, eos) = (text(special.bos), text(special.eos));
+        let template = match rendering {
+            TemplateRendering::Isolated => {
+                Renderer::Isolated(TemplateProcess::start(source, &bos, &eos)?)
+            }
+            TemplateRendering::InProcess => {
+                Renderer::InProcess(ChatTemplate::new(source, &bos, &eos)?)
+            }
+        };
         probe(&template)?;
         Ok(Self {
             template: Some(template),
