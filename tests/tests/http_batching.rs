@@ -214,16 +214,19 @@ fn two_hundred_jobs_on_a_small_kv_pool_all_end_once_with_preemptions_counted() {
             job(
                 &format!("p{i}"),
                 &format!("Repeat:{words}"),
-                json!({"raw": true, "temperature": 0, "max_tokens": 16, "ignore_eos": true}),
+                json!({"raw": true, "temperature": 0.8, "seed": i, "max_tokens": 16, "ignore_eos": true}),
             )
         })
         .collect();
     let threads: Vec<_> = bodies
-        .into_iter()
+        .iter()
+        .cloned()
         .map(|body| std::thread::spawn(move || open(addr, &body).collect()))
         .collect();
+    let mut texts = Vec::new();
     for thread in threads {
         let events: Vec<SseEvent> = thread.join().unwrap();
+        texts.push(text(&events));
         assert_eq!(events.first().map(|e| e.event.as_str()), Some("started"));
         let terminals = events
             .iter()
@@ -246,4 +249,9 @@ fn two_hundred_jobs_on_a_small_kv_pool_all_end_once_with_preemptions_counted() {
     );
     let health = health(addr);
     assert_eq!(health["kv_pages_free"], health["kv_pages_total"]);
+    // Preempted and re-prefilled or not, a job samples what it samples alone (every tenth
+    // job, now run alone on the idle worker).
+    for (i, body) in bodies.iter().enumerate().step_by(10) {
+        assert_eq!(text(&run(addr, body)), texts[i], "job p{i}");
+    }
 }

@@ -195,6 +195,7 @@ fn publish<B: InferenceBackend>(
         max_running: loaded.slots,
         step_tokens: shared.settings.batch_tokens as usize,
         prefix_cache: prefix_cache(shared, backend),
+        replay_decodes: !backend.chunking_invariant(),
     };
     let scheduler = Scheduler::new(config, backend.kv_pages(), backend.vocab_size());
     loaded.prefix_index = scheduler.prefix_index();

@@ -198,6 +198,8 @@ pub fn generate<B: InferenceBackend>(
         max_running: 1,
         step_tokens: PREFILL_CHUNK,
         prefix_cache: false,
+        // Alone, a sequence is never preempted.
+        replay_decodes: false,
     };
     let needed = sequence.max_len().div_ceil(PAGE_SIZE);
     if needed > backend.kv_pages() {

@@ -89,6 +89,11 @@ impl Sequence {
         self.request.prompt_tokens.len() + self.request.max_tokens
     }
 
+    /// Tokens of the prompt (the first of [`Sequence::history`]).
+    pub fn prompt_len(&self) -> usize {
+        self.request.prompt_tokens.len()
+    }
+
     /// The tokens run so far or next: the prompt, then the generated tokens.
     pub fn history(&self) -> &[u32] {
         &self.history

@@ -38,6 +38,11 @@ pub struct SchedulerConfig {
     pub step_tokens: usize,
     /// Whether full pages are shared between sequences with the same leading tokens.
     pub prefix_cache: bool,
+    /// Whether a sequence re-prefilled after preemption runs its generated tokens one per
+    /// chunk, as their decode steps first ran them (its prompt is cut on the grid, as at first,
+    /// either way): for a backend whose numerics differ between chunk sizes, the same chunks
+    /// give the same keys and values, so preemption does not change the tokens.
+    pub replay_decodes: bool,
 }
 
 /// A job that left the scheduler, with how it ended.
@@ -101,6 +106,20 @@ pub struct Scheduler<J> {
     outputs: StepOutputs,
     admitted: u64,
     stats: SchedulerStats,
+}
+
+/// The next prefill chunk of `seq`: up to the next multiple of [`PREFILL_CHUNK`] (or the end of
+/// its history); with `replay_decodes`, never past the end of its prompt, and one token at a
+/// time after it (see [`SchedulerConfig::replay_decodes`]).
+fn prefill_len(seq: &Sequence, replay_decodes: bool) -> usize {
+    let computed = seq.computed();
+    let to_boundary = PREFILL_CHUNK - computed % PREFILL_CHUNK;
+    let len = seq.pending().min(to_boundary);
+    match (replay_decodes, seq.prompt_len().checked_sub(computed)) {
+        (false, _) => len,
+        (true, Some(to_prompt_end)) if to_prompt_end > 0 => len.min(to_prompt_end),
+        (true, _) => 1,
+    }
 }
 
 /// Pages holding `positions` positions.
@@ -334,8 +353,7 @@ impl<J: EventSink> Scheduler<J> {
                 if seq.pending() < 2 {
                     continue;
                 }
-                let to_boundary = PREFILL_CHUNK - seq.computed() % PREFILL_CHUNK;
-                let len = seq.pending().min(to_boundary);
+                let len = prefill_len(seq, self.config.replay_decodes);
                 if len > budget || !self.grow(i, seq.computed() + len) {
                     continue;
                 }

@@ -51,6 +51,7 @@ fn config(max_running: usize) -> SchedulerConfig {
         max_running,
         step_tokens: 512,
         prefix_cache: true,
+        replay_decodes: false,
     }
 }
 
@@ -136,6 +137,7 @@ fn long_prompts_are_cut_on_the_prefill_grid_and_decodes_go_first() {
         max_running: 2,
         step_tokens: 256,
         prefix_cache: false,
+        replay_decodes: false,
     };
     run_all(config, &mut backend, requests);
     let steps = steps.lock().unwrap();
@@ -180,18 +182,23 @@ fn a_shared_prefix_skips_its_prefill_and_changes_nothing() {
     }
 }
 
-#[test]
-fn page_exhaustion_preempts_and_every_job_still_ends_once_with_its_tokens() {
+/// Twelve jobs on a pool of 14 pages, eight at a time, so that they preempt each other; checks
+/// that each ends once with the tokens it gives alone, no gap and no repeat. Returns the
+/// prompt lengths and the chunks (first position, tokens) of every step.
+fn exhaust_the_pool(replay_decodes: bool) -> (Vec<usize>, Vec<(usize, usize)>) {
     let requests: Vec<_> = (0..12)
         .map(|i| request(prompt(30 + i * 5, i as u32), 40))
         .collect();
+    let prompts = requests.iter().map(|r| r.prompt_tokens.len()).collect();
     let alone = each_alone(&requests);
     // 14 pages of 16: one sequence needs up to 8, so eight running at once must preempt.
     let mut backend = ScriptedBackend::new(14, 10, script());
+    let steps = backend.steps();
     let tokenizer = tiny_tokenizer();
     let mut scheduler = Scheduler::new(
         SchedulerConfig {
             prefix_cache: false,
+            replay_decodes,
             ..config(8)
         },
         14,
@@ -232,6 +239,40 @@ fn page_exhaustion_preempts_and_every_job_still_ends_once_with_its_tokens() {
             "no gap, no repeat"
         );
     }
+    let chunks = steps
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s.chunks.clone())
+        .collect();
+    (prompts, chunks)
+}
+
+/// Whether every chunk of more than one token ends on the prefill grid or at a prompt's end:
+/// the only places a first run cuts a prompt.
+fn chunks_end_where_a_first_run_cuts(prompts: &[usize], chunks: &[(usize, usize)]) -> bool {
+    chunks.iter().all(|&(start, len)| {
+        let end = start + len;
+        len == 1 || end % PREFILL_CHUNK == 0 || prompts.contains(&end)
+    })
+}
+
+#[test]
+fn page_exhaustion_preempts_and_every_job_still_ends_once_with_its_tokens() {
+    let (prompts, chunks) = exhaust_the_pool(false);
+    assert!(
+        !chunks_end_where_a_first_run_cuts(&prompts, &chunks),
+        "a re-prefill runs prompt and generated tokens together"
+    );
+}
+
+#[test]
+fn with_replayed_decodes_a_re_prefill_runs_the_chunks_of_the_first_run() {
+    let (prompts, chunks) = exhaust_the_pool(true);
+    assert!(
+        chunks_end_where_a_first_run_cuts(&prompts, &chunks),
+        "{chunks:?}"
+    );
 }
 
 #[test]
