@@ -1,6 +1,6 @@
 //! Single-thread throughput of the matrix kernels, the measurements behind their tile
 //! choices: decode (one token) streams 256 MB of weight rows, far larger than the caches
-//! (`kernels::avx2::four_row_decode`); prefill runs Qwen2.5-0.5B-sized `ffn_up` (4864 rows of
+//! prefill runs Qwen2.5-0.5B-sized `ffn_up` (4864 rows of
 //! 896) and `ffn_down` (896 rows of 4864) against 64 tokens, the k-quants tiled and, for
 //! comparison, one row × one token per call.
 //! Batched decode (`batch`) streams 64 MB of rows against 1, 2, 4, 8 and 16 tokens, SmolLM2's
@@ -14,7 +14,7 @@
 use std::error::Error;
 use std::time::Instant;
 
-use backend_cpu::kernels::{Legacy, Q8Rows, dot_rows};
+use backend_cpu::kernels::{Legacy, PackedRows, Q8Rows, block_sums, dot_packed};
 use backend_cpu::quant::activation::{quantize_q8_0, quantize_q8_1, quantize_q8_k};
 use backend_cpu::quant::dot::{self, KQuant};
 
@@ -60,6 +60,20 @@ fn weights(len: usize, block: usize, scales: &[usize]) -> Vec<u8> {
     w
 }
 
+/// All rows of `w` against `n` tokens, as the matmul calls the kernel (block sums included).
+fn dot_rows(
+    w: &PackedRows,
+    a: Q8Rows<'_>,
+    n: usize,
+    out: &mut [f32],
+) -> Result<(), Box<dyn Error>> {
+    let mut sums = Vec::new();
+    if let Q8Rows::Q8_0(blocks) = a {
+        block_sums(blocks, &mut sums);
+    }
+    Ok(dot_packed(w, 0..w.groups(), a, &sums, n, out)?)
+}
+
 fn legacy_decode() -> Result<(), Box<dyn Error>> {
     let x = activations(COLS);
     let (mut q8_0, mut q8_1) = (Vec::new(), Vec::new());
@@ -81,10 +95,9 @@ fn legacy_decode() -> Result<(), Box<dyn Error>> {
         let rows = TOTAL_BYTES / row_bytes;
         let offsets: &[usize] = if format.uses_q8_1() { &[0, 2] } else { &[0] };
         let weights = weights(rows * row_bytes, format.block_bytes(), offsets);
+        let packed = PackedRows::pack(format, &weights, rows)?;
         let mut out = vec![0.0; rows];
-        let seconds = best(DECODE_REPS, || {
-            Ok(dot_rows(format, &weights, activations, 1, &mut out)?)
-        })?;
+        let seconds = best(DECODE_REPS, || dot_rows(&packed, activations, 1, &mut out))?;
         println!(
             "decode {format:?}: {:.2} GB/s, {:.2} ns per block",
             weights.len() as f64 / seconds / 1e9,
@@ -177,9 +190,10 @@ fn legacy_prefill() -> Result<(), Box<dyn Error>> {
         let row_bytes = COLS / 32 * format.block_bytes();
         let offsets: &[usize] = if format.uses_q8_1() { &[0, 2] } else { &[0] };
         let weights = weights(rows * row_bytes, format.block_bytes(), offsets);
+        let packed = PackedRows::pack(format, &weights, rows)?;
         let mut out = vec![0.0; rows * tokens];
         let seconds = best(PREFILL_REPS, || {
-            Ok(dot_rows(format, &weights, activations, tokens, &mut out)?)
+            dot_rows(&packed, activations, tokens, &mut out)
         })?;
         println!(
             "prefill {format:?}: {:.2} ns per block dot",
@@ -200,6 +214,7 @@ fn batched_decode() -> Result<(), Box<dyn Error>> {
         let rows = bytes / row_bytes;
         let offsets: &[usize] = if format.uses_q8_1() { &[0, 2] } else { &[0] };
         let weights = weights(rows * row_bytes, format.block_bytes(), offsets);
+        let packed = PackedRows::pack(format, &weights, rows)?;
         let mut line = format!("batched decode {format:?} ({rows} rows of {COLS}):");
         let mut one = 0.0;
         for n in BATCHES {
@@ -213,9 +228,7 @@ fn batched_decode() -> Result<(), Box<dyn Error>> {
                 Q8Rows::Q8_0(&q8_0)
             };
             let mut out = vec![0.0; rows * n];
-            let seconds = best(DECODE_REPS, || {
-                Ok(dot_rows(format, &weights, activations, n, &mut out)?)
-            })?;
+            let seconds = best(DECODE_REPS, || dot_rows(&packed, activations, n, &mut out))?;
             if n == 1 {
                 one = seconds;
             }
@@ -223,7 +236,8 @@ fn batched_decode() -> Result<(), Box<dyn Error>> {
         }
         println!("{line}");
     }
-    let cols = 896;
+    // Qwen2.5-0.5B's k-quant matrices are its 4864-wide `ffn_down`.
+    let cols = 4864;
     for format in [KQuant::Q4K, KQuant::Q6K] {
         let row_bytes = cols / 256 * format.block_bytes();
         let rows = bytes / row_bytes;

@@ -54,7 +54,7 @@ impl Load for CpuBackend {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, BackendError> {
         let plan = ModelPlan::new(&model.spec, Self::WORKER_TYPE)?;
-        let weights = weights::from_file(&model.gguf, &model.spec)?;
+        let mut weights = weights::from_file(&model.gguf, &model.spec)?;
         let device = cpu_name();
         let hp = &model.spec.hparams;
         // Before the prefault, so that a pool that cannot be had fails the load at once.
@@ -65,6 +65,15 @@ impl Load for CpuBackend {
             .thread_name(|i| format!("cpu-compute-{i}"))
             .build()
             .map_err(|e| BackendError::Device(format!("starting the compute threads: {e}")))?;
+        let file = model.gguf.bytes();
+        let repacked = pool.install(|| weights::pack(&mut weights, file))?;
+        // The repacked tensors' file pages are not read again: give them back, so resident
+        // memory holds each matrix once.
+        for range in repacked {
+            if let Err(e) = model.gguf.release(range.clone()) {
+                tracing::warn!("releasing the file pages of bytes {range:?} failed: {e}");
+            }
+        }
         Ok(Self {
             model,
             plan,
@@ -86,6 +95,7 @@ impl InferenceBackend for CpuBackend {
             device: self.device.clone(),
             memory: MemoryUsage {
                 weights: (weights::mapped_bytes(&self.weights)
+                    + weights::packed_bytes(&self.weights)
                     + weights::copied_bytes(&self.weights)) as u64,
                 kv: self.kv.bytes() as u64,
                 scratch: self.buffers.bytes() as u64,

@@ -7,11 +7,13 @@
 //! pool in chunks, and each (row, token) dot product is computed by one thread with the
 //! kernel's fixed block order, so results do not depend on the thread count.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
 
-use crate::kernels::{self, Legacy, Q8Rows};
+use crate::kernels::{self, GROUP, Legacy, Q8Rows};
 use crate::quant::activation::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k,
 };
@@ -53,6 +55,8 @@ pub struct MatmulScratch {
     q8_0: Vec<BlockQ8_0>,
     q8_1: Vec<BlockQ8_1>,
     q8_k: Vec<BlockQ8K>,
+    /// The integer quant sum of each Q8_0 block (`kernels::block_sums`).
+    q8_0_sums: Vec<i32>,
     /// Output transposed (rows × n) so each thread writes one contiguous range.
     out_t: Vec<f32>,
 }
@@ -63,6 +67,7 @@ impl MatmulScratch {
         self.q8_0.capacity() * size_of::<BlockQ8_0>()
             + self.q8_1.capacity() * size_of::<BlockQ8_1>()
             + self.q8_k.capacity() * size_of::<BlockQ8K>()
+            + self.q8_0_sums.capacity() * size_of::<i32>()
             + self.out_t.capacity() * size_of::<f32>()
     }
 }
@@ -70,7 +75,8 @@ impl MatmulScratch {
 /// The activations of one call in the kernel's format; row `t` is token `t`.
 #[derive(Clone, Copy)]
 enum Activations<'a> {
-    Legacy(Legacy, Q8Rows<'a>),
+    /// The rows, and the Q8_0 blocks' quant sums (empty for Q8_1).
+    Legacy(Legacy, Q8Rows<'a>, &'a [i32]),
     KQuant(KQuant, &'a [BlockQ8K]),
     Float(fn(&[u8], &[f32]) -> Result<f32, dot::DotError>, &'a [f32]),
 }
@@ -148,12 +154,14 @@ pub fn matmul_group(
         q8_0,
         q8_1,
         q8_k,
+        q8_0_sums,
         out_t,
     } = scratch;
     let quantized = |e: dot::DotError| BackendError::InvalidModel(format!("{}: {e}", first.name));
     let needs = |f: fn(Kernel) -> bool| kernels.iter().any(|&(k, _)| f(k));
     if needs(|k| matches!(k, Kernel::Legacy(f) if !f.uses_q8_1())) {
         quantize_q8_0(x, q8_0).map_err(quantized)?;
+        kernels::block_sums(q8_0, q8_0_sums);
     }
     if needs(|k| matches!(k, Kernel::Legacy(f) if f.uses_q8_1())) {
         quantize_q8_1(x, q8_1).map_err(quantized)?;
@@ -163,15 +171,18 @@ pub fn matmul_group(
     }
     let activations = |kernel: Kernel| match kernel {
         Kernel::Legacy(format) if format.uses_q8_1() => {
-            Activations::Legacy(format, Q8Rows::Q8_1(q8_1))
+            Activations::Legacy(format, Q8Rows::Q8_1(q8_1), &[])
         }
-        Kernel::Legacy(format) => Activations::Legacy(format, Q8Rows::Q8_0(q8_0)),
+        Kernel::Legacy(format) => Activations::Legacy(format, Q8Rows::Q8_0(q8_0), q8_0_sums),
         Kernel::KQuant(format) => Activations::KQuant(format, q8_k),
         Kernel::Float(dot) => Activations::Float(dot, x),
     };
     let threads = rayon::current_num_threads().max(1);
     let total_rows: usize = ws.iter().map(|w| w.rows).sum();
-    let rows_per_task = (total_rows / (4 * threads)).max(MIN_ROWS_PER_TASK);
+    // Whole groups of packed rows per task.
+    let rows_per_task = (total_rows / (4 * threads))
+        .max(MIN_ROWS_PER_TASK)
+        .next_multiple_of(GROUP);
     // Each task: a run of one matrix's rows, and where its outputs go (transposed, rows × n,
     // for a batch, so each thread writes one contiguous range).
     let mut tasks = Vec::new();
@@ -197,8 +208,8 @@ pub fn matmul_group(
         .into_par_iter()
         .try_for_each(|(i, first_row, chunk)| {
             let (w, (kernel, data)) = (ws[i], kernels[i]);
-            let rows = &data[first_row * w.row_bytes..][..chunk.len() / n * w.row_bytes];
-            dot_chunk(rows, w.row_bytes, activations(kernel), n, chunk)
+            let rows = first_row..first_row + chunk.len() / n;
+            dot_chunk(w, data, rows, activations(kernel), n, chunk)
                 .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", w.name)))
         })?;
     if n > 1 {
@@ -239,22 +250,30 @@ fn transpose(out_t: &[f32], n: usize, rows: usize, out: &mut [f32]) {
         });
 }
 
-/// Consecutive weight rows against every token: `out[r * n + t] = dot(rows[r], x[t])`.
+/// Rows `rows` of `w` (whose file bytes are `data`) against every token:
+/// `out[(r − rows.start) * n + t] = dot(W[r], x[t])`. `rows.start` is a multiple of `GROUP`.
 fn dot_chunk(
-    rows: &[u8],
-    row_bytes: usize,
+    w: &Matrix,
+    data: &[u8],
+    rows: Range<usize>,
     activations: Activations<'_>,
     n: usize,
     out: &mut [f32],
 ) -> Result<(), String> {
+    let raw = &data[rows.start * w.row_bytes..rows.end * w.row_bytes];
     match activations {
-        Activations::Legacy(format, a) => {
-            kernels::dot_rows(format, rows, a, n, out).map_err(|e| e.to_string())
+        Activations::Legacy(format, a, sums) => match &w.packed {
+            Some(packed) => {
+                let groups = rows.start / GROUP..rows.end.div_ceil(GROUP);
+                kernels::dot_packed(packed, groups, a, sums, n, out)
+            }
+            None => kernels::scalar::dot_rows(format, raw, a, n, out),
         }
+        .map_err(|e| e.to_string()),
         Activations::KQuant(format, a) => {
-            dot::dot_rows_k(format, rows, a, n, out).map_err(|e| e.to_string())
+            dot::dot_rows_k(format, raw, a, n, out).map_err(|e| e.to_string())
         }
-        Activations::Float(dot, x) => per_row(rows, row_bytes, x, n, out, dot),
+        Activations::Float(dot, x) => per_row(raw, w.row_bytes, x, n, out, dot),
     }
 }
 

@@ -4,6 +4,9 @@
 //! holds one.
 
 use std::ops::Range;
+use std::sync::Arc;
+
+use rayon::prelude::*;
 
 use worker_common::backend::BackendError;
 use worker_common::gguf::{GgmlType, Gguf};
@@ -11,6 +14,7 @@ use worker_common::model::{
     self, GateUp, MatrixTensor, ModelSpec, Qkv, TensorSource, VectorTensor,
 };
 
+use crate::kernels::{Legacy, PackedRows};
 use crate::quant;
 
 /// A weight matrix of `rows` rows of `cols` elements, stored row-major in its GGUF block
@@ -29,6 +33,9 @@ pub struct Matrix {
     pub row_bytes: usize,
     /// Byte range of the data in the file.
     pub range: Range<usize>,
+    /// The rows repacked for the 32-element formats' kernels ([`pack`]); the matmul reads
+    /// these instead of the file.
+    pub packed: Option<Arc<PackedRows>>,
 }
 
 impl Matrix {
@@ -73,6 +80,7 @@ impl TensorSource for Mapping<'_> {
             cols: tensor.cols,
             row_bytes: tensor.row_bytes,
             range: start..start + tensor.data.len(),
+            packed: None,
         })
     }
 
@@ -89,15 +97,81 @@ pub fn from_file(gguf: &Gguf, spec: &ModelSpec) -> Result<Weights, BackendError>
     Weights::assemble(gguf, spec, &mut Mapping { file: gguf.bytes() })
 }
 
-/// Bytes of the mapped matrices the forward pass reads (the tied head counted once).
+/// Every matrix the matmul reads: the blocks' projections and the head (not the embeddings,
+/// which are looked up row by row).
+fn matmul_matrices(weights: &mut Weights) -> Vec<&mut Matrix> {
+    let mut matrices = vec![&mut weights.output];
+    for layer in &mut weights.layers {
+        match &mut layer.qkv {
+            Qkv::Separate { q, k, v } => matrices.extend([q, k, v]),
+            Qkv::Fused(m) => matrices.push(m),
+        }
+        match &mut layer.gate_up {
+            GateUp::Separate { gate, up } => matrices.extend([gate, up]),
+            GateUp::Fused(m) => matrices.push(m),
+        }
+        matrices.extend([&mut layer.attn_output, &mut layer.ffn_down]);
+    }
+    matrices
+}
+
+/// Repacks every matmul matrix in a 32-element block format (`kernels::packed`), in parallel
+/// on the current rayon pool; returns the file ranges no longer read, whose pages the caller
+/// may release.
+pub fn pack(weights: &mut Weights, file: &[u8]) -> Result<Vec<Range<usize>>, BackendError> {
+    let matrices: Vec<&mut Matrix> = matmul_matrices(weights)
+        .into_iter()
+        .filter(|m| Legacy::of(m.ggml_type).is_some())
+        .collect();
+    matrices
+        .into_par_iter()
+        .map(|m| {
+            let format = Legacy::of(m.ggml_type).ok_or_else(|| {
+                BackendError::InvalidModel(format!("{}: not a 32-element format", m.name))
+            })?;
+            let raw = file.get(m.range.clone()).ok_or_else(|| {
+                BackendError::InvalidModel(format!("{}: outside the file", m.name))
+            })?;
+            let packed = PackedRows::pack(format, raw, m.rows)
+                .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", m.name)))?;
+            m.packed = Some(Arc::new(packed));
+            Ok(m.range.clone())
+        })
+        .collect()
+}
+
+/// Bytes of the matrices the forward pass reads in the mapping (the tied head counted once;
+/// the repacked ones are counted by [`packed_bytes`]).
 pub fn mapped_bytes(weights: &Weights) -> usize {
-    let layers: usize = weights.layers.iter().map(layer_mapped_bytes).sum();
-    let output = if weights.output.range == weights.token_embd.range {
-        0
-    } else {
-        weights.output.bytes()
-    };
+    let in_file = |m: &Matrix| if m.packed.is_some() { 0 } else { m.bytes() };
+    let layers: usize = weights
+        .layers
+        .iter()
+        .map(|layer| {
+            layer_matrices(layer)
+                .into_iter()
+                .map(in_file)
+                .sum::<usize>()
+        })
+        .sum();
+    let output =
+        if weights.output.range == weights.token_embd.range && weights.output.packed.is_none() {
+            0
+        } else {
+            in_file(&weights.output)
+        };
     weights.token_embd.bytes() + output + layers
+}
+
+/// Bytes of the repacked matrices.
+pub fn packed_bytes(weights: &Weights) -> usize {
+    let packed = |m: &Matrix| m.packed.as_ref().map_or(0, |p| p.bytes());
+    let layers: usize = weights
+        .layers
+        .iter()
+        .map(|layer| layer_matrices(layer).into_iter().map(packed).sum::<usize>())
+        .sum();
+    layers + packed(&weights.output)
 }
 
 /// Bytes of the f32 copies (norms and biases).
@@ -112,16 +186,17 @@ pub fn copied_bytes(weights: &Weights) -> usize {
     floats * size_of::<f32>()
 }
 
-fn layer_mapped_bytes(layer: &Layer) -> usize {
-    let qkv = match &layer.qkv {
-        Qkv::Separate { q, k, v } => q.bytes() + k.bytes() + v.bytes(),
-        Qkv::Fused(m) => m.bytes(),
+fn layer_matrices(layer: &Layer) -> Vec<&Matrix> {
+    let mut matrices = match &layer.qkv {
+        Qkv::Separate { q, k, v } => vec![q, k, v],
+        Qkv::Fused(m) => vec![m],
     };
-    let gate_up = match &layer.gate_up {
-        GateUp::Separate { gate, up } => gate.bytes() + up.bytes(),
-        GateUp::Fused(m) => m.bytes(),
-    };
-    qkv + gate_up + layer.attn_output.bytes() + layer.ffn_down.bytes()
+    match &layer.gate_up {
+        GateUp::Separate { gate, up } => matrices.extend([gate, up]),
+        GateUp::Fused(m) => matrices.push(m),
+    }
+    matrices.extend([&layer.attn_output, &layer.ffn_down]);
+    matrices
 }
 
 fn layer_copied_floats(layer: &Layer) -> usize {

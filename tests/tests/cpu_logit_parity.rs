@@ -19,6 +19,10 @@ use worker_common::model::ModelFile;
 /// llama.cpp's own batched and one-token logits differ by up to 1.6 (SmolLM2) and 3.3 (gemma3)
 /// (the fixtures' `inc_abs_diff`).
 const MAX_DELTA: f32 = 1.5;
+/// Gemma 3's bound: its logits swing most with rounding (llama.cpp's own 3.3 above). Measured:
+/// 1.47 with the kernels' earlier eight-lane block order, 1.77 with today's one-sum-per-block
+/// order, whose top-1 agrees with llama.cpp more often (97.8 % of positions vs 96.8 %).
+const MAX_DELTA_GEMMA3: f32 = 2.0;
 /// A llama.cpp top-2 margin above which our top-1 must agree.
 const CLEAR_MARGIN: f32 = 0.5;
 
@@ -66,7 +70,13 @@ struct Tally {
 
 impl Tally {
     /// Compares our logits at one position with llama.cpp's; returns a failure description.
-    fn check(&mut self, ours: &[f32], top: &[(usize, f32)], at: &str) -> Option<String> {
+    fn check(
+        &mut self,
+        ours: &[f32],
+        top: &[(usize, f32)],
+        max_delta: f32,
+        at: &str,
+    ) -> Option<String> {
         self.positions += 1;
         let delta = top
             .iter()
@@ -93,7 +103,7 @@ impl Tally {
                 ));
             }
         }
-        (centered > MAX_DELTA).then(|| {
+        (centered > max_delta).then(|| {
             format!("{at}: max |Δlogit − mean Δ| {centered:.3} over the top-20 (raw {delta:.3})")
         })
     }
@@ -105,6 +115,10 @@ fn parity(model: Model) {
     let mut backend = load(model, 2);
     let vocab = backend_vocab(model);
     let mut tally = Tally::default();
+    let max_delta = match model {
+        Model::Gemma3 => MAX_DELTA_GEMMA3,
+        _ => MAX_DELTA,
+    };
     let mut failures = Vec::new();
     let sequences = fixture["sequences"].as_array().unwrap();
     assert!(sequences.len() >= 5, "{} sequences", sequences.len());
@@ -120,7 +134,7 @@ fn parity(model: Model) {
         for (p, top) in tops.iter().enumerate() {
             let ours = &logits[p * vocab..(p + 1) * vocab];
             let at = format!("{name} position {p} (batched)");
-            failures.extend(tally.check(ours, &reference_top(top), &at));
+            failures.extend(tally.check(ours, &reference_top(top), max_delta, &at));
         }
     }
     let first = &sequences[0];
@@ -131,7 +145,8 @@ fn parity(model: Model) {
     for p in prompt_len..tokens.len() {
         let ours = sequence.forward(&tokens[p..=p], p).unwrap().to_vec();
         let top = reference_top(&first["top"][p]);
-        failures.extend(tally.check(&ours, &top, &format!("position {p} (decode)")));
+        let at = format!("position {p} (decode)");
+        failures.extend(tally.check(&ours, &top, max_delta, &at));
     }
     let own = sequences
         .iter()

@@ -1,13 +1,16 @@
-//! AVX2 (+FMA, F16C) kernels, with AVX-512 VNNI integer dots when the CPU has them (256-bit
-//! `vpdpbusd`, `avx512vnni` + `avx512vl`), bit-identical to [`super::scalar`]: the lanes are
-//! exact i32 sums and the f32 steps are the reference's, in the same order.
+//! AVX2 (+FMA, F16C) kernels over [`PackedRows`], with AVX-512 VNNI integer dots when the CPU
+//! has them (256-bit `vpdpbusd`, `avx512vnni` + `avx512vl`), bit-identical to
+//! [`super::scalar`]: lane `r` of a block's integer sum is row `r`'s exact `isum`, and the f32
+//! steps are the reference's, in the same order, eight rows at a time.
 //!
-//! Unsigned weight codes (all but Q8_0) go through `vpmaddubsw` (AVX2), whose i16 pair sums
-//! cannot saturate here (at most 2·31·128), or `vpdpbusd` (VNNI), which sums four u8×i8 products
-//! per lane exactly; the format's offset is subtracted as `offset·Σy` per lane, computed once
-//! per activation block. Q8_0's signed weights are widened to i16 on AVX2 (`vpmaddubsw` needs
-//! one unsigned operand and would saturate on 255·127 pairs); on VNNI they are made unsigned by
-//! flipping the sign bit (`x + 128`) and `128·Σy` is subtracted, exact for every input.
+//! Each 32-byte quant vector holds four consecutive elements of each of eight rows; the four
+//! matching activation quants are broadcast to every lane. Unsigned weight codes (all but
+//! Q8_0) go through `vpdpbusd` (VNNI), which sums four u8×i8 products per lane exactly, or
+//! `vpmaddubsw` + `vpmaddwd` (AVX2), whose i16 sums of four groups cannot saturate (at most
+//! 8·31·128); the format's offset is subtracted as `offset·Σy`, `Σy` the activation block's
+//! quant sum. Q8_0's signed weights are made unsigned by flipping the sign bit on VNNI
+//! (`x + 128`, then `128·Σy` subtracted) and widened to i16 on AVX2 (`vpmaddubsw` would
+//! saturate on 255·127 pairs); both exact for every input.
 //!
 //! Intrinsics sit in `unsafe` blocks for older compilers, which treat them as unsafe to call.
 #![allow(unused_unsafe)]
@@ -15,7 +18,10 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::{Legacy, MAX_COLS, Q8Rows};
+use std::ops::Range;
+
+use super::packed::group_layout;
+use super::{GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows};
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
 
 /// Which integer dot instructions this CPU has.
@@ -55,13 +61,13 @@ fn vnni() -> bool {
     level() == Level::Vnni
 }
 
-/// Runs the AVX2 kernel if this CPU has AVX2, FMA and F16C; `false` otherwise. Shapes must
-/// have been checked by the caller: `rows` holds `out.len() / cols` rows of `row_bytes`.
-pub(super) fn dot_rows(
-    format: Legacy,
-    rows: &[u8],
-    row_bytes: usize,
+/// Runs the SIMD kernel if this CPU has AVX2, FMA and F16C; `false` otherwise. Shapes must
+/// have been checked by the caller.
+pub(super) fn dot_packed(
+    w: &PackedRows,
+    groups: Range<usize>,
     activations: Q8Rows<'_>,
+    sums: &[i32],
     cols: usize,
     out: &mut [f32],
 ) -> bool {
@@ -72,8 +78,8 @@ pub(super) fn dot_rows(
     // SAFETY: the features were detected above; the caller checked the shapes.
     unsafe {
         match activations {
-            Q8Rows::Q8_0(a) => by_format(format, vnni, rows, row_bytes, a, cols, out),
-            Q8Rows::Q8_1(a) => by_format(format, vnni, rows, row_bytes, a, cols, out),
+            Q8Rows::Q8_0(a) => by_format(vnni, w, groups, a, sums, cols, out),
+            Q8Rows::Q8_1(a) => by_format(vnni, w, groups, a, sums, cols, out),
         }
     }
     true
@@ -116,31 +122,38 @@ impl ActBlock for BlockQ8_1 {
     }
 }
 
+/// The operands of one call.
+struct Call<'a, A> {
+    w: &'a PackedRows,
+    a: &'a [A],
+    sums: &'a [i32],
+    cols: usize,
+}
+
 /// Monomorphises the tile loop per format and instruction set, so its inner loop has no
 /// format branches.
 unsafe fn by_format<A: ActBlock>(
-    format: Legacy,
     vnni: bool,
-    rows: &[u8],
-    row_bytes: usize,
+    w: &PackedRows,
+    groups: Range<usize>,
     a: &[A],
+    sums: &[i32],
     cols: usize,
     out: &mut [f32],
 ) {
+    let call = Call { w, a, sums, cols };
     macro_rules! run {
         ($code:literal) => {
-            if vnni && cols >= WIDE_COLS {
-                tiles_vnni_wide::<$code, A>(rows, row_bytes, a, cols, out)
-            } else if vnni {
-                tiles_vnni::<$code, A>(rows, row_bytes, a, cols, out)
+            if vnni {
+                tiles_vnni::<$code, A>(&call, groups, out)
             } else {
-                tiles_avx2::<$code, A>(rows, row_bytes, a, cols, out)
+                tiles_avx2::<$code, A>(&call, groups, out)
             }
         };
     }
     // SAFETY: forwarded from the caller (VNNI only when detected).
     unsafe {
-        match format {
+        match w.format() {
             Legacy::Q4_0 => run!(0),
             Legacy::Q4_1 => run!(1),
             Legacy::Q5_0 => run!(2),
@@ -153,42 +166,23 @@ unsafe fn by_format<A: ActBlock>(
 /// [`tiles`] compiled for AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tiles_avx2<const F: u8, A: ActBlock>(
-    rows: &[u8],
-    row_bytes: usize,
-    a: &[A],
-    cols: usize,
+    call: &Call<'_, A>,
+    groups: Range<usize>,
     out: &mut [f32],
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { tiles::<F, A, false, false>(rows, row_bytes, a, cols, out) }
+    unsafe { tiles::<F, A, false>(call, groups, out) }
 }
 
 /// [`tiles`] compiled for AVX-512 VNNI (256-bit).
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
 unsafe fn tiles_vnni<const F: u8, A: ActBlock>(
-    rows: &[u8],
-    row_bytes: usize,
-    a: &[A],
-    cols: usize,
+    call: &Call<'_, A>,
+    groups: Range<usize>,
     out: &mut [f32],
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { tiles::<F, A, true, false>(rows, row_bytes, a, cols, out) }
-}
-
-/// [`tiles`] with the wide prefill tile, compiled for AVX-512 VNNI: a function of its own, as
-/// the wide tile inlined beside the decode loops made decode ≈ 30 % slower (measured on Zen 4,
-/// Qwen2.5-0.5B, CPU time of 100 decode steps).
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn tiles_vnni_wide<const F: u8, A: ActBlock>(
-    rows: &[u8],
-    row_bytes: usize,
-    a: &[A],
-    cols: usize,
-    out: &mut [f32],
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe { tiles::<F, A, true, true>(rows, row_bytes, a, cols, out) }
+    unsafe { tiles::<F, A, true>(call, groups, out) }
 }
 
 /// The format a kernel code stands for (const generics cannot take the enum itself).
@@ -203,81 +197,54 @@ const fn format_of(code: u8) -> Legacy {
     }
 }
 
-/// Blocks ahead of the current one each row prefetches.
-const PREFETCH_BLOCKS: usize = 16;
-
-/// Whether decode (one token) runs four weight rows at a time, sharing each activation load.
-/// Measured on Zen 4 (`examples/kernel_bench.rs`, 256 MB of rows): the nibble formats gain from
-/// the four independent accumulation chains (Q4_1: ≈ 9 vs 5 GB/s); Q8_0 and the 5-bit formats
-/// stream faster one row at a time (Q8_0: ≈ 14 vs 6.5 GB/s), as four interleaved row streams
-/// defeat the memory prefetchers more than the shorter chains help.
-const fn four_row_decode(format: Legacy) -> bool {
-    matches!(format, Legacy::Q4_0 | Legacy::Q4_1)
-}
-
-/// Tokens of the prefill tile on VNNI CPUs, whose 32 vector registers hold its 16
-/// accumulators: twice the tokens per unpacked weight block of the AVX2 tile.
-const WIDE_COLS: usize = 8;
-
-/// Covers the `rows × cols` outputs with register tiles: four rows at a time against one
-/// column for the formats where that is faster (see [`four_row_decode`]), two rows against four
-/// columns (prefill), and single rows or columns for the rest.
+/// Covers each group's eight rows × `cols` tokens with tiles of [`MAX_COLS`], 2 and 1 tokens.
 #[inline(always)]
-unsafe fn tiles<const F: u8, A: ActBlock, const VNNI: bool, const WIDE: bool>(
-    rows: &[u8],
-    row_bytes: usize,
-    a: &[A],
-    cols: usize,
+unsafe fn tiles<const F: u8, A: ActBlock, const VNNI: bool>(
+    call: &Call<'_, A>,
+    groups: Range<usize>,
     out: &mut [f32],
 ) {
-    let n_rows = out.len() / cols;
-    let blocks = a.len() / cols;
-    let row = |r: usize| &rows[r * row_bytes..(r + 1) * row_bytes];
-    let col = |c: usize| &a[c * blocks..(c + 1) * blocks];
+    let first_row = groups.start * GROUP;
+    let cols = call.cols;
     // SAFETY: the caller guarantees the features and the shapes.
     unsafe {
-        let mut r = 0;
-        if cols == 1 && four_row_decode(format_of(F)) {
-            while r + 4 <= n_rows {
-                let quad = [row(r), row(r + 1), row(r + 2), row(r + 3)];
-                for (i, sums) in tile::<F, A, VNNI, 4, 1>(quad, [col(0)]).iter().enumerate() {
-                    out[r + i] = sums[0];
-                }
-                r += 4;
-            }
-        }
-        while r < n_rows {
-            let height = if cols >= MAX_COLS && r + 2 <= n_rows {
-                2
-            } else {
-                1
-            };
+        for g in groups {
+            let live = GROUP.min(call.w.rows() - g * GROUP);
+            let at = (g * GROUP - first_row) * cols;
+            let out = &mut out[at..at + live * cols];
             let mut c = 0;
-            while WIDE && height == 2 && c + WIDE_COLS <= cols {
-                let group: [&[A]; WIDE_COLS] = std::array::from_fn(|k| col(c + k));
-                let sums = tile::<F, A, VNNI, 2, WIDE_COLS>([row(r), row(r + 1)], group);
-                out[r * cols + c..][..WIDE_COLS].copy_from_slice(&sums[0]);
-                out[(r + 1) * cols + c..][..WIDE_COLS].copy_from_slice(&sums[1]);
-                c += WIDE_COLS;
-            }
             while c + MAX_COLS <= cols {
-                let group = [col(c), col(c + 1), col(c + 2), col(c + 3)];
-                if height == 2 {
-                    let sums = tile::<F, A, VNNI, 2, MAX_COLS>([row(r), row(r + 1)], group);
-                    out[r * cols + c..][..MAX_COLS].copy_from_slice(&sums[0]);
-                    out[(r + 1) * cols + c..][..MAX_COLS].copy_from_slice(&sums[1]);
-                } else {
-                    let sums = tile::<F, A, VNNI, 1, MAX_COLS>([row(r)], group);
-                    out[r * cols + c..][..MAX_COLS].copy_from_slice(&sums[0]);
-                }
+                let sums = tile::<F, A, VNNI, MAX_COLS>(call, g, c);
+                scatter(&sums, live, cols, c, out);
                 c += MAX_COLS;
             }
-            for rr in r..r + height {
-                for cc in c..cols {
-                    out[rr * cols + cc] = tile::<F, A, VNNI, 1, 1>([row(rr)], [col(cc)])[0][0];
-                }
+            if c + 2 <= cols {
+                scatter(&tile::<F, A, VNNI, 2>(call, g, c), live, cols, c, out);
+                c += 2;
             }
-            r += height;
+            if c < cols {
+                scatter(&tile::<F, A, VNNI, 1>(call, g, c), live, cols, c, out);
+            }
+        }
+    }
+}
+
+/// Writes `sums[k]` (token `c + k`, one lane per row) into the row-major `out` of the
+/// group's `live` rows.
+#[inline(always)]
+unsafe fn scatter<const C: usize>(
+    sums: &[__m256; C],
+    live: usize,
+    cols: usize,
+    c: usize,
+    out: &mut [f32],
+) {
+    for (k, &sum) in sums.iter().enumerate() {
+        let mut lanes = [0.0f32; GROUP];
+        // SAFETY: `lanes` holds eight floats; AVX was detected by every caller.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+        for (r, &lane) in lanes[..live].iter().enumerate() {
+            out[r * cols + c + k] = lane;
         }
     }
 }
@@ -290,209 +257,186 @@ fn f16_to_f32(bits: u16) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
 }
 
+/// Eight f16 values at `p` as f32.
 #[inline(always)]
-fn le_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
+unsafe fn load_f16x8(p: *const u8) -> __m256 {
+    // SAFETY: the caller guarantees 16 readable bytes and F16C.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
 }
 
-/// The 32 weight codes of a block as unsigned bytes in element order (nibble formats).
+/// Bit 4 of each byte of the fifth-bit vector `h` for quant vector `k`: `h`'s bit `k` moved
+/// to bit 4 (16-bit shifts, whose bits crossing a byte boundary the mask drops).
 #[inline(always)]
-unsafe fn unsigned_codes(format: Legacy, b: &[u8]) -> __m256i {
+unsafe fn fifth(h: __m256i, k: usize) -> __m256i {
     unsafe {
-        let (qs_at, qh_at) = match format {
-            Legacy::Q4_0 => (2, None),
-            Legacy::Q4_1 => (4, None),
-            Legacy::Q5_0 => (6, Some(2)),
-            _ => (8, Some(4)),
+        let moved = match k {
+            0 => _mm256_slli_epi16::<4>(h),
+            1 => _mm256_slli_epi16::<3>(h),
+            2 => _mm256_slli_epi16::<2>(h),
+            3 => _mm256_slli_epi16::<1>(h),
+            4 => h,
+            5 => _mm256_srli_epi16::<1>(h),
+            6 => _mm256_srli_epi16::<2>(h),
+            _ => _mm256_srli_epi16::<3>(h),
         };
-        let q = _mm_loadu_si128(b[qs_at..qs_at + 16].as_ptr().cast());
-        let mask = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(q, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
-        let codes = _mm256_set_m128i(hi, lo);
-        match qh_at {
-            None => codes,
-            Some(at) => {
-                let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                _mm256_or_si256(codes, fifth_bits(qh))
-            }
-        }
+        _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
     }
 }
 
-/// `0x10` in byte `j` where bit `j` of `qh` is set.
+/// The eight quant vectors of group-block `gb`: unsigned codes for the nibble formats (and
+/// for Q8_0 on VNNI, sign bit flipped), signed bytes for Q8_0 on AVX2.
 #[inline(always)]
-unsafe fn fifth_bits(qh: u32) -> __m256i {
+unsafe fn codes<const F: u8, const VNNI: bool>(gb: *const u8) -> [__m256i; 8] {
+    let format = format_of(F);
+    let layout = group_layout(format);
+    // SAFETY: `gb` points at a whole group-block of `format`.
     unsafe {
-        let spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(qh as i32),
-            _mm256_setr_epi64x(
-                0,
-                0x0101_0101_0101_0101,
-                0x0202_0202_0202_0202,
-                0x0303_0303_0303_0303,
-            ),
-        );
-        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
-    }
-}
-
-/// `−factor · Σ y` over elements `4g..4g+4` per lane (`factor` the offset, or 128 for VNNI's
-/// Q8_0); computed once per activation block and shared by every weight row of a tile.
-#[inline(always)]
-unsafe fn negated_offsets<const VNNI: bool>(y: __m256i, factor: u8) -> __m256i {
-    unsafe {
-        let factor = _mm256_set1_epi8(factor as i8);
-        let sums = if VNNI {
-            _mm256_dpbusd_epi32(_mm256_setzero_si256(), factor, y)
-        } else {
-            let pairs = _mm256_maddubs_epi16(factor, y);
-            _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
-        };
-        _mm256_sub_epi32(_mm256_setzero_si256(), sums)
-    }
-}
-
-/// Lanes `Σ x·y` over elements `4g..4g+4` for unsigned codes `x`, plus `neg_offsets` (VNNI
-/// starts its accumulation from them, saving the separate subtraction).
-#[inline(always)]
-unsafe fn unsigned_lanes<const VNNI: bool>(
-    codes: __m256i,
-    y: __m256i,
-    neg_offsets: Option<__m256i>,
-) -> __m256i {
-    unsafe {
-        if VNNI {
-            let start = neg_offsets.unwrap_or(_mm256_setzero_si256());
-            return _mm256_dpbusd_epi32(start, codes, y);
-        }
-        let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, y), _mm256_set1_epi16(1));
-        match neg_offsets {
-            Some(offsets) => _mm256_add_epi32(lanes, offsets),
-            None => lanes,
-        }
-    }
-}
-
-/// Lanes for signed Q8_0 weights. VNNI: `(x + 128)·y − 128·y` with `neg_offsets = −128·Σy`.
-/// AVX2: exact i16 products, pairs, then groups of four in element order.
-#[inline(always)]
-unsafe fn signed_lanes<const VNNI: bool>(
-    x: __m256i,
-    y: __m256i,
-    neg_offsets: Option<__m256i>,
-) -> __m256i {
-    unsafe {
-        if VNNI {
-            let unsigned = _mm256_xor_si256(x, _mm256_set1_epi8(i8::MIN));
-            return unsigned_lanes::<true>(unsigned, y, neg_offsets);
-        }
-        let widen = |v: __m256i, hi: bool| {
-            _mm256_cvtepi8_epi16(if hi {
-                _mm256_extracti128_si256::<1>(v)
-            } else {
-                _mm256_castsi256_si128(v)
-            })
-        };
-        let lo = _mm256_madd_epi16(widen(x, false), widen(y, false));
-        let hi = _mm256_madd_epi16(widen(x, true), widen(y, true));
-        // hadd yields groups [0, 1, 4, 5, 2, 3, 6, 7]; the permutation restores element order.
-        let grouped = _mm256_hadd_epi32(lo, hi);
-        _mm256_permutevar8x32_epi32(grouped, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7))
-    }
-}
-
-/// `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`, the reference's reduction.
-#[inline(always)]
-unsafe fn reduce(acc: __m256) -> f32 {
-    unsafe {
-        let x = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-        let x = _mm_add_ss(x, _mm_movehdup_ps(x));
-        _mm_cvtss_f32(x)
-    }
-}
-
-/// `R` rows against `C` columns: `R·C` independent accumulations, each in the reference order.
-#[inline(always)]
-unsafe fn tile<const F: u8, A: ActBlock, const VNNI: bool, const R: usize, const C: usize>(
-    rows: [&[u8]; R],
-    cols: [&[A]; C],
-) -> [[f32; C]; R] {
-    // SAFETY: only reached from `tiles`, whose callers guarantee AVX2, FMA, F16C (and VNNI).
-    unsafe {
-        let format = format_of(F);
-        let block_bytes = format.block_bytes();
-        // Added as `−factor·Σy` per lane: the formats' code offsets, and VNNI's Q8_0 bias.
-        let factor: u8 = match format {
-            Legacy::Q4_0 => 8,
-            Legacy::Q5_0 => 16,
-            Legacy::Q8_0 if VNNI => 128,
-            _ => 0,
-        };
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
-        let mut offsets = [[0.0f32; C]; R];
-        for i in 0..cols[0].len() {
-            let mut codes = [_mm256_setzero_si256(); R];
-            let mut d_w = [_mm256_setzero_ps(); R];
-            let mut m_w = [0.0f32; R];
-            for r in 0..R {
-                // The hardware prefetchers lose track of several interleaved row streams;
-                // asking for the block 16 ahead keeps the loads from waiting on memory.
-                let ahead = rows[r]
-                    .as_ptr()
-                    .wrapping_add((i + PREFETCH_BLOCKS) * block_bytes);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                let w = &rows[r][i * block_bytes..(i + 1) * block_bytes];
-                d_w[r] = _mm256_set1_ps(f16_to_f32(le_u16(w, 0)));
-                if format.uses_q8_1() {
-                    m_w[r] = f16_to_f32(le_u16(w, 2));
-                }
-                codes[r] = if format == Legacy::Q8_0 {
-                    _mm256_loadu_si256(w[2..34].as_ptr().cast())
+        let qs = gb.add(layout.qs);
+        let load = |k: usize| _mm256_loadu_si256(qs.add(32 * k).cast());
+        if format == Legacy::Q8_0 {
+            let flip = _mm256_set1_epi8(i8::MIN);
+            return std::array::from_fn(|k| {
+                if VNNI {
+                    _mm256_xor_si256(load(k), flip)
                 } else {
-                    unsigned_codes(format, w)
+                    load(k)
+                }
+            });
+        }
+        let mask = _mm256_set1_epi8(0x0F);
+        let packed: [__m256i; 4] = std::array::from_fn(load);
+        let mut codes: [__m256i; 8] = std::array::from_fn(|k| {
+            let v = packed[k % 4];
+            if k < 4 {
+                _mm256_and_si256(v, mask)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask)
+            }
+        });
+        if let Some(at) = layout.h {
+            let h = _mm256_loadu_si256(gb.add(at).cast());
+            for (k, code) in codes.iter_mut().enumerate() {
+                *code = _mm256_or_si256(*code, fifth(h, k));
+            }
+        }
+        codes
+    }
+}
+
+/// Four activation quants (elements `4k..4k+4`) in every lane.
+#[inline(always)]
+unsafe fn broadcast(y: &[i8; 32], k: usize) -> __m256i {
+    // SAFETY: `k < 8`, so the four bytes are inside `y`.
+    unsafe { _mm256_set1_epi32(y.as_ptr().add(4 * k).cast::<i32>().read_unaligned()) }
+}
+
+/// Row `r`'s exact `Σ codes·y` in lane `r`, plus `start`.
+#[inline(always)]
+unsafe fn block_isum<const F: u8, const VNNI: bool>(
+    codes: &[__m256i; 8],
+    y: &[i8; 32],
+    start: __m256i,
+) -> __m256i {
+    // SAFETY: the callers guarantee AVX2 (and VNNI when `VNNI`).
+    unsafe {
+        if VNNI {
+            // Two chains, so consecutive `vpdpbusd` do not wait on each other.
+            let mut even = start;
+            let mut odd = _mm256_setzero_si256();
+            for k in (0..8).step_by(2) {
+                even = _mm256_dpbusd_epi32(even, codes[k], broadcast(y, k));
+                odd = _mm256_dpbusd_epi32(odd, codes[k + 1], broadcast(y, k + 1));
+            }
+            return _mm256_add_epi32(even, odd);
+        }
+        if format_of(F) == Legacy::Q8_0 {
+            return _mm256_add_epi32(start, signed_isum(codes, y));
+        }
+        let ones = _mm256_set1_epi16(1);
+        let mut sum = start;
+        for half in [0, 4] {
+            let pairs = |k: usize| _mm256_maddubs_epi16(codes[k], broadcast(y, k));
+            let four = _mm256_add_epi16(
+                _mm256_add_epi16(pairs(half), pairs(half + 1)),
+                _mm256_add_epi16(pairs(half + 2), pairs(half + 3)),
+            );
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(four, ones));
+        }
+        sum
+    }
+}
+
+/// AVX2's exact signed Q8_0 sums: codes and activations widened to i16, products summed in
+/// pairs per row half, then pairs added and put back in row order.
+#[inline(always)]
+unsafe fn signed_isum(codes: &[__m256i; 8], y: &[i8; 32]) -> __m256i {
+    // SAFETY: the callers guarantee AVX2.
+    unsafe {
+        let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for (k, &code) in codes.iter().enumerate() {
+            let four = y.as_ptr().add(4 * k).cast::<i32>().read_unaligned();
+            let y16 = _mm256_cvtepi8_epi16(_mm_set1_epi32(four));
+            let rows_0_3 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(code));
+            let rows_4_7 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(code));
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(rows_0_3, y16));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(rows_4_7, y16));
+        }
+        // hadd yields rows [0, 1, 4, 5, 2, 3, 6, 7]; the permutation restores row order.
+        let rows = _mm256_hadd_epi32(lo, hi);
+        _mm256_permutevar8x32_epi32(rows, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7))
+    }
+}
+
+/// Group `g`'s eight rows against tokens `c..c + C`: `C` vectors of eight outputs, each
+/// accumulated in the reference order.
+#[inline(always)]
+unsafe fn tile<const F: u8, A: ActBlock, const VNNI: bool, const C: usize>(
+    call: &Call<'_, A>,
+    g: usize,
+    c: usize,
+) -> [__m256; C] {
+    let format = format_of(F);
+    let layout = group_layout(format);
+    let blocks = call.w.blocks();
+    // Subtracted as `−factor·Σy`: the formats' code offsets, and VNNI's Q8_0 bias.
+    let factor: i32 = match format {
+        Legacy::Q4_0 => 8,
+        Legacy::Q5_0 => 16,
+        Legacy::Q8_0 if VNNI => 128,
+        _ => 0,
+    };
+    let group = call.w.group(g);
+    // SAFETY: the callers guarantee the features; `group` holds `blocks` group-blocks and
+    // the activations `blocks` blocks per token (checked by `super::dot_packed`).
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); C];
+        let mut offsets = [_mm256_setzero_ps(); C];
+        for i in 0..blocks {
+            let gb = group.as_ptr().add(i * layout.bytes);
+            let d_w = load_f16x8(gb);
+            let m_w = match layout.m {
+                Some(at) => load_f16x8(gb.add(at)),
+                None => _mm256_setzero_ps(),
+            };
+            let codes = codes::<F, VNNI>(gb);
+            for k in 0..C {
+                let at = (c + k) * blocks + i;
+                let block = &call.a[at];
+                let start = if factor == 0 {
+                    _mm256_setzero_si256()
+                } else {
+                    _mm256_set1_epi32(-factor * call.sums[at])
                 };
-            }
-            let mut s_a = [0.0f32; C];
-            for c in 0..C {
-                let block = &cols[c][i];
-                let y = _mm256_loadu_si256(block.qs().as_ptr().cast());
-                let d_a = _mm256_set1_ps(f16_to_f32(block.d_bits()));
-                if format.uses_q8_1() {
-                    s_a[c] = f16_to_f32(block.s_bits());
-                }
-                let neg_offsets = (factor != 0).then(|| negated_offsets::<VNNI>(y, factor));
-                for r in 0..R {
-                    let lanes = if format == Legacy::Q8_0 {
-                        signed_lanes::<VNNI>(codes[r], y, neg_offsets)
-                    } else {
-                        unsigned_lanes::<VNNI>(codes[r], y, neg_offsets)
-                    };
-                    // The exact product `d_w·d_a` (two f16 values) in every lane.
-                    let scale = _mm256_mul_ps(d_w[r], d_a);
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[r][c]);
-                }
-            }
-            // Apart from the loop above, so that the compiler computes a row's offsets for all
-            // columns in one vector multiply and add (each lane still rounds the product, then
-            // the sum, as the reference does).
-            if format.uses_q8_1() {
-                for r in 0..R {
-                    for c in 0..C {
-                        offsets[r][c] += m_w[r] * s_a[c];
-                    }
+                let isum = block_isum::<F, VNNI>(&codes, block.qs(), start);
+                // The exact product `d_w·d_a` (two f16 values) in every lane.
+                let scale = _mm256_mul_ps(d_w, _mm256_set1_ps(f16_to_f32(block.d_bits())));
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[k]);
+                if layout.m.is_some() {
+                    let s_a = _mm256_set1_ps(f16_to_f32(block.s_bits()));
+                    offsets[k] = _mm256_fmadd_ps(m_w, s_a, offsets[k]);
                 }
             }
         }
-        let mut sums = [[0.0f32; C]; R];
-        for r in 0..R {
-            for c in 0..C {
-                sums[r][c] = reduce(acc[r][c]) + offsets[r][c];
-            }
-        }
-        sums
+        std::array::from_fn(|k| _mm256_add_ps(acc[k], offsets[k]))
     }
 }

@@ -1,26 +1,33 @@
-//! Matrix kernels for the 32-element block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): a run of
-//! weight rows against one or more Q8 activation rows (tokens). The SIMD kernels work in
-//! register tiles: four weight rows against one token (decode loads each activation block once
-//! for four rows), two rows against [`MAX_COLS`] tokens (prefill unpacks each weight block once
-//! for four tokens).
+//! Matrix kernels for the 32-element block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): weight rows
+//! against one or more Q8 activation rows (tokens). The weights are repacked at load
+//! ([`packed`]): eight rows interleaved, so one integer dot instruction serves eight rows and
+//! each block's integer sum per (row, token) is complete in one lane. The SIMD kernels then
+//! cover eight rows × up to [`MAX_COLS`] tokens per register tile, unpacking each weight block
+//! once for all the tile's tokens.
 //!
 //! # Summation order (the same in every implementation)
 //!
-//! Each block's 32 products are summed exactly in eight i32 *lanes*, lane `g` holding elements
-//! `4g..4g+4`. Eight f32 accumulators take, block after block, `acc[g] = fma(lane[g], d_w·d_a,
-//! acc[g])` (`d_w·d_a` is exact: two f16 values). Q4_1/Q5_1 add their offsets to one scalar
-//! `offsets += m_w·s_a`. The result is `((acc0+acc4)+(acc2+acc6)) + ((acc1+acc5)+(acc3+acc7))`,
-//! plus `offsets`. This is the order of ggml's AVX2 kernels; the [`scalar`] reference follows it
-//! with `f32::mul_add`, so the SIMD kernels are bit-identical to it, and a row's result never
-//! depends on the thread count or on how many columns are computed together.
+//! For one output (row, token), block after block: the block's 32 products are summed exactly
+//! in one i32 (`isum = Σ v_j·y_j`, `v_j` the signed element value: `q − 8` for Q4_0, `q − 16`
+//! for Q5_0, `q` otherwise; `|isum| < 2^20`, so its conversion to f32 is exact), then
+//! `acc = fma(isum, d_w·d_a, acc)` (`d_w·d_a` is exact: two f16 values). Q4_1/Q5_1 also keep
+//! `offsets = fma(m_w, s_a, offsets)`. The result is `acc + offsets`. The [`scalar`]
+//! reference follows it with `f32::mul_add`, the SIMD kernels compute the same exact integer
+//! sums and the same f32 steps, so they are bit-identical to it, and a row's result never
+//! depends on the thread count, on the other tokens of the call or on how rows are grouped.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+pub mod packed;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
 
 use worker_common::gguf::GgmlType;
+
+use std::ops::Range;
+
+pub use packed::{GROUP, PackedRows};
 
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
 
@@ -99,23 +106,57 @@ pub struct ShapeError {
     pub outputs: usize,
 }
 
-/// `out[r * cols + c] = row r · activation row c` for the whole rows in `rows` (row-major,
-/// `blocks` blocks each, where `blocks` is the activations' blocks per column), using the
-/// fastest kernel this CPU has; bit-identical to [`scalar::dot_rows`].
-pub fn dot_rows(
-    format: Legacy,
-    rows: &[u8],
+/// `out[(r − first) * cols + c] = row r · activation row c` for the rows `r` of the groups
+/// `groups` of `w` (padding rows left out; `first` the groups' first row), using the fastest
+/// kernel this CPU has; bit-identical to [`scalar::dot_rows`] on the raw rows. `sums` holds
+/// the integer sum of every activation block's quants ([`block_sums`]) when the activations
+/// are Q8_0, and may be empty for Q8_1.
+pub fn dot_packed(
+    w: &PackedRows,
+    groups: Range<usize>,
     activations: Q8Rows<'_>,
+    sums: &[i32],
     cols: usize,
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
-    let row_bytes = check(format, rows, activations, cols, out.len())?;
+    let rows = (groups.start * GROUP).min(w.rows())..(groups.end * GROUP).min(w.rows());
+    let (activation_blocks, q8_1) = match activations {
+        Q8Rows::Q8_0(a) => (a.len(), false),
+        Q8Rows::Q8_1(a) => (a.len(), true),
+    };
+    let fits = groups.start <= groups.end
+        && groups.end <= w.groups()
+        && cols > 0
+        && activation_blocks == cols * w.blocks()
+        && (q8_1 || sums.len() == activation_blocks)
+        && q8_1 == w.format().uses_q8_1()
+        && out.len() == rows.len() * cols;
+    if !fits {
+        return Err(ShapeError {
+            format: w.format(),
+            weight_bytes: w.bytes(),
+            activation_blocks,
+            cols,
+            outputs: out.len(),
+        });
+    }
     #[cfg(target_arch = "x86_64")]
-    if avx2::dot_rows(format, rows, row_bytes, activations, cols, out) {
+    if avx2::dot_packed(w, groups, activations, sums, cols, out) {
         return Ok(());
     }
-    scalar::dot_rows_unchecked(format, rows, row_bytes, activations, cols, out);
+    scalar::dot_packed(w, rows, activations, cols, out);
     Ok(())
+}
+
+/// The integer sum of each Q8_0 block's quants, which the kernels need for the formats whose
+/// codes are offset (Q4_0, Q5_0, and Q8_0 on VNNI).
+pub fn block_sums(activations: &[BlockQ8_0], out: &mut Vec<i32>) {
+    out.clear();
+    out.extend(
+        activations
+            .iter()
+            .map(|b| b.qs.iter().map(|&q| i32::from(q)).sum::<i32>()),
+    );
 }
 
 /// Checks the shapes and the activation type (Q8_1 exactly for the formats with an offset);

@@ -1,10 +1,14 @@
 //! The scalar reference of the row kernels: plain code in the documented summation order, the
 //! oracle the SIMD kernels must match bit for bit.
 
-use super::{Legacy, Q8Rows, ShapeError, check};
+use std::ops::Range;
+
+use super::{Legacy, PackedRows, Q8Rows, ShapeError, check};
 use crate::quant::activation::QK8;
 
-/// [`super::dot_rows`] without SIMD.
+/// `out[r * cols + c] = row r · activation row c` for the whole rows in `rows` (row-major,
+/// raw GGUF blocks, `blocks` blocks each, where `blocks` is the activations' blocks per
+/// column): the reference the packed SIMD kernels are checked against.
 pub fn dot_rows(
     format: Legacy,
     rows: &[u8],
@@ -13,22 +17,10 @@ pub fn dot_rows(
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
     let row_bytes = check(format, rows, activations, cols, out.len())?;
-    dot_rows_unchecked(format, rows, row_bytes, activations, cols, out);
-    Ok(())
-}
-
-/// All rows against all columns, for already-checked shapes.
-pub(super) fn dot_rows_unchecked(
-    format: Legacy,
-    rows: &[u8],
-    row_bytes: usize,
-    activations: Q8Rows<'_>,
-    cols: usize,
-    out: &mut [f32],
-) {
     for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(cols)) {
         dot_row(format, row, activations, out);
     }
+    Ok(())
 }
 
 /// One weight block decoded: signed element values, scale, and offset `m` (0 when none).
@@ -80,33 +72,64 @@ fn decode(format: Legacy, b: &[u8]) -> Block {
 fn dot_row(format: Legacy, row: &[u8], activations: Q8Rows<'_>, out: &mut [f32]) {
     let blocks = row.len() / format.block_bytes();
     for (c, o) in out.iter_mut().enumerate() {
-        let mut acc = [0.0f32; 8];
-        let mut offsets = 0.0f32;
+        let mut sum = Sum::default();
         for (i, w) in row.chunks_exact(format.block_bytes()).enumerate() {
-            let block = decode(format, w);
-            let (qs, d_a, s_a) = match activations {
-                Q8Rows::Q8_0(a) => (&a[c * blocks + i].qs, a[c * blocks + i].d.to_f32(), 0.0),
-                Q8Rows::Q8_1(a) => {
-                    let a = &a[c * blocks + i];
-                    (&a.qs, a.d.to_f32(), a.s.to_f32())
-                }
-            };
-            let scale = block.d * d_a;
-            for (g, acc) in acc.iter_mut().enumerate() {
-                let lane: i32 = (4 * g..4 * g + 4)
-                    .map(|j| block.values[j] * i32::from(qs[j]))
-                    .sum();
-                *acc = (lane as f32).mul_add(scale, *acc);
-            }
-            if format.uses_q8_1() {
-                offsets += block.m * s_a;
-            }
+            sum.add(format, w, activations, c * blocks + i);
         }
-        *o = reduce(&acc) + offsets;
+        *o = sum.result();
     }
 }
 
-/// The fixed reduction of the eight accumulators.
-pub(super) fn reduce(acc: &[f32; 8]) -> f32 {
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+/// The running sums of one output, in the documented order.
+#[derive(Default)]
+pub(super) struct Sum {
+    acc: f32,
+    offsets: f32,
+}
+
+impl Sum {
+    /// Adds raw weight block `w` times activation block `at`.
+    pub(super) fn add(&mut self, format: Legacy, w: &[u8], activations: Q8Rows<'_>, at: usize) {
+        let block = decode(format, w);
+        let (qs, d_a, s_a) = match activations {
+            Q8Rows::Q8_0(a) => (&a[at].qs, a[at].d.to_f32(), 0.0),
+            Q8Rows::Q8_1(a) => (&a[at].qs, a[at].d.to_f32(), a[at].s.to_f32()),
+        };
+        let isum: i32 = block
+            .values
+            .iter()
+            .zip(qs)
+            .map(|(&v, &y)| v * i32::from(y))
+            .sum();
+        self.acc = (isum as f32).mul_add(block.d * d_a, self.acc);
+        if format.uses_q8_1() {
+            self.offsets = block.m.mul_add(s_a, self.offsets);
+        }
+    }
+
+    /// The output.
+    pub(super) fn result(&self) -> f32 {
+        self.acc + self.offsets
+    }
+}
+
+/// [`super::dot_packed`] without SIMD: each row's blocks read back from the packing.
+pub(super) fn dot_packed(
+    w: &PackedRows,
+    rows: Range<usize>,
+    activations: Q8Rows<'_>,
+    cols: usize,
+    out: &mut [f32],
+) {
+    let blocks = w.blocks();
+    for (r, out) in rows.zip(out.chunks_exact_mut(cols)) {
+        for (c, o) in out.iter_mut().enumerate() {
+            let mut sum = Sum::default();
+            for i in 0..blocks {
+                let block = w.raw_block(r, i);
+                sum.add(w.format(), &block, activations, c * blocks + i);
+            }
+            *o = sum.result();
+        }
+    }
 }

@@ -3,7 +3,7 @@
 
 use half::f16;
 
-use super::{Legacy, MAX_COLS, Q8Rows, dot_rows, scalar};
+use super::{GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows, block_sums, dot_packed, scalar};
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1, QK8, quantize_q8_0, quantize_q8_1};
 use crate::quant::dequantize;
 use crate::quant::test_rng::Rng;
@@ -77,6 +77,23 @@ fn rows<'a>(format: Legacy, q: &'a (Vec<BlockQ8_0>, Vec<BlockQ8_1>)) -> Q8Rows<'
     } else {
         Q8Rows::Q8_0(&q.0)
     }
+}
+
+/// `n_rows` raw rows repacked, against all `cols` tokens, on the fastest path.
+fn dot_rows(
+    format: Legacy,
+    raw: &[u8],
+    activations: Q8Rows<'_>,
+    cols: usize,
+    out: &mut [f32],
+) -> Result<(), super::ShapeError> {
+    let n_rows = out.len() / cols.max(1);
+    let packed = PackedRows::pack(format, raw, n_rows)?;
+    let mut sums = Vec::new();
+    if let Q8Rows::Q8_0(a) = activations {
+        block_sums(a, &mut sums);
+    }
+    dot_packed(&packed, 0..packed.groups(), activations, &sums, cols, out)
 }
 
 /// Both SIMD paths (VNNI where the CPU has it, and AVX2 forced) against the scalar reference.
@@ -189,13 +206,76 @@ fn shape_errors_are_reported_not_panics() {
     let row = vec![0u8; 2 * Legacy::Q8_0.block_bytes()];
     let mut out = [0.0; 2];
     let a = Q8Rows::Q8_0(&q.0);
-    assert!(dot_rows(Legacy::Q8_0, &row, a, 1, &mut out).is_err());
-    assert!(dot_rows(Legacy::Q8_0, &row[..35], a, 1, &mut out[..1]).is_err());
-    assert!(dot_rows(Legacy::Q4_1, &row[..40], a, 1, &mut out[..1]).is_err());
-    assert!(dot_rows(Legacy::Q8_0, &row, a, 0, &mut []).is_err());
-    assert!(dot_rows(Legacy::Q8_0, &row, a, 3, &mut out).is_err());
-    assert!(dot_rows(Legacy::Q8_0, &row, a, 1, &mut out[..1]).is_ok());
-    assert!(dot_rows(Legacy::Q8_0, &row[..34], a, 2, &mut out).is_ok());
+    let reference = scalar::dot_rows;
+    assert!(reference(Legacy::Q8_0, &row, a, 1, &mut out).is_err());
+    assert!(reference(Legacy::Q8_0, &row[..35], a, 1, &mut out[..1]).is_err());
+    assert!(reference(Legacy::Q4_1, &row[..40], a, 1, &mut out[..1]).is_err());
+    assert!(reference(Legacy::Q8_0, &row, a, 0, &mut []).is_err());
+    assert!(reference(Legacy::Q8_0, &row, a, 3, &mut out).is_err());
+    assert!(reference(Legacy::Q8_0, &row, a, 1, &mut out[..1]).is_ok());
+    assert!(reference(Legacy::Q8_0, &row[..34], a, 2, &mut out).is_ok());
+
+    // Packed: 1 row of 2 blocks against 1 column (2 blocks) and sums for each block.
+    let packed = PackedRows::pack(Legacy::Q8_0, &row, 1).unwrap();
+    let sums = [0, 0];
+    assert!(dot_packed(&packed, 0..1, a, &sums, 1, &mut out[..1]).is_ok());
+    assert!(dot_packed(&packed, 0..1, a, &sums[..1], 1, &mut out[..1]).is_err());
+    assert!(dot_packed(&packed, 0..2, a, &sums, 1, &mut out[..1]).is_err());
+    assert!(dot_packed(&packed, 0..1, a, &sums, 1, &mut out).is_err());
+    assert!(dot_packed(&packed, 0..1, a, &sums, 2, &mut out).is_err());
+    let q1 = Q8Rows::Q8_1(&q.1);
+    assert!(dot_packed(&packed, 0..1, q1, &[], 1, &mut out[..1]).is_err());
+    assert!(PackedRows::pack(Legacy::Q8_0, &row[..35], 1).is_err());
+    assert!(PackedRows::pack(Legacy::Q8_0, &row, 0).is_err());
+    assert!(PackedRows::pack(Legacy::Q4_1, &row, 1).is_err());
+}
+
+/// Every block of every row read back from the packing equals the raw block.
+#[test]
+fn packing_round_trips() {
+    let mut rng = Rng(99);
+    for format in FORMATS {
+        for n_rows in [1, 7, 8, 9, 17] {
+            let blocks = 3;
+            let raw = weights(&mut rng, format, n_rows * blocks, false);
+            let packed = PackedRows::pack(format, &raw, n_rows).unwrap();
+            assert_eq!(packed.groups(), n_rows.div_ceil(GROUP));
+            for (r, row) in raw.chunks_exact(blocks * format.block_bytes()).enumerate() {
+                for (i, block) in row.chunks_exact(format.block_bytes()).enumerate() {
+                    assert_eq!(
+                        packed.raw_block(r, i),
+                        block,
+                        "{format:?} row {r} block {i}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A range of groups gives the same outputs as the whole matrix, and the scalar packed path
+/// the same as the SIMD one.
+#[test]
+fn group_ranges_equal_the_whole() {
+    let mut rng = Rng(5);
+    for format in FORMATS {
+        let (n_rows, blocks, cols) = (21, 4, 3);
+        let raw = weights(&mut rng, format, n_rows * blocks, false);
+        let x = activations(&mut rng, cols * blocks * QK8, false);
+        let q = quantized(&x, false);
+        let mut whole = vec![0.0; n_rows * cols];
+        dot_rows(format, &raw, rows(format, &q), cols, &mut whole).unwrap();
+        let packed = PackedRows::pack(format, &raw, n_rows).unwrap();
+        let mut sums = Vec::new();
+        block_sums(&q.0, &mut sums);
+        let sums = if format.uses_q8_1() { &[][..] } else { &sums };
+        let mut part = vec![0.0; (n_rows - GROUP) * cols];
+        dot_packed(&packed, 1..3, rows(format, &q), sums, cols, &mut part).unwrap();
+        assert_eq!(part, whole[GROUP * cols..], "{format:?}");
+        let mut slow = vec![0.0; n_rows * cols];
+        scalar::dot_packed(&packed, 0..n_rows, rows(format, &q), cols, &mut slow);
+        assert_eq!(slow, whole, "{format:?}");
+    }
 }
 
 /// One block against one column, on the fastest path and the scalar one.
@@ -260,7 +340,7 @@ fn extreme_blocks_match_hand_sums() {
     }
 }
 
-/// Batches that mix the wide (8-token), 4-token and single-token tiles, on both SIMD paths.
+/// Batches that mix the 4-, 2- and 1-token tiles and partial groups, on both SIMD paths.
 #[test]
 fn wide_tiles_equal_scalar_bit_for_bit() {
     #[cfg(target_arch = "x86_64")]
@@ -277,7 +357,7 @@ fn wide_tiles_equal_scalar_bit_for_bit() {
 fn wide_tiles_equal_scalar() {
     let mut rng = Rng(0x0DDB_A11C_0FFE_E123);
     for format in FORMATS {
-        for (n_rows, cols, blocks) in [(2, 8, 5), (4, 13, 3), (3, 16, 2), (5, 21, 7)] {
+        for (n_rows, cols, blocks) in [(2, 8, 5), (12, 13, 3), (3, 16, 2), (17, 21, 7), (8, 7, 2)] {
             for extreme in [false, true] {
                 let row = weights(&mut rng, format, n_rows * blocks, extreme);
                 let x = activations(&mut rng, cols * blocks * QK8, extreme);

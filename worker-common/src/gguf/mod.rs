@@ -98,6 +98,20 @@ impl Gguf<Mmap> {
         let mapping = unsafe { Mmap::map(&file) }.map_err(io_error)?;
         Self::parse(mapping)
     }
+
+    /// Drops the pages of `range` (byte offsets into the file) from this process's resident
+    /// memory, for a backend that copied those tensors out (repacked them). Reading the range
+    /// again maps the same file pages back in.
+    #[cfg(unix)]
+    pub fn release(&self, range: std::ops::Range<usize>) -> std::io::Result<()> {
+        let len = range.end.saturating_sub(range.start);
+        // SAFETY: the mapping is read-only and backed by the file: MADV_DONTNEED drops only
+        // page-table entries, and the next read faults the unchanged file contents back in.
+        unsafe {
+            self.bytes
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, len)
+        }
+    }
 }
 
 impl<B: AsRef<[u8]>> Gguf<B> {
