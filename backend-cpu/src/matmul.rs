@@ -7,6 +7,7 @@
 //! pool in chunks, and each (row, token) dot product is computed by one thread with the
 //! kernel's fixed block order, so results do not depend on the thread count.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use rayon::prelude::*;
@@ -57,7 +58,8 @@ pub struct MatmulScratch {
     q8_k: Vec<BlockQ8K>,
     /// The integer quant sum of each Q8_0 block (`kernels::block_sums`).
     q8_0_sums: Vec<i32>,
-    /// Output transposed (rows × n) so each thread writes one contiguous range.
+    /// A batch's outputs in task blocks, each token-major, so each thread writes one
+    /// contiguous range.
     out_t: Vec<f32>,
 }
 
@@ -183,8 +185,9 @@ pub fn matmul_group(
     let rows_per_task = (total_rows / (4 * threads))
         .max(MIN_ROWS_PER_TASK)
         .next_multiple_of(GROUP);
-    // Each task: a run of one matrix's rows, and where its outputs go (transposed, rows × n,
-    // for a batch, so each thread writes one contiguous range).
+    // Each task: a run of one matrix's rows, and where its outputs go: for a batch, a block
+    // of `out_t` holding them token-major (so each thread writes one contiguous range), later
+    // copied into place a token's run of rows at a time.
     let mut tasks = Vec::new();
     let mut rest: &mut [f32] = if n == 1 {
         &mut []
@@ -213,45 +216,25 @@ pub fn matmul_group(
                 .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", w.name)))
         })?;
     if n > 1 {
-        let mut transposed: &[f32] = out_t;
+        let mut blocks: &[f32] = out_t;
         for out in outs.iter_mut() {
-            let (mine, tail) = transposed.split_at(out.len());
-            transpose(mine, n, out.len() / n, out);
-            transposed = tail;
+            let rows = out.len() / n;
+            for first_row in (0..rows).step_by(rows_per_task) {
+                let task_rows = rows_per_task.min(rows - first_row);
+                let (block, tail) = blocks.split_at(task_rows * n);
+                blocks = tail;
+                for (t, token) in block.chunks_exact(task_rows).enumerate() {
+                    out[t * rows + first_row..][..task_rows].copy_from_slice(token);
+                }
+            }
         }
     }
     Ok(())
 }
 
-/// Tokens one transposition task writes: a row of `out_t` then gives it one cache line.
-const TOKENS_PER_TASK: usize = 16;
-/// Rows transposed together, so each token's output is written 8 floats at a time.
-const ROWS_PER_BLOCK: usize = 8;
-
-/// `out[t * rows + r] = out_t[r * n + t]`, in parallel over groups of tokens, in blocks of
-/// [`ROWS_PER_BLOCK`] × [`TOKENS_PER_TASK`] that stay in L1.
-fn transpose(out_t: &[f32], n: usize, rows: usize, out: &mut [f32]) {
-    if rows == 0 {
-        return;
-    }
-    out.par_chunks_mut(TOKENS_PER_TASK * rows)
-        .enumerate()
-        .for_each(|(task, out)| {
-            let first = task * TOKENS_PER_TASK;
-            for (block, rows_t) in out_t.chunks(ROWS_PER_BLOCK * n).enumerate() {
-                let r0 = block * ROWS_PER_BLOCK;
-                for (t, out) in out.chunks_exact_mut(rows).enumerate() {
-                    let column = rows_t.iter().skip(first + t).step_by(n);
-                    for (o, &value) in out[r0..].iter_mut().zip(column) {
-                        *o = value;
-                    }
-                }
-            }
-        });
-}
-
-/// Rows `rows` of `w` (whose file bytes are `data`) against every token:
-/// `out[(r − rows.start) * n + t] = dot(W[r], x[t])`. `rows.start` is a multiple of `GROUP`.
+/// Rows `rows` of `w` (whose file bytes are `data`) against every token, token-major:
+/// `out[t * rows.len() + (r − rows.start)] = dot(W[r], x[t])`. `rows.start` is a multiple of
+/// `GROUP`.
 fn dot_chunk(
     w: &Matrix,
     data: &[u8],
@@ -261,20 +244,36 @@ fn dot_chunk(
     out: &mut [f32],
 ) -> Result<(), String> {
     let raw = &data[rows.start * w.row_bytes..rows.end * w.row_bytes];
-    match activations {
-        Activations::Legacy(format, a, sums) => match &w.packed {
-            Some(packed) => {
-                let groups = rows.start / GROUP..rows.end.div_ceil(GROUP);
-                kernels::dot_packed(packed, groups, a, sums, n, out)
-            }
-            None => kernels::scalar::dot_rows(format, raw, a, n, out),
-        }
-        .map_err(|e| e.to_string()),
-        Activations::KQuant(format, a) => {
-            dot::dot_rows_k(format, raw, a, n, out).map_err(|e| e.to_string())
-        }
-        Activations::Float(dot, x) => per_row(raw, w.row_bytes, x, n, out, dot),
+    if let (Activations::Legacy(_, a, sums), Some(packed)) = (activations, &w.packed) {
+        let groups = rows.start / GROUP..rows.end.div_ceil(GROUP);
+        return kernels::dot_packed(packed, groups, a, sums, n, out).map_err(|e| e.to_string());
     }
+    // The other kernels write row-major: transposed here, in this task's small block.
+    ROW_MAJOR.with_borrow_mut(|row_major| {
+        row_major.clear();
+        row_major.resize(out.len(), 0.0);
+        match activations {
+            Activations::Legacy(format, a, _) => {
+                kernels::scalar::dot_rows(format, raw, a, n, row_major).map_err(|e| e.to_string())
+            }
+            Activations::KQuant(format, a) => {
+                dot::dot_rows_k(format, raw, a, n, row_major).map_err(|e| e.to_string())
+            }
+            Activations::Float(dot, x) => per_row(raw, w.row_bytes, x, n, row_major, dot),
+        }?;
+        for (r, row) in row_major.chunks_exact(n).enumerate() {
+            for (t, &value) in row.iter().enumerate() {
+                out[t * rows.len() + r] = value;
+            }
+        }
+        Ok(())
+    })
+}
+
+thread_local! {
+    /// Each compute thread's row-major block for the kernels that write that way, kept between
+    /// calls so decode steps do not allocate.
+    static ROW_MAJOR: RefCell<Vec<f32>> = RefCell::default();
 }
 
 /// Row by row, token by token, with a one-row kernel.

@@ -197,7 +197,8 @@ const fn format_of(code: u8) -> Legacy {
     }
 }
 
-/// Covers each group's eight rows × `cols` tokens with tiles of [`MAX_COLS`], 2 and 1 tokens.
+/// Covers each group's eight rows × `cols` tokens with tiles of [`MAX_COLS`], 2 and 1 tokens;
+/// `out` is token-major (`out[c * rows + r]`).
 #[inline(always)]
 unsafe fn tiles<const F: u8, A: ActBlock, const VNNI: bool>(
     call: &Call<'_, A>,
@@ -206,47 +207,46 @@ unsafe fn tiles<const F: u8, A: ActBlock, const VNNI: bool>(
 ) {
     let first_row = groups.start * GROUP;
     let cols = call.cols;
+    let n_rows = out.len() / cols;
     // SAFETY: the caller guarantees the features and the shapes.
     unsafe {
         for g in groups {
-            let live = GROUP.min(call.w.rows() - g * GROUP);
-            let at = (g * GROUP - first_row) * cols;
-            let out = &mut out[at..at + live * cols];
+            let at = g * GROUP - first_row;
+            let live = GROUP.min(n_rows - at);
             let mut c = 0;
+            let mut store = |sums: &[__m256], c: usize| {
+                for (k, &sum) in sums.iter().enumerate() {
+                    let token = &mut out[(c + k) * n_rows + at..][..live];
+                    store_rows(sum, token);
+                }
+            };
             while c + MAX_COLS <= cols {
-                let sums = tile::<F, A, VNNI, MAX_COLS>(call, g, c);
-                scatter(&sums, live, cols, c, out);
+                store(&tile::<F, A, VNNI, MAX_COLS>(call, g, c), c);
                 c += MAX_COLS;
             }
             if c + 2 <= cols {
-                scatter(&tile::<F, A, VNNI, 2>(call, g, c), live, cols, c, out);
+                store(&tile::<F, A, VNNI, 2>(call, g, c), c);
                 c += 2;
             }
             if c < cols {
-                scatter(&tile::<F, A, VNNI, 1>(call, g, c), live, cols, c, out);
+                store(&tile::<F, A, VNNI, 1>(call, g, c), c);
             }
         }
     }
 }
 
-/// Writes `sums[k]` (token `c + k`, one lane per row) into the row-major `out` of the
-/// group's `live` rows.
+/// Writes the first `rows.len()` (at most eight) lanes of `sum` into `rows`.
 #[inline(always)]
-unsafe fn scatter<const C: usize>(
-    sums: &[__m256; C],
-    live: usize,
-    cols: usize,
-    c: usize,
-    out: &mut [f32],
-) {
-    for (k, &sum) in sums.iter().enumerate() {
-        let mut lanes = [0.0f32; GROUP];
-        // SAFETY: `lanes` holds eight floats; AVX was detected by every caller.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
-        for (r, &lane) in lanes[..live].iter().enumerate() {
-            out[r * cols + c + k] = lane;
-        }
+fn store_rows(sum: __m256, rows: &mut [f32]) {
+    if rows.len() == GROUP {
+        // SAFETY: `rows` holds eight floats; AVX was detected by every caller.
+        unsafe { _mm256_storeu_ps(rows.as_mut_ptr(), sum) };
+        return;
     }
+    let mut lanes = [0.0f32; GROUP];
+    // SAFETY: as above, into the local array.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+    rows.copy_from_slice(&lanes[..rows.len()]);
 }
 
 /// f16 bits to f32 with one F16C instruction (the `half` crate's call is not inlined).

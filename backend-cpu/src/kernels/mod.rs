@@ -106,8 +106,9 @@ pub struct ShapeError {
     pub outputs: usize,
 }
 
-/// `out[(r − first) * cols + c] = row r · activation row c` for the rows `r` of the groups
-/// `groups` of `w` (padding rows left out; `first` the groups' first row), using the fastest
+/// `out[c * rows + (r − first)] = row r · activation row c` (token-major) for the `rows` rows
+/// `r` of the groups `groups` of `w` (padding rows left out; `first` the groups' first row),
+/// using the fastest
 /// kernel this CPU has; bit-identical to [`scalar::dot_rows`] on the raw rows. `sums` holds
 /// the integer sum of every activation block's quants ([`block_sums`]) when the activations
 /// are Q8_0, and may be empty for Q8_1.

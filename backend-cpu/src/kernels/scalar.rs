@@ -121,15 +121,15 @@ pub(super) fn dot_packed(
     cols: usize,
     out: &mut [f32],
 ) {
-    let blocks = w.blocks();
-    for (r, out) in rows.zip(out.chunks_exact_mut(cols)) {
-        for (c, o) in out.iter_mut().enumerate() {
+    let (blocks, first, n_rows) = (w.blocks(), rows.start, rows.len());
+    for r in rows {
+        for c in 0..cols {
             let mut sum = Sum::default();
             for i in 0..blocks {
                 let block = w.raw_block(r, i);
                 sum.add(w.format(), &block, activations, c * blocks + i);
             }
-            *o = sum.result();
+            out[c * n_rows + r - first] = sum.result();
         }
     }
 }

@@ -93,7 +93,21 @@ fn dot_rows(
     if let Q8Rows::Q8_0(a) = activations {
         block_sums(a, &mut sums);
     }
-    dot_packed(&packed, 0..packed.groups(), activations, &sums, cols, out)
+    let mut token_major = vec![0.0; out.len()];
+    dot_packed(
+        &packed,
+        0..packed.groups(),
+        activations,
+        &sums,
+        cols,
+        &mut token_major,
+    )?;
+    for (c, token) in token_major.chunks_exact(n_rows).enumerate() {
+        for (r, &v) in token.iter().enumerate() {
+            out[r * cols + c] = v;
+        }
+    }
+    Ok(())
 }
 
 /// Both SIMD paths (VNNI where the CPU has it, and AVX2 forced) against the scalar reference.
@@ -269,12 +283,21 @@ fn group_ranges_equal_the_whole() {
         let mut sums = Vec::new();
         block_sums(&q.0, &mut sums);
         let sums = if format.uses_q8_1() { &[][..] } else { &sums };
-        let mut part = vec![0.0; (n_rows - GROUP) * cols];
+        let part_rows = n_rows - GROUP;
+        let mut part = vec![0.0; part_rows * cols];
         dot_packed(&packed, 1..3, rows(format, &q), sums, cols, &mut part).unwrap();
-        assert_eq!(part, whole[GROUP * cols..], "{format:?}");
         let mut slow = vec![0.0; n_rows * cols];
         scalar::dot_packed(&packed, 0..n_rows, rows(format, &q), cols, &mut slow);
-        assert_eq!(slow, whole, "{format:?}");
+        for r in 0..n_rows {
+            for c in 0..cols {
+                let want = whole[r * cols + c].to_bits();
+                assert_eq!(slow[c * n_rows + r].to_bits(), want, "{format:?} {r} {c}");
+                if r >= GROUP {
+                    let got = part[c * part_rows + r - GROUP].to_bits();
+                    assert_eq!(got, want, "{format:?} {r} {c}");
+                }
+            }
+        }
     }
 }
 

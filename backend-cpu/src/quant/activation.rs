@@ -49,11 +49,27 @@ fn scale(x: &[f32; QK8]) -> (f32, f32) {
     (d, id)
 }
 
-/// `roundf(x * id)` stored as i8. Finite inputs give `-127..=127`; `as` saturates and maps NaN
-/// to 0, where C's conversion would be undefined, so hostile activations cannot panic.
+/// `roundf(x * id)` stored as i8. Finite inputs give `-127..=127`; larger values saturate and
+/// NaN maps to 0, where C's conversion would be undefined, so hostile activations cannot
+/// panic. Written without `round` and the saturating cast, which do not vectorize: `v − trunc(v)`
+/// is exact, so a half or more rounds away from zero exactly as `roundf` does.
 #[inline(always)]
 fn quant(x: f32, id: f32) -> i8 {
-    (x * id).round() as i8
+    let v = x * id;
+    let t = v.trunc();
+    let rounded = if (v - t).abs() >= 0.5 {
+        t + 1.0f32.copysign(v)
+    } else {
+        t
+    };
+    let clamped = if rounded.is_nan() {
+        0.0
+    } else {
+        rounded.clamp(-128.0, 127.0)
+    };
+    // SAFETY: `clamped` is finite and within i32 (an integer in -128..=127), which is all
+    // `to_int_unchecked` asks; unlike `as`, it vectorizes.
+    unsafe { clamped.to_int_unchecked::<i32>() as i8 }
 }
 
 /// Checks `x` is a whole number of blocks.
@@ -308,6 +324,42 @@ mod tests {
 
     /// The AVX2-compiled, parallel loops give the bits of the plain per-block code, on short
     /// (one thread) and long (several tasks) inputs.
+    /// The vectorizable rounding equals `roundf` then the saturating cast for every kind of
+    /// value: halves either side of zero, the largest floats below a half, integers beyond the
+    /// i8 range, infinities and NaN.
+    #[test]
+    fn quant_rounds_as_roundf_and_saturates() {
+        let below_half = 0.5f32.next_down();
+        let mut values = vec![
+            0.0,
+            -0.0,
+            0.5,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            126.5,
+            -127.5,
+            below_half,
+            -below_half,
+            1.0 + below_half,
+            127.49,
+            128.0,
+            -129.0,
+            1e10,
+            -1e10,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            8_388_609.0,
+        ];
+        let mut rng = Rng(17);
+        values.extend((0..10_000).map(|_| rng.unit() * 300.0));
+        for v in values {
+            assert_eq!(quant(v, 1.0), v.round() as i8, "{v:?}");
+        }
+    }
+
     #[test]
     fn simd_and_parallel_quantization_equal_the_plain_blocks() {
         let mut rng = Rng(0x5EED_0AC7_1A7E_0001);
