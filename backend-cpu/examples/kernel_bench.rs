@@ -14,7 +14,7 @@
 use std::error::Error;
 use std::time::Instant;
 
-use backend_cpu::kernels::{Legacy, PackedRows, Q8Rows, block_sums, dot_packed};
+use backend_cpu::kernels::{Legacy, PackedRows, Q8Rows, block_meta, dot_packed};
 use backend_cpu::quant::activation::{quantize_q8_0, quantize_q8_1, quantize_q8_k};
 use backend_cpu::quant::dot::{self, KQuant};
 
@@ -60,18 +60,16 @@ fn weights(len: usize, block: usize, scales: &[usize]) -> Vec<u8> {
     w
 }
 
-/// All rows of `w` against `n` tokens, as the matmul calls the kernel (block sums included).
+/// All rows of `w` against `n` tokens, as the matmul calls the kernel (block meta included).
 fn dot_rows(
     w: &PackedRows,
     a: Q8Rows<'_>,
     n: usize,
     out: &mut [f32],
 ) -> Result<(), Box<dyn Error>> {
-    let mut sums = Vec::new();
-    if let Q8Rows::Q8_0(blocks) = a {
-        block_sums(blocks, &mut sums);
-    }
-    Ok(dot_packed(w, 0..w.groups(), a, &sums, n, out)?)
+    let mut meta = Vec::new();
+    block_meta(a, &mut meta);
+    Ok(dot_packed(w, 0..w.groups(), a, &meta, n, out)?)
 }
 
 fn legacy_decode() -> Result<(), Box<dyn Error>> {

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
 
-use crate::kernels::{self, GROUP, Legacy, Q8Rows};
+use crate::kernels::{self, BlockMeta, GROUP, Legacy, Q8Rows};
 use crate::quant::activation::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k,
 };
@@ -56,8 +56,9 @@ pub struct MatmulScratch {
     q8_0: Vec<BlockQ8_0>,
     q8_1: Vec<BlockQ8_1>,
     q8_k: Vec<BlockQ8K>,
-    /// The integer quant sum of each Q8_0 block (`kernels::block_sums`).
-    q8_0_sums: Vec<i32>,
+    /// `kernels::block_meta` of the Q8_0 and of the Q8_1 blocks.
+    q8_0_meta: Vec<BlockMeta>,
+    q8_1_meta: Vec<BlockMeta>,
     /// A batch's outputs in task blocks, each token-major, so each thread writes one
     /// contiguous range.
     out_t: Vec<f32>,
@@ -69,7 +70,7 @@ impl MatmulScratch {
         self.q8_0.capacity() * size_of::<BlockQ8_0>()
             + self.q8_1.capacity() * size_of::<BlockQ8_1>()
             + self.q8_k.capacity() * size_of::<BlockQ8K>()
-            + self.q8_0_sums.capacity() * size_of::<i32>()
+            + (self.q8_0_meta.capacity() + self.q8_1_meta.capacity()) * size_of::<BlockMeta>()
             + self.out_t.capacity() * size_of::<f32>()
     }
 }
@@ -77,8 +78,8 @@ impl MatmulScratch {
 /// The activations of one call in the kernel's format; row `t` is token `t`.
 #[derive(Clone, Copy)]
 enum Activations<'a> {
-    /// The rows, and the Q8_0 blocks' quant sums (empty for Q8_1).
-    Legacy(Legacy, Q8Rows<'a>, &'a [i32]),
+    /// The rows, and their `kernels::block_meta`.
+    Legacy(Legacy, Q8Rows<'a>, &'a [BlockMeta]),
     KQuant(KQuant, &'a [BlockQ8K]),
     Float(fn(&[u8], &[f32]) -> Result<f32, dot::DotError>, &'a [f32]),
 }
@@ -156,26 +157,28 @@ pub fn matmul_group(
         q8_0,
         q8_1,
         q8_k,
-        q8_0_sums,
+        q8_0_meta,
+        q8_1_meta,
         out_t,
     } = scratch;
     let quantized = |e: dot::DotError| BackendError::InvalidModel(format!("{}: {e}", first.name));
     let needs = |f: fn(Kernel) -> bool| kernels.iter().any(|&(k, _)| f(k));
     if needs(|k| matches!(k, Kernel::Legacy(f) if !f.uses_q8_1())) {
         quantize_q8_0(x, q8_0).map_err(quantized)?;
-        kernels::block_sums(q8_0, q8_0_sums);
+        kernels::block_meta(Q8Rows::Q8_0(q8_0), q8_0_meta);
     }
     if needs(|k| matches!(k, Kernel::Legacy(f) if f.uses_q8_1())) {
         quantize_q8_1(x, q8_1).map_err(quantized)?;
+        kernels::block_meta(Q8Rows::Q8_1(q8_1), q8_1_meta);
     }
     if needs(|k| matches!(k, Kernel::KQuant(_))) {
         quantize_q8_k(x, q8_k).map_err(quantized)?;
     }
     let activations = |kernel: Kernel| match kernel {
         Kernel::Legacy(format) if format.uses_q8_1() => {
-            Activations::Legacy(format, Q8Rows::Q8_1(q8_1), &[])
+            Activations::Legacy(format, Q8Rows::Q8_1(q8_1), q8_1_meta)
         }
-        Kernel::Legacy(format) => Activations::Legacy(format, Q8Rows::Q8_0(q8_0), q8_0_sums),
+        Kernel::Legacy(format) => Activations::Legacy(format, Q8Rows::Q8_0(q8_0), q8_0_meta),
         Kernel::KQuant(format) => Activations::KQuant(format, q8_k),
         Kernel::Float(dot) => Activations::Float(dot, x),
     };
@@ -244,9 +247,9 @@ fn dot_chunk(
     out: &mut [f32],
 ) -> Result<(), String> {
     let raw = &data[rows.start * w.row_bytes..rows.end * w.row_bytes];
-    if let (Activations::Legacy(_, a, sums), Some(packed)) = (activations, &w.packed) {
+    if let (Activations::Legacy(_, a, meta), Some(packed)) = (activations, &w.packed) {
         let groups = rows.start / GROUP..rows.end.div_ceil(GROUP);
-        return kernels::dot_packed(packed, groups, a, sums, n, out).map_err(|e| e.to_string());
+        return kernels::dot_packed(packed, groups, a, meta, n, out).map_err(|e| e.to_string());
     }
     // The other kernels write row-major: transposed here, in this task's small block.
     ROW_MAJOR.with_borrow_mut(|row_major| {

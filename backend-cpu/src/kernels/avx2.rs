@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use std::ops::Range;
 
 use super::packed::group_layout;
-use super::{GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows};
+use super::{BlockMeta, GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows};
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
 
 /// Which integer dot instructions this CPU has.
@@ -67,7 +67,7 @@ pub(super) fn dot_packed(
     w: &PackedRows,
     groups: Range<usize>,
     activations: Q8Rows<'_>,
-    sums: &[i32],
+    meta: &[BlockMeta],
     cols: usize,
     out: &mut [f32],
 ) -> bool {
@@ -78,32 +78,23 @@ pub(super) fn dot_packed(
     // SAFETY: the features were detected above; the caller checked the shapes.
     unsafe {
         match activations {
-            Q8Rows::Q8_0(a) => by_format(vnni, w, groups, a, sums, cols, out),
-            Q8Rows::Q8_1(a) => by_format(vnni, w, groups, a, sums, cols, out),
+            Q8Rows::Q8_0(a) => by_format(vnni, w, groups, a, meta, cols, out),
+            Q8Rows::Q8_1(a) => by_format(vnni, w, groups, a, meta, cols, out),
         }
     }
     true
 }
 
-/// An activation block type: quants, scale bits, and the Q8_1 sum bits (0 for Q8_0).
+/// An activation block type, of which the kernels read the quants here (the scales come
+/// widened from [`BlockMeta`]).
 trait ActBlock: Copy {
     fn qs(&self) -> &[i8; 32];
-    fn d_bits(&self) -> u16;
-    fn s_bits(&self) -> u16;
 }
 
 impl ActBlock for BlockQ8_0 {
     #[inline(always)]
     fn qs(&self) -> &[i8; 32] {
         &self.qs
-    }
-    #[inline(always)]
-    fn d_bits(&self) -> u16 {
-        self.d.to_bits()
-    }
-    #[inline(always)]
-    fn s_bits(&self) -> u16 {
-        0
     }
 }
 
@@ -112,21 +103,13 @@ impl ActBlock for BlockQ8_1 {
     fn qs(&self) -> &[i8; 32] {
         &self.qs
     }
-    #[inline(always)]
-    fn d_bits(&self) -> u16 {
-        self.d.to_bits()
-    }
-    #[inline(always)]
-    fn s_bits(&self) -> u16 {
-        self.s.to_bits()
-    }
 }
 
 /// The operands of one call.
 struct Call<'a, A> {
     w: &'a PackedRows,
     a: &'a [A],
-    sums: &'a [i32],
+    meta: &'a [BlockMeta],
     cols: usize,
 }
 
@@ -137,11 +120,11 @@ unsafe fn by_format<A: ActBlock>(
     w: &PackedRows,
     groups: Range<usize>,
     a: &[A],
-    sums: &[i32],
+    meta: &[BlockMeta],
     cols: usize,
     out: &mut [f32],
 ) {
-    let call = Call { w, a, sums, cols };
+    let call = Call { w, a, meta, cols };
     macro_rules! run {
         ($code:literal) => {
             if vnni {
@@ -247,14 +230,6 @@ fn store_rows(sum: __m256, rows: &mut [f32]) {
     // SAFETY: as above, into the local array.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
     rows.copy_from_slice(&lanes[..rows.len()]);
-}
-
-/// f16 bits to f32 with one F16C instruction (the `half` crate's call is not inlined).
-#[inline(always)]
-fn f16_to_f32(bits: u16) -> f32 {
-    // SAFETY: F16C was detected by every caller (these functions are only reached from
-    // `#[target_feature]` kernels).
-    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
 }
 
 /// Eight f16 values at `p` as f32.
@@ -421,19 +396,18 @@ unsafe fn tile<const F: u8, A: ActBlock, const VNNI: bool, const C: usize>(
             let codes = codes::<F, VNNI>(gb);
             for k in 0..C {
                 let at = (c + k) * blocks + i;
-                let block = &call.a[at];
+                let meta = &call.meta[at];
                 let start = if factor == 0 {
                     _mm256_setzero_si256()
                 } else {
-                    _mm256_set1_epi32(-factor * call.sums[at])
+                    _mm256_set1_epi32(-factor * meta.sum)
                 };
-                let isum = block_isum::<F, VNNI>(&codes, block.qs(), start);
+                let isum = block_isum::<F, VNNI>(&codes, call.a[at].qs(), start);
                 // The exact product `d_w·d_a` (two f16 values) in every lane.
-                let scale = _mm256_mul_ps(d_w, _mm256_set1_ps(f16_to_f32(block.d_bits())));
+                let scale = _mm256_mul_ps(d_w, _mm256_set1_ps(meta.d));
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[k]);
                 if layout.m.is_some() {
-                    let s_a = _mm256_set1_ps(f16_to_f32(block.s_bits()));
-                    offsets[k] = _mm256_fmadd_ps(m_w, s_a, offsets[k]);
+                    offsets[k] = _mm256_fmadd_ps(m_w, _mm256_set1_ps(meta.s), offsets[k]);
                 }
             }
         }

@@ -108,15 +108,13 @@ pub struct ShapeError {
 
 /// `out[c * rows + (r − first)] = row r · activation row c` (token-major) for the `rows` rows
 /// `r` of the groups `groups` of `w` (padding rows left out; `first` the groups' first row),
-/// using the fastest
-/// kernel this CPU has; bit-identical to [`scalar::dot_rows`] on the raw rows. `sums` holds
-/// the integer sum of every activation block's quants ([`block_sums`]) when the activations
-/// are Q8_0, and may be empty for Q8_1.
+/// using the fastest kernel this CPU has; bit-identical to [`scalar::dot_rows`] on the raw rows. `meta` is
+/// [`block_meta`] of the activations.
 pub fn dot_packed(
     w: &PackedRows,
     groups: Range<usize>,
     activations: Q8Rows<'_>,
-    sums: &[i32],
+    meta: &[BlockMeta],
     cols: usize,
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
@@ -129,7 +127,7 @@ pub fn dot_packed(
         && groups.end <= w.groups()
         && cols > 0
         && activation_blocks == cols * w.blocks()
-        && (q8_1 || sums.len() == activation_blocks)
+        && meta.len() == activation_blocks
         && q8_1 == w.format().uses_q8_1()
         && out.len() == rows.len() * cols;
     if !fits {
@@ -142,22 +140,42 @@ pub fn dot_packed(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    if avx2::dot_packed(w, groups, activations, sums, cols, out) {
+    if avx2::dot_packed(w, groups, activations, meta, cols, out) {
         return Ok(());
     }
     scalar::dot_packed(w, rows, activations, cols, out);
     Ok(())
 }
 
-/// The integer sum of each Q8_0 block's quants, which the kernels need for the formats whose
-/// codes are offset (Q4_0, Q5_0, and Q8_0 on VNNI).
-pub fn block_sums(activations: &[BlockQ8_0], out: &mut Vec<i32>) {
+/// What the SIMD kernels read of an activation block besides its quants, in the form they use
+/// it: computed once per matmul call instead of once per (row group, block).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BlockMeta {
+    /// The scale `d`, widened.
+    pub d: f32,
+    /// Q8_1's `s`, widened (0 for Q8_0).
+    pub s: f32,
+    /// The integer sum of the quants, for the formats whose codes are offset (Q4_0, Q5_0, and
+    /// Q8_0 on VNNI).
+    pub sum: i32,
+}
+
+/// [`BlockMeta`] of every activation block, into `out`.
+pub fn block_meta(activations: Q8Rows<'_>, out: &mut Vec<BlockMeta>) {
+    let sum = |qs: &[i8; 32]| qs.iter().map(|&q| i32::from(q)).sum::<i32>();
     out.clear();
-    out.extend(
-        activations
-            .iter()
-            .map(|b| b.qs.iter().map(|&q| i32::from(q)).sum::<i32>()),
-    );
+    match activations {
+        Q8Rows::Q8_0(a) => out.extend(a.iter().map(|b| BlockMeta {
+            d: b.d.to_f32(),
+            s: 0.0,
+            sum: sum(&b.qs),
+        })),
+        Q8Rows::Q8_1(a) => out.extend(a.iter().map(|b| BlockMeta {
+            d: b.d.to_f32(),
+            s: b.s.to_f32(),
+            sum: sum(&b.qs),
+        })),
+    }
 }
 
 /// Checks the shapes and the activation type (Q8_1 exactly for the formats with an offset);

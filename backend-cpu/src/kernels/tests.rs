@@ -3,7 +3,7 @@
 
 use half::f16;
 
-use super::{GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows, block_sums, dot_packed, scalar};
+use super::{GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows, block_meta, dot_packed, scalar};
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1, QK8, quantize_q8_0, quantize_q8_1};
 use crate::quant::dequantize;
 use crate::quant::test_rng::Rng;
@@ -89,16 +89,14 @@ fn dot_rows(
 ) -> Result<(), super::ShapeError> {
     let n_rows = out.len() / cols.max(1);
     let packed = PackedRows::pack(format, raw, n_rows)?;
-    let mut sums = Vec::new();
-    if let Q8Rows::Q8_0(a) = activations {
-        block_sums(a, &mut sums);
-    }
+    let mut meta = Vec::new();
+    block_meta(activations, &mut meta);
     let mut token_major = vec![0.0; out.len()];
     dot_packed(
         &packed,
         0..packed.groups(),
         activations,
-        &sums,
+        &meta,
         cols,
         &mut token_major,
     )?;
@@ -231,12 +229,13 @@ fn shape_errors_are_reported_not_panics() {
 
     // Packed: 1 row of 2 blocks against 1 column (2 blocks) and sums for each block.
     let packed = PackedRows::pack(Legacy::Q8_0, &row, 1).unwrap();
-    let sums = [0, 0];
-    assert!(dot_packed(&packed, 0..1, a, &sums, 1, &mut out[..1]).is_ok());
-    assert!(dot_packed(&packed, 0..1, a, &sums[..1], 1, &mut out[..1]).is_err());
-    assert!(dot_packed(&packed, 0..2, a, &sums, 1, &mut out[..1]).is_err());
-    assert!(dot_packed(&packed, 0..1, a, &sums, 1, &mut out).is_err());
-    assert!(dot_packed(&packed, 0..1, a, &sums, 2, &mut out).is_err());
+    let mut meta = Vec::new();
+    block_meta(a, &mut meta);
+    assert!(dot_packed(&packed, 0..1, a, &meta, 1, &mut out[..1]).is_ok());
+    assert!(dot_packed(&packed, 0..1, a, &meta[..1], 1, &mut out[..1]).is_err());
+    assert!(dot_packed(&packed, 0..2, a, &meta, 1, &mut out[..1]).is_err());
+    assert!(dot_packed(&packed, 0..1, a, &meta, 1, &mut out).is_err());
+    assert!(dot_packed(&packed, 0..1, a, &meta, 2, &mut out).is_err());
     let q1 = Q8Rows::Q8_1(&q.1);
     assert!(dot_packed(&packed, 0..1, q1, &[], 1, &mut out[..1]).is_err());
     assert!(PackedRows::pack(Legacy::Q8_0, &row[..35], 1).is_err());
@@ -280,12 +279,11 @@ fn group_ranges_equal_the_whole() {
         let mut whole = vec![0.0; n_rows * cols];
         dot_rows(format, &raw, rows(format, &q), cols, &mut whole).unwrap();
         let packed = PackedRows::pack(format, &raw, n_rows).unwrap();
-        let mut sums = Vec::new();
-        block_sums(&q.0, &mut sums);
-        let sums = if format.uses_q8_1() { &[][..] } else { &sums };
+        let mut meta = Vec::new();
+        block_meta(rows(format, &q), &mut meta);
         let part_rows = n_rows - GROUP;
         let mut part = vec![0.0; part_rows * cols];
-        dot_packed(&packed, 1..3, rows(format, &q), sums, cols, &mut part).unwrap();
+        dot_packed(&packed, 1..3, rows(format, &q), &meta, cols, &mut part).unwrap();
         let mut slow = vec![0.0; n_rows * cols];
         scalar::dot_packed(&packed, 0..n_rows, rows(format, &q), cols, &mut slow);
         for r in 0..n_rows {
