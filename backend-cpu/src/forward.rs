@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 use worker_common::backend::{BackendError, Chunk, Want};
-use worker_common::model::{Activation, GateUp, ModelPlan, Qkv};
+use worker_common::model::{GateUp, ModelPlan, Qkv};
 
 use crate::attention::{Row, attention};
 use crate::kv::{KvPool, pool_row};
@@ -294,15 +294,8 @@ impl Model<'_> {
                 split(&buf.fused, &[half, half], &mut parts);
             }
         }
-        let activation = match self.plan.activation {
-            Activation::GeluTanh => ops::gelu_tanh,
-            Activation::Silu => ops::silu,
-        };
-        let gated = |(gate, up): (&mut [f32], &[f32])| {
-            for (g, u) in gate.iter_mut().zip(up) {
-                *g = activation(*g) * u;
-            }
-        };
+        let activation = self.plan.activation;
+        let gated = |(gate, up): (&mut [f32], &[f32])| ops::gated(activation, gate, up);
         // A prefill batch's activations are spread over the pool, a token's at a time.
         if n > 1 {
             let width = buf.gate.len() / n;

@@ -2,7 +2,7 @@
 //! choice shows in the logits (f64 sum of squares in RMSNorm, RoPE angles by repeated
 //! multiplication, tanh-approximated GELU).
 
-use worker_common::model::{RopePlan, RopeStyle};
+use worker_common::model::{Activation, RopePlan, RopeStyle};
 
 /// `out = x / rms(x) * weight` for each `weight.len()`-wide row of `x`, in place.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
@@ -39,9 +39,61 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// SiLU, `x · σ(x)`.
+/// `e^x` within about 2 ulp: Cody–Waite reduction to `x = k·ln 2 + r`, Cephes' degree-6
+/// polynomial for `e^r`, and `2^k` built in the exponent bits. Plain IEEE operations with
+/// selects instead of branches, so a loop over it vectorises (libm's `expf` is a call per
+/// element, which softmaxes and SiLUs pay billions of times). Below −87 it returns `e^−87`
+/// (≈ 1.6e-38), which no softmax sum can tell from 0; above 88 it returns +∞ (the true value
+/// overflows from 88.72; SiLU, the only caller with such inputs, then gives −0 instead of a
+/// value below 1e-36 in magnitude). NaN stays NaN.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const ROUNDER: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Comparisons, not `max`/`min`, which would turn a NaN into a number.
+    let overflows = x > 88.0;
+    let x = if x < -87.0 { -87.0 } else { x };
+    let x = if overflows { 0.0 } else { x };
+    let shifted = x * std::f32::consts::LOG2_E + ROUNDER;
+    let k = shifted - ROUNDER;
+    let r = x - k * LN2_HI - k * LN2_LO;
+    let p = 1.987_569_1e-4;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 0.166_666_65;
+    let p = p * r + 0.5;
+    let e_r = p * (r * r) + r + 1.0;
+    // `shifted`'s low mantissa bits hold k in two's complement.
+    let k_bits = shifted.to_bits().wrapping_sub(ROUNDER.to_bits()) as i32;
+    let two_k = f32::from_bits(((k_bits + 127) as u32) << 23);
+    if overflows {
+        f32::INFINITY
+    } else {
+        e_r * two_k
+    }
+}
+
+/// SiLU, `x · σ(x)`, with [`exp`].
+#[inline(always)]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + exp(-x))
+}
+
+/// `gate[i] = activation(gate[i]) · up[i]`: the gated FFN's product, in a loop per activation
+/// so that it vectorises.
+pub fn gated(activation: Activation, gate: &mut [f32], up: &[f32]) {
+    #[inline(always)]
+    fn apply(gate: &mut [f32], up: &[f32], activation: impl Fn(f32) -> f32) {
+        for (g, u) in gate.iter_mut().zip(up) {
+            *g = activation(*g) * u;
+        }
+    }
+    match activation {
+        Activation::Silu => apply(gate, up, silu),
+        Activation::GeluTanh => apply(gate, up, gelu_tanh),
+    }
 }
 
 /// GELU with the tanh approximation, evaluated as llama.cpp's CPU backend does: 0 below −10,
@@ -139,6 +191,23 @@ unsafe fn widen_f16c(src: &[half::f16], dst: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exp_is_within_a_few_ulp_of_libm() {
+        let mut worst = 0.0f64;
+        let steps = (-87_000..88_000).step_by(7).map(|i| i as f32 / 1000.0);
+        for x in steps.chain([0.0, -1e-30, 1e-30, -0.5, -87.0, -86.9, 87.9, 88.0]) {
+            let want = f64::from(x).exp();
+            worst = worst.max((f64::from(exp(x)) - want).abs() / want);
+        }
+        assert!(worst < 4e-7, "relative error {worst:e}");
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(-1000.0), exp(-87.0));
+        assert_eq!(exp(88.5), f32::INFINITY);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert_eq!(silu(-1000.0), -0.0);
+        assert!(silu(f32::NAN).is_nan());
+    }
 
     #[test]
     fn rms_norm_unit_rows() {

@@ -404,7 +404,7 @@ fn softmax_numerators(scores: &mut [f32]) -> f32 {
         .chain(&maxima)
         .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     for s in scores.iter_mut() {
-        *s = exp(*s - max);
+        *s = crate::ops::exp(*s - max);
     }
     let mut lanes = [0.0f64; 4];
     let mut chunks = scores.chunks_exact(4);
@@ -416,34 +416,6 @@ fn softmax_numerators(scores: &mut [f32]) -> f32 {
     let tail: f64 = chunks.remainder().iter().map(|&s| f64::from(s)).sum();
     let sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + tail;
     (1.0 / sum) as f32
-}
-
-/// `e^x` for the softmax's `x ≤ 0`, within about 2 ulp: Cody–Waite reduction to
-/// `x = k·ln 2 + r`, Cephes' degree-6 polynomial for `e^r`, and `2^k` built in the exponent
-/// bits. Plain IEEE operations without branches, so a loop over it vectorises (libm's `expf`
-/// is a call per score, which long prompts pay billions of times). Below −87 it returns
-/// `e^−87` (≈ 1.6e-38), which no softmax sum can tell from 0.
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    const ROUNDER: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Not `max`, which would turn a NaN score into a number: NaN must reach the logits.
-    let x = if x < -87.0 { -87.0 } else { x };
-    let shifted = x * std::f32::consts::LOG2_E + ROUNDER;
-    let k = shifted - ROUNDER;
-    let r = x - k * LN2_HI - k * LN2_LO;
-    let p = 1.987_569_1e-4;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 0.166_666_65;
-    let p = p * r + 0.5;
-    let e_r = p * (r * r) + r + 1.0;
-    // `shifted`'s low mantissa bits hold k in two's complement.
-    let k_bits = shifted.to_bits().wrapping_sub(ROUNDER.to_bits()) as i32;
-    let two_k = f32::from_bits(((k_bits + 127) as u32) << 23);
-    e_r * two_k
 }
 
 /// One query head's scores over one page: which query, where its scores go, which slots.
