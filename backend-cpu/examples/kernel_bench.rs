@@ -14,7 +14,9 @@
 use std::error::Error;
 use std::time::Instant;
 
-use backend_cpu::kernels::{Legacy, PackedRows, Q8Rows, block_meta, dot_packed};
+use backend_cpu::kernels::{
+    Legacy, PackedK, PackedRows, Q8Rows, block_meta, dot_packed, dot_packed_k,
+};
 use backend_cpu::quant::activation::{quantize_q8_0, quantize_q8_1, quantize_q8_k};
 use backend_cpu::quant::dot::{self, KQuant};
 
@@ -234,27 +236,40 @@ fn batched_decode() -> Result<(), Box<dyn Error>> {
         }
         println!("{line}");
     }
-    // Qwen2.5-0.5B's k-quant matrices are its 4864-wide `ffn_down`.
+    // Qwen2.5-0.5B's k-quant matrices are its 4864-wide `ffn_down`: in the GGUF layout
+    // (the tiles Q6_K runs) and, for Q4_K, repacked (what the worker runs).
     let cols = 4864;
     for format in [KQuant::Q4K, KQuant::Q6K] {
         let row_bytes = cols / 256 * format.block_bytes();
         let rows = bytes / row_bytes;
         let weights = weights(rows * row_bytes, format.block_bytes(), k_scales(format));
-        let mut line = format!("batched decode {format:?} ({rows} rows of {cols}):");
-        let mut one = 0.0;
-        for n in BATCHES {
-            let mut q8_k = Vec::new();
-            quantize_q8_k(&activations(cols * n), &mut q8_k)?;
-            let mut out = vec![0.0; rows * n];
-            let seconds = best(DECODE_REPS, || {
-                Ok(dot::dot_rows_k(format, &weights, &q8_k, n, &mut out)?)
-            })?;
-            if n == 1 {
-                one = seconds;
+        let packed = PackedK::pack(&weights, rows).filter(|_| format == KQuant::Q4K);
+        for repacked in [false, true] {
+            if repacked && packed.is_none() {
+                continue;
             }
-            line += &format!(" n={n} {:.2} ms ({:.2}×)", seconds * 1e3, seconds / one);
+            let layout = if repacked { "repacked" } else { "GGUF layout" };
+            let mut line = format!("batched decode {format:?}, {layout} ({rows} rows of {cols}):");
+            let mut one = 0.0;
+            for n in BATCHES {
+                let mut q8_k = Vec::new();
+                quantize_q8_k(&activations(cols * n), &mut q8_k)?;
+                let mut out = vec![0.0; rows * n];
+                let seconds = best(DECODE_REPS, || {
+                    if let Some(packed) = packed.as_ref().filter(|_| repacked) {
+                        dot_packed_k(packed, 0..packed.groups(), &q8_k, n, &mut out)?;
+                    } else {
+                        dot::dot_rows_k(format, &weights, &q8_k, n, &mut out)?;
+                    }
+                    Ok(())
+                })?;
+                if n == 1 {
+                    one = seconds;
+                }
+                line += &format!(" n={n} {:.2} ms ({:.2}×)", seconds * 1e3, seconds / one);
+            }
+            println!("{line}");
         }
-        println!("{line}");
     }
     Ok(())
 }

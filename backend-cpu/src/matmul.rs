@@ -19,7 +19,7 @@ use crate::quant::activation::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k,
 };
 use crate::quant::dot::{self, KQuant};
-use crate::weights::Matrix;
+use crate::weights::{Matrix, Packed};
 
 /// The kernel family of a weight type, which fixes the activation format it reads (ggml's
 /// `vec_dot_type`): Q8_0/Q8_1 for the 32-element formats, Q8_K for the k-quants, f32 for floats.
@@ -247,9 +247,15 @@ fn dot_chunk(
     out: &mut [f32],
 ) -> Result<(), String> {
     let raw = &data[rows.start * w.row_bytes..rows.end * w.row_bytes];
-    if let (Activations::Legacy(_, a, meta), Some(packed)) = (activations, &w.packed) {
-        let groups = rows.start / GROUP..rows.end.div_ceil(GROUP);
-        return kernels::dot_packed(packed, groups, a, meta, n, out).map_err(|e| e.to_string());
+    let groups = rows.start / GROUP..rows.end.div_ceil(GROUP);
+    match (activations, w.packed.as_deref()) {
+        (Activations::Legacy(_, a, meta), Some(Packed::Legacy(packed))) => {
+            return kernels::dot_packed(packed, groups, a, meta, n, out).map_err(|e| e.to_string());
+        }
+        (Activations::KQuant(_, a), Some(Packed::KQuant(packed))) => {
+            return kernels::dot_packed_k(packed, groups, a, n, out).map_err(|e| e.to_string());
+        }
+        _ => {}
     }
     // The other kernels write row-major: transposed here, in this task's small block.
     ROW_MAJOR.with_borrow_mut(|row_major| {

@@ -14,7 +14,7 @@ use worker_common::model::{
     self, GateUp, MatrixTensor, ModelSpec, Qkv, TensorSource, VectorTensor,
 };
 
-use crate::kernels::{Legacy, PackedRows};
+use crate::kernels::{Legacy, PackedK, PackedRows, packed_k_available};
 use crate::quant;
 
 /// A weight matrix of `rows` rows of `cols` elements, stored row-major in its GGUF block
@@ -33,9 +33,51 @@ pub struct Matrix {
     pub row_bytes: usize,
     /// Byte range of the data in the file.
     pub range: Range<usize>,
-    /// The rows repacked for the 32-element formats' kernels ([`pack`]); the matmul reads
-    /// these instead of the file.
-    pub packed: Option<Arc<PackedRows>>,
+    /// The rows repacked for the SIMD kernels ([`pack`]); the matmul reads these instead of
+    /// the file.
+    pub packed: Option<Arc<Packed>>,
+}
+
+/// A matrix's rows in a kernel's interleaved layout.
+#[derive(Debug)]
+pub enum Packed {
+    /// A 32-element block format.
+    Legacy(PackedRows),
+    /// Q4_K.
+    KQuant(PackedK),
+}
+
+impl Packed {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Packed::Legacy(p) => p.bytes(),
+            Packed::KQuant(p) => p.bytes(),
+        }
+    }
+
+    /// `raw` (`rows` rows of `ggml_type`) repacked, if a packed kernel takes that format on
+    /// this CPU.
+    fn of(ggml_type: GgmlType, raw: &[u8], rows: usize) -> Option<Result<Self, String>> {
+        if let Some(format) = Legacy::of(ggml_type) {
+            return Some(
+                PackedRows::pack(format, raw, rows)
+                    .map(Packed::Legacy)
+                    .map_err(|e| e.to_string()),
+            );
+        }
+        // Q5_K and Q6_K keep the GGUF layout: their reference tiles (`quant::dot`) were as
+        // fast as packed ones at one to four tokens (Q6_K's six-bit codes cost more to unpack
+        // from the interleaved planes than they save).
+        if ggml_type != GgmlType::Q4_K || !packed_k_available() {
+            return None;
+        }
+        Some(
+            PackedK::pack(raw, rows)
+                .map(Packed::KQuant)
+                .ok_or_else(|| format!("{} bytes are not {rows} rows of Q4_K", raw.len())),
+        )
+    }
 }
 
 impl Matrix {
@@ -115,29 +157,24 @@ fn matmul_matrices(weights: &mut Weights) -> Vec<&mut Matrix> {
     matrices
 }
 
-/// Repacks every matmul matrix in a 32-element block format (`kernels::packed`), in parallel
-/// on the current rayon pool; returns the file ranges no longer read, whose pages the caller
-/// may release.
+/// Repacks every matmul matrix whose format has a packed kernel on this CPU (the 32-element
+/// formats and Q4_K: `kernels::packed`, `kernels::packed_k`), in parallel on the current
+/// rayon pool; returns the file ranges no longer read, whose pages the caller may release.
 pub fn pack(weights: &mut Weights, file: &[u8]) -> Result<Vec<Range<usize>>, BackendError> {
-    let matrices: Vec<&mut Matrix> = matmul_matrices(weights)
-        .into_iter()
-        .filter(|m| Legacy::of(m.ggml_type).is_some())
-        .collect();
-    matrices
-        .into_par_iter()
-        .map(|m| {
-            let format = Legacy::of(m.ggml_type).ok_or_else(|| {
-                BackendError::InvalidModel(format!("{}: not a 32-element format", m.name))
-            })?;
-            let raw = file.get(m.range.clone()).ok_or_else(|| {
-                BackendError::InvalidModel(format!("{}: outside the file", m.name))
-            })?;
-            let packed = PackedRows::pack(format, raw, m.rows)
-                .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", m.name)))?;
-            m.packed = Some(Arc::new(packed));
-            Ok(m.range.clone())
-        })
-        .collect()
+    let repacked = matmul_matrices(weights).into_par_iter().map(|m| {
+        let raw = file
+            .get(m.range.clone())
+            .ok_or_else(|| BackendError::InvalidModel(format!("{}: outside the file", m.name)))?;
+        match Packed::of(m.ggml_type, raw, m.rows) {
+            None => Ok(None),
+            Some(Err(e)) => Err(BackendError::InvalidModel(format!("{}: {e}", m.name))),
+            Some(Ok(packed)) => {
+                m.packed = Some(Arc::new(packed));
+                Ok(Some(m.range.clone()))
+            }
+        }
+    });
+    repacked.filter_map(Result::transpose).collect()
 }
 
 /// Bytes of the matrices the forward pass reads in the mapping (the tied head counted once;

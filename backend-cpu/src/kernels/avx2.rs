@@ -220,7 +220,7 @@ unsafe fn tiles<const F: u8, A: ActBlock, const VNNI: bool>(
 
 /// Writes the first `rows.len()` (at most eight) lanes of `sum` into `rows`.
 #[inline(always)]
-fn store_rows(sum: __m256, rows: &mut [f32]) {
+pub(super) fn store_rows(sum: __m256, rows: &mut [f32]) {
     if rows.len() == GROUP {
         // SAFETY: `rows` holds eight floats; AVX was detected by every caller.
         unsafe { _mm256_storeu_ps(rows.as_mut_ptr(), sum) };
@@ -266,28 +266,24 @@ unsafe fn codes<const F: u8, const VNNI: bool>(gb: *const u8) -> [__m256i; 8] {
     let layout = group_layout(format);
     // SAFETY: `gb` points at a whole group-block of `format`.
     unsafe {
+        // Plain loops, not closures: a closure is not compiled with the caller's target
+        // features, and intrinsics it calls then stay function calls.
         let qs = gb.add(layout.qs);
-        let load = |k: usize| _mm256_loadu_si256(qs.add(32 * k).cast());
+        let mut codes = [_mm256_setzero_si256(); 8];
         if format == Legacy::Q8_0 {
             let flip = _mm256_set1_epi8(i8::MIN);
-            return std::array::from_fn(|k| {
-                if VNNI {
-                    _mm256_xor_si256(load(k), flip)
-                } else {
-                    load(k)
-                }
-            });
+            for (k, code) in codes.iter_mut().enumerate() {
+                let v = _mm256_loadu_si256(qs.add(32 * k).cast());
+                *code = if VNNI { _mm256_xor_si256(v, flip) } else { v };
+            }
+            return codes;
         }
         let mask = _mm256_set1_epi8(0x0F);
-        let packed: [__m256i; 4] = std::array::from_fn(load);
-        let mut codes: [__m256i; 8] = std::array::from_fn(|k| {
-            let v = packed[k % 4];
-            if k < 4 {
-                _mm256_and_si256(v, mask)
-            } else {
-                _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask)
-            }
-        });
+        for p in 0..4 {
+            let v = _mm256_loadu_si256(qs.add(32 * p).cast());
+            codes[p] = _mm256_and_si256(v, mask);
+            codes[p + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+        }
         if let Some(at) = layout.h {
             let h = _mm256_loadu_si256(gb.add(at).cast());
             for (k, code) in codes.iter_mut().enumerate() {
@@ -330,11 +326,10 @@ unsafe fn block_isum<const F: u8, const VNNI: bool>(
         let ones = _mm256_set1_epi16(1);
         let mut sum = start;
         for half in [0, 4] {
-            let pairs = |k: usize| _mm256_maddubs_epi16(codes[k], broadcast(y, k));
-            let four = _mm256_add_epi16(
-                _mm256_add_epi16(pairs(half), pairs(half + 1)),
-                _mm256_add_epi16(pairs(half + 2), pairs(half + 3)),
-            );
+            let mut four = _mm256_setzero_si256();
+            for (k, &code) in codes.iter().enumerate().skip(half).take(4) {
+                four = _mm256_add_epi16(four, _mm256_maddubs_epi16(code, broadcast(y, k)));
+            }
             sum = _mm256_add_epi32(sum, _mm256_madd_epi16(four, ones));
         }
         sum
@@ -411,6 +406,9 @@ unsafe fn tile<const F: u8, A: ActBlock, const VNNI: bool, const C: usize>(
                 }
             }
         }
-        std::array::from_fn(|k| _mm256_add_ps(acc[k], offsets[k]))
+        for k in 0..C {
+            acc[k] = _mm256_add_ps(acc[k], offsets[k]);
+        }
+        acc
     }
 }

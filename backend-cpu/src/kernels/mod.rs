@@ -18,18 +18,25 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_k;
 pub mod packed;
+pub mod packed_k;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_k;
 
 use worker_common::gguf::GgmlType;
 
 use std::ops::Range;
 
 pub use packed::{GROUP, PackedRows};
+pub use packed_k::{PackedK, packed_k_available};
 
-use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
+use crate::quant::activation::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+use crate::quant::dot::DotError;
 
 /// Tokens one register tile covers.
 pub const MAX_COLS: usize = 4;
@@ -144,6 +151,37 @@ pub fn dot_packed(
         return Ok(());
     }
     scalar::dot_packed(w, rows, activations, cols, out);
+    Ok(())
+}
+
+/// `out[c * rows + (r − first)] = row r · activation row c` (token-major) for the rows of the
+/// groups `groups` of a packed Q4_K matrix against `cols` rows of Q8_K activations,
+/// bit-identical to `quant::dot::scalar::dot_rows_k` on the raw rows (for activations whose
+/// `bsums` are their quants' sums, as [`crate::quant::activation::quantize_q8_k`] makes them).
+pub fn dot_packed_k(
+    w: &PackedK,
+    groups: Range<usize>,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) -> Result<(), DotError> {
+    let rows = (groups.start * GROUP).min(w.rows())..(groups.end * GROUP).min(w.rows());
+    let fits = groups.start <= groups.end
+        && groups.end <= w.groups()
+        && cols > 0
+        && a.len() == cols * w.blocks()
+        && out.len() == rows.len() * cols
+        && packed_k_available();
+    if !fits {
+        return Err(DotError::RowsMismatch {
+            bytes: w.bytes(),
+            blocks: a.len(),
+            cols,
+            outputs: out.len(),
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
+    avx2_k::dot_packed_k(w, groups, a, cols, out);
     Ok(())
 }
 

@@ -45,6 +45,7 @@ mod avx2_float;
 mod avx2_k;
 mod float;
 mod k_quants;
+pub(crate) use k_quants::scales_mins;
 #[cfg(target_arch = "x86_64")]
 mod k_simd;
 pub mod scalar;

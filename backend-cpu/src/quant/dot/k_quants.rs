@@ -10,7 +10,7 @@ use super::{BlockQ8K, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, f16_le, weight_blocks}
 /// Bytes 0..4 of the packed 12 hold the 6-bit scales of sub-blocks 0..4, bytes 4..8 their
 /// mins; sub-blocks 4..8 keep their low 4 bits in the nibbles of bytes 8..12 (scales low,
 /// mins high) and their top 2 bits in the top 2 bits of bytes 0..8.
-pub(super) fn scales_mins<const B: usize>(w: &[u8; B]) -> ([u8; 8], [u8; 8]) {
+pub(crate) fn scales_mins<const B: usize>(w: &[u8; B]) -> ([u8; 8], [u8; 8]) {
     const { assert!(B >= 16) };
     const LOW6: u32 = 0x3F3F_3F3F;
     const LOW4: u32 = 0x0F0F_0F0F;

@@ -1,0 +1,241 @@
+//! AVX2 (+FMA, F16C) kernel over [`PackedK`] (Q4_K), with AVX-512 VNNI integer dots where the
+//! CPU has them, bit-identical to the k-quants' scalar reference (`crate::quant::dot::scalar`):
+//! lane `r` of the integer sums is row `r`'s exact `isum` and `msum`, and the f32 step is the
+//! reference's, eight rows at a time.
+//!
+//! Per sub-block, the unsigned codes (≤ 15) times the broadcast activation quads are summed
+//! exactly per lane by `vpdpbusd`, or by `vpmaddubsw` pairs (two of them added in i16, at most
+//! `4·15·128`) and `vpmaddwd` by ones; then multiplied by the row's 6-bit scale (`vpmulld`).
+//! The mins: `vpmaddwd` of the rows' `(m_2q, m_2q+1)` pairs by the activation's pair sums
+//! `(b_4q + b_4q+1, b_4q+2 + b_4q+3)`, which fit i16 for quantized activations (at most
+//! `2·16·128`). Magnitudes as in the reference: `|isum| < 2^25`.
+#![allow(unused_unsafe)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::packed_k::{GROUP_BYTES, PackedK, Q4K_MINS, Q4K_QS, Q4K_SC};
+use super::{GROUP, MAX_COLS};
+use crate::quant::activation::BlockQ8K;
+
+/// Whether the AVX2 path is forced even on a VNNI CPU (tests compare the two).
+#[cfg(test)]
+pub(super) static FORCE_AVX2: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+fn vnni() -> bool {
+    #[cfg(test)]
+    if FORCE_AVX2.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+}
+
+/// Runs the kernel; the caller checked the shapes and [`super::packed_k_available`].
+pub(super) fn dot_packed_k(
+    w: &PackedK,
+    groups: Range<usize>,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: AVX2, FMA and F16C were detected by the caller (`packed_k_available`), VNNI
+    // here; the caller checked the shapes.
+    unsafe {
+        if vnni() {
+            tiles_vnni(w, groups, a, cols, out)
+        } else {
+            tiles_avx2(w, groups, a, cols, out)
+        }
+    }
+}
+
+/// [`tiles`] compiled for AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiles_avx2(
+    w: &PackedK,
+    groups: Range<usize>,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { tiles::<false>(w, groups, a, cols, out) }
+}
+
+/// [`tiles`] compiled for AVX-512 VNNI (256-bit).
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn tiles_vnni(
+    w: &PackedK,
+    groups: Range<usize>,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { tiles::<true>(w, groups, a, cols, out) }
+}
+
+/// Each group's eight rows × `cols` tokens in tiles of [`MAX_COLS`], 2 and 1 tokens;
+/// `out` token-major (`out[c * rows + r]`).
+#[inline(always)]
+unsafe fn tiles<const VNNI: bool>(
+    w: &PackedK,
+    groups: Range<usize>,
+    a: &[BlockQ8K],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let first_row = groups.start * GROUP;
+    let n_rows = out.len() / cols;
+    // SAFETY: the caller guarantees the features and the shapes.
+    unsafe {
+        for g in groups {
+            let at = g * GROUP - first_row;
+            let live = GROUP.min(n_rows - at);
+            let mut store = |sums: &[__m256], c: usize| {
+                for (k, &sum) in sums.iter().enumerate() {
+                    let token = &mut out[(c + k) * n_rows + at..][..live];
+                    super::avx2::store_rows(sum, token);
+                }
+            };
+            let mut c = 0;
+            while c + MAX_COLS <= cols {
+                store(&tile::<VNNI, MAX_COLS>(w, g, a, c), c);
+                c += MAX_COLS;
+            }
+            if c + 2 <= cols {
+                store(&tile::<VNNI, 2>(w, g, a, c), c);
+                c += 2;
+            }
+            if c < cols {
+                store(&tile::<VNNI, 1>(w, g, a, c), c);
+            }
+        }
+    }
+}
+
+/// Four activation quants (elements `4k..4k+4` of `y`) in every lane.
+#[inline(always)]
+unsafe fn broadcast(y: *const i8, k: usize) -> __m256i {
+    // SAFETY: the callers pass `y` with at least `4k + 4` readable bytes.
+    unsafe { _mm256_set1_epi32(y.add(4 * k).cast::<i32>().read_unaligned()) }
+}
+
+/// `start + Σ_k codes[k] · quad k of y` per lane, exactly, for codes ≤ 63.
+#[inline(always)]
+unsafe fn dot_groups<const VNNI: bool, const G: usize>(
+    codes: &[__m256i; G],
+    y: *const i8,
+    start: __m256i,
+) -> __m256i {
+    // SAFETY: the callers guarantee AVX2 (and VNNI when `VNNI`) and `4G` bytes at `y`.
+    unsafe {
+        if VNNI {
+            let (mut even, mut odd) = (start, _mm256_setzero_si256());
+            for k in (0..G).step_by(2) {
+                even = _mm256_dpbusd_epi32(even, codes[k], broadcast(y, k));
+                odd = _mm256_dpbusd_epi32(odd, codes[k + 1], broadcast(y, k + 1));
+            }
+            return _mm256_add_epi32(even, odd);
+        }
+        let ones = _mm256_set1_epi16(1);
+        let mut sum = start;
+        for k in (0..G).step_by(2) {
+            let first = _mm256_maddubs_epi16(codes[k], broadcast(y, k));
+            let second = _mm256_maddubs_epi16(codes[k + 1], broadcast(y, k + 1));
+            let two = _mm256_add_epi16(first, second);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(two, ones));
+        }
+        sum
+    }
+}
+
+/// Eight f16 values at `p` as f32.
+#[inline(always)]
+unsafe fn load_f16x8(p: *const u8) -> __m256 {
+    // SAFETY: the caller guarantees 16 readable bytes and F16C.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+}
+
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable bytes.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+/// Group `g`'s eight rows against tokens `c..c + C`.
+#[inline(always)]
+unsafe fn tile<const VNNI: bool, const C: usize>(
+    w: &PackedK,
+    g: usize,
+    a: &[BlockQ8K],
+    c: usize,
+) -> [__m256; C] {
+    let blocks = w.blocks();
+    let group = w.group(g);
+    // SAFETY: the callers guarantee the features; `group` holds `blocks` group-super-blocks,
+    // the activations `blocks` blocks per token (checked by `super::dot_packed_k`).
+    unsafe {
+        let mut sums = [_mm256_setzero_ps(); C];
+        for i in 0..blocks {
+            let gb = group.as_ptr().add(i * GROUP_BYTES);
+            let y: [&BlockQ8K; C] = std::array::from_fn(|k| &a[(c + k) * blocks + i]);
+            q4_k_block::<VNNI, C>(gb, &y, &mut sums);
+        }
+        sums
+    }
+}
+
+/// One Q4_K group-super-block against `C` tokens: `sum + ((d·d_a)·isum − (dmin·d_a)·msum)`.
+#[inline(always)]
+unsafe fn q4_k_block<const VNNI: bool, const C: usize>(
+    gb: *const u8,
+    y: &[&BlockQ8K; C],
+    sums: &mut [__m256; C],
+) {
+    // SAFETY: `gb` points at a whole Q4_K group-super-block; AVX2 (and VNNI) guaranteed.
+    unsafe {
+        let mask = _mm256_set1_epi8(0x0F);
+        let mut isum = [_mm256_setzero_si256(); C];
+        for j in 0..8 {
+            let (p, high) = (j / 2, j % 2 == 1);
+            // Plain loops, not closures: a closure is not compiled with the caller's target
+            // features, and intrinsics it calls then stay function calls.
+            let mut codes = [_mm256_setzero_si256(); 8];
+            for (k, code) in codes.iter_mut().enumerate() {
+                let v = load(gb.add(Q4K_QS + 32 * (8 * p + k)));
+                let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
+                *code = _mm256_and_si256(v, mask);
+            }
+            let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(gb.add(Q4K_SC + 8 * j).cast()));
+            for k in 0..C {
+                let sub = dot_groups::<VNNI, 8>(
+                    &codes,
+                    y[k].qs.as_ptr().add(32 * j),
+                    _mm256_setzero_si256(),
+                );
+                isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(sub, scale));
+            }
+        }
+        let d = load_f16x8(gb);
+        let dmin = load_f16x8(gb.add(16));
+        for k in 0..C {
+            // `b_2j + b_2j+1` for the eight sub-blocks, as i16 (at most 2·16·128 for
+            // quantized activations), in each 128-bit half: [P0..P3, P0..P3 | P4..P7, P4..P7].
+            let bsums = _mm256_loadu_si256(y[k].bsums.as_ptr().cast());
+            let pair_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+            let packed = _mm256_packs_epi32(pair_sums, pair_sums);
+            let mut msum = _mm256_setzero_si256();
+            for (q, dword) in [0, 1, 4, 5].into_iter().enumerate() {
+                let mins = load(gb.add(Q4K_MINS + 32 * q));
+                let pair = _mm256_permutevar8x32_epi32(packed, _mm256_set1_epi32(dword));
+                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins, pair));
+            }
+            let d_a = _mm256_set1_ps(y[k].d);
+            let scaled = _mm256_mul_ps(_mm256_mul_ps(d, d_a), _mm256_cvtepi32_ps(isum[k]));
+            let mins = _mm256_mul_ps(_mm256_mul_ps(dmin, d_a), _mm256_cvtepi32_ps(msum));
+            sums[k] = _mm256_add_ps(sums[k], _mm256_sub_ps(scaled, mins));
+        }
+    }
+}

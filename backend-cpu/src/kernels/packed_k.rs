@@ -1,0 +1,128 @@
+//! Q4_K rows repacked at load, [`GROUP`] rows interleaved per super-block as the
+//! 32-element formats are ([`super::packed`]): one 32-byte quant vector holds four consecutive
+//! elements of each of eight rows, so one integer dot instruction adds four products for eight
+//! rows, and each row's exact super-block sums end in one i32 lane. The kernels keep the
+//! k-quants' documented order (`crate::quant::dot`): exact `isum` (and `msum`) per (row,
+//! token, super-block), then the same f32 step, so they are bit-identical to the one-row
+//! reference.
+//!
+//! # Layout of a group-super-block (eight rows)
+//!
+//! Q4_K (1248 bytes): `d[8]`, `dmin[8]` (f16); `sc[8][8]` (u8, sub-block-major: the eight rows'
+//! 6-bit scales of sub-block `j`); the mins as i16 pairs, pair `q` of row `r` at `4(8q + r)`
+//! (sub-blocks `2q`, `2q + 1`, so one `vpmaddwd` against the activation's pair sums gives
+//! two sub-blocks' `m·(b_2j + b_2j+1)`); then 32 quant vectors, vector `8p + k` holding in
+//! bytes `4r..4r+4` the quant bytes `32p + 4k..+4` of row `r` (low nibbles: elements
+//! `4k..4k+4` of sub-block `2p`; high: of sub-block `2p + 1`).
+
+use std::sync::OnceLock;
+
+use super::GROUP;
+use crate::quant::dot::{Q4_K_BYTES, scales_mins};
+
+/// Bytes of a group-super-block.
+pub(super) const GROUP_BYTES: usize = Q4K_QS + 32 * 32;
+
+/// Offsets inside a Q4_K group-super-block.
+pub(super) const Q4K_SC: usize = 32;
+pub(super) const Q4K_MINS: usize = Q4K_SC + 64;
+pub(super) const Q4K_QS: usize = Q4K_MINS + 128;
+
+/// A matrix of Q4_K rows in the interleaved layout.
+#[derive(Debug, Clone)]
+pub struct PackedK {
+    rows: usize,
+    blocks: usize,
+    data: Vec<u8>,
+}
+
+/// Whether this CPU runs the packed Q4_K kernel (AVX2, FMA, F16C); elsewhere the rows stay in
+/// their GGUF layout for the reference kernels.
+pub fn packed_k_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    #[cfg(target_arch = "x86_64")]
+    return *AVAILABLE.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    *AVAILABLE.get_or_init(|| false)
+}
+
+impl PackedK {
+    /// Repacks `n_rows` row-major Q4_K rows held in `raw`; `None` for rows that are not
+    /// whole super-blocks.
+    pub fn pack(raw: &[u8], n_rows: usize) -> Option<Self> {
+        if n_rows == 0 || !raw.len().is_multiple_of(n_rows) {
+            return None;
+        }
+        let row_bytes = raw.len() / n_rows;
+        if row_bytes == 0 || !row_bytes.is_multiple_of(Q4_K_BYTES) {
+            return None;
+        }
+        let blocks = row_bytes / Q4_K_BYTES;
+        let groups = n_rows.div_ceil(GROUP);
+        let mut data = vec![0u8; groups * blocks * GROUP_BYTES];
+        for (r, row) in raw.chunks_exact(row_bytes).enumerate() {
+            let (group, lane) = (r / GROUP, r % GROUP);
+            for (i, block) in row.chunks_exact(Q4_K_BYTES).enumerate() {
+                let at = (group * blocks + i) * GROUP_BYTES;
+                put_q4_k(block, lane, &mut data[at..at + GROUP_BYTES]);
+            }
+        }
+        Some(Self {
+            rows: n_rows,
+            blocks,
+            data,
+        })
+    }
+
+    /// Rows (without the padding).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Super-blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Groups of [`GROUP`] rows.
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP)
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.capacity()
+    }
+
+    /// The group-super-blocks of group `group`, in order.
+    pub(super) fn group(&self, group: usize) -> &[u8] {
+        let bytes = self.blocks * GROUP_BYTES;
+        &self.data[group * bytes..(group + 1) * bytes]
+    }
+}
+
+/// Copies the dword at `from` of `src` into lane `lane` of the 32-byte vector at `to`.
+fn put_dword(src: &[u8], from: usize, lane: usize, out: &mut [u8], to: usize) {
+    out[to + 4 * lane..to + 4 * lane + 4].copy_from_slice(&src[from..from + 4]);
+}
+
+fn put_q4_k(block: &[u8], lane: usize, out: &mut [u8]) {
+    let Ok(block) = <&[u8; Q4_K_BYTES]>::try_from(block) else {
+        return;
+    };
+    out[2 * lane..2 * lane + 2].copy_from_slice(&block[0..2]);
+    out[16 + 2 * lane..16 + 2 * lane + 2].copy_from_slice(&block[2..4]);
+    let (scales, mins) = scales_mins(block);
+    for j in 0..8 {
+        out[Q4K_SC + 8 * j + lane] = scales[j];
+        let at = Q4K_MINS + 4 * (8 * (j / 2) + lane) + 2 * (j % 2);
+        out[at..at + 2].copy_from_slice(&u16::from(mins[j]).to_le_bytes());
+    }
+    for v in 0..32 {
+        put_dword(&block[16..], 4 * v, lane, out, Q4K_QS + 32 * v);
+    }
+}

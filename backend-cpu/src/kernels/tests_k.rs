@@ -1,0 +1,111 @@
+//! The packed Q4_K kernel against the k-quants' scalar reference on the raw rows,
+//! bit for bit, with the VNNI body (where the CPU has it) and the AVX2 body forced.
+
+use half::f16;
+
+use super::{GROUP, PackedK, dot_packed_k, packed_k_available};
+use crate::quant::activation::{BlockQ8K, QK_K, quantize_q8_k};
+use crate::quant::dot::{KQuant, scalar};
+use crate::quant::test_rng::Rng;
+
+/// Random super-blocks with finite f16 scales at the format's offsets; `extreme` sets every
+/// quant and scale byte to all ones.
+fn weights(rng: &mut Rng, format: KQuant, blocks: usize, extreme: bool) -> Vec<u8> {
+    let scale = |rng: &mut Rng| f16::from_f32(rng.unit() * 0.5 + 0.01).to_le_bytes();
+    let mut w = Vec::new();
+    for _ in 0..blocks {
+        let start = w.len();
+        w.extend((0..format.block_bytes()).map(|_| if extreme { 0xFF } else { rng.byte() }));
+        let scales: &[usize] = match format {
+            KQuant::Q6K => &[208],
+            _ => &[0, 2],
+        };
+        for &at in scales {
+            w[start + at..start + at + 2].copy_from_slice(&scale(rng));
+        }
+    }
+    w
+}
+
+/// Quantized activations (so `bsums` are the quants' sums); `extreme` at full scale.
+fn activations(rng: &mut Rng, blocks: usize, extreme: bool) -> Vec<BlockQ8K> {
+    let x: Vec<f32> = (0..blocks * QK_K)
+        .map(|_| if extreme { -3.0 } else { rng.unit() * 4.0 })
+        .collect();
+    let mut a = Vec::new();
+    quantize_q8_k(&x, &mut a).unwrap();
+    a
+}
+
+fn packed_equals_scalar() {
+    let mut rng = Rng(0xC0FF_EE00_1234_5678);
+    {
+        let format = KQuant::Q4K;
+        for blocks in [1, 3] {
+            for (n_rows, cols) in [(1, 1), (8, 1), (9, 2), (17, 3), (8, 4), (5, 7), (16, 9)] {
+                for extreme in [false, true] {
+                    let raw = weights(&mut rng, format, n_rows * blocks, extreme);
+                    let a = activations(&mut rng, cols * blocks, extreme);
+                    let mut reference = vec![0.0; n_rows * cols];
+                    scalar::dot_rows_k(format, &raw, &a, cols, &mut reference).unwrap();
+                    let packed = PackedK::pack(&raw, n_rows).unwrap();
+                    let mut fast = vec![f32::NAN; n_rows * cols];
+                    dot_packed_k(&packed, 0..packed.groups(), &a, cols, &mut fast).unwrap();
+                    for r in 0..n_rows {
+                        for c in 0..cols {
+                            assert_eq!(
+                                fast[c * n_rows + r].to_bits(),
+                                reference[r * cols + c].to_bits(),
+                                "{format:?} {blocks} blocks {n_rows}×{cols} extreme {extreme} \
+                                 at ({r}, {c})"
+                            );
+                        }
+                    }
+                    if n_rows > GROUP {
+                        let part_rows = n_rows - GROUP;
+                        let mut part = vec![0.0; part_rows * cols];
+                        let groups = 1..packed.groups();
+                        dot_packed_k(&packed, groups, &a, cols, &mut part).unwrap();
+                        for c in 0..cols {
+                            assert_eq!(
+                                part[c * part_rows..][..part_rows],
+                                fast[c * n_rows + GROUP..][..part_rows]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_k_equals_scalar_bit_for_bit() {
+    if !packed_k_available() {
+        eprintln!("!!! AVX2 NOT DETECTED: the packed k-quant kernels are NOT tested here !!!");
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    for force_avx2 in [false, true] {
+        super::avx2_k::FORCE_AVX2.store(force_avx2, std::sync::atomic::Ordering::Relaxed);
+        packed_equals_scalar();
+    }
+    #[cfg(target_arch = "x86_64")]
+    super::avx2_k::FORCE_AVX2.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[test]
+fn packing_refuses_what_it_cannot_pack() {
+    let raw = vec![0u8; 2 * KQuant::Q4K.block_bytes()];
+    assert!(PackedK::pack(&raw, 2).is_some());
+    assert!(PackedK::pack(&raw[1..], 1).is_none());
+    assert!(PackedK::pack(&raw, 0).is_none());
+    assert!(PackedK::pack(&raw[..100], 1).is_none());
+    let packed = PackedK::pack(&raw, 2).unwrap();
+    let a = activations(&mut Rng(3), 1, false);
+    let mut out = [0.0; 2];
+    assert!(dot_packed_k(&packed, 0..1, &a, 1, &mut out).is_ok() || !packed_k_available());
+    assert!(dot_packed_k(&packed, 0..2, &a, 1, &mut out).is_err());
+    assert!(dot_packed_k(&packed, 0..1, &a, 2, &mut out).is_err());
+    assert!(dot_packed_k(&packed, 0..1, &a, 1, &mut out[..1]).is_err());
+}
