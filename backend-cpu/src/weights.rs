@@ -1,5 +1,6 @@
-//! The model's tensors as the forward pass reads them: matrices stay in the file mapping (byte
-//! ranges into it), small vectors (norms, biases) are copied out as f32. Which tensor is which
+//! The model's tensors as the forward pass reads them: matrices are byte ranges of the file
+//! mapping, those with a packed kernel also repacked once ([`pack`]); small vectors (norms,
+//! biases) are copied out as f32. Which tensor is which
 //! comes from worker-common's [`worker_common::model::Weights`]; this file only says how the CPU
 //! holds one.
 
