@@ -143,6 +143,7 @@ fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Outp
     scratch.scores.clear();
     scratch.scores.resize(scores_len, 0.0);
     for page in tile.pages() {
+        tile.prefetch_keys(page + 1);
         tile.page_targets(page, &mut scratch.targets);
         tile.score_page(
             page,
@@ -164,6 +165,7 @@ fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Outp
         .acc
         .resize(tile.spans.len() * tile.group * stride, 0.0);
     for page in tile.pages() {
+        tile.prefetch_values(page + 1);
         tile.page_targets(page, &mut scratch.targets);
         tile.weigh_page(
             page,
@@ -226,6 +228,34 @@ impl<'a, 'i> Tile<'a, 'i> {
             spans,
             pages: inputs.chunks[chunk].pages,
             group,
+        }
+    }
+
+    /// Asks for the task's keys of page `page` (if the tile attends it) to be brought into
+    /// the cache while the page before is scored: pages lie anywhere in the pool, so the
+    /// hardware prefetchers, which follow addresses, miss each page's first lines.
+    fn prefetch_keys(&self, page: usize) {
+        if !self.pages().contains(&page) {
+            return;
+        }
+        let shape = self.inputs.shape;
+        let (dk, k_width) = (shape.head_dim_k, shape.n_head_kv * shape.head_dim_k);
+        let row = self.pages[page].index() * PAGE_SIZE;
+        let start = key_index(row, k_width, self.task.kv_head * dk);
+        crate::ops::prefetch(&self.inputs.kv.keys[start..][..dk * PAGE_SIZE]);
+    }
+
+    /// [`Self::prefetch_keys`] for the values of page `page`, one slot's head row at a time.
+    fn prefetch_values(&self, page: usize) {
+        if !self.pages().contains(&page) {
+            return;
+        }
+        let shape = self.inputs.shape;
+        let (dv, v_width) = (shape.head_dim_v, shape.n_head_kv * shape.head_dim_v);
+        for slot in 0..PAGE_SIZE {
+            let row = self.pages[page].index() * PAGE_SIZE + slot;
+            let at = row * v_width + self.task.kv_head * dv;
+            crate::ops::prefetch(&self.inputs.kv.values[at..][..dv]);
         }
     }
 
