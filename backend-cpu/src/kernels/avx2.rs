@@ -53,7 +53,8 @@ fn level() -> Level {
 pub(super) static FORCE_AVX2: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-fn vnni() -> bool {
+/// Whether the CPU has AVX-512 VNNI (and the tests do not force AVX2).
+pub(super) fn vnni() -> bool {
     #[cfg(test)]
     if FORCE_AVX2.load(std::sync::atomic::Ordering::Relaxed) {
         return false;
@@ -234,7 +235,7 @@ pub(super) fn store_rows(sum: __m256, rows: &mut [f32]) {
 
 /// Eight f16 values at `p` as f32.
 #[inline(always)]
-unsafe fn load_f16x8(p: *const u8) -> __m256 {
+pub(super) unsafe fn load_f16x8(p: *const u8) -> __m256 {
     // SAFETY: the caller guarantees 16 readable bytes and F16C.
     unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
 }
@@ -294,14 +295,47 @@ unsafe fn codes<const F: u8, const VNNI: bool>(gb: *const u8) -> [__m256i; 8] {
     }
 }
 
-/// Four activation quants (elements `4k..4k+4`) in every lane.
+/// Four activation quants (elements `4k..4k+4` of `y`) in every lane.
 #[inline(always)]
-unsafe fn broadcast(y: &[i8; 32], k: usize) -> __m256i {
-    // SAFETY: `k < 8`, so the four bytes are inside `y`.
-    unsafe { _mm256_set1_epi32(y.as_ptr().add(4 * k).cast::<i32>().read_unaligned()) }
+pub(super) unsafe fn broadcast(y: *const i8, k: usize) -> __m256i {
+    // SAFETY: the callers pass `y` with at least `4k + 4` readable bytes.
+    unsafe { _mm256_set1_epi32(y.add(4 * k).cast::<i32>().read_unaligned()) }
 }
 
-/// Row `r`'s exact `Σ codes·y` in lane `r`, plus `start`.
+/// `start + Σ_k codes[k] · quad k of y` per lane, exactly, for unsigned codes: `vpdpbusd` in
+/// two chains (so consecutive ones do not wait on each other), or `vpmaddubsw` pair sums of
+/// `PER_MADD` groups added in i16 before each `vpmaddwd` by ones (exact while
+/// `PER_MADD · 2 · max code · 128 < 2^15`: 4 for codes ≤ 31, 2 for codes ≤ 63).
+#[inline(always)]
+pub(super) unsafe fn dot_groups<const VNNI: bool, const G: usize, const PER_MADD: usize>(
+    codes: &[__m256i; G],
+    y: *const i8,
+    start: __m256i,
+) -> __m256i {
+    // SAFETY: the callers guarantee AVX2 (and VNNI when `VNNI`) and `4G` bytes at `y`.
+    unsafe {
+        if VNNI {
+            let (mut even, mut odd) = (start, _mm256_setzero_si256());
+            for k in (0..G).step_by(2) {
+                even = _mm256_dpbusd_epi32(even, codes[k], broadcast(y, k));
+                odd = _mm256_dpbusd_epi32(odd, codes[k + 1], broadcast(y, k + 1));
+            }
+            return _mm256_add_epi32(even, odd);
+        }
+        let ones = _mm256_set1_epi16(1);
+        let mut sum = start;
+        for first in (0..G).step_by(PER_MADD) {
+            let mut pairs = _mm256_setzero_si256();
+            for (k, &code) in codes.iter().enumerate().skip(first).take(PER_MADD) {
+                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(code, broadcast(y, k)));
+            }
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+        }
+        sum
+    }
+}
+
+/// Row `r`'s exact `Σ codes·y` in lane `r`, plus `start` (codes ≤ 31, or Q8_0's).
 #[inline(always)]
 unsafe fn block_isum<const F: u8, const VNNI: bool>(
     codes: &[__m256i; 8],
@@ -310,29 +344,10 @@ unsafe fn block_isum<const F: u8, const VNNI: bool>(
 ) -> __m256i {
     // SAFETY: the callers guarantee AVX2 (and VNNI when `VNNI`).
     unsafe {
-        if VNNI {
-            // Two chains, so consecutive `vpdpbusd` do not wait on each other.
-            let mut even = start;
-            let mut odd = _mm256_setzero_si256();
-            for k in (0..8).step_by(2) {
-                even = _mm256_dpbusd_epi32(even, codes[k], broadcast(y, k));
-                odd = _mm256_dpbusd_epi32(odd, codes[k + 1], broadcast(y, k + 1));
-            }
-            return _mm256_add_epi32(even, odd);
-        }
-        if format_of(F) == Legacy::Q8_0 {
+        if !VNNI && format_of(F) == Legacy::Q8_0 {
             return _mm256_add_epi32(start, signed_isum(codes, y));
         }
-        let ones = _mm256_set1_epi16(1);
-        let mut sum = start;
-        for half in [0, 4] {
-            let mut four = _mm256_setzero_si256();
-            for (k, &code) in codes.iter().enumerate().skip(half).take(4) {
-                four = _mm256_add_epi16(four, _mm256_maddubs_epi16(code, broadcast(y, k)));
-            }
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(four, ones));
-        }
-        sum
+        dot_groups::<VNNI, 8, 4>(codes, y.as_ptr(), start)
     }
 }
 

@@ -4,8 +4,8 @@
 //! reference's, eight rows at a time.
 //!
 //! Per sub-block, the unsigned codes (≤ 15) times the broadcast activation quads are summed
-//! exactly per lane by `vpdpbusd`, or by `vpmaddubsw` pairs (two of them added in i16, at most
-//! `4·15·128`) and `vpmaddwd` by ones; then multiplied by the row's 6-bit scale (`vpmulld`).
+//! exactly per lane by `vpdpbusd`, or by `vpmaddubsw` pairs (four of them added in i16, at most
+//! `8·15·128`) and `vpmaddwd` by ones; then multiplied by the row's 6-bit scale (`vpmulld`).
 //! The mins: `vpmaddwd` of the rows' `(m_2q, m_2q+1)` pairs by the activation's pair sums
 //! `(b_4q + b_4q+1, b_4q+2 + b_4q+3)`, which fit i16 for quantized activations (at most
 //! `2·16·128`). Magnitudes as in the reference: `|isum| < 2^25`.
@@ -14,22 +14,10 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx2::{dot_groups, load_f16x8, vnni};
 use super::packed_k::{GROUP_BYTES, PackedK, Q4K_MINS, Q4K_QS, Q4K_SC};
 use super::{GROUP, MAX_COLS};
 use crate::quant::activation::BlockQ8K;
-
-/// Whether the AVX2 path is forced even on a VNNI CPU (tests compare the two).
-#[cfg(test)]
-pub(super) static FORCE_AVX2: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
-fn vnni() -> bool {
-    #[cfg(test)]
-    if FORCE_AVX2.load(std::sync::atomic::Ordering::Relaxed) {
-        return false;
-    }
-    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
-}
 
 /// Runs the kernel; the caller checked the shapes and [`super::packed_k_available`].
 pub(super) fn dot_packed_k(
@@ -115,49 +103,6 @@ unsafe fn tiles<const VNNI: bool>(
     }
 }
 
-/// Four activation quants (elements `4k..4k+4` of `y`) in every lane.
-#[inline(always)]
-unsafe fn broadcast(y: *const i8, k: usize) -> __m256i {
-    // SAFETY: the callers pass `y` with at least `4k + 4` readable bytes.
-    unsafe { _mm256_set1_epi32(y.add(4 * k).cast::<i32>().read_unaligned()) }
-}
-
-/// `start + Σ_k codes[k] · quad k of y` per lane, exactly, for codes ≤ 63.
-#[inline(always)]
-unsafe fn dot_groups<const VNNI: bool, const G: usize>(
-    codes: &[__m256i; G],
-    y: *const i8,
-    start: __m256i,
-) -> __m256i {
-    // SAFETY: the callers guarantee AVX2 (and VNNI when `VNNI`) and `4G` bytes at `y`.
-    unsafe {
-        if VNNI {
-            let (mut even, mut odd) = (start, _mm256_setzero_si256());
-            for k in (0..G).step_by(2) {
-                even = _mm256_dpbusd_epi32(even, codes[k], broadcast(y, k));
-                odd = _mm256_dpbusd_epi32(odd, codes[k + 1], broadcast(y, k + 1));
-            }
-            return _mm256_add_epi32(even, odd);
-        }
-        let ones = _mm256_set1_epi16(1);
-        let mut sum = start;
-        for k in (0..G).step_by(2) {
-            let first = _mm256_maddubs_epi16(codes[k], broadcast(y, k));
-            let second = _mm256_maddubs_epi16(codes[k + 1], broadcast(y, k + 1));
-            let two = _mm256_add_epi16(first, second);
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(two, ones));
-        }
-        sum
-    }
-}
-
-/// Eight f16 values at `p` as f32.
-#[inline(always)]
-unsafe fn load_f16x8(p: *const u8) -> __m256 {
-    // SAFETY: the caller guarantees 16 readable bytes and F16C.
-    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
-}
-
 #[inline(always)]
 unsafe fn load(p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 32 readable bytes.
@@ -210,7 +155,7 @@ unsafe fn q4_k_block<const VNNI: bool, const C: usize>(
             }
             let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(gb.add(Q4K_SC + 8 * j).cast()));
             for k in 0..C {
-                let sub = dot_groups::<VNNI, 8>(
+                let sub = dot_groups::<VNNI, 8, 4>(
                     &codes,
                     y[k].qs.as_ptr().add(32 * j),
                     _mm256_setzero_si256(),

@@ -87,11 +87,11 @@ fn packed_k_equals_scalar_bit_for_bit() {
     }
     #[cfg(target_arch = "x86_64")]
     for force_avx2 in [false, true] {
-        super::avx2_k::FORCE_AVX2.store(force_avx2, std::sync::atomic::Ordering::Relaxed);
+        super::avx2::FORCE_AVX2.store(force_avx2, std::sync::atomic::Ordering::Relaxed);
         packed_equals_scalar();
     }
     #[cfg(target_arch = "x86_64")]
-    super::avx2_k::FORCE_AVX2.store(false, std::sync::atomic::Ordering::Relaxed);
+    super::avx2::FORCE_AVX2.store(false, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[test]
