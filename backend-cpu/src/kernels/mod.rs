@@ -15,6 +15,9 @@
 //! reference follows it with `f32::mul_add`, the SIMD kernels compute the same exact integer
 //! sums and the same f32 steps, so they are bit-identical to it, and a row's result never
 //! depends on the thread count, on the other tokens of the call or on how rows are grouped.
+//!
+//! Q4_K is repacked the same way ([`packed_k`], [`dot_packed_k`]) but keeps the k-quants'
+//! own order (`crate::quant::dot`), whose reference it matches bit for bit.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -28,9 +31,9 @@ mod tests;
 #[cfg(test)]
 mod tests_k;
 
-use worker_common::gguf::GgmlType;
-
 use std::ops::Range;
+
+use worker_common::gguf::GgmlType;
 
 pub use packed::{GROUP, PackedRows};
 pub use packed_k::{PackedK, packed_k_available};
