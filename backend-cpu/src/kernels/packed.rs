@@ -23,13 +23,87 @@ use super::{Legacy, ShapeError};
 /// Rows interleaved together.
 pub const GROUP: usize = 8;
 
-/// A matrix of [`Legacy`] rows in the interleaved layout.
+/// A matrix interleaved in groups of [`GROUP`] rows, block by block, for the kernels of
+/// format `F` ([`Legacy`] here, Q4_K in `super::packed_k`).
 #[derive(Debug, Clone)]
-pub struct PackedRows {
-    format: Legacy,
+pub struct Packed<F> {
+    format: F,
     rows: usize,
     blocks: usize,
+    /// Bytes of one group-block (eight rows of one block).
+    group_bytes: usize,
     data: Vec<u8>,
+}
+
+/// A matrix of [`Legacy`] rows in the interleaved layout.
+pub type PackedRows = Packed<Legacy>;
+
+impl<F: Copy> Packed<F> {
+    /// Interleaves `n_rows` row-major rows held in `raw`, blocks of `block_bytes`: `put(block,
+    /// lane, group_block)` writes one raw block as row `lane` of a `group_bytes` group-block.
+    /// `None` when `raw` is not `n_rows` rows of whole blocks.
+    pub(super) fn interleave(
+        format: F,
+        raw: &[u8],
+        n_rows: usize,
+        (block_bytes, group_bytes): (usize, usize),
+        put: impl Fn(&[u8], usize, &mut [u8]),
+    ) -> Option<Self> {
+        let row_bytes = raw.len().checked_div(n_rows)?;
+        if row_bytes == 0 || row_bytes * n_rows != raw.len() {
+            return None;
+        }
+        if !row_bytes.is_multiple_of(block_bytes) {
+            return None;
+        }
+        let blocks = row_bytes / block_bytes;
+        let mut data = vec![0u8; n_rows.div_ceil(GROUP) * blocks * group_bytes];
+        for (r, row) in raw.chunks_exact(row_bytes).enumerate() {
+            let (group, lane) = (r / GROUP, r % GROUP);
+            for (i, block) in row.chunks_exact(block_bytes).enumerate() {
+                let at = (group * blocks + i) * group_bytes;
+                put(block, lane, &mut data[at..at + group_bytes]);
+            }
+        }
+        Some(Self {
+            format,
+            rows: n_rows,
+            blocks,
+            group_bytes,
+            data,
+        })
+    }
+
+    /// The block format.
+    pub fn format(&self) -> F {
+        self.format
+    }
+
+    /// Rows (without the padding).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Groups of [`GROUP`] rows.
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP)
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.capacity()
+    }
+
+    /// The group-blocks of group `group`, in block order.
+    pub(super) fn group(&self, group: usize) -> &[u8] {
+        let bytes = self.blocks * self.group_bytes;
+        &self.data[group * bytes..(group + 1) * bytes]
+    }
 }
 
 /// Byte offsets inside a group-block.
@@ -102,68 +176,15 @@ const fn raw_layout(format: Legacy) -> RawLayout {
 impl PackedRows {
     /// Repacks `n_rows` row-major rows of `format` (`blocks` blocks each) held in `raw`.
     pub fn pack(format: Legacy, raw: &[u8], n_rows: usize) -> Result<Self, ShapeError> {
-        let error = ShapeError {
+        let sizes = (format.block_bytes(), group_layout(format).bytes);
+        let put = |block: &[u8], lane, out: &mut [u8]| put_block(format, block, lane, out);
+        Self::interleave(format, raw, n_rows, sizes, put).ok_or(ShapeError {
             format,
             weight_bytes: raw.len(),
             activation_blocks: 0,
             cols: 0,
             outputs: n_rows,
-        };
-        let row_bytes = raw.len().checked_div(n_rows).ok_or(error.clone())?;
-        if row_bytes == 0 || row_bytes * n_rows != raw.len() {
-            return Err(error);
-        }
-        if !row_bytes.is_multiple_of(format.block_bytes()) {
-            return Err(error);
-        }
-        let blocks = row_bytes / format.block_bytes();
-        let groups = n_rows.div_ceil(GROUP);
-        let layout = group_layout(format);
-        let mut data = vec![0u8; groups * blocks * layout.bytes];
-        for (r, row) in raw.chunks_exact(row_bytes).enumerate() {
-            let (group, lane) = (r / GROUP, r % GROUP);
-            for (i, block) in row.chunks_exact(format.block_bytes()).enumerate() {
-                let at = (group * blocks + i) * layout.bytes;
-                put_block(format, block, lane, &mut data[at..at + layout.bytes]);
-            }
-        }
-        Ok(Self {
-            format,
-            rows: n_rows,
-            blocks,
-            data,
         })
-    }
-
-    /// The block format.
-    pub fn format(&self) -> Legacy {
-        self.format
-    }
-
-    /// Rows (without the padding).
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Blocks per row.
-    pub fn blocks(&self) -> usize {
-        self.blocks
-    }
-
-    /// Groups of [`GROUP`] rows.
-    pub fn groups(&self) -> usize {
-        self.rows.div_ceil(GROUP)
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.data.capacity()
-    }
-
-    /// The group-blocks of group `group`, in block order.
-    pub(super) fn group(&self, group: usize) -> &[u8] {
-        let bytes = self.blocks * group_layout(self.format).bytes;
-        &self.data[group * bytes..(group + 1) * bytes]
     }
 
     /// Row `r`'s block `i` in its raw GGUF layout (the inverse of the packing).

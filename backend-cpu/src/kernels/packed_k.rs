@@ -1,4 +1,4 @@
-//! Q4_K rows repacked at load, [`GROUP`] rows interleaved per super-block as the
+//! Q4_K rows repacked at load, [`GROUP`](super::GROUP) rows interleaved per super-block as the
 //! 32-element formats are ([`super::packed`]): one 32-byte quant vector holds four consecutive
 //! elements of each of eight rows, so one integer dot instruction adds four products for eight
 //! rows, and each row's exact super-block sums end in one i32 lane. The kernels keep the
@@ -17,7 +17,7 @@
 
 use std::sync::OnceLock;
 
-use super::GROUP;
+use super::packed::Packed;
 use crate::quant::dot::{Q4_K_BYTES, scales_mins};
 
 /// Bytes of a group-super-block.
@@ -28,13 +28,12 @@ pub(super) const Q4K_SC: usize = 32;
 pub(super) const Q4K_MINS: usize = Q4K_SC + 64;
 pub(super) const Q4K_QS: usize = Q4K_MINS + 128;
 
+/// The format marker of [`PackedK`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Q4K;
+
 /// A matrix of Q4_K rows in the interleaved layout.
-#[derive(Debug, Clone)]
-pub struct PackedK {
-    rows: usize,
-    blocks: usize,
-    data: Vec<u8>,
-}
+pub type PackedK = Packed<Q4K>;
 
 /// Whether this CPU runs the packed Q4_K kernel (AVX2, FMA, F16C); elsewhere the rows stay in
 /// their GGUF layout for the reference kernels.
@@ -54,54 +53,7 @@ impl PackedK {
     /// Repacks `n_rows` row-major Q4_K rows held in `raw`; `None` for rows that are not
     /// whole super-blocks.
     pub fn pack(raw: &[u8], n_rows: usize) -> Option<Self> {
-        if n_rows == 0 || !raw.len().is_multiple_of(n_rows) {
-            return None;
-        }
-        let row_bytes = raw.len() / n_rows;
-        if row_bytes == 0 || !row_bytes.is_multiple_of(Q4_K_BYTES) {
-            return None;
-        }
-        let blocks = row_bytes / Q4_K_BYTES;
-        let groups = n_rows.div_ceil(GROUP);
-        let mut data = vec![0u8; groups * blocks * GROUP_BYTES];
-        for (r, row) in raw.chunks_exact(row_bytes).enumerate() {
-            let (group, lane) = (r / GROUP, r % GROUP);
-            for (i, block) in row.chunks_exact(Q4_K_BYTES).enumerate() {
-                let at = (group * blocks + i) * GROUP_BYTES;
-                put_q4_k(block, lane, &mut data[at..at + GROUP_BYTES]);
-            }
-        }
-        Some(Self {
-            rows: n_rows,
-            blocks,
-            data,
-        })
-    }
-
-    /// Rows (without the padding).
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Super-blocks per row.
-    pub fn blocks(&self) -> usize {
-        self.blocks
-    }
-
-    /// Groups of [`GROUP`] rows.
-    pub fn groups(&self) -> usize {
-        self.rows.div_ceil(GROUP)
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.data.capacity()
-    }
-
-    /// The group-super-blocks of group `group`, in order.
-    pub(super) fn group(&self, group: usize) -> &[u8] {
-        let bytes = self.blocks * GROUP_BYTES;
-        &self.data[group * bytes..(group + 1) * bytes]
+        Self::interleave(Q4K, raw, n_rows, (Q4_K_BYTES, GROUP_BYTES), put_q4_k)
     }
 }
 

@@ -85,13 +85,7 @@ fn packed_k_equals_scalar_bit_for_bit() {
         eprintln!("!!! AVX2 NOT DETECTED: the packed k-quant kernels are NOT tested here !!!");
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    for force_avx2 in [false, true] {
-        super::avx2::FORCE_AVX2.store(force_avx2, std::sync::atomic::Ordering::Relaxed);
-        packed_equals_scalar();
-    }
-    #[cfg(target_arch = "x86_64")]
-    super::avx2::FORCE_AVX2.store(false, std::sync::atomic::Ordering::Relaxed);
+    super::tests::on_each_simd_path(packed_equals_scalar);
 }
 
 #[test]
