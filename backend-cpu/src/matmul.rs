@@ -192,12 +192,13 @@ pub fn matmul_group(
     // of `out_t` holding them token-major (so each thread writes one contiguous range), later
     // copied into place a token's run of rows at a time.
     let mut tasks = Vec::new();
-    let mut rest: &mut [f32] = if n == 1 {
-        &mut []
-    } else {
-        out_t.resize(n * total_rows, 0.0);
-        out_t
-    };
+    let needed = if n == 1 { 0 } else { n * total_rows };
+    // Grown, never shrunk: the calls of a step alternate between sizes, and zeroing the
+    // buffer again at every call showed up in profiles (every element is overwritten).
+    if out_t.len() < needed {
+        out_t.resize(needed, 0.0);
+    }
+    let mut rest: &mut [f32] = &mut out_t[..needed];
     for (i, out) in outs.iter_mut().enumerate() {
         let target = if n == 1 {
             &mut **out
@@ -219,7 +220,7 @@ pub fn matmul_group(
                 .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", w.name)))
         })?;
     if n > 1 {
-        let mut blocks: &[f32] = out_t;
+        let mut blocks: &[f32] = &out_t[..needed];
         for out in outs.iter_mut() {
             let rows = out.len() / n;
             for first_row in (0..rows).step_by(rows_per_task) {

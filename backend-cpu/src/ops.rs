@@ -4,10 +4,79 @@
 
 use worker_common::model::{Activation, RopePlan, RopeStyle};
 
-/// `out = x / rms(x) * weight` for each `weight.len()`-wide row of `x`, in place.
-pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
-    for row in x.chunks_exact_mut(weight.len()) {
-        let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+/// Defines a function whose body is compiled three times, for AVX-512F, for AVX2 + FMA and
+/// for the baseline, and runs the widest the CPU has: element-wise loops then vectorize at
+/// that width. The same IEEE operations in the same order at every width (Rust never fuses a
+/// multiply and an add on its own), so the same bits.
+macro_rules! vectorized {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                if is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the feature was detected on this CPU.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                    // SAFETY: the features were detected on this CPU.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+
+vectorized! {
+    /// `out = x / rms(x) * weight` for each `weight.len()`-wide row of `x`, in place. Each
+    /// row's sum of squares is summed in f64 in element order (ggml's numerics); four rows'
+    /// sums run side by side, as one such chain waits on each addition.
+    pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+        let width = weight.len();
+        if width == 0 {
+            return;
+        }
+        let mut fours = x.chunks_exact_mut(4 * width);
+        for rows in &mut fours {
+            let sums = sums_of_squares::<4>(rows, width);
+            scale_rows(rows, &sums, weight, eps);
+        }
+        for row in fours.into_remainder().chunks_exact_mut(width) {
+            let sums = sums_of_squares::<1>(row, width);
+            scale_rows(row, &sums, weight, eps);
+        }
+    }
+}
+
+/// The f64 sums of squares, in element order, of the `R` rows of `width` in `rows`.
+#[inline(always)]
+fn sums_of_squares<const R: usize>(rows: &[f32], width: usize) -> [f64; R] {
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &rows[r * width..][..width]);
+    let mut sums = [0.0f64; R];
+    for i in 0..width {
+        for (sum, row) in sums.iter_mut().zip(&rows) {
+            *sum += f64::from(row[i] * row[i]);
+        }
+    }
+    sums
+}
+
+/// Scales each row of `rows` by `1 / sqrt(mean + eps)` (its mean square from `sums`) and by
+/// `weight`.
+#[inline(always)]
+fn scale_rows(rows: &mut [f32], sums: &[f64], weight: &[f32], eps: f32) {
+    for (row, &sum) in rows.chunks_exact_mut(weight.len()).zip(sums) {
         let mean = (sum / row.len() as f64) as f32;
         let scale = 1.0 / (mean + eps).sqrt();
         for (v, w) in row.iter_mut().zip(weight) {
@@ -32,10 +101,12 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// `x += y`.
-pub fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
+vectorized! {
+    /// `x += y`.
+    pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+        for (a, b) in x.iter_mut().zip(y) {
+            *a += b;
+        }
     }
 }
 
@@ -81,18 +152,20 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
-/// `gate[i] = activation(gate[i]) · up[i]`: the gated FFN's product, in a loop per activation
-/// so that it vectorises.
-pub fn gated(activation: Activation, gate: &mut [f32], up: &[f32]) {
-    #[inline(always)]
-    fn apply(gate: &mut [f32], up: &[f32], activation: impl Fn(f32) -> f32) {
-        for (g, u) in gate.iter_mut().zip(up) {
-            *g = activation(*g) * u;
+vectorized! {
+    /// `gate[i] = activation(gate[i]) · up[i]`: the gated FFN's product, in a loop per
+    /// activation so that it vectorises.
+    pub fn gated(activation: Activation, gate: &mut [f32], up: &[f32]) {
+        #[inline(always)]
+        fn apply(gate: &mut [f32], up: &[f32], activation: impl Fn(f32) -> f32) {
+            for (g, u) in gate.iter_mut().zip(up) {
+                *g = activation(*g) * u;
+            }
         }
-    }
-    match activation {
-        Activation::Silu => apply(gate, up, silu),
-        Activation::GeluTanh => apply(gate, up, gelu_tanh),
+        match activation {
+            Activation::Silu => apply(gate, up, silu),
+            Activation::GeluTanh => apply(gate, up, gelu_tanh),
+        }
     }
 }
 

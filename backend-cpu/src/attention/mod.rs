@@ -142,8 +142,12 @@ fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Outp
         .map_or(0, |s| s.offset + tile.group * s.len());
     scratch.scores.clear();
     scratch.scores.resize(scores_len, 0.0);
+    for page in tile.pages().take(KEYS_AHEAD) {
+        tile.prefetch_keys(page);
+    }
     for page in tile.pages() {
-        tile.prefetch_keys(page + 1);
+        tile.prefetch_keys(page + KEYS_AHEAD);
+        tile.prefetch_values(page);
         tile.page_targets(page, &mut scratch.targets);
         tile.score_page(
             page,
@@ -165,7 +169,6 @@ fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Outp
         .acc
         .resize(tile.spans.len() * tile.group * stride, 0.0);
     for page in tile.pages() {
-        tile.prefetch_values(page + 1);
         tile.page_targets(page, &mut scratch.targets);
         tile.weigh_page(
             page,
@@ -192,6 +195,9 @@ fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Outp
     }
 }
 
+/// Pages ahead of the one being scored whose keys are prefetched.
+const KEYS_AHEAD: usize = 2;
+
 /// Values are accumulated this many dimensions at a time, in registers across a page's
 /// positions (a head's output row is padded to a multiple of it in the scratch).
 const V_LANES: usize = 64;
@@ -206,6 +212,7 @@ struct Tile<'a, 'i> {
 }
 
 impl<'a, 'i> Tile<'a, 'i> {
+    #[inline(always)]
     fn new(inputs: &'a Inputs<'i>, task: &'a Task, spans: &'a mut Vec<Span>) -> Self {
         let shape = inputs.shape;
         let group = shape.n_head / shape.n_head_kv;
@@ -234,6 +241,7 @@ impl<'a, 'i> Tile<'a, 'i> {
     /// Asks for the task's keys of page `page` (if the tile attends it) to be brought into
     /// the cache while the page before is scored: pages lie anywhere in the pool, so the
     /// hardware prefetchers, which follow addresses, miss each page's first lines.
+    #[inline(always)]
     fn prefetch_keys(&self, page: usize) {
         if !self.pages().contains(&page) {
             return;
@@ -246,6 +254,7 @@ impl<'a, 'i> Tile<'a, 'i> {
     }
 
     /// [`Self::prefetch_keys`] for the values of page `page`, one slot's head row at a time.
+    #[inline(always)]
     fn prefetch_values(&self, page: usize) {
         if !self.pages().contains(&page) {
             return;
@@ -260,6 +269,7 @@ impl<'a, 'i> Tile<'a, 'i> {
     }
 
     /// The sequence's pages any row of the tile attends.
+    #[inline(always)]
     fn pages(&self) -> std::ops::RangeInclusive<usize> {
         let lowest = self.spans.iter().map(|s| s.first).min().unwrap_or(0);
         let highest = self.spans.last().map_or(0, |s| s.last);
@@ -267,6 +277,7 @@ impl<'a, 'i> Tile<'a, 'i> {
     }
 
     /// Every (row, head) that attends some of page `page`'s slots, and where its scores are.
+    #[inline(always)]
     fn page_targets(&self, page: usize, targets: &mut Vec<Target>) {
         targets.clear();
         let base = page * PAGE_SIZE;
@@ -283,6 +294,7 @@ impl<'a, 'i> Tile<'a, 'i> {
         }
     }
 
+    #[inline(always)]
     fn query(&self, target: &Target) -> &'i [f32] {
         let AttentionShape {
             n_head,
@@ -295,6 +307,7 @@ impl<'a, 'i> Tile<'a, 'i> {
     }
 
     /// The targets' scaled scores over page `page`, four queries at a time.
+    #[inline(always)]
     fn score_page(
         &self,
         page: usize,
@@ -308,21 +321,34 @@ impl<'a, 'i> Tile<'a, 'i> {
         let row = self.pages[page].index() * PAGE_SIZE;
         let start = key_index(row, k_width, self.task.kv_head * dk);
         crate::ops::widen_f16(&self.inputs.kv.keys[start..][..dk * PAGE_SIZE], block);
-        let mut quads = targets.chunks_exact(4);
-        for quad in &mut quads {
-            let queries = [0, 1, 2, 3].map(|i| self.query(&quad[i]));
-            let sums = page_scores(queries, block);
-            for (target, sums) in quad.iter().zip(&sums) {
-                target.store(sums, shape.scale, scores);
+        for quad in targets.chunks(4) {
+            match quad {
+                [a, b, c, d] => self.score_targets([a, b, c, d], block, scores),
+                [a, b, c] => self.score_targets([a, b, c], block, scores),
+                [a, b] => self.score_targets([a, b], block, scores),
+                [a] => self.score_targets([a], block, scores),
+                _ => {}
             }
         }
-        for target in quads.remainder() {
-            let [sums] = page_scores([self.query(target)], block);
-            target.store(&sums, shape.scale, scores);
+    }
+
+    /// Stores the scores of `N` targets over the widened key block, computed together so
+    /// their sums overlap in the pipeline.
+    #[inline(always)]
+    fn score_targets<const N: usize>(
+        &self,
+        targets: [&Target; N],
+        block: &[f32],
+        scores: &mut [f32],
+    ) {
+        let sums = page_scores(targets.map(|t| self.query(t)), block);
+        for (target, sums) in targets.iter().zip(&sums) {
+            target.store(sums, self.inputs.shape.scale, scores);
         }
     }
 
     /// Adds `weight · value` of page `page`'s slots to each target's accumulator, in slot order.
+    #[inline(always)]
     fn weigh_page(
         &self,
         page: usize,
@@ -342,33 +368,54 @@ impl<'a, 'i> Tile<'a, 'i> {
             let values = &self.inputs.kv.values[row * v_width + self.task.kv_head * dv..][..dv];
             crate::ops::widen_f16(values, &mut value[..dv]);
         }
-        for target in targets {
-            let (r, j) = target.query;
-            let head_acc = &mut acc[(r * self.group + j) * stride..][..stride];
-            let weights = &scores[target.scores_at..][..target.slots.len()];
-            for (lanes, c) in head_acc
-                .chunks_exact_mut(V_LANES)
-                .zip((0..stride).step_by(V_LANES))
-            {
-                accumulate(lanes, weights, &block[c..], stride, target.slots.start);
+        // A row's heads attend the same slots and have adjacent accumulators: they are
+        // weighed together, up to three at a time (their sums then fill the registers).
+        for same_row in targets.chunk_by(|a, b| a.query.0 == b.query.0) {
+            for heads in same_row.chunks(3) {
+                let (r, j) = heads[0].query;
+                let slots = heads[0].slots.clone();
+                let accs = &mut acc[(r * self.group + j) * stride..][..heads.len() * stride];
+                let weights = |t: &Target| &scores[t.scores_at..][..slots.len()];
+                let values = &block[slots.start * stride..];
+                match heads {
+                    [a, b, c] => accumulate(accs, [a, b, c].map(weights), values, stride),
+                    [a, b] => accumulate(accs, [a, b].map(weights), values, stride),
+                    [a] => accumulate(accs, [a].map(weights), values, stride),
+                    _ => {}
+                }
             }
         }
     }
 }
 
-/// `lanes += Σ weights[i] · values[(first + i) · stride ..][..V_LANES]`, in order of `i`, with
-/// the sums held in registers for the page.
+/// For each of `N` heads `h`: `accs[h] += Σ weights[h][i] · values[i · stride..]`, in order of
+/// `i`, [`V_LANES`] dimensions at a time with the sums held in registers for the page. `accs`
+/// holds the heads' accumulators one after another, `stride` apart.
 #[inline(always)]
-fn accumulate(lanes: &mut [f32], weights: &[f32], values: &[f32], stride: usize, first: usize) {
-    let mut sums = [0.0f32; V_LANES];
-    sums.copy_from_slice(&lanes[..V_LANES]);
-    for (i, &weight) in weights.iter().enumerate() {
-        let value = &values[(first + i) * stride..][..V_LANES];
-        for (sum, &v) in sums.iter_mut().zip(value) {
-            *sum += weight * v;
+fn accumulate<const N: usize>(
+    accs: &mut [f32],
+    weights: [&[f32]; N],
+    values: &[f32],
+    stride: usize,
+) {
+    for c in (0..stride).step_by(V_LANES) {
+        let mut sums = [[0.0f32; V_LANES]; N];
+        for (h, sums) in sums.iter_mut().enumerate() {
+            sums.copy_from_slice(&accs[h * stride + c..][..V_LANES]);
+        }
+        for i in 0..weights[0].len() {
+            let value = &values[i * stride + c..][..V_LANES];
+            for (sums, weights) in sums.iter_mut().zip(&weights) {
+                let weight = weights[i];
+                for (sum, &v) in sums.iter_mut().zip(value) {
+                    *sum += weight * v;
+                }
+            }
+        }
+        for (h, sums) in sums.iter().enumerate() {
+            accs[h * stride + c..][..V_LANES].copy_from_slice(sums);
         }
     }
-    lanes[..V_LANES].copy_from_slice(&sums);
 }
 
 /// [`tile_task`] compiled for AVX-512 or AVX2 where the CPU has it, so its eight-lane dots,
@@ -460,6 +507,7 @@ struct Target {
 }
 
 impl Target {
+    #[inline(always)]
     fn store(&self, sums: &[f32; PAGE_SIZE], scale: f32, scores: &mut [f32]) {
         let slots = self.slots.clone();
         for (score, &sum) in scores[self.scores_at..].iter_mut().zip(&sums[slots]) {

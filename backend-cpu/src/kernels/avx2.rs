@@ -233,6 +233,21 @@ pub(super) fn store_rows(sum: __m256, rows: &mut [f32]) {
     rows.copy_from_slice(&lanes[..rows.len()]);
 }
 
+/// How far ahead of the group-block being read the kernels prefetch weights: the hardware
+/// prefetchers alone leave a multi-token tile waiting on memory between its dot products
+/// (measured: four tokens of 64 MB Q4_1 rows 4.0 instead of 5.0 ms; 2 to 8 KB all do).
+const PREFETCH_AHEAD: usize = 4096;
+
+/// Asks for the `bytes` weight bytes [`PREFETCH_AHEAD`] after `at` to be brought into L1.
+#[inline(always)]
+pub(super) fn prefetch_ahead(at: *const u8, bytes: usize) {
+    let ahead = at.wrapping_add(PREFETCH_AHEAD);
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch never faults, whatever the address (past the end included).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast()) };
+    }
+}
+
 /// Eight f16 values at `p` as f32.
 #[inline(always)]
 pub(super) unsafe fn load_f16x8(p: *const u8) -> __m256 {
@@ -398,6 +413,9 @@ unsafe fn tile<const F: u8, A: ActBlock, const VNNI: bool, const C: usize>(
         let mut offsets = [_mm256_setzero_ps(); C];
         for i in 0..blocks {
             let gb = group.as_ptr().add(i * layout.bytes);
+            if C > 1 {
+                prefetch_ahead(gb, layout.bytes);
+            }
             let d_w = load_f16x8(gb);
             let m_w = match layout.m {
                 Some(at) => load_f16x8(gb.add(at)),

@@ -125,6 +125,9 @@ unsafe fn tile<const VNNI: bool, const C: usize>(
         let mut sums = [_mm256_setzero_ps(); C];
         for i in 0..blocks {
             let gb = group.as_ptr().add(i * GROUP_BYTES);
+            if C > 1 {
+                super::avx2::prefetch_ahead(gb, GROUP_BYTES);
+            }
             let y: [&BlockQ8K; C] = std::array::from_fn(|k| &a[(c + k) * blocks + i]);
             q4_k_block::<VNNI, C>(gb, &y, &mut sums);
         }

@@ -35,18 +35,40 @@ pub struct BlockQ8_1 {
     pub qs: [i8; QK8],
 }
 
-/// The f32 scale of a block and the reciprocal the quants are computed with.
+/// `a > b ? a : b`, ggml's `MAX` (and `maxps`'s rule: the second operand when either is NaN).
 #[inline(always)]
-fn scale(x: &[f32; QK8]) -> (f32, f32) {
-    // ggml's `MAX(amax, fabsf(v))` is `amax > v ? amax : v`; kept literally so a NaN input
-    // propagates the same way (`f32::max` would drop it).
-    let amax = x.iter().fold(
-        0.0f32,
-        |amax, v| if amax > v.abs() { amax } else { v.abs() },
-    );
+fn max_of(a: f32, b: f32) -> f32 {
+    if a > b { a } else { b }
+}
+
+/// The largest magnitude of a block: eight lanes over the four runs of eight elements, then
+/// halved three times, so the SIMD version ([`simd`]) does the same comparisons and gives the
+/// same bits, NaN included. For finite input this is ggml's sequential maximum, as a maximum
+/// of finite values does not depend on the order.
+#[inline(always)]
+fn amax(x: &[f32; QK8]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for run in x.chunks_exact(8) {
+        for (lane, v) in lanes.iter_mut().zip(run) {
+            *lane = max_of(*lane, v.abs());
+        }
+    }
+    let fours: [f32; 4] = std::array::from_fn(|i| max_of(lanes[i], lanes[i + 4]));
+    max_of(max_of(fours[0], fours[2]), max_of(fours[1], fours[3]))
+}
+
+/// The f32 scale `amax / 127` of a block and the reciprocal the quants are computed with.
+#[inline(always)]
+fn scale_of(amax: f32) -> (f32, f32) {
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     (d, id)
+}
+
+/// The f32 scale of a block and the reciprocal the quants are computed with.
+#[inline(always)]
+fn scale(x: &[f32; QK8]) -> (f32, f32) {
+    scale_of(amax(x))
 }
 
 /// `roundf(x * id)` stored as i8. Finite inputs give `-127..=127`; larger values saturate and
@@ -267,36 +289,134 @@ mod simd {
             && is_x86_feature_detected!("f16c")
     }
 
-    /// Defines `$name(x, out)`: block `i` of `out` from elements `$n·i..` of `x`.
+    /// Defines `$name(x, out)`: block `i` of `out` from elements `$n·i..` of `x`, by `$fast`
+    /// in the AVX2 loop and by `$block` otherwise.
     macro_rules! loops {
-        ($name:ident, $block:ident, $ty:ty, $n:expr) => {
+        ($name:ident, $block:ident, $fast:path, $ty:ty, $n:expr) => {
             pub(super) fn $name(x: &[f32], out: &mut [$ty]) {
-                #[inline(always)]
-                fn plain(x: &[f32], out: &mut [$ty]) {
-                    for (x, o) in x.chunks_exact($n).zip(out.iter_mut()) {
-                        if let Ok(x) = <&[f32; $n]>::try_from(x) {
-                            *o = $block(x);
-                        }
-                    }
-                }
                 #[cfg(target_arch = "x86_64")]
                 #[target_feature(enable = "avx2,fma,f16c")]
                 unsafe fn avx2_loop(x: &[f32], out: &mut [$ty]) {
-                    plain(x, out)
+                    for (x, o) in x.chunks_exact($n).zip(out.iter_mut()) {
+                        if let Ok(x) = <&[f32; $n]>::try_from(x) {
+                            // SAFETY: this function's features are those `$fast` needs.
+                            *o = unsafe { $fast(x) };
+                        }
+                    }
                 }
                 #[cfg(target_arch = "x86_64")]
                 if avx2() {
                     // SAFETY: the features were detected on this CPU.
                     return unsafe { avx2_loop(x, out) };
                 }
-                plain(x, out)
+                for (x, o) in x.chunks_exact($n).zip(out.iter_mut()) {
+                    if let Ok(x) = <&[f32; $n]>::try_from(x) {
+                        *o = $block(x);
+                    }
+                }
             }
         };
     }
 
-    loops!(q8_0, block_q8_0, BlockQ8_0, QK8);
-    loops!(q8_1, block_q8_1, BlockQ8_1, QK8);
-    loops!(q8_k, block_q8_k, BlockQ8K, QK_K);
+    loops!(q8_0, block_q8_0, x86::block_q8_0, BlockQ8_0, QK8);
+    loops!(q8_1, block_q8_1, x86::block_q8_1, BlockQ8_1, QK8);
+    loops!(q8_k, block_q8_k, plain_q8_k, BlockQ8K, QK_K);
+
+    /// Q8_K's block, which the compiler vectorizes well enough on its own.
+    #[inline(always)]
+    unsafe fn plain_q8_k(x: &[f32; QK_K]) -> BlockQ8K {
+        block_q8_k(x)
+    }
+
+    /// The Q8_0 and Q8_1 blocks written with AVX2 intrinsics (the compiler turns the plain
+    /// code's i32 → i8 narrowing and quant sum into byte-by-byte moves): [`super::amax`]'s
+    /// comparisons and [`super::quant`]'s rounding lane by lane, so the same bits.
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        use half::f16;
+
+        use super::super::{BlockQ8_0, BlockQ8_1, QK8, scale_of};
+
+        /// The block's f32 scale, quants and quant sum.
+        #[inline(always)]
+        unsafe fn quantize(x: &[f32; QK8]) -> (f32, [i8; QK8], i32) {
+            // SAFETY: the callers run with AVX2; `x` holds 32 floats.
+            unsafe {
+                let sign = _mm256_set1_ps(-0.0);
+                let mut v = [_mm256_setzero_ps(); 4];
+                let mut lanes = _mm256_setzero_ps();
+                for (k, v) in v.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(x.as_ptr().add(8 * k));
+                    lanes = _mm256_max_ps(lanes, _mm256_andnot_ps(sign, *v));
+                }
+                let four = _mm_max_ps(
+                    _mm256_castps256_ps128(lanes),
+                    _mm256_extractf128_ps::<1>(lanes),
+                );
+                let two = _mm_max_ps(four, _mm_movehl_ps(four, four));
+                let one = _mm_max_ss(two, _mm_shuffle_ps::<1>(two, two));
+                let (d, id) = scale_of(_mm_cvtss_f32(one));
+                let (id, half, unit) =
+                    (_mm256_set1_ps(id), _mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
+                let (low, high) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+                let mut q = [_mm256_setzero_si256(); 4];
+                for (q, &x) in q.iter_mut().zip(&v) {
+                    let v = _mm256_mul_ps(x, id);
+                    let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+                    let away = _mm256_cmp_ps::<_CMP_GE_OQ>(
+                        _mm256_andnot_ps(sign, _mm256_sub_ps(v, t)),
+                        half,
+                    );
+                    let step = _mm256_or_ps(unit, _mm256_and_ps(sign, v));
+                    let rounded = _mm256_blendv_ps(t, _mm256_add_ps(t, step), away);
+                    let finite =
+                        _mm256_and_ps(rounded, _mm256_cmp_ps::<_CMP_ORD_Q>(rounded, rounded));
+                    *q = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(finite, low), high));
+                }
+                let s =
+                    _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+                let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+                let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+                let sum = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)));
+                // The packs interleave 128-bit halves: dword `k` of `bytes` holds elements
+                // 4·[0, 8, 16, 24, 4, 12, 20, 28][k]..; the permutation restores the order.
+                let bytes = _mm256_packs_epi16(
+                    _mm256_packs_epi32(q[0], q[1]),
+                    _mm256_packs_epi32(q[2], q[3]),
+                );
+                let bytes =
+                    _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                let mut qs = [0i8; QK8];
+                _mm256_storeu_si256(qs.as_mut_ptr().cast(), bytes);
+                (d, qs, sum)
+            }
+        }
+
+        /// [`super::super::block_q8_0`] with AVX2.
+        #[inline(always)]
+        pub(super) unsafe fn block_q8_0(x: &[f32; QK8]) -> BlockQ8_0 {
+            // SAFETY: forwarded from the caller.
+            let (d, qs, _) = unsafe { quantize(x) };
+            BlockQ8_0 {
+                d: f16::from_f32(d),
+                qs,
+            }
+        }
+
+        /// [`super::super::block_q8_1`] with AVX2.
+        #[inline(always)]
+        pub(super) unsafe fn block_q8_1(x: &[f32; QK8]) -> BlockQ8_1 {
+            // SAFETY: forwarded from the caller.
+            let (d, qs, sum) = unsafe { quantize(x) };
+            BlockQ8_1 {
+                d: f16::from_f32(d),
+                s: f16::from_f32(sum as f32 * d),
+                qs,
+            }
+        }
+    }
 }
 
 #[cfg(test)]
