@@ -59,9 +59,6 @@ pub struct MatmulScratch {
     /// `kernels::block_meta` of the Q8_0 and of the Q8_1 blocks.
     q8_0_meta: Vec<BlockMeta>,
     q8_1_meta: Vec<BlockMeta>,
-    /// A batch's outputs in task blocks, each token-major, so each thread writes one
-    /// contiguous range.
-    out_t: Vec<f32>,
 }
 
 impl MatmulScratch {
@@ -71,7 +68,6 @@ impl MatmulScratch {
             + self.q8_1.capacity() * size_of::<BlockQ8_1>()
             + self.q8_k.capacity() * size_of::<BlockQ8K>()
             + (self.q8_0_meta.capacity() + self.q8_1_meta.capacity()) * size_of::<BlockMeta>()
-            + self.out_t.capacity() * size_of::<f32>()
     }
 }
 
@@ -159,7 +155,6 @@ pub fn matmul_group(
         q8_k,
         q8_0_meta,
         q8_1_meta,
-        out_t,
     } = scratch;
     let quantized = |e: dot::DotError| BackendError::InvalidModel(format!("{}: {e}", first.name));
     let needs = |f: fn(Kernel) -> bool| kernels.iter().any(|&(k, _)| f(k));
@@ -188,52 +183,47 @@ pub fn matmul_group(
     let rows_per_task = (total_rows / (4 * threads))
         .max(MIN_ROWS_PER_TASK)
         .next_multiple_of(GROUP);
-    // Each task: a run of one matrix's rows, and where its outputs go: for a batch, a block
-    // of `out_t` holding them token-major (so each thread writes one contiguous range), later
-    // copied into place a token's run of rows at a time.
+    // Each task: a run of one matrix's rows, and where its outputs go: that run of each
+    // token's output row. A batch's task computes into a block of its own, token-major and
+    // contiguous (what the kernels write), and copies it out while it is still in cache.
     let mut tasks = Vec::new();
-    let needed = if n == 1 { 0 } else { n * total_rows };
-    // Grown, never shrunk: the calls of a step alternate between sizes, and zeroing the
-    // buffer again at every call showed up in profiles (every element is overwritten).
-    if out_t.len() < needed {
-        out_t.resize(needed, 0.0);
-    }
-    let mut rest: &mut [f32] = &mut out_t[..needed];
     for (i, out) in outs.iter_mut().enumerate() {
-        let target = if n == 1 {
-            &mut **out
-        } else {
-            let (target, tail) = std::mem::take(&mut rest).split_at_mut(out.len());
-            rest = tail;
-            target
-        };
-        for (task, chunk) in target.chunks_mut(rows_per_task * n).enumerate() {
-            tasks.push((i, task * rows_per_task, chunk));
+        let rows = out.len() / n;
+        let mut per_task: Vec<Vec<&mut [f32]>> = (0..rows.div_ceil(rows_per_task))
+            .map(|_| Vec::with_capacity(n))
+            .collect();
+        for token in out.chunks_mut(rows) {
+            for (pieces, piece) in per_task.iter_mut().zip(token.chunks_mut(rows_per_task)) {
+                pieces.push(piece);
+            }
+        }
+        for (task, pieces) in per_task.into_iter().enumerate() {
+            tasks.push((i, task * rows_per_task, pieces));
         }
     }
     tasks
         .into_par_iter()
-        .try_for_each(|(i, first_row, chunk)| {
+        .try_for_each(|(i, first_row, mut pieces)| {
             let (w, (kernel, data)) = (ws[i], kernels[i]);
-            let rows = first_row..first_row + chunk.len() / n;
-            dot_chunk(w, data, rows, activations(kernel), n, chunk)
-                .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", w.name)))
-        })?;
-    if n > 1 {
-        let mut blocks: &[f32] = &out_t[..needed];
-        for out in outs.iter_mut() {
-            let rows = out.len() / n;
-            for first_row in (0..rows).step_by(rows_per_task) {
-                let task_rows = rows_per_task.min(rows - first_row);
-                let (block, tail) = blocks.split_at(task_rows * n);
-                blocks = tail;
-                for (t, token) in block.chunks_exact(task_rows).enumerate() {
-                    out[t * rows + first_row..][..task_rows].copy_from_slice(token);
-                }
+            let task_rows = pieces.first().map_or(0, |piece| piece.len());
+            let rows = first_row..first_row + task_rows;
+            let run = |out: &mut [f32]| {
+                dot_chunk(w, data, rows.clone(), activations(kernel), n, out)
+                    .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", w.name)))
+            };
+            if let [piece] = &mut pieces[..] {
+                return run(piece);
             }
-        }
-    }
-    Ok(())
+            BLOCK.with_borrow_mut(|block| {
+                block.clear();
+                block.resize(n * task_rows, 0.0);
+                run(block)?;
+                for (piece, token) in pieces.iter_mut().zip(block.chunks_exact(task_rows)) {
+                    piece.copy_from_slice(token);
+                }
+                Ok(())
+            })
+        })
 }
 
 /// Rows `rows` of `w` (whose file bytes are `data`) against every token, token-major:
@@ -281,6 +271,9 @@ fn dot_chunk(
 }
 
 thread_local! {
+    /// Each compute thread's token-major block of a batch task's outputs, kept between calls
+    /// so decode steps do not allocate.
+    static BLOCK: RefCell<Vec<f32>> = RefCell::default();
     /// Each compute thread's row-major block for the kernels that write that way, kept between
     /// calls so decode steps do not allocate.
     static ROW_MAJOR: RefCell<Vec<f32>> = RefCell::default();

@@ -160,7 +160,11 @@ fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Outp
     for span in tile.spans.iter() {
         let head_scores =
             scratch.scores[span.offset..][..tile.group * span.len()].chunks_exact_mut(span.len());
-        scratch.inv_sums.extend(head_scores.map(softmax_numerators));
+        // A loop, not `map(softmax_numerators)`: a function passed by name is not inlined
+        // into the SIMD bodies of `simd::tile_task`, and would run as baseline code.
+        for scores in head_scores {
+            scratch.inv_sums.push(softmax_numerators(scores));
+        }
     }
     let dv = tile.inputs.shape.head_dim_v;
     let stride = dv.next_multiple_of(V_LANES);
