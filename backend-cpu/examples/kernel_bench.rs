@@ -4,7 +4,8 @@
 //! 896) and `ffn_down` (896 rows of 4864) against 64 tokens, the k-quants tiled and, for
 //! comparison, one row × one token per call.
 //! Batched decode (`batch`) streams 64 MB of rows against 1, 2, 4, 8 and 16 tokens, SmolLM2's
-//! and Qwen2.5-0.5B's formats: what a decode step of that many sequences pays per matrix.
+//! and Qwen2.5-0.5B's formats (the k-quants both in the GGUF layout and repacked): what a
+//! decode step of that many sequences pays per matrix.
 //! Best of several runs, so other load on a shared machine inflates the numbers less.
 //!
 //! ```text
@@ -15,10 +16,13 @@ use std::error::Error;
 use std::time::Instant;
 
 use backend_cpu::kernels::{
-    Legacy, PackedK, PackedRows, Q8Rows, block_meta, dot_packed, dot_packed_k,
+    Legacy, PackedK, PackedQ6K, PackedRows, Q8Rows, block_meta, dot_packed, dot_packed_k,
 };
-use backend_cpu::quant::activation::{quantize_q8_0, quantize_q8_1, quantize_q8_k};
+use backend_cpu::quant::activation::{BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k};
 use backend_cpu::quant::dot::{self, KQuant};
+
+/// One k-quant matrix against `n` tokens of activations, into `out`.
+type KRun<'a> = dyn Fn(&[BlockQ8K], usize, &mut [f32]) -> Result<(), Box<dyn Error>> + 'a;
 
 const COLS: usize = 896;
 const TOTAL_BYTES: usize = 256 << 20;
@@ -237,32 +241,38 @@ fn batched_decode() -> Result<(), Box<dyn Error>> {
         println!("{line}");
     }
     // Qwen2.5-0.5B's k-quant matrices are its 4864-wide `ffn_down`: in the GGUF layout
-    // (the tiles Q6_K runs) and, for Q4_K, repacked (what the worker runs).
+    // (the reference tiles) and repacked (what the worker runs).
     let cols = 4864;
     for format in [KQuant::Q4K, KQuant::Q6K] {
         let row_bytes = cols / 256 * format.block_bytes();
         let rows = bytes / row_bytes;
         let weights = weights(rows * row_bytes, format.block_bytes(), k_scales(format));
-        let packed = PackedK::pack(&weights, rows).filter(|_| format == KQuant::Q4K);
         for repacked in [false, true] {
-            if repacked && packed.is_none() {
-                continue;
-            }
             let layout = if repacked { "repacked" } else { "GGUF layout" };
             let mut line = format!("batched decode {format:?}, {layout} ({rows} rows of {cols}):");
+            let run: Box<KRun> = match (repacked, format) {
+                (false, _) => {
+                    Box::new(|a, n, out| Ok(dot::dot_rows_k(format, &weights, a, n, out)?))
+                }
+                (true, KQuant::Q4K) => {
+                    let packed = PackedK::pack(&weights, rows).ok_or("Q4_K packing")?;
+                    Box::new(move |a, n, out| {
+                        Ok(dot_packed_k(&packed, 0..packed.groups(), a, n, out)?)
+                    })
+                }
+                (true, _) => {
+                    let packed = PackedQ6K::pack(&weights, rows).ok_or("Q6_K packing")?;
+                    Box::new(move |a, n, out| {
+                        Ok(dot_packed_k(&packed, 0..packed.groups(), a, n, out)?)
+                    })
+                }
+            };
             let mut one = 0.0;
             for n in BATCHES {
                 let mut q8_k = Vec::new();
                 quantize_q8_k(&activations(cols * n), &mut q8_k)?;
                 let mut out = vec![0.0; rows * n];
-                let seconds = best(DECODE_REPS, || {
-                    if let Some(packed) = packed.as_ref().filter(|_| repacked) {
-                        dot_packed_k(packed, 0..packed.groups(), &q8_k, n, &mut out)?;
-                    } else {
-                        dot::dot_rows_k(format, &weights, &q8_k, n, &mut out)?;
-                    }
-                    Ok(())
-                })?;
+                let seconds = best(DECODE_REPS, || run(&q8_k, n, &mut out))?;
                 if n == 1 {
                     one = seconds;
                 }

@@ -246,6 +246,9 @@ fn dot_chunk(
         (Activations::KQuant(_, a), Some(Packed::KQuant(packed))) => {
             return kernels::dot_packed_k(packed, groups, a, n, out).map_err(|e| e.to_string());
         }
+        (Activations::KQuant(_, a), Some(Packed::Q6K(packed))) => {
+            return kernels::dot_packed_k(packed, groups, a, n, out).map_err(|e| e.to_string());
+        }
         _ => {}
     }
     // The other kernels write row-major: transposed here, in this task's small block.

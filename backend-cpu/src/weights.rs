@@ -15,7 +15,7 @@ use worker_common::model::{
     self, GateUp, MatrixTensor, ModelSpec, Qkv, TensorSource, VectorTensor,
 };
 
-use crate::kernels::{Legacy, PackedK, PackedRows, packed_k_available};
+use crate::kernels::{Legacy, PackedK, PackedQ6K, PackedRows, packed_k_available};
 use crate::quant;
 
 /// A weight matrix of `rows` rows of `cols` elements, stored row-major in its GGUF block
@@ -46,6 +46,8 @@ pub enum Packed {
     Legacy(PackedRows),
     /// Q4_K.
     KQuant(PackedK),
+    /// Q6_K.
+    Q6K(PackedQ6K),
 }
 
 impl Packed {
@@ -54,6 +56,7 @@ impl Packed {
         match self {
             Packed::Legacy(p) => p.bytes(),
             Packed::KQuant(p) => p.bytes(),
+            Packed::Q6K(p) => p.bytes(),
         }
     }
 
@@ -67,17 +70,16 @@ impl Packed {
                     .map_err(|e| e.to_string()),
             );
         }
-        // Q5_K and Q6_K keep the GGUF layout: their reference tiles (`quant::dot`) were as
-        // fast as packed ones at one to four tokens (Q6_K's six-bit codes cost more to unpack
-        // from the interleaved planes than they save).
-        if ggml_type != GgmlType::Q4_K || !packed_k_available() {
+        if !packed_k_available() {
             return None;
         }
-        Some(
-            PackedK::pack(raw, rows)
-                .map(Packed::KQuant)
-                .ok_or_else(|| format!("{} bytes are not {rows} rows of Q4_K", raw.len())),
-        )
+        let bad = || format!("{} bytes are not {rows} rows of {ggml_type}", raw.len());
+        // Q5_K keeps the GGUF layout: no model at hand has enough of it to be worth a kernel.
+        match ggml_type {
+            GgmlType::Q4_K => Some(PackedK::pack(raw, rows).map(Packed::KQuant).ok_or_else(bad)),
+            GgmlType::Q6_K => Some(PackedQ6K::pack(raw, rows).map(Packed::Q6K).ok_or_else(bad)),
+            _ => None,
+        }
     }
 }
 

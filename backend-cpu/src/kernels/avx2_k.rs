@@ -1,4 +1,4 @@
-//! AVX2 (+FMA, F16C) kernel over [`PackedK`] (Q4_K), with AVX-512 VNNI integer dots where the
+//! AVX2 (+FMA, F16C) kernels over [`PackedK`] (Q4_K) and [`PackedQ6K`], with AVX-512 VNNI integer dots where the
 //! CPU has them, bit-identical to the k-quants' scalar reference (`crate::quant::dot::scalar`):
 //! lane `r` of the integer sums is row `r`'s exact `isum` and `msum`, and the f32 step is the
 //! reference's, eight rows at a time.
@@ -9,19 +9,26 @@
 //! The mins: `vpmaddwd` of the rows' `(m_2q, m_2q+1)` pairs by the activation's pair sums
 //! `(b_4q + b_4q+1, b_4q+2 + b_4q+3)`, which fit i16 for quantized activations (at most
 //! `2·16·128`). Magnitudes as in the reference: `|isum| < 2^25`.
+//!
+//! Q6_K: the unsigned six-bit codes (≤ 63) go through the same dot (`vpmaddubsw` pairs two
+//! groups at a time, at most `2·2·63·128` in i16), starting each 16-element sub-block's lane
+//! sum at `−32·b_s` (the activation's sum over the sub-block, from `bsums`), so the sum is
+//! the reference's exact `Σ (q − 32)·y`; then times the row's i8 scale. `|isum| < 2^28`.
 #![allow(unused_unsafe)]
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::{dot_groups, load_f16x8, vnni};
-use super::packed_k::{GROUP_BYTES, PackedK, Q4K_MINS, Q4K_QS, Q4K_SC};
+use super::packed::Packed;
+use super::packed_k::{KLayout, Q4K_MINS, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL, Q6K_SC};
 use super::{GROUP, MAX_COLS};
 use crate::quant::activation::BlockQ8K;
+use crate::quant::dot::KQuant;
 
-/// Runs the kernel; the caller checked the shapes and [`super::packed_k_available`].
-pub(super) fn dot_packed_k(
-    w: &PackedK,
+/// Runs the kernel of `F`; the caller checked the shapes and [`super::packed_k_available`].
+pub(super) fn dot_packed_k<F: KLayout>(
+    w: &Packed<F>,
     groups: Range<usize>,
     a: &[BlockQ8K],
     cols: usize,
@@ -40,35 +47,35 @@ pub(super) fn dot_packed_k(
 
 /// [`tiles`] compiled for AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tiles_avx2(
-    w: &PackedK,
+unsafe fn tiles_avx2<F: KLayout>(
+    w: &Packed<F>,
     groups: Range<usize>,
     a: &[BlockQ8K],
     cols: usize,
     out: &mut [f32],
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { tiles::<false>(w, groups, a, cols, out) }
+    unsafe { tiles::<F, false>(w, groups, a, cols, out) }
 }
 
 /// [`tiles`] compiled for AVX-512 VNNI (256-bit).
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn tiles_vnni(
-    w: &PackedK,
+unsafe fn tiles_vnni<F: KLayout>(
+    w: &Packed<F>,
     groups: Range<usize>,
     a: &[BlockQ8K],
     cols: usize,
     out: &mut [f32],
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { tiles::<true>(w, groups, a, cols, out) }
+    unsafe { tiles::<F, true>(w, groups, a, cols, out) }
 }
 
 /// Each group's eight rows × `cols` tokens in tiles of [`MAX_COLS`], 2 and 1 tokens;
 /// `out` token-major (`out[c * rows + r]`).
 #[inline(always)]
-unsafe fn tiles<const VNNI: bool>(
-    w: &PackedK,
+unsafe fn tiles<F: KLayout, const VNNI: bool>(
+    w: &Packed<F>,
     groups: Range<usize>,
     a: &[BlockQ8K],
     cols: usize,
@@ -89,15 +96,15 @@ unsafe fn tiles<const VNNI: bool>(
             };
             let mut c = 0;
             while c + MAX_COLS <= cols {
-                store(&tile::<VNNI, MAX_COLS>(w, g, a, c), c);
+                store(&tile::<F, VNNI, MAX_COLS>(w, g, a, c), c);
                 c += MAX_COLS;
             }
             if c + 2 <= cols {
-                store(&tile::<VNNI, 2>(w, g, a, c), c);
+                store(&tile::<F, VNNI, 2>(w, g, a, c), c);
                 c += 2;
             }
             if c < cols {
-                store(&tile::<VNNI, 1>(w, g, a, c), c);
+                store(&tile::<F, VNNI, 1>(w, g, a, c), c);
             }
         }
     }
@@ -111,8 +118,8 @@ unsafe fn load(p: *const u8) -> __m256i {
 
 /// Group `g`'s eight rows against tokens `c..c + C`.
 #[inline(always)]
-unsafe fn tile<const VNNI: bool, const C: usize>(
-    w: &PackedK,
+unsafe fn tile<F: KLayout, const VNNI: bool, const C: usize>(
+    w: &Packed<F>,
     g: usize,
     a: &[BlockQ8K],
     c: usize,
@@ -124,14 +131,75 @@ unsafe fn tile<const VNNI: bool, const C: usize>(
     unsafe {
         let mut sums = [_mm256_setzero_ps(); C];
         for i in 0..blocks {
-            let gb = group.as_ptr().add(i * GROUP_BYTES);
-            if C > 1 {
-                super::avx2::prefetch_ahead(gb, GROUP_BYTES);
+            let gb = group.as_ptr().add(i * F::GROUP_BYTES);
+            if C > 1 || F::FORMAT == KQuant::Q6K {
+                super::avx2::prefetch_ahead(gb, F::GROUP_BYTES);
             }
             let y: [&BlockQ8K; C] = std::array::from_fn(|k| &a[(c + k) * blocks + i]);
-            q4_k_block::<VNNI, C>(gb, &y, &mut sums);
+            match F::FORMAT {
+                KQuant::Q6K => q6_k_block::<VNNI, C>(gb, &y, &mut sums),
+                _ => q4_k_block::<VNNI, C>(gb, &y, &mut sums),
+            }
         }
         sums
+    }
+}
+
+/// One Q6_K group-super-block against `C` tokens: `sum + (d·d_a)·isum`.
+#[inline(always)]
+unsafe fn q6_k_block<const VNNI: bool, const C: usize>(
+    gb: *const u8,
+    y: &[&BlockQ8K; C],
+    sums: &mut [__m256; C],
+) {
+    // SAFETY: `gb` points at a whole Q6_K group-super-block; AVX2 (and VNNI) guaranteed.
+    unsafe {
+        let mask = _mm256_set1_epi8(0x0F);
+        let top = _mm256_set1_epi8(0x30);
+        let mut isum = [_mm256_setzero_si256(); C];
+        for h in 0..2 {
+            for j in 0..4 {
+                // Plain loops, not closures (see `super::avx2::codes`).
+                let mut codes = [_mm256_setzero_si256(); 8];
+                for (m, code) in codes.iter_mut().enumerate() {
+                    let ql = load(gb.add(Q6K_QL + 32 * (16 * h + 8 * (j % 2) + m)));
+                    let qh = load(gb.add(Q6K_QH + 32 * (8 * h + m)));
+                    let low = if j < 2 {
+                        ql
+                    } else {
+                        _mm256_srli_epi16::<4>(ql)
+                    };
+                    let high = match j {
+                        0 => _mm256_slli_epi16::<4>(qh),
+                        1 => _mm256_slli_epi16::<2>(qh),
+                        2 => qh,
+                        _ => _mm256_srli_epi16::<2>(qh),
+                    };
+                    *code =
+                        _mm256_or_si256(_mm256_and_si256(low, mask), _mm256_and_si256(high, top));
+                }
+                let [q0, q1, q2, q3, q4, q5, q6, q7] = codes;
+                for (half, quads) in [[q0, q1, q2, q3], [q4, q5, q6, q7]].iter().enumerate() {
+                    let s = 8 * h + 2 * j + half;
+                    let scale =
+                        _mm256_cvtepi8_epi32(_mm_loadl_epi64(gb.add(Q6K_SC + 8 * s).cast()));
+                    for k in 0..C {
+                        let start = _mm256_set1_epi32(-32 * i32::from(y[k].bsums[s]));
+                        let at = y[k].qs.as_ptr().add(16 * s);
+                        let sub = dot_groups::<VNNI, 4, 2>(quads, at, start);
+                        isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(sub, scale));
+                    }
+                }
+            }
+        }
+        let d = load_f16x8(gb);
+        for k in 0..C {
+            let scaled = _mm256_mul_ps(
+                _mm256_mul_ps(d, _mm256_set1_ps(y[k].d)),
+                _mm256_cvtepi32_ps(isum[k]),
+            );
+            sums[k] = _mm256_add_ps(sums[k], scaled);
+        }
     }
 }
 

@@ -36,7 +36,7 @@ use std::ops::Range;
 use worker_common::gguf::GgmlType;
 
 pub use packed::{GROUP, PackedRows};
-pub use packed_k::{PackedK, packed_k_available};
+pub use packed_k::{KLayout, PackedK, PackedQ6K, packed_k_available};
 
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use crate::quant::dot::DotError;
@@ -158,11 +158,11 @@ pub fn dot_packed(
 }
 
 /// `out[c * rows + (r − first)] = row r · activation row c` (token-major) for the rows of the
-/// groups `groups` of a packed Q4_K matrix against `cols` rows of Q8_K activations,
+/// groups `groups` of a packed Q4_K or Q6_K matrix against `cols` rows of Q8_K activations,
 /// bit-identical to `quant::dot::scalar::dot_rows_k` on the raw rows (for activations whose
 /// `bsums` are their quants' sums, as [`crate::quant::activation::quantize_q8_k`] makes them).
-pub fn dot_packed_k(
-    w: &PackedK,
+pub fn dot_packed_k<F: KLayout>(
+    w: &packed::Packed<F>,
     groups: Range<usize>,
     a: &[BlockQ8K],
     cols: usize,

@@ -1,4 +1,4 @@
-//! Q4_K rows repacked at load, [`GROUP`](super::GROUP) rows interleaved per super-block as the
+//! Q4_K and Q6_K rows repacked at load, [`GROUP`](super::GROUP) rows interleaved per super-block as the
 //! 32-element formats are ([`super::packed`]): one 32-byte quant vector holds four consecutive
 //! elements of each of eight rows, so one integer dot instruction adds four products for eight
 //! rows, and each row's exact super-block sums end in one i32 lane. The kernels keep the
@@ -14,26 +14,63 @@
 //! two sub-blocks' `m·(b_2j + b_2j+1)`); then 32 quant vectors, vector `8p + k` holding in
 //! bytes `4r..4r+4` the quant bytes `32p + 4k..+4` of row `r` (low nibbles: elements
 //! `4k..4k+4` of sub-block `2p`; high: of sub-block `2p + 1`).
+//!
+//! Q6_K (1680 bytes, the eight raw super-blocks' size): `d[8]` (f16); `sc[16][8]` (i8,
+//! sub-block-major); 32 vectors of `ql`, vector `v` holding in bytes `4r..4r+4` the `ql` bytes
+//! `4v..4v+4` of row `r`; 16 vectors of `qh`, likewise. Elements `128h + 32j + 4m..+4` (half
+//! `h`, quarter `j`, `m < 8`) take nibble `j / 2` of `ql` vector `16h + 8(j % 2) + m` and bits
+//! `2j..2j + 2` of `qh` vector `8h + m`: eight rows' codes for four elements, unpacked with
+//! a shift, masks and an or.
 
 use std::sync::OnceLock;
 
 use super::packed::Packed;
-use crate::quant::dot::{Q4_K_BYTES, scales_mins};
+use crate::quant::dot::{KQuant, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
 
-/// Bytes of a group-super-block.
-pub(super) const GROUP_BYTES: usize = Q4K_QS + 32 * 32;
+/// A k-quant format with an interleaved layout and a packed kernel.
+pub trait KLayout: Copy + Send + Sync + 'static {
+    /// The format.
+    const FORMAT: KQuant;
+    /// Bytes of a group-super-block (eight rows).
+    const GROUP_BYTES: usize;
+}
+
+/// Bytes of a Q4_K group-super-block.
+pub(super) const Q4K_GROUP_BYTES: usize = Q4K_QS + 32 * 32;
 
 /// Offsets inside a Q4_K group-super-block.
 pub(super) const Q4K_SC: usize = 32;
 pub(super) const Q4K_MINS: usize = Q4K_SC + 64;
 pub(super) const Q4K_QS: usize = Q4K_MINS + 128;
 
+/// Offsets inside a Q6_K group-super-block.
+pub(super) const Q6K_SC: usize = 16;
+pub(super) const Q6K_QL: usize = Q6K_SC + 128;
+pub(super) const Q6K_QH: usize = Q6K_QL + 32 * 32;
+
 /// The format marker of [`PackedK`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Q4K;
 
+impl KLayout for Q4K {
+    const FORMAT: KQuant = KQuant::Q4K;
+    const GROUP_BYTES: usize = Q4K_GROUP_BYTES;
+}
+
+/// The format marker of [`PackedQ6K`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Q6K;
+
+impl KLayout for Q6K {
+    const FORMAT: KQuant = KQuant::Q6K;
+    const GROUP_BYTES: usize = Q6K_QH + 16 * 32;
+}
+
 /// A matrix of Q4_K rows in the interleaved layout.
 pub type PackedK = Packed<Q4K>;
+
+/// A matrix of Q6_K rows in the interleaved layout.
+pub type PackedQ6K = Packed<Q6K>;
 
 /// Whether this CPU runs the packed Q4_K kernel (AVX2, FMA, F16C); elsewhere the rows stay in
 /// their GGUF layout for the reference kernels.
@@ -53,7 +90,15 @@ impl PackedK {
     /// Repacks `n_rows` row-major Q4_K rows held in `raw`; `None` for rows that are not
     /// whole super-blocks.
     pub fn pack(raw: &[u8], n_rows: usize) -> Option<Self> {
-        Self::interleave(Q4K, raw, n_rows, (Q4_K_BYTES, GROUP_BYTES), put_q4_k)
+        Self::interleave(Q4K, raw, n_rows, (Q4_K_BYTES, Q4K_GROUP_BYTES), put_q4_k)
+    }
+}
+
+impl PackedQ6K {
+    /// Repacks `n_rows` row-major Q6_K rows held in `raw`; `None` for rows that are not
+    /// whole super-blocks.
+    pub fn pack(raw: &[u8], n_rows: usize) -> Option<Self> {
+        Self::interleave(Q6K, raw, n_rows, (Q6_K_BYTES, Q6K::GROUP_BYTES), put_q6_k)
     }
 }
 
@@ -76,5 +121,21 @@ fn put_q4_k(block: &[u8], lane: usize, out: &mut [u8]) {
     }
     for v in 0..32 {
         put_dword(&block[16..], 4 * v, lane, out, Q4K_QS + 32 * v);
+    }
+}
+
+fn put_q6_k(block: &[u8], lane: usize, out: &mut [u8]) {
+    let Ok(block) = <&[u8; Q6_K_BYTES]>::try_from(block) else {
+        return;
+    };
+    out[2 * lane..2 * lane + 2].copy_from_slice(&block[208..210]);
+    for s in 0..16 {
+        out[Q6K_SC + 8 * s + lane] = block[192 + s];
+    }
+    for v in 0..32 {
+        put_dword(block, 4 * v, lane, out, Q6K_QL + 32 * v);
+    }
+    for u in 0..16 {
+        put_dword(block, 128 + 4 * u, lane, out, Q6K_QH + 32 * u);
     }
 }

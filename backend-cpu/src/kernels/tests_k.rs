@@ -1,9 +1,10 @@
-//! The packed Q4_K kernel against the k-quants' scalar reference on the raw rows,
+//! The packed Q4_K and Q6_K kernels against the k-quants' scalar reference on the raw rows,
 //! bit for bit, with the VNNI body (where the CPU has it) and the AVX2 body forced.
 
 use half::f16;
 
-use super::{GROUP, PackedK, dot_packed_k, packed_k_available};
+use super::packed::Packed;
+use super::{GROUP, KLayout, PackedK, PackedQ6K, dot_packed_k, packed_k_available};
 use crate::quant::activation::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::quant::dot::{KQuant, scalar};
 use crate::quant::test_rng::Rng;
@@ -39,39 +40,44 @@ fn activations(rng: &mut Rng, blocks: usize, extreme: bool) -> Vec<BlockQ8K> {
 
 fn packed_equals_scalar() {
     let mut rng = Rng(0xC0FF_EE00_1234_5678);
-    {
-        let format = KQuant::Q4K;
-        for blocks in [1, 3] {
-            for (n_rows, cols) in [(1, 1), (8, 1), (9, 2), (17, 3), (8, 4), (5, 7), (16, 9)] {
-                for extreme in [false, true] {
-                    let raw = weights(&mut rng, format, n_rows * blocks, extreme);
-                    let a = activations(&mut rng, cols * blocks, extreme);
-                    let mut reference = vec![0.0; n_rows * cols];
-                    scalar::dot_rows_k(format, &raw, &a, cols, &mut reference).unwrap();
-                    let packed = PackedK::pack(&raw, n_rows).unwrap();
-                    let mut fast = vec![f32::NAN; n_rows * cols];
-                    dot_packed_k(&packed, 0..packed.groups(), &a, cols, &mut fast).unwrap();
-                    for r in 0..n_rows {
-                        for c in 0..cols {
-                            assert_eq!(
-                                fast[c * n_rows + r].to_bits(),
-                                reference[r * cols + c].to_bits(),
-                                "{format:?} {blocks} blocks {n_rows}×{cols} extreme {extreme} \
-                                 at ({r}, {c})"
-                            );
-                        }
+    check_format(&mut rng, PackedK::pack);
+    check_format(&mut rng, PackedQ6K::pack);
+}
+
+/// The packed kernel of `F` against the reference over shapes with partial groups, several
+/// tile widths and extreme values, and on a range of groups.
+fn check_format<F: KLayout>(rng: &mut Rng, pack: fn(&[u8], usize) -> Option<Packed<F>>) {
+    let format = F::FORMAT;
+    for blocks in [1, 3] {
+        for (n_rows, cols) in [(1, 1), (8, 1), (9, 2), (17, 3), (8, 4), (5, 7), (16, 9)] {
+            for extreme in [false, true] {
+                let raw = weights(rng, format, n_rows * blocks, extreme);
+                let a = activations(rng, cols * blocks, extreme);
+                let mut reference = vec![0.0; n_rows * cols];
+                scalar::dot_rows_k(format, &raw, &a, cols, &mut reference).unwrap();
+                let packed = pack(&raw, n_rows).unwrap();
+                let mut fast = vec![f32::NAN; n_rows * cols];
+                dot_packed_k(&packed, 0..packed.groups(), &a, cols, &mut fast).unwrap();
+                for r in 0..n_rows {
+                    for c in 0..cols {
+                        assert_eq!(
+                            fast[c * n_rows + r].to_bits(),
+                            reference[r * cols + c].to_bits(),
+                            "{format:?} {blocks} blocks {n_rows}×{cols} extreme {extreme} \
+                             at ({r}, {c})"
+                        );
                     }
-                    if n_rows > GROUP {
-                        let part_rows = n_rows - GROUP;
-                        let mut part = vec![0.0; part_rows * cols];
-                        let groups = 1..packed.groups();
-                        dot_packed_k(&packed, groups, &a, cols, &mut part).unwrap();
-                        for c in 0..cols {
-                            assert_eq!(
-                                part[c * part_rows..][..part_rows],
-                                fast[c * n_rows + GROUP..][..part_rows]
-                            );
-                        }
+                }
+                if n_rows > GROUP {
+                    let part_rows = n_rows - GROUP;
+                    let mut part = vec![0.0; part_rows * cols];
+                    let groups = 1..packed.groups();
+                    dot_packed_k(&packed, groups, &a, cols, &mut part).unwrap();
+                    for c in 0..cols {
+                        assert_eq!(
+                            part[c * part_rows..][..part_rows],
+                            fast[c * n_rows + GROUP..][..part_rows]
+                        );
                     }
                 }
             }
@@ -95,6 +101,9 @@ fn packing_refuses_what_it_cannot_pack() {
     assert!(PackedK::pack(&raw[1..], 1).is_none());
     assert!(PackedK::pack(&raw, 0).is_none());
     assert!(PackedK::pack(&raw[..100], 1).is_none());
+    let raw_q6 = vec![0u8; 2 * KQuant::Q6K.block_bytes()];
+    assert!(PackedQ6K::pack(&raw_q6, 2).is_some());
+    assert!(PackedQ6K::pack(&raw_q6[1..], 1).is_none());
     let packed = PackedK::pack(&raw, 2).unwrap();
     let a = activations(&mut Rng(3), 1, false);
     let mut out = [0.0; 2];
