@@ -215,8 +215,11 @@ pub fn matmul_group(
                 return run(piece);
             }
             BLOCK.with_borrow_mut(|block| {
-                block.clear();
-                block.resize(n * task_rows, 0.0);
+                // Grown, never cleared: the kernels overwrite every element.
+                if block.len() < n * task_rows {
+                    block.resize(n * task_rows, 0.0);
+                }
+                let block = &mut block[..n * task_rows];
                 run(block)?;
                 for (piece, token) in pieces.iter_mut().zip(block.chunks_exact(task_rows)) {
                     piece.copy_from_slice(token);

@@ -32,7 +32,49 @@ pub struct Packed<F> {
     blocks: usize,
     /// Bytes of one group-block (eight rows of one block).
     group_bytes: usize,
-    data: Vec<u8>,
+    data: AlignedBytes,
+}
+
+/// A zeroed byte buffer whose start is 64-byte aligned, so the kernels' 32-byte quant vectors
+/// (at multiples of 32 inside every layout) never straddle a cache line.
+#[derive(Debug, Clone)]
+struct AlignedBytes {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+/// One cache line.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+impl AlignedBytes {
+    fn zeroed(len: usize) -> Self {
+        Self {
+            lines: vec![Line([0; 64]); len.div_ceil(64)],
+            len,
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.lines.capacity() * size_of::<Line>()
+    }
+}
+
+impl std::ops::Deref for AlignedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `lines` holds at least `len` initialized bytes (`Line` is plain bytes with no
+        // padding), borrowed for the lifetime of `self`.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, borrowed mutably and exclusively through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), self.len) }
+    }
 }
 
 /// A matrix of [`Legacy`] rows in the interleaved layout.
@@ -57,7 +99,7 @@ impl<F: Copy> Packed<F> {
             return None;
         }
         let blocks = row_bytes / block_bytes;
-        let mut data = vec![0u8; n_rows.div_ceil(GROUP) * blocks * group_bytes];
+        let mut data = AlignedBytes::zeroed(n_rows.div_ceil(GROUP) * blocks * group_bytes);
         for (r, row) in raw.chunks_exact(row_bytes).enumerate() {
             let (group, lane) = (r / GROUP, r % GROUP);
             for (i, block) in row.chunks_exact(block_bytes).enumerate() {
