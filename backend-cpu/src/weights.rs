@@ -15,7 +15,7 @@ use worker_common::model::{
     self, GateUp, MatrixTensor, ModelSpec, Qkv, TensorSource, VectorTensor,
 };
 
-use crate::kernels::{Legacy, PackedK, PackedQ6K, PackedRows, packed_k_available};
+use crate::kernels::{Arena, GROUP, Legacy, PackedK, PackedQ6K, PackedRows, packed_k_available};
 use crate::quant;
 
 /// A weight matrix of `rows` rows of `cols` elements, stored row-major in its GGUF block
@@ -62,10 +62,15 @@ impl Packed {
 
     /// `raw` (`rows` rows of `ggml_type`) repacked, if a packed kernel takes that format on
     /// this CPU.
-    fn of(ggml_type: GgmlType, raw: &[u8], rows: usize) -> Option<Result<Self, String>> {
+    fn of(
+        arena: &Arc<Arena>,
+        ggml_type: GgmlType,
+        raw: &[u8],
+        rows: usize,
+    ) -> Option<Result<Self, String>> {
         if let Some(format) = Legacy::of(ggml_type) {
             return Some(
-                PackedRows::pack(format, raw, rows)
+                PackedRows::pack_in(Some(arena), format, raw, rows)
                     .map(Packed::Legacy)
                     .map_err(|e| e.to_string()),
             );
@@ -76,8 +81,16 @@ impl Packed {
         let bad = || format!("{} bytes are not {rows} rows of {ggml_type}", raw.len());
         // Q5_K keeps the GGUF layout: no model at hand has enough of it to be worth a kernel.
         match ggml_type {
-            GgmlType::Q4_K => Some(PackedK::pack(raw, rows).map(Packed::KQuant).ok_or_else(bad)),
-            GgmlType::Q6_K => Some(PackedQ6K::pack(raw, rows).map(Packed::Q6K).ok_or_else(bad)),
+            GgmlType::Q4_K => Some(
+                PackedK::pack_in(Some(arena), raw, rows)
+                    .map(Packed::KQuant)
+                    .ok_or_else(bad),
+            ),
+            GgmlType::Q6_K => Some(
+                PackedQ6K::pack_in(Some(arena), raw, rows)
+                    .map(Packed::Q6K)
+                    .ok_or_else(bad),
+            ),
             _ => None,
         }
     }
@@ -161,14 +174,25 @@ fn matmul_matrices(weights: &mut Weights) -> Vec<&mut Matrix> {
 }
 
 /// Repacks every matmul matrix whose format has a packed kernel on this CPU (the 32-element
-/// formats and Q4_K: `kernels::packed`, `kernels::packed_k`), in parallel on the current
+/// formats, Q4_K and Q6_K: `kernels::packed`, `kernels::packed_k`) into one arena, in parallel on the current
 /// rayon pool; returns the file ranges no longer read, whose pages the caller may release.
 pub fn pack(weights: &mut Weights, file: &[u8]) -> Result<Vec<Range<usize>>, BackendError> {
-    let repacked = matmul_matrices(weights).into_par_iter().map(|m| {
+    let matrices = matmul_matrices(weights);
+    // Every matrix in one arena (`kernels::arena`, huge pages), reserved for the most its
+    // packing can take: the raw bytes plus a partial group's padding rows and the alignment.
+    let reserve: usize = matrices
+        .iter()
+        .map(|m| m.bytes() + GROUP * m.row_bytes + 64)
+        .sum();
+    let arena = Arena::new(reserve).ok_or(BackendError::OutOfMemory {
+        what: "repacked weights",
+        bytes: reserve as u64,
+    })?;
+    let repacked = matrices.into_par_iter().map(|m| {
         let raw = file
             .get(m.range.clone())
             .ok_or_else(|| BackendError::InvalidModel(format!("{}: outside the file", m.name)))?;
-        match Packed::of(m.ggml_type, raw, m.rows) {
+        match Packed::of(&arena, m.ggml_type, raw, m.rows) {
             None => Ok(None),
             Some(Err(e)) => Err(BackendError::InvalidModel(format!("{}: {e}", m.name))),
             Some(Ok(packed)) => {

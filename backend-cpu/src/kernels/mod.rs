@@ -19,6 +19,7 @@
 //! Q4_K is repacked the same way ([`packed_k`], [`dot_packed_k`]) but keeps the k-quants'
 //! own order (`crate::quant::dot`), whose reference it matches bit for bit.
 
+pub mod arena;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -35,6 +36,7 @@ use std::ops::Range;
 
 use worker_common::gguf::GgmlType;
 
+pub use arena::Arena;
 pub use packed::{GROUP, PackedRows};
 pub use packed_k::{KLayout, PackedK, PackedQ6K, packed_k_available};
 

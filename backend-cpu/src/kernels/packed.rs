@@ -18,6 +18,9 @@
 //! - Q8_0: eight 32-byte vectors; vector `k` holds in bytes `4r..4r+4` row `r`'s elements
 //!   `4k..4k+4`.
 
+use std::sync::Arc;
+
+use super::arena::{Arena, Region};
 use super::{Legacy, ShapeError};
 
 /// Rows interleaved together.
@@ -25,66 +28,26 @@ pub const GROUP: usize = 8;
 
 /// A matrix interleaved in groups of [`GROUP`] rows, block by block, for the kernels of
 /// format `F` ([`Legacy`] here, Q4_K in `super::packed_k`).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Packed<F> {
     format: F,
     rows: usize,
     blocks: usize,
     /// Bytes of one group-block (eight rows of one block).
     group_bytes: usize,
-    data: AlignedBytes,
-}
-
-/// A zeroed byte buffer whose start is 64-byte aligned, so the kernels' 32-byte quant vectors
-/// (at multiples of 32 inside every layout) never straddle a cache line.
-#[derive(Debug, Clone)]
-struct AlignedBytes {
-    lines: Vec<Line>,
-    len: usize,
-}
-
-/// One cache line.
-#[derive(Debug, Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
-impl AlignedBytes {
-    fn zeroed(len: usize) -> Self {
-        Self {
-            lines: vec![Line([0; 64]); len.div_ceil(64)],
-            len,
-        }
-    }
-
-    fn capacity(&self) -> usize {
-        self.lines.capacity() * size_of::<Line>()
-    }
-}
-
-impl std::ops::Deref for AlignedBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `lines` holds at least `len` initialized bytes (`Line` is plain bytes with no
-        // padding), borrowed for the lifetime of `self`.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.len) }
-    }
-}
-
-impl std::ops::DerefMut for AlignedBytes {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `deref`, borrowed mutably and exclusively through `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), self.len) }
-    }
+    data: Region,
 }
 
 /// A matrix of [`Legacy`] rows in the interleaved layout.
 pub type PackedRows = Packed<Legacy>;
 
 impl<F: Copy> Packed<F> {
-    /// Interleaves `n_rows` row-major rows held in `raw`, blocks of `block_bytes`: `put(block,
-    /// lane, group_block)` writes one raw block as row `lane` of a `group_bytes` group-block.
-    /// `None` when `raw` is not `n_rows` rows of whole blocks.
+    /// Interleaves `n_rows` row-major rows held in `raw`, blocks of `block_bytes`, into a
+    /// region of `arena` (or of an arena of its own): `put(block, lane, group_block)` writes
+    /// one raw block as row `lane` of a `group_bytes` group-block. `None` when `raw` is not
+    /// `n_rows` rows of whole blocks or the arena is full.
     pub(super) fn interleave(
+        arena: Option<&Arc<Arena>>,
         format: F,
         raw: &[u8],
         n_rows: usize,
@@ -99,7 +62,11 @@ impl<F: Copy> Packed<F> {
             return None;
         }
         let blocks = row_bytes / block_bytes;
-        let mut data = AlignedBytes::zeroed(n_rows.div_ceil(GROUP) * blocks * group_bytes);
+        let len = n_rows.div_ceil(GROUP) * blocks * group_bytes;
+        let mut data = match arena {
+            Some(arena) => arena.take(len)?,
+            None => Arena::new(len)?.take(len)?,
+        };
         for (r, row) in raw.chunks_exact(row_bytes).enumerate() {
             let (group, lane) = (r / GROUP, r % GROUP);
             for (i, block) in row.chunks_exact(block_bytes).enumerate() {
@@ -138,7 +105,7 @@ impl<F: Copy> Packed<F> {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.data.capacity()
+        self.data.len()
     }
 
     /// The group-blocks of group `group`, in block order.
@@ -218,9 +185,19 @@ const fn raw_layout(format: Legacy) -> RawLayout {
 impl PackedRows {
     /// Repacks `n_rows` row-major rows of `format` (`blocks` blocks each) held in `raw`.
     pub fn pack(format: Legacy, raw: &[u8], n_rows: usize) -> Result<Self, ShapeError> {
+        Self::pack_in(None, format, raw, n_rows)
+    }
+
+    /// [`Self::pack`] into a region of `arena` (an error too when the arena is full).
+    pub fn pack_in(
+        arena: Option<&Arc<Arena>>,
+        format: Legacy,
+        raw: &[u8],
+        n_rows: usize,
+    ) -> Result<Self, ShapeError> {
         let sizes = (format.block_bytes(), group_layout(format).bytes);
         let put = |block: &[u8], lane, out: &mut [u8]| put_block(format, block, lane, out);
-        Self::interleave(format, raw, n_rows, sizes, put).ok_or(ShapeError {
+        Self::interleave(arena, format, raw, n_rows, sizes, put).ok_or(ShapeError {
             format,
             weight_bytes: raw.len(),
             activation_blocks: 0,

@@ -24,6 +24,9 @@
 
 use std::sync::OnceLock;
 
+use std::sync::Arc;
+
+use super::arena::Arena;
 use super::packed::Packed;
 use crate::quant::dot::{KQuant, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
 
@@ -90,7 +93,13 @@ impl PackedK {
     /// Repacks `n_rows` row-major Q4_K rows held in `raw`; `None` for rows that are not
     /// whole super-blocks.
     pub fn pack(raw: &[u8], n_rows: usize) -> Option<Self> {
-        Self::interleave(Q4K, raw, n_rows, (Q4_K_BYTES, Q4K_GROUP_BYTES), put_q4_k)
+        Self::pack_in(None, raw, n_rows)
+    }
+
+    /// [`Self::pack`] into a region of `arena` (`None` too when the arena is full).
+    pub fn pack_in(arena: Option<&Arc<Arena>>, raw: &[u8], n_rows: usize) -> Option<Self> {
+        let sizes = (Q4_K_BYTES, Q4K_GROUP_BYTES);
+        Self::interleave(arena, Q4K, raw, n_rows, sizes, put_q4_k)
     }
 }
 
@@ -98,7 +107,13 @@ impl PackedQ6K {
     /// Repacks `n_rows` row-major Q6_K rows held in `raw`; `None` for rows that are not
     /// whole super-blocks.
     pub fn pack(raw: &[u8], n_rows: usize) -> Option<Self> {
-        Self::interleave(Q6K, raw, n_rows, (Q6_K_BYTES, Q6K::GROUP_BYTES), put_q6_k)
+        Self::pack_in(None, raw, n_rows)
+    }
+
+    /// [`Self::pack`] into a region of `arena` (`None` too when the arena is full).
+    pub fn pack_in(arena: Option<&Arc<Arena>>, raw: &[u8], n_rows: usize) -> Option<Self> {
+        let sizes = (Q6_K_BYTES, Q6K::GROUP_BYTES);
+        Self::interleave(arena, Q6K, raw, n_rows, sizes, put_q6_k)
     }
 }
 
