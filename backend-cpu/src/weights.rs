@@ -15,8 +15,12 @@ use worker_common::model::{
     self, GateUp, MatrixTensor, ModelSpec, Qkv, TensorSource, VectorTensor,
 };
 
-use crate::kernels::{Arena, GROUP, Legacy, PackedK, PackedQ6K, PackedRows, packed_k_available};
+use crate::kernels::packed_k::{Q4K, Q6K};
+use crate::kernels::{
+    Arena, GROUP, KLayout, Legacy, PackedK, PackedQ6K, PackedRows, packed_k_available,
+};
 use crate::quant;
+use crate::quant::dot::{Q4_K_BYTES, Q6_K_BYTES};
 
 /// A weight matrix of `rows` rows of `cols` elements, stored row-major in its GGUF block
 /// format inside the mapping.
@@ -173,16 +177,28 @@ fn matmul_matrices(weights: &mut Weights) -> Vec<&mut Matrix> {
     matrices
 }
 
+/// Bytes of `rows` rows of `row_bytes` of `ggml_type` in their packed layout (whole groups of
+/// [`GROUP`] rows); 0 for the formats that are not repacked.
+fn packed_len(ggml_type: GgmlType, rows: usize, row_bytes: usize) -> usize {
+    let (block_bytes, group_bytes) = match (Legacy::of(ggml_type), ggml_type) {
+        (Some(format), _) => (format.block_bytes(), GROUP * format.block_bytes()),
+        (None, GgmlType::Q4_K) => (Q4_K_BYTES, Q4K::GROUP_BYTES),
+        (None, GgmlType::Q6_K) => (Q6_K_BYTES, Q6K::GROUP_BYTES),
+        _ => return 0,
+    };
+    rows.div_ceil(GROUP) * (row_bytes / block_bytes) * group_bytes
+}
+
 /// Repacks every matmul matrix whose format has a packed kernel on this CPU (the 32-element
 /// formats, Q4_K and Q6_K: `kernels::packed`, `kernels::packed_k`) into one arena, in parallel on the current
 /// rayon pool; returns the file ranges no longer read, whose pages the caller may release.
 pub fn pack(weights: &mut Weights, file: &[u8]) -> Result<Vec<Range<usize>>, BackendError> {
     let matrices = matmul_matrices(weights);
-    // Every matrix in one arena (`kernels::arena`, huge pages), reserved for the most its
-    // packing can take: the raw bytes plus a partial group's padding rows and the alignment.
+    // Every matrix in one arena (`kernels::arena`, huge pages), reserved for what the packed
+    // layouts take (Q4_K's is larger than its GGUF rows), each region rounded to 64 bytes.
     let reserve: usize = matrices
         .iter()
-        .map(|m| m.bytes() + GROUP * m.row_bytes + 64)
+        .map(|m| packed_len(m.ggml_type, m.rows, m.row_bytes) + 64)
         .sum();
     let arena = Arena::new(reserve).ok_or(BackendError::OutOfMemory {
         what: "repacked weights",
@@ -276,4 +292,37 @@ fn layer_copied_floats(layer: &Layer) -> usize {
         + layer.qk_norm.as_ref().map_or(0, |(q, k)| q.len() + k.len())
         + len(&layer.post_attn_norm)
         + len(&layer.post_ffn_norm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The arena is reserved with `packed_len`: it must be what each packing takes.
+    #[test]
+    fn packed_len_is_what_each_packing_takes() {
+        let arena = Arena::new(1 << 20).unwrap();
+        let types = [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ];
+        for ggml_type in types {
+            let block = ggml_type.block_bytes() as usize;
+            for rows in [1, 8, 13] {
+                let row_bytes = 2 * block;
+                let raw = vec![0u8; rows * row_bytes];
+                let Some(packed) = Packed::of(&arena, ggml_type, &raw, rows) else {
+                    assert!(!packed_k_available(), "{ggml_type} not repacked");
+                    continue;
+                };
+                let packed = packed.unwrap();
+                assert_eq!(packed.bytes(), packed_len(ggml_type, rows, row_bytes), "{ggml_type}");
+            }
+        }
+    }
 }

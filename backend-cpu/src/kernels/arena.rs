@@ -67,7 +67,8 @@ impl Arena {
         let start = self
             .next
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
-                next.checked_add(rounded).filter(|&end| end <= self.capacity)
+                next.checked_add(rounded)
+                    .filter(|&end| end <= self.capacity)
             })
             .ok()?;
         Some(Region {
