@@ -321,7 +321,11 @@ mod tests {
                     continue;
                 };
                 let packed = packed.unwrap();
-                assert_eq!(packed.bytes(), packed_len(ggml_type, rows, row_bytes), "{ggml_type}");
+                assert_eq!(
+                    packed.bytes(),
+                    packed_len(ggml_type, rows, row_bytes),
+                    "{ggml_type}"
+                );
             }
         }
     }
