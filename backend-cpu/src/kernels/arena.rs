@@ -3,8 +3,8 @@
 //!
 //! A decode step streams every matrix once; in 4 KiB pages that is a TLB miss every 4 KiB of
 //! weights (and the small matrices of a layer, each in its own allocation, could never get a
-//! 2 MiB page). Measured on SmolLM2 (2 Zen 4 cores): inter-token latency 3.8 → 3.6 ms alone and
-//! 6.3 → 5.9 ms with four sequences. 64-byte alignment keeps the kernels' 32-byte quant vectors
+//! 2 MiB page). Measured on SmolLM2 (2 Zen 4 cores, back to back): inter-token latency
+//! 3.8–4.2 → 3.6–3.8 ms alone and 6.3–6.8 → 5.8–5.9 ms with four sequences. 64-byte alignment keeps the kernels' 32-byte quant vectors
 //! (at multiples of 32 inside every layout) within one cache line.
 
 use std::sync::Arc;
