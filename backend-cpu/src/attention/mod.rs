@@ -243,7 +243,7 @@ impl<'a, 'i> Tile<'a, 'i> {
     }
 
     /// Asks for the task's keys of page `page` (if the tile attends it) to be brought into
-    /// the cache while the page before is scored: pages lie anywhere in the pool, so the
+    /// the cache while the pages before it are scored: pages lie anywhere in the pool, so the
     /// hardware prefetchers, which follow addresses, miss each page's first lines.
     #[inline(always)]
     fn prefetch_keys(&self, page: usize) {
