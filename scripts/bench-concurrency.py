@@ -447,6 +447,18 @@ def start_ours(args, n, parallel, deadline):
     return server, int(port)
 
 
+def save_metrics(port, path):
+    """Saves the worker's /metrics (step time and batch size histograms) to `path`."""
+    try:
+        conn = http.client.HTTPConnection(HOST, port, timeout=10)
+        conn.request("GET", "/metrics")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(conn.getresponse().read())
+        conn.close()
+    except OSError as err:
+        print(f"bench-concurrency: /metrics not saved: {err}", file=sys.stderr)
+
+
 def bench_ours(args, n, deadline, state):
     if deadline.expired():
         return {"skipped": "time budget exhausted"}
@@ -464,6 +476,8 @@ def bench_ours(args, n, deadline, state):
                 "command": shlex.join(server.argv), "server_output": server.output()}
     try:
         summary = run_side("ours", server, port, run_ours, n, args, deadline, state)
+        if args.metrics_dir:
+            save_metrics(port, Path(args.metrics_dir) / f"metrics-n{n}.txt")
     finally:
         server.stop()
     summary["command"] = shlex.join(server.argv)
@@ -637,6 +651,7 @@ def parse_args(argv):
     parser.add_argument("--threads", type=int, help="threads for both (ours: --threads, peer: -t)")
     parser.add_argument("--ctx", type=int, default=512, help="context per sequence")
     parser.add_argument("--rounds", type=int, default=1, help="measured rounds per N")
+    parser.add_argument("--metrics-dir", help="save the worker's /metrics after each N here")
     parser.add_argument("--gpu", action="store_true",
                         help="GPU run: peer gets -fa on -ngl 99; ours gets no --threads")
     parser.add_argument("--peer-flag", dest="peer_flags", action="append", default=[],

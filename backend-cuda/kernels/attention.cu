@@ -1,6 +1,6 @@
-// Causal (optionally sliding-window) attention of grid.y queries at positions *pos.. over one
-// layer of the f16 KV pool, position p at row kv_row(pages, p) (the position and the page table
-// are read from device memory so that a captured decode step can be replayed for any sequence). One block per (head, query): its warps take chunks of 32 keys in turn,
+// Causal (optionally sliding-window) attention of grid.y query rows over one layer of the f16
+// KV pool: row t at its position over its own sequence's keys (StepRows: a pass may hold
+// rows of many sequences). One block per (head, query): its warps take chunks of 32 keys in turn,
 // each keeping an online softmax (running max, sum, weighted values), merged at the end. In a
 // chunk each lane scores one key on its own (no reduction between lanes), then the warp adds up
 // the 32 value rows, lanes on head elements lane, lane + 32, …; so head widths must be
@@ -11,13 +11,15 @@
 #define PER_LANE (MAX_HEAD / 32)
 
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
-attention(const float* q, const u16* k_cache, const u16* v_cache, const int* pages, float* out,
-          const int* start, int n_head, int n_head_kv, int dk, int dv, float scale, int window) {
+attention(const float* q, const u16* k_cache, const u16* v_cache, const int* pos_of,
+          const int* tables, const int* all_pages, float* out, int n_head, int n_head_kv, int dk,
+          int dv, float scale, int window) {
     __shared__ float s_max[ATT_WARPS], s_sum[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][MAX_HEAD];
     __shared__ float s_q[MAX_HEAD];
     int h = blockIdx.x, t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int pos = *start + t;
+    int pos = pos_of[t];
+    const int* pages = all_pages + tables[t];
     int first = window > 0 ? max(0, pos + 1 - window) : 0;
     int kv_head = h / (n_head / n_head_kv);
     int k_width = n_head_kv * dk, v_width = n_head_kv * dv;
@@ -117,9 +119,10 @@ attention(const float* q, const u16* k_cache, const u16* v_cache, const int* pag
 #define PAIRS_PER_LANE (MAX_HEAD / 64)
 
 extern "C" __global__ void __launch_bounds__(SPLIT_CHUNK)
-attention_split(const float* q, const u16* k_cache, const u16* v_cache, const int* pages,
-                float* out, const int* start, int n_head, int n_head_kv, int dk, int dv, float scale,
-                int window, int splits, float* partial, u32* counters) {
+attention_split(const float* q, const u16* k_cache, const u16* v_cache, const int* pos_of,
+                const int* tables, const int* all_pages, float* out, int n_head, int n_head_kv,
+                int dk, int dv, float scale, int window, int splits, float* partial,
+                u32* counters) {
     __shared__ float s_q[MAX_HEAD];
     __shared__ float s_e[SPLIT_CHUNK];
     __shared__ long long s_row[SPLIT_CHUNK];
@@ -128,7 +131,8 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, const in
     __shared__ int s_last;
     int h = blockIdx.x / splits, split = blockIdx.x - h * splits, t = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int pos = *start + t;
+    int pos = pos_of[t];
+    const int* pages = all_pages + tables[t];
     int first = window > 0 ? max(0, pos + 1 - window) : 0;
     int chunks = (pos - first) / SPLIT_CHUNK + 1;
     int active = min(splits, chunks);

@@ -26,17 +26,17 @@ rms_norm(const float* x, const float* w, float* out, int width, float eps) {
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = (row[i] * scale) * w[i];
 }
 
-// Token blockIdx.x at position *pos + blockIdx.x: rotates the first `dims` elements of each of
+// Token row blockIdx.x at its position (`rows`): rotates the first `dims` elements of each of
 // its n_head query heads (rows of q) and n_head_kv key heads (rows of k) in place, then appends
-// its keys and values to one layer's f16 pool at the rows its page table `pages` gives. One
+// its keys and values to one layer's f16 pool at the rows its page table gives. One
 // thread per (head, pair); the angle of pair i is multiplied up i times in f32 as the CPU does.
-// `neox` pairs (i, i + dims/2), otherwise (2i, 2i + 1). The position and the page table come
-// from device memory so a captured decode step can be replayed for any sequence.
+// `neox` pairs (i, i + dims/2), otherwise (2i, 2i + 1).
 extern "C" __global__ void __launch_bounds__(256)
 rope_store(float* q, float* k, const float* v, u16* k_cache, u16* v_cache, const int* pos,
-           const int* pages, int n_head, int n_head_kv, int head_dim, int dims,
+           const int* tables, const int* pages, int n_head, int n_head_kv, int head_dim, int dims,
            float theta_scale, float freq_scale, int neox, int v_width) {
-    int t = blockIdx.x, p = *pos + t, half_dims = dims / 2, k_width = n_head_kv * head_dim;
+    StepRows rows = {pos, tables, pages};
+    int t = blockIdx.x, p = pos[t], half_dims = dims / 2, k_width = n_head_kv * head_dim;
     float* qt = q + (long long)t * n_head * head_dim;
     float* kt = k + (long long)t * k_width;
     for (int w = threadIdx.x; w < (n_head + n_head_kv) * half_dims; w += blockDim.x) {
@@ -52,7 +52,7 @@ rope_store(float* q, float* k, const float* v, u16* k_cache, u16* v_cache, const
         head[b] = x0 * s + x1 * c;
     }
     __syncthreads();
-    long long row = kv_row(pages, p);
+    long long row = rows.kv(t, p);
     for (int j = threadIdx.x; j < k_width; j += blockDim.x)
         k_cache[row * k_width + j] = f2h(kt[j]);
     for (int j = threadIdx.x; j < v_width; j += blockDim.x)
@@ -98,6 +98,18 @@ extern "C" __global__ void copy_cols(const float* src, int src_stride, int offse
     }
 }
 
+// dst[i] = src[rows[i]], rows of `width` floats, i < count: the rows a pass's head multiplies
+// (the last of each chunk that wants logits).
+extern "C" __global__ void gather_rows(const float* src, const int* rows, float* dst, int width,
+                                       int count) {
+    long long total = (long long)count * width;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long r = i / width;
+        dst[i] = src[(long long)rows[r] * width + (i - r * width)];
+    }
+}
+
 // x = cap · tanh(x / cap).
 extern "C" __global__ void softcap(float* x, float cap, long long total) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -112,7 +124,8 @@ extern "C" __global__ void softcap(float* x, float cap, long long total) {
 // NaN when its slice held a non-finite logit; the last block to finish (an atomic count, reset
 // for the next replay, as attention_split's merge) reduces those in block order and stores the
 // index as a u32 at `out`. Every step compares by one total order, so the result does not
-// depend on scheduling.
+// depend on scheduling. grid.y rows of logits (n apart), each with its own count, pairs and
+// result.
 __device__ __forceinline__ bool better(float v, int i, float best, int best_i) {
     return v > best || (v == best && i < best_i);
 }
@@ -144,6 +157,10 @@ __device__ void block_best(float* value, int* index) {
 extern "C" __global__ void __launch_bounds__(256)
 argmax_logits(const float* logits, int n, u32* out, float* partial, u32* counter) {
     __shared__ bool s_last;
+    logits += (long long)blockIdx.y * n;
+    out += blockIdx.y;
+    partial += 2 * blockIdx.y * gridDim.x;
+    counter += blockIdx.y;
     const float NEG_INF = -__int_as_float(0x7f800000), MAX = __int_as_float(0x7f7fffff);
     // Thread t of block b takes elements b·slice + t, + blockDim.x, … of its block's slice;
     // an element never seen stands as -inf at an index past every real one.

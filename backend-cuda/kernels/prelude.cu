@@ -62,6 +62,18 @@ __device__ __forceinline__ long long kv_row(const int* pages, int p) {
     return (long long)pages[(unsigned)p / PAGE_SIZE] * PAGE_SIZE + (unsigned)p % PAGE_SIZE;
 }
 
+// Where the token rows of a pass sit (read from device memory, so that a captured pass can be
+// replayed for other sequences and positions): row t is at position pos[t] of the sequence
+// whose page table starts at pages + tables[t]. The rows of one chunk share a table; a batch
+// of decodes has one row per sequence.
+struct StepRows {
+    const int* pos;
+    const int* tables;
+    const int* pages;
+    __device__ __forceinline__ const int* table(int t) const { return pages + tables[t]; }
+    __device__ __forceinline__ long long kv(int t, int p) const { return kv_row(table(t), p); }
+};
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // ggml's GELU_FP16 table: the input and the result rounded to f16.

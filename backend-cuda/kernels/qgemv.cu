@@ -16,12 +16,14 @@
 // Input chunks a warp quantizes at once.
 #define QUANT_BATCH 4
 
-// The block's quantized input row, in shared memory.
+// One quantized input row (in shared or global memory): `cols` int8 quants, 4 per word, then
+// per 32-element chunk its scale d (f16-rounded), the sum of its quants and s = f16(sum ·
+// unrounded d) for the formats with a min. Rows of a batch lie qinput_bytes(cols) apart.
 struct QInput {
-    const int* q;       // cols int8 quants, 4 per word
-    const float* d;     // per chunk: the scale, f16-rounded
-    const int* sum;     // per chunk: the sum of its quants
-    const float* s;     // per chunk: f16(sum · unrounded d), for the formats with a min
+    const int* q;
+    const float* d;
+    const int* sum;
+    const float* s;
 };
 
 __device__ __forceinline__ int warp_sum_int(int v) {
@@ -117,18 +119,24 @@ quantize_rows(const float* x, const float* norm, float eps, int cols, u8* out) {
                    gridDim.x * warps);
 }
 
-// Row blockIdx.y of the input, quantized in shared memory: copied from `pre` (quantize_rows'
-// output) when given, else quantized from x here.
-__device__ QInput load_input(const float* x, const u8* pre, const float* norm, float eps, int cols,
-                             u8* smem) {
-    if (!pre)
-        return quantize_input(x + (long long)blockIdx.y * cols, norm, eps, cols, smem, 0,
-                              blockDim.x >> 5);
-    int words = qinput_bytes(cols) / 16;
-    const int4* src = (const int4*)pre + (long long)blockIdx.y * words;
+// The T input rows of this block's token group (tokens t0.. < n), quantized. For T > 1, read in
+// place from `pre` (quantize_rows' output: every batched launch takes its input quantized once,
+// as quantizing T rows one after the other in each block made the launch wait on that chain).
+// For T = 1, copied into shared memory from `pre` when given, else quantized from x (through
+// `norm`) into shared memory here. Returns the first row; the others follow qinput_bytes(cols)
+// apart.
+template <int T>
+__device__ const u8* load_inputs(const float* x, const u8* pre, const float* norm, float eps,
+                                 int cols, int t0, u8* smem) {
+    long long bytes = qinput_bytes(cols);
+    if (T > 1) return pre + t0 * bytes;
+    if (!pre) return (const u8*)quantize_input(x + (long long)t0 * cols, norm, eps, cols, smem, 0,
+                                               blockDim.x >> 5).q;
+    int words = (int)(bytes / 16);
+    const int4* src = (const int4*)(pre + t0 * bytes);
     for (int i = threadIdx.x; i < words; i += blockDim.x) ((int4*)smem)[i] = src[i];
     __syncthreads();
-    return qinput_at(cols, smem);
+    return smem;
 }
 
 // The eight words of chunk c's quants.
@@ -146,73 +154,112 @@ __device__ __forceinline__ Chunk8 input_chunk(const QInput& in, int c) {
 // to bit 4 of bytes 0..3 by one multiplication (no two products overlap).
 __device__ __forceinline__ u32 fifth_bits(u32 h) { return ((h & 15) * 0x02040810u) & 0x10101010u; }
 
-// Σ q · x over a chunk whose 16 quant bytes hold elements 0..15 in the low nibbles and 16..31
-// in the high ones (Q4_0, Q4_1, Q5_0, Q5_1); `qh` the fifth bits, or 0.
-template <typename Load>
-__device__ __forceinline__ int nibble_chunk_sum(Load load, u32 qh, const Chunk8& x) {
+// One weight chunk in registers, as a format's `load` leaves it for its `dot` with each token
+// of the block: the quants as bytes ready for dp4a (element i of the chunk in byte i), and the
+// scales. Loaded once, multiplied by up to QG_MAX_TOKENS input rows.
+struct WChunk {
+    u32 q[8];
+    float d, m;
+    int sc, mn;
+};
+
+// Σ q · x over the chunk's eight words of quants.
+__device__ __forceinline__ int chunk_sum(const WChunk& w, const Chunk8& x) {
     int sumi = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        u32 q = load(k);
-        u32 lo = (q & 0x0F0F0F0Fu) | fifth_bits(qh >> (4 * k));
-        u32 hi = ((q >> 4) & 0x0F0F0F0Fu) | fifth_bits(qh >> (16 + 4 * k));
-        sumi = __dp4a((int)lo, x.w[k], sumi);
-        sumi = __dp4a((int)hi, x.w[4 + k], sumi);
-    }
+    for (int k = 0; k < 8; ++k) sumi = __dp4a((int)w.q[k], x.w[k], sumi);
     return sumi;
 }
 
-// Chunk c of a weight row times the input's chunk c, in f32. One struct per format, each with
-// ggml's per-block arithmetic for that format's vec_dot.
+// The 16 quant bytes of a 32-element chunk holding elements 0..15 in the low nibbles and 16..31
+// in the high ones (Q4_0, Q4_1, Q5_0, Q5_1), with the fifth bits `qh` (or 0), as 8 words.
+template <typename Load>
+__device__ __forceinline__ void nibble_chunk(Load load, u32 qh, WChunk* w) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        u32 q = load(k);
+        w->q[k] = (q & 0x0F0F0F0Fu) | fifth_bits(qh >> (4 * k));
+        w->q[4 + k] = ((q >> 4) & 0x0F0F0F0Fu) | fifth_bits(qh >> (16 + 4 * k));
+    }
+}
+
+// Chunk c of a weight row: `load` reads it, `dot` multiplies it by the input's chunk c in f32.
+// One struct per format, each with ggml's per-block arithmetic for that format's vec_dot (the
+// integer sum is exact, so only the float expressions fix the result).
 struct ChunkQ4_0 {
     static const int LANES = 1;
-    static __device__ __forceinline__ float dot(const u8* row, int c, int, const QInput& in) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const u8* b = row + c * 18;
-        Chunk8 x = input_chunk(in, c);
-        int sumi = nibble_chunk_sum([&](int k) { return ld_u32_2(b + 2 + 4 * k); }, 0u, x);
-        return (ld_f16(b) * in.d[c]) * (float)(sumi - 8 * in.sum[c]);
+        WChunk w;
+        w.d = ld_f16(b);
+        nibble_chunk([&](int k) { return ld_u32_2(b + 2 + 4 * k); }, 0u, &w);
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
+        int sumi = chunk_sum(w, input_chunk(in, c));
+        return (w.d * in.d[c]) * (float)(sumi - 8 * in.sum[c]);
     }
 };
 
 struct ChunkQ4_1 {
     static const int LANES = 1;
-    static __device__ __forceinline__ float dot(const u8* row, int c, int, const QInput& in) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const u8* b = row + c * 20;
-        Chunk8 x = input_chunk(in, c);
-        int sumi = nibble_chunk_sum([&](int k) { return ld_u32(b + 4 + 4 * k); }, 0u, x);
-        return (ld_f16(b) * in.d[c]) * (float)sumi + ld_f16(b + 2) * in.s[c];
+        WChunk w;
+        w.d = ld_f16(b);
+        w.m = ld_f16(b + 2);
+        nibble_chunk([&](int k) { return ld_u32(b + 4 + 4 * k); }, 0u, &w);
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
+        int sumi = chunk_sum(w, input_chunk(in, c));
+        return (w.d * in.d[c]) * (float)sumi + w.m * in.s[c];
     }
 };
 
 struct ChunkQ5_0 {
     static const int LANES = 1;
-    static __device__ __forceinline__ float dot(const u8* row, int c, int, const QInput& in) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const u8* b = row + c * 22;
-        Chunk8 x = input_chunk(in, c);
-        int sumi = nibble_chunk_sum([&](int k) { return ld_u32_2(b + 6 + 4 * k); }, ld_u32_2(b + 2), x);
-        return (ld_f16(b) * in.d[c]) * (float)(sumi - 16 * in.sum[c]);
+        WChunk w;
+        w.d = ld_f16(b);
+        nibble_chunk([&](int k) { return ld_u32_2(b + 6 + 4 * k); }, ld_u32_2(b + 2), &w);
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
+        int sumi = chunk_sum(w, input_chunk(in, c));
+        return (w.d * in.d[c]) * (float)(sumi - 16 * in.sum[c]);
     }
 };
 
 struct ChunkQ5_1 {
     static const int LANES = 1;
-    static __device__ __forceinline__ float dot(const u8* row, int c, int, const QInput& in) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const u8* b = row + c * 24;
-        Chunk8 x = input_chunk(in, c);
-        int sumi = nibble_chunk_sum([&](int k) { return ld_u32(b + 8 + 4 * k); }, ld_u32(b + 4), x);
-        return (ld_f16(b) * in.d[c]) * (float)sumi + ld_f16(b + 2) * in.s[c];
+        WChunk w;
+        w.d = ld_f16(b);
+        w.m = ld_f16(b + 2);
+        nibble_chunk([&](int k) { return ld_u32(b + 8 + 4 * k); }, ld_u32(b + 4), &w);
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
+        int sumi = chunk_sum(w, input_chunk(in, c));
+        return (w.d * in.d[c]) * (float)sumi + w.m * in.s[c];
     }
 };
 
 struct ChunkQ8_0 {
     static const int LANES = 1;
-    static __device__ __forceinline__ float dot(const u8* row, int c, int, const QInput& in) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const u8* b = row + c * 34;
-        Chunk8 x = input_chunk(in, c);
-        int sumi = 0;
+        WChunk w;
+        w.d = ld_f16(b);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) sumi = __dp4a((int)ld_u32_2(b + 2 + 4 * k), x.w[k], sumi);
-        return (ld_f16(b) * in.d[c]) * (float)sumi;
+        for (int k = 0; k < 8; ++k) w.q[k] = ld_u32_2(b + 2 + 4 * k);
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
+        return (w.d * in.d[c]) * (float)chunk_sum(w, input_chunk(in, c));
     }
 };
 
@@ -220,20 +267,24 @@ struct ChunkQ8_0 {
 // sub-blocks 2i and 2i+1; rows are whole 144-byte super-blocks, so 16-byte aligned).
 struct ChunkQ4_K {
     static const int LANES = 1;
-    static __device__ __forceinline__ float dot(const u8* row, int c, int, const QInput& in) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const u8* b = row + (c >> 3) * 144;
         int j = c & 7, shift = 4 * (j & 1);
-        int sc, m;
-        scale_min_k4(j, b + 4, &sc, &m);
+        WChunk w;
+        scale_min_k4(j, b + 4, &w.sc, &w.mn);
+        w.d = ld_f16(b);
+        w.m = ld_f16(b + 2);
         const U4* qs = (const U4*)(b + 16 + 32 * (j >> 1));
         U4 q0 = qs[0], q1 = qs[1];
         u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        Chunk8 x = input_chunk(in, c);
-        int sumi = 0;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) sumi = __dp4a((int)((words[k] >> shift) & 0x0F0F0F0Fu), x.w[k], sumi);
+        for (int k = 0; k < 8; ++k) w.q[k] = (words[k] >> shift) & 0x0F0F0F0Fu;
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
+        int sumi = chunk_sum(w, input_chunk(in, c));
         float dx = in.d[c];
-        return (ld_f16(b) * dx) * (float)(sc * sumi) - (ld_f16(b + 2) * dx) * (float)(m * in.sum[c]);
+        return (w.d * dx) * (float)(w.sc * sumi) - (w.m * dx) * (float)(w.mn * in.sum[c]);
     }
 };
 
@@ -243,58 +294,74 @@ struct ChunkQ4_K {
 // cover four chunks' contiguous bytes instead of 32 chunks' scattered ones.
 struct ChunkQ6_K {
     static const int LANES = 8;
-    static __device__ __forceinline__ float dot(const u8* row, int c, int sub, const QInput& in) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int sub) {
         const u8* b = row + (c >> 3) * 210;
         int j = c & 7, n = j >> 2, g = j & 3;
         u32 ql = ld_u32_2(b + 64 * n + 32 * (g & 1) + 4 * sub);
         u32 qh = ld_u32_2(b + 128 + 32 * n + 4 * sub);
-        u32 q = ((ql >> (g >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((qh >> (2 * g)) & 0x03030303u) << 4);
+        WChunk w;
+        w.q[0] = ((ql >> (g >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((qh >> (2 * g)) & 0x03030303u) << 4);
+        w.sc = (int)(signed char)b[192 + 8 * n + 2 * g + (sub >> 2)];
+        w.d = ld_f16(b + 208);
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const WChunk& w, int c, int sub, const QInput& in) {
         int x = in.q[8 * c + sub];
-        int sumi = __dp4a((int)q, x, 0) - 32 * __dp4a(0x01010101, x, 0);
-        int sc = (int)(signed char)b[192 + 8 * n + 2 * g + (sub >> 2)];
-        return (ld_f16(b + 208) * in.d[c]) * (float)(sc * sumi);
+        int sumi = __dp4a((int)w.q[0], x, 0) - 32 * __dp4a(0x01010101, x, 0);
+        return (w.d * in.d[c]) * (float)(w.sc * sumi);
     }
 };
 
-// The R rows of a warp, and their sums (passed by value, indexed by unrolled constants, so
-// they stay in registers).
+// The R rows of a warp, and the sums of its R rows times T tokens, row-major (passed by value,
+// indexed by unrolled constants, so they stay in registers).
 template <int R>
 struct Rows {
     const u8* p[R];
 };
-template <int R>
+template <int N>
 struct Sums {
-    float v[R];
+    float v[N];
 };
 
-// Σ over the chunks first.. < last of each row times the input, in format C: C::LANES lanes on
-// each chunk, the warp on 32 / C::LANES chunks at a time. Returns this lane's share.
-template <typename C, int R>
-__device__ __forceinline__ Sums<R> dot_rows(Rows<R> w, int first, int last, int lane,
-                                            const QInput& in) {
-    Sums<R> acc;
+// Σ over the chunks first.. < last of each row times each of the `count` (≤ T) input rows at
+// `inputs` (qinput_bytes(cols) apart), in format C: C::LANES lanes on each chunk, the warp on
+// 32 / C::LANES chunks at a time, each weight chunk loaded once for all the tokens. Returns this
+// lane's share. A token's sum runs over the same chunks in the same order whatever T and
+// `count` are, so its result does not depend on the batch.
+template <typename C, int R, int T>
+__device__ __forceinline__ Sums<R * T> dot_rows(Rows<R> w, int first, int last, int lane,
+                                                int cols, const u8* inputs, int count) {
+    Sums<R * T> acc;
 #pragma unroll
-    for (int k = 0; k < R; ++k) acc.v[k] = 0.0f;
-    int sub = lane % C::LANES;
+    for (int k = 0; k < R * T; ++k) acc.v[k] = 0.0f;
+    int sub = lane % C::LANES, bytes = qinput_bytes(cols);
     for (int c = first + lane / C::LANES; c < last; c += 32 / C::LANES) {
 #pragma unroll
-        for (int k = 0; k < R; ++k) acc.v[k] += C::dot(w.p[k], c, sub, in);
+        for (int k = 0; k < R; ++k) {
+            WChunk wc = C::load(w.p[k], c, sub);
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                if (T > 1 && t >= count) break;
+                acc.v[k * T + t] += C::dot(wc, c, sub, qinput_at(cols, inputs + t * bytes));
+            }
+        }
     }
     return acc;
 }
 
 // dot_rows for the warp's format (the same for its R rows), chosen once per warp.
-template <int R>
-__device__ __forceinline__ Sums<R> dot_rows_of(int format, Rows<R> w, int first, int last,
-                                               int lane, const QInput& in) {
+template <int R, int T>
+__device__ __forceinline__ Sums<R * T> dot_rows_of(int format, Rows<R> w, int first, int last,
+                                                   int lane, int cols, const u8* inputs,
+                                                   int count) {
     switch (format) {
-        case 2: return dot_rows<ChunkQ4_0, R>(w, first, last, lane, in);
-        case 3: return dot_rows<ChunkQ4_1, R>(w, first, last, lane, in);
-        case 6: return dot_rows<ChunkQ5_0, R>(w, first, last, lane, in);
-        case 7: return dot_rows<ChunkQ5_1, R>(w, first, last, lane, in);
-        case 8: return dot_rows<ChunkQ8_0, R>(w, first, last, lane, in);
-        case 12: return dot_rows<ChunkQ4_K, R>(w, first, last, lane, in);
-        default: return dot_rows<ChunkQ6_K, R>(w, first, last, lane, in);
+        case 2: return dot_rows<ChunkQ4_0, R, T>(w, first, last, lane, cols, inputs, count);
+        case 3: return dot_rows<ChunkQ4_1, R, T>(w, first, last, lane, cols, inputs, count);
+        case 6: return dot_rows<ChunkQ5_0, R, T>(w, first, last, lane, cols, inputs, count);
+        case 7: return dot_rows<ChunkQ5_1, R, T>(w, first, last, lane, cols, inputs, count);
+        case 8: return dot_rows<ChunkQ8_0, R, T>(w, first, last, lane, cols, inputs, count);
+        case 12: return dot_rows<ChunkQ4_K, R, T>(w, first, last, lane, cols, inputs, count);
+        default: return dot_rows<ChunkQ6_K, R, T>(w, first, last, lane, cols, inputs, count);
     }
 }
 
@@ -316,8 +383,7 @@ struct QMatrix {
 
 // Where a RoPE launch puts its results, and how it rotates (rope_store's parameters).
 struct QRope {
-    const int* pos;
-    const int* pages;
+    StepRows rows;
     u16* k_cache;
     u16* v_cache;
     int head_dim, dims, neox;
@@ -366,15 +432,15 @@ __device__ __forceinline__ void rotate(float* x0, float* x1, int p, int i, const
 __device__ __forceinline__ void rope_epilogue(const QMatrix& mq, const QMatrix& mk,
                                               const QMatrix& mv, const QRope& rope, int which,
                                               int a, int b, int rotation, float va, float vb,
-                                              long long t) {
-    int p = *rope.pos + (int)t;
+                                              int t) {
+    int p = rope.rows.pos[t];
     if (rotation >= 0) rotate(&va, &vb, p, rotation, rope);
     if (which == 0) {
         mq.y[t * mq.rows + a] = va;
         mq.y[t * mq.rows + b] = vb;
     } else {
         const QMatrix& m = which == 1 ? mk : mv;
-        u16* cache = (which == 1 ? rope.k_cache : rope.v_cache) + kv_row(rope.pages, p) * m.rows;
+        u16* cache = (which == 1 ? rope.k_cache : rope.v_cache) + rope.rows.kv(t, p) * m.rows;
         cache[a] = f2h(va);
         cache[b] = f2h(vb);
     }
@@ -385,34 +451,103 @@ __device__ __forceinline__ QMatrix pick(const QMatrix& a, const QMatrix& b, cons
     return i == 0 ? a : (i == 1 ? b : c);
 }
 
+// Sums each of the N (a power of two up to 32) values `v` over the warp, leaving lane l with
+// the total of value *index (N / 32 lanes hold each). At each xor distance 16, 8, …, 1 a lane
+// keeps half of its values and adds the partner's copy of them: each value's total comes from
+// the same pairs, added in the same order, as warp_sum's butterfly, so it is bit-identical to
+// warp_sum of that value, in log N + … shuffles instead of 5 N. Row-major values (k · T + t)
+// split by row first: the lanes of a row-1 total are those of the row-0 total xor 16.
+template <int N>
+__device__ __forceinline__ float reduce_scatter(Sums<N> sums, int lane, int* index) {
+    float v[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = sums.v[i];
+    int base = 0;
+#pragma unroll
+    for (int level = 0; level < 5; ++level) {
+        int o = 16 >> level, count = N >> level;
+        if (count > 1) {
+            int half = count / 2;
+            bool upper = (lane & o) != 0;
+#pragma unroll
+            for (int i = 0; i < half; ++i) {
+                float low = v[i], high = v[half + i];
+                float send = upper ? low : high, keep = upper ? high : low;
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+            if (upper) base += half;
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+        }
+    }
+    *index = base;
+    return v[0];
+}
+
+// What a launch does with the total v of row k (of the warp's R; `last` = R - 1) for token t,
+// `other` the total of the warp's other row for the same token (R = 2): stored (+ bias),
+// accumulated, gated (k = 0: the gate, other: the up), or rotated and cached (k = 0: the
+// pair's first row, other: its second).
+__device__ __forceinline__ void qgemv_epilogue(const QMatrix& m0, const QMatrix& m1,
+                                               const QMatrix& m2, const QRope& rope, int mode,
+                                               const int* which, const int* row,
+                                               const bool* valid, int rotation, int last, int k,
+                                               float v, float other, int t) {
+    long long tl = t;
+    if (mode == QG_ROPE) {
+        if (k != 0 || !valid[0]) return;
+        QMatrix mb = pick(m0, m1, m2, which[0]);
+        float va = v, vb = other;
+        if (mb.bias) {
+            va = va + mb.bias[row[0]];
+            vb = vb + mb.bias[row[last]];
+        }
+        rope_epilogue(m0, m1, m2, rope, which[0], row[0], row[last], rotation, va, vb, t);
+        return;
+    }
+    if (mode == QG_SILU || mode == QG_GELU) {
+        if (k == 0 && valid[0])
+            m0.y[tl * m0.rows + row[0]] = (mode == QG_GELU ? gelu_tanh(v) : silu(v)) * other;
+        return;
+    }
+    if (!valid[k]) return;
+    QMatrix mk = pick(m0, m1, m2, which[k]);
+    if (mk.bias) v = v + mk.bias[row[k]];
+    float* dst = mk.y + tl * mk.rows + row[k];
+    *dst = mode == QG_ACCUMULATE ? *dst + v : v;
+}
+
 // R rows per warp-slot (R = 2: two consecutive rows of the concatenated matrices, which must
 // then share one format, or with a gated mode a gate row and its up row), `parts` warps per
 // slot (each on a contiguous run of the chunks, summed through shared memory), blockDim.x / 32
-// warps per block (at most QG_WARPS), grid.x over slots, grid.y over tokens.
-template <int R>
+// warps per block (at most QG_WARPS); grid.x over groups of T of the n tokens, grid.y over
+// slots, so that the blocks reading the same weights for different tokens run side by side and
+// DRAM serves each weight once (the others hit L2).
+template <int R, int T>
 __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, const QRope& rope,
-                      int cols, int parts, const float* x, const u8* pre, const float* norm,
+                      int cols, int parts, int n, const float* x, const u8* pre, const float* norm,
                       float eps, int mode) {
     extern __shared__ int4 qgemv_shared[];
-    __shared__ float s_part[QG_WARPS][R];
-    QInput in = load_input(x, pre, norm, eps, cols, (u8*)qgemv_shared);
+    __shared__ float s_part[QG_WARPS][R * T];
+    int t0 = blockIdx.x * T, count = min(T, n - t0);
+    const u8* inputs = load_inputs<T>(x, pre, norm, eps, cols, t0, (u8*)qgemv_shared);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % parts;
-    int slot = blockIdx.x * ((blockDim.x >> 5) / parts) + warp / parts;
+    int slot = blockIdx.y * ((blockDim.x >> 5) / parts) + warp / parts;
     bool gated = mode == QG_SILU || mode == QG_GELU, roped = mode == QG_ROPE;
-    int total = gated ? m0.rows : m0.rows + m1.rows + m2.rows;
+    int all_rows = gated ? m0.rows : m0.rows + m1.rows + m2.rows;
     int which[R], row[R], format = 0, rotation = -1;
     bool valid[R];
     Rows<R> w;
     if (roped) {
         // R is 2: the slot is a pair.
-        valid[0] = valid[R - 1] = 2 * slot < total;
+        valid[0] = valid[R - 1] = 2 * slot < all_rows;
         which[0] = which[R - 1] =
             rope_pair(m0, m1, rope, valid[0] ? slot : 0, &row[0], &row[R - 1], &rotation);
     }
 #pragma unroll
     for (int k = 0; k < R; ++k) {
         int r = gated ? slot : R * slot + k;
-        if (!roped) valid[k] = r < total;
+        if (!roped) valid[k] = r < all_rows;
         r = valid[k] ? r : 0;
         if (roped) {
             r = row[k];
@@ -433,67 +568,42 @@ __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
         format = mk.format;
     }
     int chunks = cols >> 5, first = chunks * part / parts, last = chunks * (part + 1) / parts;
-    Sums<R> share = dot_rows_of<R>(format, w, first, last, lane, in);
-    float acc[R];
-#pragma unroll
-    for (int k = 0; k < R; ++k) acc[k] = warp_sum(share.v[k]);
+    Sums<R * T> share = dot_rows_of<R, T>(format, w, first, last, lane, cols, inputs, count);
+    int index;
+    float total = reduce_scatter<R * T>(share, lane, &index);
+    // 32 / (R · T) lanes hold each total; the first of them speaks for it.
+    bool leader = (lane & (32 / (R * T) - 1)) == 0;
     if (parts > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int k = 0; k < R; ++k) s_part[warp][k] = acc[k];
-        }
+        if (leader) s_part[warp][index] = total;
         __syncthreads();
-#pragma unroll
-        for (int k = 0; k < R; ++k) {
-            acc[k] = s_part[warp][k];
-            for (int i = 1; i < parts; ++i) acc[k] += s_part[warp + i][k];
-        }
+        if (part != 0) return;
+        total = s_part[warp][index];
+        for (int i = 1; i < parts; ++i) total += s_part[warp + i][index];
     }
-    if (part != 0 || lane != 0) return;
-    long long t = blockIdx.y;
-    if (roped) {
-        if (!valid[0]) return;
-        QMatrix mb = pick(m0, m1, m2, which[0]);
-        float va = acc[0], vb = acc[R - 1];
-        if (mb.bias) {
-            va = va + mb.bias[row[0]];
-            vb = vb + mb.bias[row[R - 1]];
-        }
-        rope_epilogue(m0, m1, m2, rope, which[0], row[0], row[R - 1], rotation, va, vb, t);
-        return;
-    }
-    if (gated) {
-        if (valid[0]) {
-            float g = acc[0];
-            m0.y[t * m0.rows + row[0]] = (mode == QG_GELU ? gelu_tanh(g) : silu(g)) * acc[R - 1];
-        }
-        return;
-    }
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-        if (!valid[k]) continue;
-        QMatrix mk = pick(m0, m1, m2, which[k]);
-        float v = acc[k];
-        if (mk.bias) v = v + mk.bias[row[k]];
-        float* dst = mk.y + t * mk.rows + row[k];
-        *dst = mode == QG_ACCUMULATE ? *dst + v : v;
-    }
+    // The other row's total for the same token (R = 2), from the lanes xor 16.
+    float other = R == 2 ? __shfl_xor_sync(0xffffffffu, total, 16) : 0.0f;
+    int k = index / T, i = index % T;
+    if (!leader || i >= count) return;
+    qgemv_epilogue(m0, m1, m2, rope, mode, which, row, valid, rotation, R - 1, R == 2 ? k : 0,
+                   total, other, t0 + i);
 }
 
-#define QGEMV_KERNEL(R)                                                                            \
-    extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) qgemv_r##R(                        \
+#define QGEMV_KERNEL(R, T)                                                                         \
+    extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) qgemv_r##R##_t##T(                 \
         const u8* w0, const u8* w1, const u8* w2, long long rb0, long long rb1, long long rb2,     \
         const float* b0, const float* b1, const float* b2, float* y0, float* y1, float* y2,        \
-        int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int parts,              \
+        int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int parts, int n,       \
         const float* x, const u8* pre, const float* norm, float eps, int mode, const int* pos,     \
-        const int* pages, u16* k_cache, u16* v_cache, int head_dim, int rope_dims,                 \
-        float theta_scale, float freq_scale, int neox) {                                           \
+        const int* tables, const int* pages, u16* k_cache, u16* v_cache, int head_dim,             \
+        int rope_dims, float theta_scale, float freq_scale, int neox) {                            \
         QMatrix m0 = {w0, rb0, b0, y0, rows0, f0}, m1 = {w1, rb1, b1, y1, rows1, f1},              \
                 m2 = {w2, rb2, b2, y2, rows2, f2};                                                 \
-        QRope rope = {pos, pages, k_cache, v_cache, head_dim, rope_dims, neox, theta_scale,        \
-                      freq_scale};                                                                 \
-        qgemv<R>(m0, m1, m2, rope, cols, parts, x, pre, norm, eps, mode);                          \
+        QRope rope = {{pos, tables, pages}, k_cache, v_cache, head_dim, rope_dims, neox,           \
+                      theta_scale, freq_scale};                                                    \
+        qgemv<R, T>(m0, m1, m2, rope, cols, parts, n, x, pre, norm, eps, mode);                    \
     }
 
-QGEMV_KERNEL(1)
-QGEMV_KERNEL(2)
+QGEMV_KERNEL(1, 1)
+QGEMV_KERNEL(2, 1)
+QGEMV_KERNEL(1, 8)
+QGEMV_KERNEL(2, 8)

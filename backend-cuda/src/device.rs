@@ -288,21 +288,22 @@ impl Gpu {
             .map_err(|e| device_error("allocating page-locked host memory", e))
     }
 
-    /// Copies `count` floats from device address `src` into the last `count` of pinned `out`
-    /// and waits.
+    /// Copies `count` floats from device address `src` into pinned `out` at `offset` and waits.
     pub fn download_pinned(
         &self,
         src: u64,
         out: &mut PinnedHostSlice<f32>,
+        offset: usize,
         count: usize,
     ) -> Result<(), BackendError> {
         let all = out
             .as_mut_slice()
             .map_err(|e| device_error("waiting for the host buffer", e))?;
-        let start = all.len().checked_sub(count).ok_or_else(|| {
-            BackendError::Device(format!("{count} floats do not fit the host buffer"))
+        let dst = all.get_mut(offset..offset + count).ok_or_else(|| {
+            BackendError::Device(format!(
+                "{count} floats at {offset} do not fit the host buffer"
+            ))
         })?;
-        let dst = &mut all[start..];
         // SAFETY: `src` is a live device buffer of at least `dst.len()` floats; `dst` is
         // page-locked memory that stays borrowed until the copy is waited for below.
         unsafe { driver::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }

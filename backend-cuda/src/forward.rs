@@ -2,18 +2,18 @@
 //! step the CPU backend's (backend-cpu/src/forward.rs), with its per-architecture differences
 //! coming from the loaded [`Weights`] and the [`ModelPlan`].
 
-use worker_common::backend::{BackendError, Chunk, PAGE_SIZE, Want};
+use worker_common::backend::{BackendError, Chunk, PAGE_SIZE};
 use worker_common::model::{Activation, GateUp, ModelPlan, Qkv, RopePlan};
 
 use crate::device::{Gpu, device_error};
 use crate::kv::KvPool;
-use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch};
+use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch, StepRows};
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, prequantized};
 use crate::scratch::{Act, DecodeGraph, Scratch};
 use crate::weights::{DeviceVector, Layer, Weights};
 
-/// From this many tokens, a projection dequantizes its matrix once into f32 scratch and runs
-/// cuBLAS SGEMM; below it, the GEMV kernels read the quantized weights directly per token.
+/// From this many tokens, a chunk's projections dequantize each matrix once into f32 scratch
+/// and run cuBLAS SGEMM; below it, the GEMV kernels read the quantized weights directly.
 /// Measured on an H100 (time to first token of a fresh sequence): the GEMV path is faster up to
 /// 16 tokens on Qwen 0.5B (16: 8.0 ms against 9.4 ms; 24: 10.9 against 6.8) and to about 48 on
 /// SmolLM2 135M, as each token re-reads the weights; the larger model sets the bound.
@@ -55,40 +55,82 @@ pub struct Model<'a> {
     pub kv: &'a KvPool,
 }
 
+/// The shape of one pass: its token rows (of one or more chunks), how many of them the head
+/// multiplies, and which kernels it takes.
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    /// Token rows.
+    rows: usize,
+    /// Head rows: the last row of each chunk that wants an output.
+    heads: usize,
+    /// Chunks under [`GEMM_MIN_TOKENS`] tokens: int8-activation GEMVs and the split decode
+    /// attention. Otherwise one long chunk: SGEMM and the one-block attention.
+    gemv: bool,
+    /// Whether the head rows are the last rows of the pass (one chunk): no gather needed.
+    head_is_last: bool,
+    /// Blocks per head of the split decode attention.
+    splits: usize,
+}
+
 impl Model<'_> {
-    /// Runs one chunk (tokens at `start_pos..` through its page table) and, unless it wants
-    /// nothing, leaves its last position's logits and their greedy choice in `scratch`'s
-    /// device buffer ([`Act::Logits`]), still to be downloaded. The caller validated the chunk.
+    /// Runs one pass over `chunks` (validated by the caller): one chunk of at least
+    /// [`GEMM_MIN_TOKENS`] tokens, or any number of shorter ones together, each row reading
+    /// its own sequence's keys and values. Leaves the logits of the last row of each chunk
+    /// that wants an output, and their greedy choices, in `scratch`'s device buffer
+    /// ([`Act::Logits`]), still to be downloaded. A row's results do not depend on the other
+    /// rows of the pass.
     ///
     /// One token runs as a CUDA graph, captured at the first such call (per split count of the
     /// decode attention) and replayed after for every sequence: the position, id and page table
     /// are read from device memory, so each step is one small upload, one graph launch and the
     /// logits' copy.
-    pub fn forward(&self, chunk: &Chunk<'_>, scratch: &mut Scratch) -> Result<(), BackendError> {
-        let n = chunk.tokens.len();
-        // The kernels take positions as `int`.
-        let pos = u32::try_from(chunk.start_pos)
-            .ok()
-            .filter(|_| i32::try_from(chunk.end_pos()).is_ok())
-            .ok_or_else(|| {
-                BackendError::InvalidInput(format!(
+    pub fn forward(
+        &self,
+        chunks: &[&Chunk<'_>],
+        scratch: &mut Scratch,
+    ) -> Result<(), BackendError> {
+        for chunk in chunks {
+            // The kernels take positions as `int`.
+            if i32::try_from(chunk.end_pos()).is_err() {
+                return Err(BackendError::InvalidInput(format!(
                     "position {} exceeds a kernel's int",
                     chunk.start_pos
-                ))
-            })?;
-        let pages = chunk
-            .pages
-            .get(..chunk.end_pos().div_ceil(PAGE_SIZE))
-            .ok_or_else(|| BackendError::InvalidInput("a page table too short".to_owned()))?;
-        scratch.reserve(self.gpu, self.plan, n)?;
-        scratch.upload_step(self.gpu, pos, chunk.tokens, pages)?;
-        let splits = decode_splits(chunk.end_pos());
-        if n > 1 {
-            return self.run(n, splits, scratch, chunk.want != Want::Nothing);
+                )));
+            }
+            if chunk.pages.len() < chunk.end_pos().div_ceil(PAGE_SIZE) {
+                return Err(BackendError::InvalidInput(
+                    "a page table too short".to_owned(),
+                ));
+            }
+        }
+        let gemv = chunks.iter().all(|c| c.tokens.len() < GEMM_MIN_TOKENS);
+        if !gemv && chunks.len() != 1 {
+            return Err(BackendError::Device(
+                "a pass of more than one chunk takes only chunks under the SGEMM size".to_owned(),
+            ));
+        }
+        let need = Scratch::need(chunks, gemv);
+        scratch.reserve(self.gpu, self.plan, need, !gemv)?;
+        scratch.upload_step(self.gpu, chunks)?;
+        let splits = chunks
+            .iter()
+            .map(|c| decode_splits(c.end_pos()))
+            .max()
+            .unwrap_or(1);
+        let pass = Pass {
+            rows: need.rows,
+            heads: need.heads,
+            gemv,
+            head_is_last: chunks.len() == 1,
+            splits,
+        };
+        if pass.rows > 1 {
+            return self.run(&pass, scratch);
         }
         if !scratch.decode.iter().any(|g| g.splits == splits) {
+            let whole = Pass { heads: 1, ..pass };
             self.gpu.begin_capture()?;
-            let recorded = self.run(1, splits, scratch, true);
+            let recorded = self.run(&whole, scratch);
             // Ended on every path: a stream left capturing would refuse all later work.
             let graph = self.gpu.end_capture();
             recorded?;
@@ -103,25 +145,39 @@ impl Model<'_> {
         Ok(())
     }
 
-    /// Queues the whole pass for `n` tokens whose position, ids and page table are in
-    /// [`Act::Step`]; the output head and the greedy choice only with `head`.
-    fn run(&self, n: usize, splits: usize, s: &Scratch, head: bool) -> Result<(), BackendError> {
-        let hp = &self.plan.hp;
+    /// Queues the whole pass, whose rows are in [`Act::Step`]; the output head and the greedy
+    /// choices for its head rows.
+    fn run(&self, pass: &Pass, s: &Scratch) -> Result<(), BackendError> {
+        let n = pass.rows;
         self.gpu.dequant(
             &self.weights.token_embd,
             n,
-            Some(s.ptr(Act::Step) + 4),
+            Some(s.ptr(Act::Step)),
             self.plan.embedding_scale.unwrap_or(1.0),
             s.ptr(Act::X),
         )?;
         for (il, layer) in self.weights.layers.iter().enumerate() {
-            self.attention_block(il, layer, n, splits, s)?;
-            self.ffn_block(layer, n, s)?;
+            self.attention_block(il, layer, pass, s)?;
+            self.ffn_block(layer, pass, s)?;
         }
-        if !head {
-            return Ok(());
+        if pass.heads > 0 {
+            self.head(pass, s)?;
         }
-        let last = s.ptr(Act::X) + ((n - 1) * hp.n_embd * 4) as u64;
+        Ok(())
+    }
+
+    /// The output head over the pass's head rows, then their greedy choices.
+    fn head(&self, pass: &Pass, s: &Scratch) -> Result<(), BackendError> {
+        let hp = &self.plan.hp;
+        let m = pass.heads;
+        let input = if pass.head_is_last {
+            s.ptr(Act::X) + ((pass.rows - 1) * hp.n_embd * 4) as u64
+        } else {
+            let gathered = s.ptr(Act::Projected);
+            self.gpu
+                .gather_rows(s.ptr(Act::X), s.heads_ptr(), gathered, hp.n_embd, m)?;
+            gathered
+        };
         let logits = s.ptr(Act::Logits);
         let head = Projection {
             w: &self.weights.output,
@@ -133,36 +189,35 @@ impl Model<'_> {
             eps: hp.norm_eps,
         };
         if has_qgemv(head.w.ggml_type) {
-            // The row is normalized and quantized once for the whole head.
-            self.qgemv(&[head], last, Some(norm), 1, QgemvMode::Store, s)?;
+            // The rows are normalized and quantized once for the whole head.
+            self.qgemv(&[head], input, Some(norm), m, QgemvMode::Store, s)?;
         } else {
             // Normalized once here: the head's thousands of GEMV blocks would each redo it.
             let normed = s.ptr(Act::Normed);
             self.gpu
-                .rms_norm(last, norm.weight, normed, 1, hp.n_embd, norm.eps)?;
-            self.project(&[head], normed, None, 1, s)?;
+                .rms_norm(input, norm.weight, normed, m, hp.n_embd, norm.eps)?;
+            self.project(&[head], normed, None, m, true, s)?;
         }
         if let Some(cap) = hp.final_logit_softcapping {
-            self.gpu.softcap(logits, cap, hp.vocab_size)?;
+            self.gpu.softcap(logits, cap, m * hp.vocab_size)?;
         }
-        let choice = logits + (hp.vocab_size * 4) as u64;
         self.gpu
-            .argmax_logits(logits, hp.vocab_size, choice, s.ptr(Act::Argmax))?;
-        Ok(())
+            .argmax_logits(logits, hp.vocab_size, m, s.choices_ptr(), s.argmax())
     }
 
-    /// The input of projections of the `rows` rows at `x` through RMSNorm `norm`: below
-    /// [`GEMM_MIN_TOKENS`], `x` itself with the norm for the GEMV kernels to apply on the fly;
-    /// else (or for rows too wide for that) normalized into [`Act::Normed`] first.
+    /// The input of projections of the pass's rows at `x` through RMSNorm `norm`: in a GEMV
+    /// pass, `x` itself with the norm for the GEMV kernels to apply on the fly; else (or for
+    /// rows too wide for that) normalized into [`Act::Normed`] first.
     fn normalized(
         &self,
         x: u64,
         norm: &DeviceVector,
-        rows: usize,
+        pass: &Pass,
         s: &Scratch,
     ) -> Result<(u64, Option<RowNorm>), BackendError> {
         let hp = &self.plan.hp;
-        if rows < GEMM_MIN_TOKENS && RowNorm::fits(hp.n_embd) {
+        let rows = pass.rows;
+        if pass.gemv && RowNorm::fits(hp.n_embd) {
             let norm = RowNorm {
                 weight: norm.ptr,
                 eps: hp.norm_eps,
@@ -175,20 +230,22 @@ impl Model<'_> {
         Ok((normed, None))
     }
 
-    /// `out = norm(input) · Wᵀ (+ bias)` for each part, `n` token rows: GEMV launches below
-    /// [`GEMM_MIN_TOKENS`] or with `norm` (which only the GEMVs apply), else dequantize +
-    /// SGEMM. One int8-activation launch when every part's format has one, else one f32 GEMV
-    /// launch per run of parts with the same format.
+    /// `out = norm(input) · Wᵀ (+ bias)` for each part, `n` token rows: GEMV launches with
+    /// `gemv` or `norm` (which only the GEMVs apply), else dequantize + SGEMM. One
+    /// int8-activation launch when every part's format has one, else one f32 GEMV launch per
+    /// run of parts with the same format.
+    #[allow(clippy::too_many_arguments)]
     fn project(
         &self,
         parts: &[Projection<'_>],
         input: u64,
         norm: Option<RowNorm>,
         n: usize,
+        gemv: bool,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         match s.dequant() {
-            Some(dequant) if n >= GEMM_MIN_TOKENS && norm.is_none() => {
+            Some(dequant) if !gemv && norm.is_none() => {
                 for p in parts {
                     self.gpu.dequant(p.w, p.w.rows, None, 1.0, dequant)?;
                     self.gpu
@@ -224,13 +281,14 @@ impl Model<'_> {
         &self,
         w: &DeviceMatrix,
         input: u64,
-        n: usize,
+        pass: &Pass,
         post_norm: Option<&DeviceVector>,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
+        let n = pass.rows;
         let (x, projected) = (s.ptr(Act::X), s.ptr(Act::Projected));
-        if post_norm.is_none() && n < GEMM_MIN_TOKENS {
+        if post_norm.is_none() && pass.gemv {
             let part = Projection {
                 w,
                 bias: None,
@@ -246,7 +304,7 @@ impl Model<'_> {
             bias: None,
             out: projected,
         };
-        self.project(&[part], input, None, n, s)?;
+        self.project(&[part], input, None, n, pass.gemv, s)?;
         if let Some(norm) = post_norm {
             self.gpu
                 .rms_norm(projected, norm.ptr, projected, n, hp.n_embd, hp.norm_eps)?;
@@ -254,16 +312,17 @@ impl Model<'_> {
         self.gpu.add(x, projected, n * hp.n_embd)
     }
 
-    /// Q, K and V of the `n` tokens into [`Act::Q`], [`Act::K`], [`Act::V`].
+    /// Q, K and V of the pass's rows into [`Act::Q`], [`Act::K`], [`Act::V`].
     fn qkv(
         &self,
         layer: &Layer,
         input: u64,
         norm: Option<RowNorm>,
-        n: usize,
+        pass: &Pass,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
+        let (n, gemv) = (pass.rows, pass.gemv);
         let (q, k, v) = (s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V));
         let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
         match &layer.qkv {
@@ -277,7 +336,7 @@ impl Model<'_> {
                     .zip(separate_biases(layer))
                     .map(|((w, out), bias)| Projection { w, bias, out })
                     .collect();
-                self.project(&parts, input, norm, n, s)
+                self.project(&parts, input, norm, n, gemv, s)
             }
             Qkv::Fused(w) => {
                 let fused = s.ptr(Act::Fused);
@@ -291,7 +350,7 @@ impl Model<'_> {
                     bias,
                     out: fused,
                 };
-                self.project(&[part], input, norm, n, s)?;
+                self.project(&[part], input, norm, n, gemv, s)?;
                 self.gpu.copy_cols(fused, width, 0, q, qw, n)?;
                 self.gpu.copy_cols(fused, width, qw, k, kw, n)?;
                 self.gpu.copy_cols(fused, width, qw + kw, v, vw, n)
@@ -299,10 +358,9 @@ impl Model<'_> {
         }
     }
 
-    /// Q, K and V of fewer than [`GEMM_MIN_TOKENS`] tokens by one int8-activation launch that
-    /// also rotates Q and K and appends K and V to the cache, when the layer allows it
-    /// (separate quantized matrices, no Q/K norm between projection and RoPE); `false` when
-    /// it does not, and nothing ran.
+    /// Q, K and V of a GEMV pass by one int8-activation launch that also rotates Q and K and
+    /// appends K and V to the cache, when the layer allows it (separate quantized matrices, no
+    /// Q/K norm between projection and RoPE); `false` when it does not, and nothing ran.
     #[allow(clippy::too_many_arguments)]
     fn qkv_with_rope(
         &self,
@@ -310,7 +368,7 @@ impl Model<'_> {
         rope: RopePlan,
         input: u64,
         norm: Option<RowNorm>,
-        n: usize,
+        pass: &Pass,
         kv: &LayerKv,
         s: &Scratch,
     ) -> Result<bool, BackendError> {
@@ -318,15 +376,14 @@ impl Model<'_> {
             return Ok(false);
         };
         let quantized = [q, k, v].iter().all(|w| has_qgemv(w.ggml_type));
-        if n >= GEMM_MIN_TOKENS || layer.qk_norm.is_some() || !quantized {
+        if !pass.gemv || layer.qk_norm.is_some() || !quantized {
             return Ok(false);
         }
         let hp = &self.plan.hp;
         let target = RopeTarget {
             rope,
             head_dim: hp.head_dim_k,
-            pos: s.ptr(Act::Step),
-            pages: kv.pages,
+            rows: kv.rows,
             k_cache: kv.k,
             v_cache: kv.v,
         };
@@ -337,7 +394,7 @@ impl Model<'_> {
             .zip(separate_biases(layer))
             .map(|((w, out), bias)| Projection { w, bias, out });
         let parts: Vec<Projection<'_>> = parts.collect();
-        self.qgemv(&parts, input, norm, n, QgemvMode::Rope(target), s)?;
+        self.qgemv(&parts, input, norm, pass.rows, QgemvMode::Rope(target), s)?;
         Ok(true)
     }
 
@@ -345,24 +402,24 @@ impl Model<'_> {
         &self,
         il: usize,
         layer: &Layer,
-        n: usize,
-        splits: usize,
+        pass: &Pass,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
+        let n = pass.rows;
         let (q, k, v) = (s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V));
-        let (input, norm) = self.normalized(s.ptr(Act::X), &layer.attn_norm, n, s)?;
+        let (input, norm) = self.normalized(s.ptr(Act::X), &layer.attn_norm, pass, s)?;
         let (k_cache, v_cache) = self.kv.layer(hp, il);
+        let rows: StepRows = s.rows();
         let kv = LayerKv {
             k: k_cache,
             v: v_cache,
-            pages: s.pages_ptr(),
+            rows,
         };
-        let pos = s.ptr(Act::Step);
         let layer_plan = &self.plan.layers[il];
-        if !self.qkv_with_rope(layer, layer_plan.rope, input, norm, n, &kv, s)? {
-            self.qkv(layer, input, norm, n, s)?;
+        if !self.qkv_with_rope(layer, layer_plan.rope, input, norm, pass, &kv, s)? {
+            self.qkv(layer, input, norm, pass, s)?;
             if let Some((q_norm, k_norm)) = &layer.qk_norm {
                 gpu.rms_norm(q, q_norm.ptr, q, n * hp.n_head, hp.head_dim_k, hp.norm_eps)?;
                 gpu.rms_norm(
@@ -380,8 +437,7 @@ impl Model<'_> {
                 v,
                 k_cache,
                 v_cache,
-                pos,
-                pages: kv.pages,
+                rows,
                 n,
                 n_head: hp.n_head,
                 n_head_kv: hp.n_head_kv,
@@ -392,24 +448,24 @@ impl Model<'_> {
         }
         let attn = s.ptr(Act::Attn);
         let split = SplitScratch {
-            splits,
+            splits: pass.splits,
             partial: s.ptr(Act::Partial),
             counters: s.ptr(Act::Counters),
         };
-        let split = (n < GEMM_MIN_TOKENS).then_some(&split);
-        gpu.attention(&layer_plan.attention, q, &kv, attn, n, pos, split)?;
+        let split = pass.gemv.then_some(&split);
+        gpu.attention(&layer_plan.attention, q, &kv, attn, n, split)?;
         self.residual(
             &layer.attn_output,
             attn,
-            n,
+            pass,
             layer.post_attn_norm.as_ref(),
             s,
         )
     }
 
-    /// One int8-activation launch over `n` rows at `x` (through `norm` when given); a wide
-    /// input, or one read by the many blocks of a large launch, is quantized once first into
-    /// [`Act::Quantized`].
+    /// One int8-activation launch over `n` rows at `x` (through `norm` when given); several
+    /// rows, a wide input, or one read by the many blocks of a large launch are quantized once
+    /// first into [`Act::Quantized`].
     fn qgemv(
         &self,
         parts: &[Projection<'_>],
@@ -421,7 +477,7 @@ impl Model<'_> {
     ) -> Result<(), BackendError> {
         let cols = parts.first().map_or(0, |p| p.w.cols);
         let rows = parts.iter().map(|p| p.w.rows).sum();
-        if prequantized(cols, rows) {
+        if n > 1 || prequantized(cols, rows) {
             let quantized = s.ptr(Act::Quantized);
             self.gpu.quantize_rows(x, norm, n, cols, quantized)?;
             return self
@@ -451,13 +507,13 @@ impl Model<'_> {
         self.gpu.gemv_gated(gate, up.ptr, input, norm, n, out, gelu)
     }
 
-    fn ffn_block(&self, layer: &Layer, n: usize, s: &Scratch) -> Result<(), BackendError> {
+    fn ffn_block(&self, layer: &Layer, pass: &Pass, s: &Scratch) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
         let (gate, up) = (s.ptr(Act::Gate), s.ptr(Act::Up));
         let (ff, gelu) = (hp.n_ff, self.plan.activation == Activation::GeluTanh);
-        let (input, norm) = self.normalized(s.ptr(Act::X), &layer.ffn_norm, n, s)?;
-        let gemv = n < GEMM_MIN_TOKENS;
+        let (input, norm) = self.normalized(s.ptr(Act::X), &layer.ffn_norm, pass, s)?;
+        let (n, gemv) = (pass.rows, pass.gemv);
         match &layer.gate_up {
             GateUp::Separate { gate: wg, up: wu } if gemv && same_layout(wg, wu) => {
                 self.gated_gemv(wg, wu, input, norm, n, gate, s)?;
@@ -475,7 +531,7 @@ impl Model<'_> {
                         out: up,
                     },
                 ];
-                self.project(&parts, input, norm, n, s)?;
+                self.project(&parts, input, norm, n, gemv, s)?;
                 gpu.gated(gate, up, gate, ff, ff, n, gelu)?;
             }
             GateUp::Fused(w) if gemv => {
@@ -496,11 +552,11 @@ impl Model<'_> {
                     bias: None,
                     out: fused,
                 };
-                self.project(&[part], input, norm, n, s)?;
+                self.project(&[part], input, norm, n, gemv, s)?;
                 gpu.gated(fused, fused + (ff * 4) as u64, gate, ff, 2 * ff, n, gelu)?;
             }
         }
-        self.residual(&layer.ffn_down, gate, n, layer.post_ffn_norm.as_ref(), s)
+        self.residual(&layer.ffn_down, gate, pass, layer.post_ffn_norm.as_ref(), s)
     }
 }
 

@@ -4,12 +4,14 @@
 //! Weights stay in VRAM in their GGUF block formats. Decode multiplies them in place with GEMV
 //! kernels (int8 activations and integer dot products for the quantized formats, as the CPU
 //! backend; Q/K/V in one launch, gate and up fused with the activation, the residual add in the
-//! output projections) and runs as a captured CUDA graph; prefill dequantizes one matrix at a
-//! time into f32 scratch and runs cuBLAS SGEMM. Activations are f32, the KV page pool f16, as
-//! in the CPU backend; every kernel reaches a position's keys and values through the sequence's
-//! page table in device memory. A step runs its chunks one after the other (batch invariant by
-//! construction; batched kernels are to come). The kernels (`kernels/*.cu`) are compiled by
-//! NVRTC for the device at start-up and cached on disk.
+//! output projections); the decodes of a step run together in one pass, each weight chunk
+//! multiplied by up to eight rows with the one-row arithmetic per row, and one decode alone
+//! runs as a captured CUDA graph. Prefill chunks of 17 tokens or more dequantize one matrix at
+//! a time into f32 scratch and run cuBLAS SGEMM, a pass each. Activations are f32, the KV page
+//! pool f16, as in the CPU backend; every kernel reaches a row's keys and values through that
+//! row's page table in device memory, so a row's results do not depend on the rest of its pass
+//! (batch invariance). The kernels (`kernels/*.cu`) are compiled by NVRTC for the device at
+//! start-up and cached on disk.
 
 mod device;
 mod fault;
@@ -38,7 +40,7 @@ use device::Gpu;
 use fault::FaultTrigger;
 use forward::Model;
 use kv::KvPool;
-use scratch::Scratch;
+use scratch::{Need, Scratch};
 use weights::DeviceWeights;
 
 /// Why the CUDA backend cannot start.
@@ -87,7 +89,7 @@ pub struct CudaOptions {
     pub device: u32,
 }
 
-/// The CUDA backend: one model in VRAM, its KV page pool, and the scratch every chunk runs
+/// The CUDA backend: one model in VRAM, its KV page pool, and the scratch every pass runs
 /// through in turn.
 pub struct CudaBackend {
     plan: ModelPlan,
@@ -151,13 +153,15 @@ impl Load for CudaBackend {
         let runtime = runtime_bytes(&gpu, (weights.bytes() + kv.bytes()) as u64)?;
         let pool_at_load = gpu.pool_reserved()?;
         let fault = FaultTrigger::from_env(&gpu)?;
+        let scratch = Scratch::new(
+            config.context_length.div_ceil(PAGE_SIZE),
+            weights.max_layer_matrix,
+            plan.hp.vocab_size,
+        );
         Ok(Self {
             plan,
             kv,
-            scratch: Scratch::new(
-                config.context_length.div_ceil(PAGE_SIZE),
-                weights.max_layer_matrix,
-            ),
+            scratch,
             weights,
             runtime,
             pool_at_load,
@@ -212,9 +216,11 @@ impl InferenceBackend for CudaBackend {
         false
     }
 
-    /// Runs the chunks one after the other, each exactly as it would run alone (so the step is
-    /// batch invariant), downloading what each wants before the next one starts. A sticky CUDA
-    /// error fails the step with `DeviceLost`, and every later step with the same.
+    /// Runs each chunk of [`forward::GEMM_MIN_TOKENS`] tokens or more in a pass of its own,
+    /// then all the shorter ones (decodes, prompt tails) together in one pass, downloading what
+    /// each pass's chunks want before the next pass starts. A row's arithmetic does not depend
+    /// on the other rows of its pass, so the step is batch invariant. A sticky CUDA error fails
+    /// the step with `DeviceLost`, and every later step with the same.
     fn step(
         &mut self,
         chunks: &[Chunk<'_>],
@@ -256,18 +262,31 @@ impl CudaBackend {
         if let Some(fault) = &mut self.fault {
             fault.before_step(&self.gpu)?;
         }
-        // Grown once for the step's largest chunk, not chunk by chunk.
-        let largest = chunks.iter().map(|c| c.tokens.len()).max().unwrap_or(0);
-        self.scratch.reserve(&self.gpu, &self.plan, largest)?;
-        for (i, chunk) in chunks.iter().enumerate() {
+        let (short, long): (Vec<usize>, Vec<usize>) =
+            (0..chunks.len()).partition(|&i| chunks[i].tokens.len() < forward::GEMM_MIN_TOKENS);
+        let gemm = !long.is_empty();
+        let mut passes: Vec<Vec<usize>> = long.into_iter().map(|i| vec![i]).collect();
+        if !short.is_empty() {
+            passes.push(short);
+        }
+        // Grown once for the step's largest pass, not pass by pass.
+        let members = |pass: &[usize]| pass.iter().map(|&i| &chunks[i]).collect::<Vec<_>>();
+        let need = passes.iter().fold(Need::default(), |room, pass| {
+            let gemv = pass
+                .iter()
+                .all(|&i| chunks[i].tokens.len() < forward::GEMM_MIN_TOKENS);
+            room.max(Scratch::need(&members(pass), gemv))
+        });
+        self.scratch.reserve(&self.gpu, &self.plan, need, gemm)?;
+        for pass in &passes {
             let model = Model {
                 gpu: &self.gpu,
                 plan: &self.plan,
                 weights: &self.weights.tensors,
                 kv: &self.kv,
             };
-            model.forward(chunk, &mut self.scratch)?;
-            self.collect(i, chunk.want, outputs)?;
+            model.forward(&members(pass), &mut self.scratch)?;
+            self.collect(pass, chunks, outputs)?;
         }
         Ok(())
     }
@@ -285,31 +304,41 @@ impl CudaBackend {
         }
     }
 
-    /// Downloads what chunk `index` wants into `outputs` (waiting for its pass).
+    /// Downloads what the chunks of a pass (`pass`: indices into `chunks`) want into
+    /// `outputs`, waiting for the pass: the greedy choices in one copy, logits row by row.
     fn collect(
         &mut self,
-        index: usize,
-        want: Want,
+        pass: &[usize],
+        chunks: &[Chunk<'_>],
         outputs: &mut StepOutputs,
     ) -> Result<(), BackendError> {
-        match want {
-            Want::Nothing => {}
-            Want::Logits => {
-                self.scratch.download_logits(&self.gpu)?;
-                let logits = self.scratch.logits()?;
-                if let Some(row) = outputs.logits_mut(index) {
-                    row.copy_from_slice(logits);
+        let wanting: Vec<usize> = pass
+            .iter()
+            .copied()
+            .filter(|&i| chunks[i].want != Want::Nothing)
+            .collect();
+        if wanting.iter().any(|&i| chunks[i].want == Want::Greedy) {
+            self.scratch.download_choices(&self.gpu)?;
+        }
+        for (head, &index) in wanting.iter().enumerate() {
+            match chunks[index].want {
+                Want::Nothing => {}
+                Want::Logits => {
+                    self.scratch.download_logits(&self.gpu, head)?;
+                    let logits = self.scratch.logits()?;
+                    if let Some(row) = outputs.logits_mut(index) {
+                        row.copy_from_slice(logits);
+                    }
                 }
-            }
-            Want::Greedy => {
-                self.scratch.download_choice(&self.gpu)?;
-                let choice = self.scratch.greedy().ok_or_else(|| {
-                    BackendError::Device("the greedy choice was not downloaded".to_owned())
-                })?;
-                if choice == ops::NON_FINITE_CHOICE {
-                    outputs.set_non_finite(index);
-                } else {
-                    outputs.set_greedy(index, choice);
+                Want::Greedy => {
+                    let choice = self.scratch.greedy(head).ok_or_else(|| {
+                        BackendError::Device("the greedy choice was not downloaded".to_owned())
+                    })?;
+                    if choice == ops::NON_FINITE_CHOICE {
+                        outputs.set_non_finite(index);
+                    } else {
+                        outputs.set_greedy(index, choice);
+                    }
                 }
             }
         }

@@ -48,8 +48,9 @@ pub struct Kernels {
     gemv: Vec<CudaFunction>,
     /// `gemv_gated_*`, in [`WEIGHT_TYPES`] order.
     gemv_gated: Vec<CudaFunction>,
-    /// `qgemv_r1`, `qgemv_r2`: the int8-activation GEMV with one or two rows per warp.
-    pub qgemv: [CudaFunction; 2],
+    /// The int8-activation GEMV, `qgemv[tokens][rows]`: one token per block (`qgemv_r1_t1`,
+    /// `qgemv_r2_t1`) or up to eight (`qgemv_r1_t8`, `qgemv_r2_t8`), one or two rows per warp.
+    pub qgemv: [[CudaFunction; 2]; 2],
     /// Quantizes input rows once for the qgemv launches that read them.
     pub quantize_rows: CudaFunction,
     /// RMSNorm per row.
@@ -66,8 +67,10 @@ pub struct Kernels {
     pub copy_cols: CudaFunction,
     /// Final logit soft-capping.
     pub softcap: CudaFunction,
-    /// The greedy choice over the logits.
+    /// The greedy choice over each row of logits.
     pub argmax_logits: CudaFunction,
+    /// Copies chosen rows together (the head's inputs).
+    pub gather_rows: CudaFunction,
     /// Causal attention over the cache.
     pub attention: CudaFunction,
     /// Decode attention split over the keys, merged by the last block.
@@ -116,7 +119,10 @@ impl Kernels {
             dequant: per_type("dequant")?,
             gemv: per_type("gemv")?,
             gemv_gated: per_type("gemv_gated")?,
-            qgemv: [get("qgemv_r1")?, get("qgemv_r2")?],
+            qgemv: [
+                [get("qgemv_r1_t1")?, get("qgemv_r2_t1")?],
+                [get("qgemv_r1_t8")?, get("qgemv_r2_t8")?],
+            ],
             quantize_rows: get("quantize_rows")?,
             rms_norm: get("rms_norm")?,
             rope_store: get("rope_store")?,
@@ -126,6 +132,7 @@ impl Kernels {
             copy_cols: get("copy_cols")?,
             softcap: get("softcap")?,
             argmax_logits: get("argmax_logits")?,
+            gather_rows: get("gather_rows")?,
             attention: get("attention")?,
             attention_split: get("attention_split")?,
             _module: module,

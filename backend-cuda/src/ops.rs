@@ -231,8 +231,8 @@ impl Gpu {
         self.launch(&self.kernels.rms_norm, (int(rows)? as u32, 1), 256, &args)
     }
 
-    /// RoPE of `n` tokens' query and key heads at positions `*pos..` (`pos`: a device `int`),
-    /// then their keys and values (f32) into one layer's f16 pool through the page table.
+    /// RoPE of `n` token rows' query and key heads, each at its position (`t.rows`), then their
+    /// keys and values (f32) into one layer's f16 pool through their page tables.
     pub fn rope_store(&self, t: &RopeStore, rope: &RopePlan) -> Result<(), BackendError> {
         let args = [
             Arg::Ptr(t.q),
@@ -240,8 +240,9 @@ impl Gpu {
             Arg::Ptr(t.v),
             Arg::Ptr(t.k_cache),
             Arg::Ptr(t.v_cache),
-            Arg::Ptr(t.pos),
-            Arg::Ptr(t.pages),
+            Arg::Ptr(t.rows.pos),
+            Arg::Ptr(t.rows.tables),
+            Arg::Ptr(t.rows.pages),
             Arg::I32(int(t.n_head)?),
             Arg::I32(int(t.n_head_kv)?),
             Arg::I32(int(t.head_dim)?),
@@ -332,16 +333,23 @@ impl Gpu {
         )
     }
 
-    /// The index of the highest of `n` logits (the lowest index on ties: the sampler's greedy
-    /// choice) as a `u32` at `out`, or [`NON_FINITE_CHOICE`] when any logit is NaN or infinite;
-    /// `scratch` is an [`ArgmaxScratch`].
+    /// For each of `rows` rows of `n` logits, the index of the highest (the lowest index on
+    /// ties: the sampler's greedy choice) as a `u32` at `out` + row, or [`NON_FINITE_CHOICE`]
+    /// when any of its logits is NaN or infinite; `scratch` holds at least `rows` rows.
     pub fn argmax_logits(
         &self,
         logits: u64,
         n: usize,
+        rows: usize,
         out: u64,
-        scratch: u64,
+        scratch: ArgmaxScratch,
     ) -> Result<(), BackendError> {
+        if rows > scratch.rows {
+            return Err(BackendError::Device(format!(
+                "the greedy choice of {rows} rows in scratch for {}",
+                scratch.rows
+            )));
+        }
         let blocks = n
             .div_ceil(ARGMAX_PER_BLOCK)
             .clamp(1, ArgmaxScratch::MAX_BLOCKS);
@@ -349,15 +357,35 @@ impl Gpu {
             Arg::Ptr(logits),
             Arg::I32(int(n)?),
             Arg::Ptr(out),
-            Arg::Ptr(scratch + ArgmaxScratch::PARTIALS),
-            Arg::Ptr(scratch),
+            Arg::Ptr(scratch.ptr + ArgmaxScratch::partials(scratch.rows)),
+            Arg::Ptr(scratch.ptr),
         ];
         self.launch(
             &self.kernels.argmax_logits,
-            (blocks as u32, 1),
+            (blocks as u32, int(rows)? as u32),
             BLOCK,
             &args,
         )
+    }
+
+    /// `dst[i] = src[rows[i]]` for `count` rows of `width` floats (`rows`: device `int`s).
+    pub fn gather_rows(
+        &self,
+        src: u64,
+        rows: u64,
+        dst: u64,
+        width: usize,
+        count: usize,
+    ) -> Result<(), BackendError> {
+        let args = [
+            Arg::Ptr(src),
+            Arg::Ptr(rows),
+            Arg::Ptr(dst),
+            Arg::I32(int(width)?),
+            Arg::I32(int(count)?),
+        ];
+        let grid = (blocks(width * count), 1);
+        self.launch(&self.kernels.gather_rows, grid, BLOCK, &args)
     }
 
     /// `x = cap · tanh(x / cap)`.
@@ -366,9 +394,9 @@ impl Gpu {
         self.launch(&self.kernels.softcap, (blocks(total), 1), BLOCK, &args)
     }
 
-    /// Attention of `n` queries at `*pos..` (`pos`: a device `int`) over one layer of the
-    /// pool through a page table: one block per query and head, or with `split` (decode) the
-    /// keys spread over blocks.
+    /// Attention of `n` query rows, each at its position over its own sequence's keys
+    /// (`kv.rows`), in one layer of the pool: one block per query and head, or with `split`
+    /// (decode) the keys spread over blocks.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -377,16 +405,16 @@ impl Gpu {
         kv: &LayerKv,
         out: u64,
         n: usize,
-        pos: u64,
         split: Option<&SplitScratch>,
     ) -> Result<(), BackendError> {
         let mut args = vec![
             Arg::Ptr(q),
             Arg::Ptr(kv.k),
             Arg::Ptr(kv.v),
-            Arg::Ptr(kv.pages),
+            Arg::Ptr(kv.rows.pos),
+            Arg::Ptr(kv.rows.tables),
+            Arg::Ptr(kv.rows.pages),
             Arg::Ptr(out),
-            Arg::Ptr(pos),
             Arg::I32(int(shape.n_head)?),
             Arg::I32(int(shape.n_head_kv)?),
             Arg::I32(int(shape.head_dim_k)?),
@@ -414,15 +442,28 @@ impl Gpu {
     }
 }
 
-/// One layer of the KV pool as a sequence sees it.
+/// Where the token rows of a pass sit, as device addresses of `int` arrays (`StepRows` in
+/// prelude.cu): row `t` is at position `pos[t]` of the sequence whose page table starts at
+/// entry `tables[t]` of `pages`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepRows {
+    /// Each row's position.
+    pub pos: u64,
+    /// Each row's offset of its page table in `pages`.
+    pub tables: u64,
+    /// The pass's page tables, one after the other (`int` page ids).
+    pub pages: u64,
+}
+
+/// One layer of the KV pool as the rows of a pass see it.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerKv {
     /// This layer's keys: f16 rows of `k_width`, row `page * PAGE_SIZE + slot`.
     pub k: u64,
     /// This layer's values, likewise.
     pub v: u64,
-    /// Device address of the sequence's page table (`int` page ids).
-    pub pages: u64,
+    /// The rows' positions and page tables.
+    pub rows: StepRows,
 }
 
 /// One matrix of a GEMV launch: its output rows go to `out`, plus `bias` when given.
@@ -449,10 +490,8 @@ pub struct RopeStore {
     pub k_cache: u64,
     /// This layer's value pool.
     pub v_cache: u64,
-    /// Device address of the `int` position of the first token.
-    pub pos: u64,
-    /// Device address of the sequence's page table (`int` page ids).
-    pub pages: u64,
+    /// The rows' positions and page tables.
+    pub rows: StepRows,
     /// Tokens.
     pub n: usize,
     /// Query heads.
@@ -487,17 +526,31 @@ pub const NON_FINITE_CHOICE: u32 = u32::MAX;
 /// Logits per block of the greedy choice (eight per thread).
 const ARGMAX_PER_BLOCK: usize = 2048;
 
-/// Scratch of [`Gpu::argmax_logits`]: a zeroed `u32` count of finished blocks (the kernel
-/// leaves it zeroed), then a (value, index) pair per block.
-pub struct ArgmaxScratch;
+/// Scratch of [`Gpu::argmax_logits`] for up to `rows` rows: per row a zeroed `u32` count of
+/// finished blocks (the kernel leaves it zeroed), then per row a (value, index) pair per block.
+/// The layout depends on `rows` only, so that a launch for fewer rows leaves the other rows'
+/// counts zeroed.
+#[derive(Debug, Clone, Copy)]
+pub struct ArgmaxScratch {
+    /// Device address of the zeroed scratch.
+    pub ptr: u64,
+    /// Rows it holds.
+    pub rows: usize,
+}
 
 impl ArgmaxScratch {
     /// Most blocks (more logits make longer slices).
     pub const MAX_BLOCKS: usize = 128;
-    /// Byte offset of the pairs.
-    const PARTIALS: u64 = 16;
-    /// Bytes of the scratch.
-    pub const BYTES: usize = 16 + 8 * Self::MAX_BLOCKS;
+
+    /// Byte offset of the pairs, after the counts of `rows` rows (kept 16-byte aligned).
+    fn partials(rows: usize) -> u64 {
+        (4 * rows).next_multiple_of(16) as u64
+    }
+
+    /// Bytes of the scratch for `rows` rows.
+    pub fn bytes(rows: usize) -> usize {
+        Self::partials(rows) as usize + rows * 8 * Self::MAX_BLOCKS
+    }
 }
 
 /// Scratch of the split attention kernel.

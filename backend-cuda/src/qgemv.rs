@@ -7,10 +7,15 @@ use worker_common::gguf::GgmlType;
 use worker_common::model::{RopePlan, RopeStyle};
 
 use crate::device::{Arg, Gpu};
-use crate::ops::{DeviceMatrix, Projection, RowNorm};
+use crate::ops::{DeviceMatrix, Projection, RowNorm, StepRows};
 
 /// Warps per block (`QG_WARPS` in qgemv.cu).
 const WARPS: usize = 8;
+/// Token rows per block of the batched kernels (`qgemv_r*_t8`): each weight chunk a warp loads
+/// is multiplied by up to this many inputs.
+const BATCH_TOKENS: usize = 8;
+/// Most blocks along a grid's y dimension (the slots of a launch).
+const MAX_GRID_Y: usize = 65_535;
 /// From this many rows a warp computes two consecutive rows (of one format), so that the many
 /// blocks of a large launch (the output head) quantize their input half as often.
 const TWO_ROWS_FROM: usize = 8192;
@@ -63,7 +68,7 @@ pub enum QgemvMode {
         gelu: bool,
     },
     /// Three matrices, Q, K and V (with their biases): Q rotated into its output, K rotated
-    /// and V written to the f16 pool at the tokens' positions through the page table, as
+    /// and V written to the f16 pool at the rows' positions through their page tables, as
     /// `Gpu::rope_store` does.
     Rope(RopeTarget),
 }
@@ -75,10 +80,8 @@ pub struct RopeTarget {
     pub rope: RopePlan,
     /// Query/key head width.
     pub head_dim: usize,
-    /// Device address of the `int` position of the first token.
-    pub pos: u64,
-    /// Device address of the sequence's page table (`int` page ids).
-    pub pages: u64,
+    /// The rows' positions and page tables.
+    pub rows: StepRows,
     /// This layer's key pool.
     pub k_cache: u64,
     /// This layer's value pool.
@@ -195,7 +198,10 @@ impl Gpu {
     }
 
     /// `parts` (up to three matrices of one width, any mix of the [`has_qgemv`] formats)
-    /// times `n` input rows, as `mode` says.
+    /// times `n` input rows, as `mode` says. One row takes the one-token kernel; more take the
+    /// batched one, which reads them quantized ([`QgemvInput::Quantized`]) and multiplies each
+    /// weight chunk by up to [`BATCH_TOKENS`] rows, with the same arithmetic per row (a row's
+    /// results do not depend on the others).
     pub fn qgemv(
         &self,
         parts: &[Projection<'_>],
@@ -241,6 +247,7 @@ impl Gpu {
         args.extend([
             Arg::I32(int(cols)?),
             Arg::I32(int(per_slot)?),
+            Arg::I32(int(n)?),
             Arg::Ptr(x),
             Arg::Ptr(pre),
             Arg::Ptr(norm.weight),
@@ -248,13 +255,27 @@ impl Gpu {
             Arg::I32(mode.code()),
         ]);
         rope_args(mode, &mut args)?;
-        let grid = (
-            int(slots.div_ceil(WARPS / per_slot))? as u32,
-            int(n)? as u32,
-        );
-        let shared = quantized_row_bytes(cols) as u32;
-        let func = &self.kernels.qgemv[usize::from(two_rows)];
-        self.launch_shared(func, grid, ((WARPS * 32) as u32, shared), &args)
+        let batched = n > 1;
+        let shared = match (batched, pre) {
+            (false, _) => quantized_row_bytes(cols),
+            (true, 0) => {
+                return Err(BackendError::Device(format!(
+                    "a qgemv launch of {n} rows takes them quantized (quantize_rows)"
+                )));
+            }
+            // The batched kernel reads the quantized rows in place.
+            (true, _) => 0,
+        };
+        let slot_blocks = slots.div_ceil(WARPS / per_slot);
+        if slot_blocks > MAX_GRID_Y {
+            return Err(BackendError::Device(format!(
+                "a qgemv launch of {total} rows needs {slot_blocks} blocks (at most {MAX_GRID_Y})"
+            )));
+        }
+        let tokens = if batched { BATCH_TOKENS } else { 1 };
+        let grid = (int(n.div_ceil(tokens))? as u32, slot_blocks as u32);
+        let func = &self.kernels.qgemv[usize::from(batched)][usize::from(two_rows)];
+        self.launch_shared(func, grid, ((WARPS * 32) as u32, shared as u32), &args)
     }
 }
 
@@ -263,7 +284,7 @@ fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), BackendError> {
     let (target, rope) = match mode {
         QgemvMode::Rope(t) => (t, t.rope),
         _ => {
-            args.extend([Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(0)]);
+            args.extend([0; 5].map(Arg::Ptr));
             args.extend([
                 Arg::I32(0),
                 Arg::I32(0),
@@ -275,8 +296,9 @@ fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), BackendError> {
         }
     };
     args.extend([
-        Arg::Ptr(target.pos),
-        Arg::Ptr(target.pages),
+        Arg::Ptr(target.rows.pos),
+        Arg::Ptr(target.rows.tables),
+        Arg::Ptr(target.rows.pages),
         Arg::Ptr(target.k_cache),
         Arg::Ptr(target.v_cache),
         Arg::I32(int(target.head_dim)?),

@@ -1,14 +1,13 @@
 //! Device state besides the weights and the KV pool: activation buffers sized for the largest
-//! chunk seen, the page-locked logits, and the one-token decode step captured as a CUDA graph.
-//! It persists across steps and sequences: each chunk runs alone, through the same buffers.
+//! pass seen, the page-locked logits, and the captured one-token decode step. It persists
+//! across steps and sequences: every pass runs through the same buffers.
 
 use cudarc::driver::{CudaGraph, PinnedHostSlice};
-use worker_common::backend::{BackendError, PageId};
+use worker_common::backend::{BackendError, Chunk, PAGE_SIZE, Want};
 use worker_common::model::ModelPlan;
 
 use crate::device::{Buffer, Gpu, device_error};
-use crate::forward::GEMM_MIN_TOKENS;
-use crate::ops::{ArgmaxScratch, SplitScratch};
+use crate::ops::{ArgmaxScratch, SplitScratch, StepRows};
 use crate::qgemv::quantized_row_bytes;
 
 /// Indices into the activation buffers.
@@ -34,11 +33,11 @@ pub enum Act {
     Gate,
     /// Up projection.
     Up,
-    /// `[start_pos, ids… (room for the largest chunk), page table…]` as `u32`: the kernels
-    /// read the position and the page table from here, so a captured step replays at any
-    /// position of any sequence.
+    /// The pass's rows as `u32` arrays ([`Layout`]): token ids, positions, page-table
+    /// offsets, the rows the head reads, then the page tables. The kernels read them from
+    /// here, so a captured pass replays at any position of any sequence.
     Step,
-    /// Logits of the last position, then their greedy choice (a `u32` in one more slot).
+    /// Logits of the head rows, then their greedy choices (one `u32` each).
     Logits,
     /// Partial results of the split decode attention.
     Partial,
@@ -65,35 +64,123 @@ pub struct DecodeGraph {
 // serialized; the graph lives inside the backend and is only reached through `&mut self`.
 unsafe impl Send for DecodeGraph {}
 
-/// Activation buffers, grown to the largest chunk and reused.
+/// What a pass needs room for.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Need {
+    /// Token rows.
+    pub rows: usize,
+    /// Rows the output head multiplies (chunks that want logits or a greedy choice).
+    pub heads: usize,
+    /// Rows of the split decode attention (the rows of a GEMV pass).
+    pub split_rows: usize,
+    /// Page-table entries of all the pass's chunks.
+    pub table_entries: usize,
+}
+
+impl Need {
+    /// The larger of each.
+    pub fn max(self, other: Need) -> Need {
+        Need {
+            rows: self.rows.max(other.rows),
+            heads: self.heads.max(other.heads),
+            split_rows: self.split_rows.max(other.split_rows),
+            table_entries: self.table_entries.max(other.table_entries),
+        }
+    }
+
+    /// Whether `self` holds `other`.
+    fn holds(self, other: Need) -> bool {
+        self.max(other) == self
+    }
+
+    /// Room for `need` grown from `self`: each size that falls short at least doubles, so that
+    /// sequences growing a page at a time (their page tables) reallocate rarely.
+    fn grown(self, need: Need) -> Need {
+        let grow = |have: usize, want: usize| {
+            if want > have {
+                want.max(2 * have)
+            } else {
+                have
+            }
+        };
+        Need {
+            rows: grow(self.rows, need.rows),
+            heads: grow(self.heads, need.heads),
+            split_rows: grow(self.split_rows, need.split_rows),
+            table_entries: grow(self.table_entries, need.table_entries),
+        }
+    }
+}
+
+/// Byte offsets of the arrays in [`Act::Step`] for a capacity.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    pos: usize,
+    tables: usize,
+    heads: usize,
+    pages: usize,
+}
+
+impl Layout {
+    fn of(room: Need) -> Self {
+        let pos = 4 * room.rows;
+        let tables = pos + 4 * room.rows;
+        let heads = tables + 4 * room.rows;
+        Layout {
+            pos,
+            tables,
+            heads,
+            pages: heads + 4 * room.heads,
+        }
+    }
+
+    fn bytes(&self, room: Need) -> usize {
+        self.pages + 4 * room.table_entries
+    }
+}
+
+/// Activation buffers, grown to the largest pass and reused.
 pub struct Scratch {
     /// Elements of the largest layer matrix: the prefill's dequantization buffer holds one.
     max_layer_matrix: usize,
-    tokens: usize,
-    /// Entries of the page table in [`Act::Step`]: the pages of the longest sequence.
-    table_pages: usize,
+    /// What the buffers hold.
+    room: Need,
+    /// The smallest room reserved: one token of one full context.
+    floor: Need,
+    /// Vocabulary size.
+    vocab: usize,
     /// The host side of [`Act::Step`], kept so that a step allocates nothing.
     staging: Vec<u8>,
     buffers: Vec<Buffer>,
     /// Dequantized weight matrix for the SGEMM path.
     dequant: Option<Buffer>,
-    /// Logits of the last position, copied here straight from the GPU.
+    /// Logits of the head rows, then their choices, copied here straight from the GPU.
     logits: Option<PinnedHostSlice<f32>>,
+    /// Head rows of the last pass.
+    heads: usize,
     /// The captured one-token steps, one per split count used so far.
     pub decode: Vec<DecodeGraph>,
 }
 
 impl Scratch {
-    /// No buffers yet, for page tables of up to `table_pages` entries.
-    pub fn new(table_pages: usize, max_layer_matrix: usize) -> Self {
+    /// No buffers yet; a pass will get room for at least one token with a page table of
+    /// `table_pages` entries.
+    pub fn new(table_pages: usize, max_layer_matrix: usize, vocab: usize) -> Self {
         Self {
             max_layer_matrix,
-            tokens: 0,
-            table_pages,
+            room: Need::default(),
+            floor: Need {
+                rows: 1,
+                heads: 1,
+                split_rows: 1,
+                table_entries: table_pages,
+            },
+            vocab,
             staging: Vec::new(),
             buffers: Vec::new(),
             dequant: None,
             logits: None,
+            heads: 0,
             decode: Vec::new(),
         }
     }
@@ -112,9 +199,33 @@ impl Scratch {
         self.buffers[act as usize].ptr()
     }
 
-    /// Device address of the page table in [`Act::Step`] (after the room for the ids).
-    pub fn pages_ptr(&self) -> u64 {
-        self.ptr(Act::Step) + 4 * (1 + self.tokens) as u64
+    /// Where the rows of the pass sit ([`Act::Step`]'s arrays).
+    pub fn rows(&self) -> StepRows {
+        let step = self.ptr(Act::Step);
+        let layout = Layout::of(self.room);
+        StepRows {
+            pos: step + layout.pos as u64,
+            tables: step + layout.tables as u64,
+            pages: step + layout.pages as u64,
+        }
+    }
+
+    /// Device address of the head rows' indices (`int`s) in [`Act::Step`].
+    pub fn heads_ptr(&self) -> u64 {
+        self.ptr(Act::Step) + Layout::of(self.room).heads as u64
+    }
+
+    /// The greedy choice's scratch ([`Act::Argmax`]).
+    pub fn argmax(&self) -> ArgmaxScratch {
+        ArgmaxScratch {
+            ptr: self.ptr(Act::Argmax),
+            rows: self.room.heads,
+        }
+    }
+
+    /// Device address of the head rows' greedy choices (after their logits).
+    pub fn choices_ptr(&self) -> u64 {
+        self.ptr(Act::Logits) + (4 * self.room.heads * self.vocab) as u64
     }
 
     /// The SGEMM path's dequantization buffer, once a call of [`GEMM_MIN_TOKENS`] reserved it.
@@ -122,120 +233,158 @@ impl Scratch {
         self.dequant.as_ref().map(Buffer::ptr)
     }
 
-    /// Makes room for `n` tokens (and the SGEMM scratch when `n` takes that path); a
-    /// reallocation drops the captured step, whose launches name the old addresses.
-    pub fn reserve(&mut self, gpu: &Gpu, plan: &ModelPlan, n: usize) -> Result<(), BackendError> {
-        let hp = &plan.hp;
-        if n > self.tokens {
-            self.decode.clear();
-            self.buffers.clear();
-            self.tokens = 0;
-            let fused = if plan.fused {
-                (hp.q_width() + hp.k_width() + hp.v_width()).max(2 * hp.n_ff)
-            } else {
-                0
-            };
-            let widths = [
-                hp.n_embd,
-                hp.n_embd,
-                hp.q_width(),
-                hp.k_width(),
-                hp.v_width(),
-                fused,
-                hp.attn_out_width(),
-                hp.n_embd,
-                hp.n_ff,
-                hp.n_ff,
-            ];
-            for width in widths {
-                self.buffers.push(gpu.alloc(n * width * 4, "activations")?);
-            }
-            let step = (1 + n + self.table_pages) * 4;
-            self.buffers.push(gpu.alloc(step, "activations")?);
-            self.buffers
-                .push(gpu.alloc((hp.vocab_size + 1) * 4, "activations")?);
-            // The split attention serves calls below the SGEMM path's size.
-            let decode = n.min(GEMM_MIN_TOKENS - 1);
-            let partial = SplitScratch::partial_floats(hp.n_head, hp.head_dim_v);
-            self.buffers
-                .push(gpu.alloc(decode * partial * 4, "activations")?);
-            let counters = decode * hp.n_head * 4;
-            let mut zeroed = gpu.alloc(counters, "activations")?;
-            gpu.upload(&vec![0; counters], &mut zeroed, 0)?;
-            self.buffers.push(zeroed);
-            let widest = hp.n_ff.max(hp.n_embd).max(hp.attn_out_width());
-            let quantized = n * quantized_row_bytes(widest);
-            self.buffers.push(gpu.alloc(quantized, "activations")?);
-            let mut argmax = gpu.alloc(ArgmaxScratch::BYTES, "activations")?;
-            gpu.upload(&[0; ArgmaxScratch::BYTES], &mut argmax, 0)?;
-            self.buffers.push(argmax);
-            self.tokens = n;
+    /// Makes room for a pass (and the SGEMM scratch with `gemm`); a reallocation drops the
+    /// captured steps, whose launches name the old addresses.
+    pub fn reserve(
+        &mut self,
+        gpu: &Gpu,
+        plan: &ModelPlan,
+        need: Need,
+        gemm: bool,
+    ) -> Result<(), BackendError> {
+        if !self.room.holds(need) || self.buffers.is_empty() {
+            let room = self.room.grown(need).max(self.floor);
+            self.allocate(gpu, plan, room)?;
         }
-        if self.logits.is_none() {
-            self.logits = Some(gpu.alloc_pinned(hp.vocab_size + 1)?);
-        }
-        if n >= GEMM_MIN_TOKENS && self.dequant.is_none() {
+        if gemm && self.dequant.is_none() {
             self.dequant = Some(gpu.alloc(self.max_layer_matrix * 4, "prefill scratch")?);
         }
         Ok(())
     }
 
-    /// Uploads the position, token ids and page table (`pages`: the entries the chunk reaches)
-    /// of a chunk into [`Act::Step`], in one copy; [`Scratch::reserve`] made room for them.
-    pub fn upload_step(
-        &mut self,
-        gpu: &Gpu,
-        start_pos: u32,
-        tokens: &[u32],
-        pages: &[PageId],
-    ) -> Result<(), BackendError> {
-        if tokens.len() > self.tokens || pages.len() > self.table_pages {
+    fn allocate(&mut self, gpu: &Gpu, plan: &ModelPlan, room: Need) -> Result<(), BackendError> {
+        let hp = &plan.hp;
+        self.decode.clear();
+        self.buffers.clear();
+        self.logits = None;
+        self.room = Need::default();
+        let n = room.rows;
+        let fused = if plan.fused {
+            (hp.q_width() + hp.k_width() + hp.v_width()).max(2 * hp.n_ff)
+        } else {
+            0
+        };
+        let widths = [
+            hp.n_embd,
+            hp.n_embd,
+            hp.q_width(),
+            hp.k_width(),
+            hp.v_width(),
+            fused,
+            hp.attn_out_width(),
+            hp.n_embd,
+            hp.n_ff,
+            hp.n_ff,
+        ];
+        for width in widths {
+            self.buffers.push(gpu.alloc(n * width * 4, "activations")?);
+        }
+        let zeroed = |bytes: usize| -> Result<Buffer, BackendError> {
+            let mut buffer = gpu.alloc(bytes, "activations")?;
+            gpu.upload(&vec![0; bytes], &mut buffer, 0)?;
+            Ok(buffer)
+        };
+        let layout = Layout::of(room);
+        self.buffers
+            .push(gpu.alloc(layout.bytes(room), "activations")?);
+        let logits = room.heads * (self.vocab + 1) * 4;
+        self.buffers.push(gpu.alloc(logits, "activations")?);
+        let partial = SplitScratch::partial_floats(hp.n_head, hp.head_dim_v);
+        let split = room.split_rows;
+        self.buffers
+            .push(gpu.alloc(split * partial * 4, "activations")?);
+        self.buffers.push(zeroed(split * hp.n_head * 4)?);
+        let widest = hp.n_ff.max(hp.n_embd).max(hp.attn_out_width());
+        let quantized = n * quantized_row_bytes(widest);
+        self.buffers.push(gpu.alloc(quantized, "activations")?);
+        self.buffers.push(zeroed(ArgmaxScratch::bytes(room.heads))?);
+        self.logits = Some(gpu.alloc_pinned(room.heads * (self.vocab + 1))?);
+        self.room = room;
+        Ok(())
+    }
+
+    /// Uploads the rows of a pass over `chunks` into [`Act::Step`], in one copy: each chunk's
+    /// tokens at their positions with its page table (the entries it reaches), and as head
+    /// rows the last token of each chunk that wants an output. [`Scratch::reserve`] made room
+    /// ([`Scratch::need`]).
+    pub fn upload_step(&mut self, gpu: &Gpu, chunks: &[&Chunk<'_>]) -> Result<(), BackendError> {
+        let need = Self::need(chunks, false);
+        if !self.room.holds(need) {
             return Err(BackendError::InvalidInput(format!(
-                "{} tokens and {} pages exceed the step buffer",
-                tokens.len(),
-                pages.len()
+                "a pass of {need:?} exceeds the step buffer's {:?}",
+                self.room
             )));
         }
-        let padding = self.tokens - tokens.len();
+        let layout = Layout::of(self.room);
+        // Only what the pass uses: its rows' arrays, then its page tables.
+        let mut words = vec![0u32; layout.pages / 4 + need.table_entries];
+        let (mut row, mut entries, mut heads) = (0, 0, 0);
+        for chunk in chunks {
+            let table = &chunk.pages[..table_len(chunk)];
+            for (j, &token) in chunk.tokens.iter().enumerate() {
+                words[row] = token;
+                // Positions and offsets fit an `int`: the step checked them.
+                words[layout.pos / 4 + row] = (chunk.start_pos + j) as u32;
+                words[layout.tables / 4 + row] = entries as u32;
+                row += 1;
+            }
+            if chunk.want != Want::Nothing {
+                words[layout.heads / 4 + heads] = (row - 1) as u32;
+                heads += 1;
+            }
+            for (k, page) in table.iter().enumerate() {
+                words[layout.pages / 4 + entries + k] = page.0;
+            }
+            entries += table.len();
+        }
+        self.heads = heads;
         self.staging.clear();
-        let words = std::iter::once(start_pos)
-            .chain(tokens.iter().copied())
-            .chain(std::iter::repeat_n(0, padding))
-            .chain(pages.iter().map(|p| p.0));
-        self.staging.extend(words.flat_map(u32::to_le_bytes));
+        self.staging
+            .extend(words.into_iter().flat_map(u32::to_le_bytes));
         gpu.upload(&self.staging, &mut self.buffers[Act::Step as usize], 0)
     }
 
-    /// Copies the logits and their greedy choice from the GPU into the page-locked buffer and
-    /// waits for them.
-    pub fn download_logits(&mut self, gpu: &Gpu) -> Result<(), BackendError> {
-        let src = self.ptr(Act::Logits);
-        let logits = self.logits.as_mut().ok_or_else(no_logits)?;
-        let all = logits.len();
-        gpu.download_pinned(src, logits, all)
+    /// What a pass over `chunks` needs (`split`: it takes the split decode attention).
+    pub fn need(chunks: &[&Chunk<'_>], split: bool) -> Need {
+        let rows = chunks.iter().map(|c| c.tokens.len()).sum();
+        Need {
+            rows,
+            heads: chunks.iter().filter(|c| c.want != Want::Nothing).count(),
+            split_rows: if split { rows } else { 0 },
+            table_entries: chunks.iter().map(|c| table_len(c)).sum(),
+        }
     }
 
-    /// Copies only the greedy choice (the buffer's last slot; the logits there go stale) and
-    /// waits for it: a greedy step needs 4 bytes, not the vocabulary's logits.
-    pub fn download_choice(&mut self, gpu: &Gpu) -> Result<(), BackendError> {
-        let src = self.ptr(Act::Logits);
+    /// Copies head row `head`'s logits from the GPU into the page-locked buffer and waits
+    /// for them.
+    pub fn download_logits(&mut self, gpu: &Gpu, head: usize) -> Result<(), BackendError> {
+        let vocab = self.vocab;
+        let src = self.ptr(Act::Logits) + (4 * head * vocab) as u64;
         let logits = self.logits.as_mut().ok_or_else(no_logits)?;
-        let last = (logits.len() - 1) as u64;
-        gpu.download_pinned(src + 4 * last, logits, 1)
+        gpu.download_pinned(src, logits, 0, vocab)
     }
 
-    /// The logits of the last chunk run.
+    /// Copies the greedy choices of the last pass's head rows (after the logits' room in the
+    /// page-locked buffer) and waits for them: a greedy step needs 4 bytes a row, not the
+    /// vocabulary's logits.
+    pub fn download_choices(&mut self, gpu: &Gpu) -> Result<(), BackendError> {
+        let (src, offset, heads) = (self.choices_ptr(), self.room.heads * self.vocab, self.heads);
+        let logits = self.logits.as_mut().ok_or_else(no_logits)?;
+        gpu.download_pinned(src, logits, offset, heads)
+    }
+
+    /// The logits downloaded last.
     pub fn logits(&self) -> Result<&[f32], BackendError> {
-        let all = self.downloaded()?;
-        Ok(&all[..all.len() - 1])
+        Ok(&self.downloaded()?[..self.vocab])
     }
 
-    /// The greedy choice of the last chunk run.
-    pub fn greedy(&self) -> Option<u32> {
-        self.downloaded().ok()?.last().map(|id| id.to_bits())
+    /// The greedy choice of head row `head`, once downloaded.
+    pub fn greedy(&self, head: usize) -> Option<u32> {
+        let offset = self.room.heads * self.vocab + head;
+        self.downloaded().ok()?.get(offset).map(|id| id.to_bits())
     }
 
-    /// The logits and, in the last slot, the bits of their greedy choice.
+    /// The page-locked buffer: logits, then the choices as bits.
     fn downloaded(&self) -> Result<&[f32], BackendError> {
         self.logits
             .as_ref()
@@ -243,6 +392,11 @@ impl Scratch {
             .as_slice()
             .map_err(|e| device_error("reading the logits", e))
     }
+}
+
+/// Page-table entries chunk `c` reaches.
+fn table_len(c: &Chunk<'_>) -> usize {
+    c.end_pos().div_ceil(PAGE_SIZE)
 }
 
 fn no_logits() -> BackendError {

@@ -12,7 +12,7 @@ use crate::device::{Buffer, Gpu};
 use crate::module::{self, WEIGHT_TYPES};
 use crate::ops::{
     ArgmaxScratch, DeviceMatrix, LayerKv, NON_FINITE_CHOICE, Projection, RopeStore, RowNorm,
-    SplitScratch,
+    SplitScratch, StepRows,
 };
 
 /// xorshift64*: reproducible random inputs without a dependency.
@@ -137,6 +137,38 @@ impl PageTable {
     pub(super) fn row(&self, pos: usize) -> usize {
         self.table[pos / PAGE_SIZE] as usize * PAGE_SIZE + pos % PAGE_SIZE
     }
+
+    /// The rows of one chunk of `n` tokens from position `start` through this table, as the
+    /// kernels take them (every row's table at offset 0).
+    pub(super) fn chunk(&self, gpu: &Gpu, start: usize, n: usize) -> ChunkRows {
+        let words: Vec<u32> = (start..start + n)
+            .map(|p| p as u32)
+            .chain(std::iter::repeat_n(0, n))
+            .collect();
+        let buffer = put(
+            gpu,
+            &words
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect::<Vec<_>>(),
+        );
+        let rows = StepRows {
+            pos: buffer.ptr(),
+            tables: buffer.ptr() + 4 * n as u64,
+            pages: self.buffer.ptr(),
+        };
+        ChunkRows {
+            _buffer: buffer,
+            rows,
+        }
+    }
+}
+
+/// The positions and table offsets of a chunk's rows on the device ([`PageTable::chunk`]).
+pub(super) struct ChunkRows {
+    _buffer: Buffer,
+    /// Their addresses.
+    pub(super) rows: StepRows,
 }
 
 pub(super) fn gpu() -> Gpu {
@@ -326,11 +358,6 @@ fn check_fused_gemv(
     }
 }
 
-/// One device `int`: the position argument of the rope and attention kernels.
-fn position(gpu: &Gpu, pos: usize) -> Buffer {
-    put(gpu, &(pos as u32).to_le_bytes())
-}
-
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn rms_norm_and_rope_match_the_reference() {
@@ -385,15 +412,14 @@ fn rms_norm_and_rope_match_the_reference() {
         let pages = PageTable::scrambled(&gpu, &mut rng, start + n);
         let k_cache = gpu.alloc(pages.rows * kw * 2, "test").unwrap();
         let v_cache = gpu.alloc(pages.rows * kw * 2, "test").unwrap();
-        let pos = position(&gpu, start);
+        let chunk = pages.chunk(&gpu, start, n);
         let store = RopeStore {
             q: qb.ptr(),
             k: kb.ptr(),
             v: vb.ptr(),
             k_cache: k_cache.ptr(),
             v_cache: v_cache.ptr(),
-            pos: pos.ptr(),
-            pages: pages.buffer.ptr(),
+            rows: chunk.rows,
             n,
             n_head: heads,
             n_head_kv: kv_heads,
@@ -484,10 +510,11 @@ fn attention_matches_the_reference() {
             put(&gpu, &scatter(&keys, kw, &mut rng)),
             put(&gpu, &scatter(&values, vw, &mut rng)),
         );
+        let chunk = pages.chunk(&gpu, start, n);
         let kv = LayerKv {
             k: kb.ptr(),
             v: vb.ptr(),
-            pages: pages.buffer.ptr(),
+            rows: chunk.rows,
         };
         let out = gpu.alloc(n * n_head * dim * 4, "test").unwrap();
         let shape = AttentionShape {
@@ -498,9 +525,8 @@ fn attention_matches_the_reference() {
             scale: 1.0 / (dim as f32).sqrt(),
             window,
         };
-        let pos = position(&gpu, start);
         let run = |split: Option<&SplitScratch>| {
-            gpu.attention(&shape, qb.ptr(), &kv, out.ptr(), n, pos.ptr(), split)
+            gpu.attention(&shape, qb.ptr(), &kv, out.ptr(), n, split)
                 .unwrap();
             get(&gpu, &out, n * n_head * dim)
         };
@@ -575,7 +601,7 @@ fn argmax_logits_matches_the_greedy_sampler() {
         1.0,
     ];
     let out = gpu.alloc(4, "test").unwrap();
-    let scratch = put(&gpu, &[0; ArgmaxScratch::BYTES]);
+    let scratch = put(&gpu, &vec![0; ArgmaxScratch::bytes(1)]);
     let mut checked = [0usize; 2];
     for (round, n) in [1, 7, 1023, 2049, 4099, 151_936, 262_145, 300_001]
         .into_iter()
@@ -598,7 +624,11 @@ fn argmax_logits_matches_the_greedy_sampler() {
             logits[n - 1] = specials[(round / 6) % 3];
         }
         let buffer = put(&gpu, &to_bytes(&logits));
-        gpu.argmax_logits(buffer.ptr(), n, out.ptr(), scratch.ptr())
+        let space = ArgmaxScratch {
+            ptr: scratch.ptr(),
+            rows: 1,
+        };
+        gpu.argmax_logits(buffer.ptr(), n, 1, out.ptr(), space)
             .unwrap();
         let got = get(&gpu, &out, 1)[0].to_bits();
         let greedy = SamplingParams {
@@ -617,4 +647,24 @@ fn argmax_logits_matches_the_greedy_sampler() {
         checked[0] > 0 && checked[1] > 0,
         "both kinds of rounds: {checked:?}"
     );
+    // Several rows in one launch, in scratch for more rows: 3 rows, then all 8 (whose counts
+    // the first launch must have left zeroed).
+    let (rows, n) = (8, 151_936);
+    let logits = rng.floats(rows * n);
+    let buffer = put(&gpu, &to_bytes(&logits));
+    let scratch = put(&gpu, &vec![0; ArgmaxScratch::bytes(rows)]);
+    let space = ArgmaxScratch {
+        ptr: scratch.ptr(),
+        rows,
+    };
+    let out = gpu.alloc(4 * rows, "test").unwrap();
+    for launched in [3, rows] {
+        gpu.argmax_logits(buffer.ptr(), n, launched, out.ptr(), space)
+            .unwrap();
+        let got = get(&gpu, &out, launched);
+        for (r, got) in got.iter().enumerate() {
+            let want = worker_common::sampling::greedy_choice(&logits[r * n..][..n]);
+            assert_eq!(got.to_bits(), want, "row {r} of {launched}");
+        }
+    }
 }

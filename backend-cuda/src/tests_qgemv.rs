@@ -8,7 +8,9 @@ use backend_cpu::quant::{self, activation};
 use worker_common::gguf::GgmlType;
 use worker_common::model::{RopePlan, RopeStyle};
 
-use crate::device::Buffer;
+use worker_common::backend::BackendError;
+
+use crate::device::{Buffer, Gpu};
 use crate::ops::{DeviceMatrix, Projection, RopeStore, RowNorm};
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, get, gpu, put, random_weights, rel_error, to_bytes};
@@ -48,6 +50,27 @@ fn products(weights: &[f32], rows: usize, a: &[f64], cols: usize) -> Vec<f64> {
             })
         })
         .collect()
+}
+
+/// [`Gpu::qgemv`] for tests: `n > 1` rows given as f32 are quantized first (into a buffer of
+/// their own), as the batched kernel takes them.
+fn qgemv(
+    gpu: &Gpu,
+    parts: &[Projection<'_>],
+    input: QgemvInput,
+    n: usize,
+    mode: QgemvMode,
+) -> Result<(), BackendError> {
+    let cols = parts[0].w.cols;
+    match input {
+        QgemvInput::Rows(x, norm) if n > 1 => {
+            let quantized = gpu.alloc(n * quantized_row_bytes(cols), "test")?;
+            gpu.quantize_rows(x, norm, n, cols, quantized.ptr())?;
+            gpu.qgemv(parts, QgemvInput::Quantized(quantized.ptr()), n, mode)?;
+            gpu.sync()
+        }
+        _ => gpu.qgemv(parts, input, n, mode),
+    }
 }
 
 struct Case {
@@ -108,7 +131,8 @@ fn qgemv_matches_the_cpu_arithmetic_for_every_quantized_type() {
             bias: None,
             out: y.ptr(),
         };
-        gpu.qgemv(
+        qgemv(
+            &gpu,
             &[part],
             QgemvInput::Rows(xb.ptr(), None),
             n,
@@ -139,7 +163,8 @@ fn qgemv_matches_the_cpu_arithmetic_for_every_quantized_type() {
             bias: None,
             out: out.ptr(),
         };
-        gpu.qgemv(
+        qgemv(
+            &gpu,
             &[part(&outs[0])],
             QgemvInput::Rows(normed.ptr(), None),
             n,
@@ -150,7 +175,8 @@ fn qgemv_matches_the_cpu_arithmetic_for_every_quantized_type() {
             weight: weight.ptr(),
             eps: 1e-5,
         };
-        gpu.qgemv(
+        qgemv(
+            &gpu,
             &[part(&outs[1])],
             QgemvInput::Rows(xb.ptr(), Some(norm)),
             n,
@@ -175,8 +201,7 @@ fn qgemv_matches_the_cpu_arithmetic_for_every_quantized_type() {
         gpu.quantize_rows(xb.ptr(), Some(norm), n, cols, quantized.ptr())
             .unwrap();
         let input = QgemvInput::Quantized(quantized.ptr());
-        gpu.qgemv(&[part(&outs[0])], input, n, QgemvMode::Store)
-            .unwrap();
+        qgemv(&gpu, &[part(&outs[0])], input, n, QgemvMode::Store).unwrap();
         let a = get(&gpu, &outs[0], n * rows);
         let differ = a.iter().zip(&b).filter(|(a, b)| a.to_bits() != b.to_bits());
         let name = ggml_type.name();
@@ -226,8 +251,7 @@ fn qgemv_launch_modes_match_the_reference() {
                 out: out.ptr(),
             })
             .collect();
-        gpu.qgemv(&parts, QgemvInput::Rows(xb.ptr(), None), n, mode)
-            .unwrap();
+        qgemv(&gpu, &parts, QgemvInput::Rows(xb.ptr(), None), n, mode).unwrap();
         for (i, c) in cases.iter().enumerate() {
             let rows = c.matrix.rows;
             let want: Vec<f64> = expected[i]
@@ -256,7 +280,8 @@ fn qgemv_launch_modes_match_the_reference() {
             bias: None,
             out: out.ptr(),
         });
-        gpu.qgemv(
+        qgemv(
+            &gpu,
             &parts,
             QgemvInput::Rows(xb.ptr(), None),
             n,
@@ -298,8 +323,8 @@ fn qgemv_rope_equals_projection_then_rope_store() {
         .iter()
         .map(|c| put(&gpu, &to_bytes(&rng.floats(c.matrix.rows))))
         .collect();
-    let pos = put(&gpu, &(start as u32).to_le_bytes());
     let pages = PageTable::scrambled(&gpu, &mut rng, max_len);
+    let chunk = pages.chunk(&gpu, start, n);
     let zeros = |floats: usize| put(&gpu, &vec![0u8; floats * 4]);
     let cache_floats = |rows: usize| pages.rows * rows / 2;
     for (neox, dims) in [(true, 64), (false, 64), (true, 32), (false, 32)] {
@@ -331,7 +356,8 @@ fn qgemv_rope_equals_projection_then_rope_store() {
                 })
                 .collect()
         };
-        gpu.qgemv(
+        qgemv(
+            &gpu,
             &parts(&outs),
             QgemvInput::Rows(x.ptr(), None),
             n,
@@ -344,8 +370,7 @@ fn qgemv_rope_equals_projection_then_rope_store() {
             v: outs[2].ptr(),
             k_cache: caches[0].ptr(),
             v_cache: caches[1].ptr(),
-            pos: pos.ptr(),
-            pages: pages.buffer.ptr(),
+            rows: chunk.rows,
             n,
             n_head,
             n_head_kv,
@@ -362,18 +387,42 @@ fn qgemv_rope_equals_projection_then_rope_store() {
         let target = RopeTarget {
             rope,
             head_dim,
-            pos: pos.ptr(),
-            pages: pages.buffer.ptr(),
+            rows: chunk.rows,
             k_cache: fused_caches[0].ptr(),
             v_cache: fused_caches[1].ptr(),
         };
-        gpu.qgemv(
+        qgemv(
+            &gpu,
             &parts(&fused),
             QgemvInput::Rows(x.ptr(), None),
             n,
             QgemvMode::Rope(target),
         )
         .unwrap();
+        // And one row at a time (the one-token kernel): the same bits as the batched launch.
+        let single: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
+        let single_caches = [
+            zeros(cache_floats(cases[1].matrix.rows)),
+            zeros(cache_floats(cases[2].matrix.rows)),
+        ];
+        for t in 0..n {
+            let row = pages.chunk(&gpu, start + t, 1);
+            let target = RopeTarget {
+                rows: row.rows,
+                k_cache: single_caches[0].ptr(),
+                v_cache: single_caches[1].ptr(),
+                ..target
+            };
+            let outs: Vec<Projection<'_>> = parts(&single)
+                .into_iter()
+                .map(|p| Projection {
+                    out: p.out + (t * p.w.rows * 4) as u64,
+                    ..p
+                })
+                .collect();
+            let input = QgemvInput::Rows(x.ptr() + (t * cols * 4) as u64, None);
+            qgemv(&gpu, &outs, input, 1, QgemvMode::Rope(target)).unwrap();
+        }
         let same = |a: &Buffer, b: &Buffer, floats: usize, what: &str| {
             let (a, b) = (get(&gpu, a, floats), get(&gpu, b, floats));
             let differ = a
@@ -402,5 +451,87 @@ fn qgemv_rope_equals_projection_then_rope_store() {
             cache_floats(cases[2].matrix.rows),
             "value cache",
         );
+        let rows = n * cases[0].matrix.rows;
+        same(&single[0], &fused[0], rows, "rotated queries, row by row");
+        let keys = cache_floats(cases[1].matrix.rows);
+        same(
+            &single_caches[0],
+            &fused_caches[0],
+            keys,
+            "key cache, row by row",
+        );
+        let values = cache_floats(cases[2].matrix.rows);
+        same(
+            &single_caches[1],
+            &fused_caches[1],
+            values,
+            "value cache, row by row",
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_launches_equal_one_row_launches_bit_for_bit() {
+    let gpu = gpu();
+    let mut rng = Rng(0x2545_f491);
+    // 11 rows: a full group of eight and a partial one.
+    let n = 11;
+    for (ggml_type, rows, cols) in TYPES
+        .iter()
+        .flat_map(|&t| [(t, 67, 512), (t, 8195, 512), (t, 67, 2304)])
+    {
+        let gate = case(&gpu, &mut rng, ggml_type, rows, cols);
+        let up = case(&gpu, &mut rng, ggml_type, rows, cols);
+        let x = put(&gpu, &to_bytes(&rng.floats(n * cols)));
+        let start = to_bytes(&rng.floats(n * rows));
+        let weight = put(&gpu, &to_bytes(&rng.floats(cols)));
+        let norm = Some(RowNorm {
+            weight: weight.ptr(),
+            eps: 1e-5,
+        });
+        let quantized = gpu.alloc(n * quantized_row_bytes(cols), "test").unwrap();
+        gpu.quantize_rows(x.ptr(), norm, n, cols, quantized.ptr())
+            .unwrap();
+        let modes = [
+            QgemvMode::Store,
+            QgemvMode::Accumulate,
+            QgemvMode::Gated { gelu: false },
+        ];
+        for (mode, pre) in modes.into_iter().flat_map(|m| [(m, false), (m, true)]) {
+            let input = |t: usize| match pre {
+                true => {
+                    QgemvInput::Quantized(quantized.ptr() + (t * quantized_row_bytes(cols)) as u64)
+                }
+                false => QgemvInput::Rows(x.ptr() + (t * cols * 4) as u64, norm),
+            };
+            let run = |first: usize, count: usize, out: &Buffer| {
+                let out = out.ptr() + (first * rows * 4) as u64;
+                let parts = [&gate, &up].map(|c| Projection {
+                    w: &c.matrix,
+                    bias: None,
+                    out,
+                });
+                let parts = if matches!(mode, QgemvMode::Gated { .. }) {
+                    &parts[..]
+                } else {
+                    &parts[..1]
+                };
+                qgemv(&gpu, parts, input(first), count, mode).unwrap();
+            };
+            let (batched, alone) = (put(&gpu, &start), put(&gpu, &start));
+            run(0, n, &batched);
+            for t in 0..n {
+                run(t, 1, &alone);
+            }
+            let (a, b) = (get(&gpu, &batched, n * rows), get(&gpu, &alone, n * rows));
+            let differ = a.iter().zip(&b).filter(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(
+                differ.count(),
+                0,
+                "{} {rows}×{cols} {mode:?} (prequantized: {pre}): batched rows differ",
+                ggml_type.name()
+            );
+        }
     }
 }

@@ -9,6 +9,7 @@ pub mod bins;
 pub mod fixtures;
 pub mod gguf_writer;
 pub mod http;
+pub mod invariance;
 pub mod pool;
 pub mod stream;
 pub mod worker;

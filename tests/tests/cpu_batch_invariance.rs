@@ -9,27 +9,16 @@ use std::sync::Arc;
 
 use backend_cpu::{CpuBackend, CpuOptions};
 use llorch_tests::assets::Model;
-use worker_common::backend::{
-    Chunk, ChunkOutput, InferenceBackend, Load, LoadConfig, PAGE_SIZE, PageId, StepOutputs, Want,
+use llorch_tests::invariance::{
+    Got, Harness, TEXTS, alone, assert_same, chunk, pages, prompt, together,
 };
+use worker_common::backend::{Load, LoadConfig, PAGE_SIZE, Want};
 use worker_common::model::ModelFile;
-use worker_common::sampling::greedy_choice;
 use worker_common::tokenizer::Tokenizer;
 
-const TEXTS: [&str; 3] = [
-    "The lighthouse keeper climbed the stairs every evening, counting each of the two hundred \
-     steps, and at the top he lit the lamp that had warned ships off the rocks for a century. \
-     Nobody in the village remembered a night he had missed.",
-    "fn main() { let xs: Vec<u32> = (0..10).collect(); println!(\"{:?}\", xs); }",
-    "Question: what is the capital of France? Answer:",
-];
-
-/// Greedy decode steps after each prefill.
-const DECODE_STEPS: usize = 8;
-
 struct Fixture {
-    backend: CpuBackend,
-    outputs: StepOutputs,
+    harness: Harness<CpuBackend>,
+    /// Three prompts of different lengths (40, 23 and 5 tokens).
     prompts: [Vec<u32>; 3],
 }
 
@@ -44,113 +33,29 @@ impl Fixture {
         };
         let backend =
             CpuBackend::load(file, &CpuOptions { threads: 2 }, &config, &mut |_| {}).unwrap();
-        // Three prompts of different lengths (40, 23 and 5 tokens).
-        let prompt = |text: &str, len: usize| {
-            let ids = tokenizer.encode(text, true, false).unwrap();
-            assert!(ids.len() >= len, "{} tokens in {text:?}", ids.len());
-            ids[..len].to_vec()
-        };
         Self {
-            outputs: StepOutputs::new(backend.vocab_size()),
-            backend,
+            harness: Harness::new(backend),
             prompts: [
-                prompt(TEXTS[0], 40),
-                prompt(TEXTS[1], 23),
-                prompt(TEXTS[2], 5),
+                prompt(&tokenizer, TEXTS[0], 40),
+                prompt(&tokenizer, TEXTS[1], 23),
+                prompt(&tokenizer, TEXTS[2], 5),
             ],
         }
     }
 
-    /// Runs one step; returns the logits of each chunk that wanted them (empty otherwise).
-    fn step(&mut self, chunks: &[Chunk<'_>]) -> Vec<Vec<f32>> {
-        self.backend.step(chunks, &mut self.outputs).unwrap();
-        (0..chunks.len())
-            .map(|i| match self.outputs.get(i).unwrap() {
-                ChunkOutput::Logits(logits) => logits.to_vec(),
-                ChunkOutput::Nothing => Vec::new(),
-                ChunkOutput::Greedy(_) => unreachable!("no chunk asks for the greedy choice"),
-            })
-            .collect()
+    /// The logits' bits of a one-chunk step.
+    fn logits(&mut self, chunk: worker_common::backend::Chunk<'_>) -> Got {
+        self.harness.step(&[chunk]).remove(0).0
     }
-}
-
-fn chunk<'a>(tokens: &'a [u32], start_pos: usize, pages: &'a [PageId], want: Want) -> Chunk<'a> {
-    Chunk {
-        tokens,
-        start_pos,
-        pages,
-        want,
-    }
-}
-
-fn pages(ids: &[u32]) -> Vec<PageId> {
-    ids.iter().copied().map(PageId).collect()
-}
-
-fn bits(logits: &[f32]) -> Vec<u32> {
-    logits.iter().map(|v| v.to_bits()).collect()
-}
-
-/// A sequence's logits after its prompt and after each greedy decode step, run alone in pages
-/// `0..` (the batch-of-one case).
-fn alone(fixture: &mut Fixture, prompt: &[u32]) -> Vec<Vec<f32>> {
-    let table: Vec<PageId> = (0..(prompt.len() + DECODE_STEPS).div_ceil(PAGE_SIZE) as u32)
-        .map(PageId)
-        .collect();
-    let mut history = fixture.step(&[chunk(prompt, 0, &table, Want::Logits)]);
-    for pos in prompt.len()..prompt.len() + DECODE_STEPS {
-        let token = [greedy_choice(&history[history.len() - 1])];
-        history.extend(fixture.step(&[chunk(&token, pos, &table, Want::Logits)]));
-    }
-    history
 }
 
 /// (a) Three sequences in interleaved pages, staggered: A and B prefill together, then C
 /// prefills beside A's and B's first decode, then all decode together in a rotating order.
 fn mixed_steps_match_alone(fixture: &mut Fixture) {
-    let prompts = fixture.prompts.clone();
-    let expected: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| alone(fixture, p)).collect();
-    let tables = [pages(&[5, 2, 9]), pages(&[0, 7]), pages(&[4])];
-    let mut got: [Vec<Vec<f32>>; 3] = Default::default();
-    let first = fixture.step(&[
-        chunk(&prompts[0], 0, &tables[0], Want::Logits),
-        chunk(&prompts[1], 0, &tables[1], Want::Logits),
-    ]);
-    got[0].push(first[0].clone());
-    got[1].push(first[1].clone());
-    // Sequence C prefills in the first round, beside A's and B's first decode; the chunks'
-    // order rotates each round.
-    for round in 0.. {
-        let next: Vec<[u32; 1]> = got
-            .iter()
-            .map(|h| [h.last().map_or(0, |l| greedy_choice(l))])
-            .collect();
-        let mut members: Vec<usize> = (0..3).filter(|&s| got[s].len() <= DECODE_STEPS).collect();
-        if members.is_empty() {
-            break;
-        }
-        let shift = round % members.len();
-        members.rotate_left(shift);
-        let chunks: Vec<Chunk<'_>> = members
-            .iter()
-            .map(|&s| match got[s].len() {
-                0 => chunk(&prompts[s], 0, &tables[s], Want::Logits),
-                n => chunk(&next[s], prompts[s].len() + n - 1, &tables[s], Want::Logits),
-            })
-            .collect();
-        for (&s, logits) in members.iter().zip(fixture.step(&chunks)) {
-            got[s].push(logits);
-        }
-    }
-    for (s, (got, expected)) in got.iter().zip(&expected).enumerate() {
-        assert_eq!(got.len(), expected.len(), "sequence {s}");
-        for (step, (g, e)) in got.iter().zip(expected).enumerate() {
-            assert!(
-                bits(g) == bits(e),
-                "sequence {s}, step {step}: logits differ"
-            );
-        }
-    }
+    let prompts = fixture.prompts.to_vec();
+    let h = &mut fixture.harness;
+    let expected: Vec<Vec<Got>> = prompts.iter().map(|p| alone(h, p, Want::Logits)).collect();
+    assert_same(&together(h, &prompts, Want::Logits), &expected);
 }
 
 /// (b) One prompt in one chunk vs in chunks of 7 and of 16 tokens: the last logits, and those
@@ -160,16 +65,14 @@ fn split_prefill_matches_one_chunk(fixture: &mut Fixture) {
     let table = pages(&[3, 11, 6]);
     let next = [42u32];
     let mut run = |size: usize| {
-        let mut last = Vec::new();
+        let mut last = Got::Nothing;
         for (i, part) in prompt.chunks(size).enumerate() {
             let end = (i + 1) * size >= prompt.len();
             let want = if end { Want::Logits } else { Want::Nothing };
-            last = fixture
-                .step(&[chunk(part, i * size, &table, want)])
-                .remove(0);
+            last = fixture.logits(chunk(part, i * size, &table, want));
         }
-        let decode = fixture.step(&[chunk(&next, prompt.len(), &table, Want::Logits)]);
-        (bits(&last), bits(&decode[0]))
+        let decode = fixture.logits(chunk(&next, prompt.len(), &table, Want::Logits));
+        (last, decode)
     };
     let whole = run(prompt.len());
     assert!(run(7) == whole, "chunks of 7 differ from one chunk");
@@ -186,13 +89,13 @@ fn shared_prefix_matches_own_prefill(fixture: &mut Fixture) {
         .chain(&fixture.prompts[1][..12])
         .copied()
         .collect();
-    let own = fixture.step(&[chunk(&b, 0, &pages(&[10, 12, 14]), Want::Logits)]);
+    let own = fixture.logits(chunk(&b, 0, &pages(&[10, 12, 14]), Want::Logits));
     let a_table = pages(&[3, 6, 1]);
-    fixture.step(&[chunk(&a, 0, &a_table, Want::Nothing)]);
+    fixture.logits(chunk(&a, 0, &a_table, Want::Nothing));
     let b_table = pages(&[3, 6, 8]);
-    let suffix = fixture.step(&[chunk(&b[shared..], shared, &b_table, Want::Logits)]);
+    let suffix = fixture.logits(chunk(&b[shared..], shared, &b_table, Want::Logits));
     assert!(
-        bits(&own[0]) == bits(&suffix[0]),
+        own == suffix,
         "a prefix shared by page reference gives other logits"
     );
 }

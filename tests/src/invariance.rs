@@ -1,0 +1,206 @@
+//! Batch invariance on real models, for any backend: a chunk's logits (or greedy choice) are
+//! bit-identical whatever else is in its step. The CPU and CUDA tests drive the same harness.
+
+use worker_common::backend::{
+    BackendError, Chunk, ChunkOutput, InferenceBackend, PAGE_SIZE, PageId, StepOutputs, Want,
+};
+use worker_common::sampling::greedy_choice;
+use worker_common::tokenizer::Tokenizer;
+
+/// Prompt texts the harness cuts its prompts from.
+pub const TEXTS: [&str; 3] = [
+    "The lighthouse keeper climbed the stairs every evening, counting each of the two hundred \
+     steps, and at the top he lit the lamp that had warned ships off the rocks for a century. \
+     Nobody in the village remembered a night he had missed.",
+    "fn main() { let xs: Vec<u32> = (0..10).collect(); println!(\"{:?}\", xs); }",
+    "Question: what is the capital of France? Answer:",
+];
+
+/// Greedy decode steps after each prefill.
+pub const DECODE_STEPS: usize = 8;
+
+/// A loaded backend and the outputs of its steps.
+pub struct Harness<B: InferenceBackend> {
+    /// The backend under test.
+    pub backend: B,
+    outputs: StepOutputs,
+}
+
+/// What one chunk of a step gave back: logits, or a greedy choice.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Got {
+    /// Nothing was asked.
+    Nothing,
+    /// The logits' bits.
+    Logits(Vec<u32>),
+    /// The greedy choice.
+    Greedy(u32),
+}
+
+impl Got {
+    /// The next token a greedy sequence takes after this output.
+    pub fn next_token(&self, logits: &[f32]) -> u32 {
+        match self {
+            Got::Greedy(id) => *id,
+            _ => greedy_choice(logits),
+        }
+    }
+}
+
+impl<B: InferenceBackend> Harness<B> {
+    /// A harness around `backend`.
+    pub fn new(backend: B) -> Self {
+        Self {
+            outputs: StepOutputs::new(backend.vocab_size()),
+            backend,
+        }
+    }
+
+    /// Runs one step; returns each chunk's output (and the logits, when they were asked for).
+    /// Fails the test on a backend error.
+    pub fn step(&mut self, chunks: &[Chunk<'_>]) -> Vec<(Got, Vec<f32>)> {
+        let n = chunks.len();
+        let failed = |err: BackendError| -> ! { panic!("a step of {n} chunks failed: {err}") };
+        if let Err(err) = self.backend.step(chunks, &mut self.outputs) {
+            failed(err);
+        }
+        (0..n)
+            .map(
+                |i| match self.outputs.get(i).unwrap_or_else(|err| failed(err)) {
+                    ChunkOutput::Logits(logits) => (Got::Logits(bits(logits)), logits.to_vec()),
+                    ChunkOutput::Nothing => (Got::Nothing, Vec::new()),
+                    ChunkOutput::Greedy(id) => (Got::Greedy(id), Vec::new()),
+                },
+            )
+            .collect()
+    }
+}
+
+/// The first `len` tokens of `text`.
+pub fn prompt(tokenizer: &Tokenizer, text: &str, len: usize) -> Vec<u32> {
+    let ids = tokenizer.encode(text, true, false).unwrap_or_default();
+    assert!(ids.len() >= len, "{} tokens in {text:?}", ids.len());
+    ids[..len].to_vec()
+}
+
+/// A chunk.
+pub fn chunk<'a>(
+    tokens: &'a [u32],
+    start_pos: usize,
+    pages: &'a [PageId],
+    want: Want,
+) -> Chunk<'a> {
+    Chunk {
+        tokens,
+        start_pos,
+        pages,
+        want,
+    }
+}
+
+/// A page table of these ids.
+pub fn pages(ids: &[u32]) -> Vec<PageId> {
+    ids.iter().copied().map(PageId).collect()
+}
+
+fn bits(logits: &[f32]) -> Vec<u32> {
+    logits.iter().map(|v| v.to_bits()).collect()
+}
+
+/// A sequence's outputs after its prompt and after each of [`DECODE_STEPS`] greedy decode
+/// steps, run alone in pages `0..` (the batch-of-one case), each step asking for `want`.
+pub fn alone<B: InferenceBackend>(h: &mut Harness<B>, prompt: &[u32], want: Want) -> Vec<Got> {
+    let table: Vec<PageId> = (0..(prompt.len() + DECODE_STEPS).div_ceil(PAGE_SIZE) as u32)
+        .map(PageId)
+        .collect();
+    let (first, logits) = h.step(&[chunk(prompt, 0, &table, want)]).remove(0);
+    let mut token = first.next_token(&logits);
+    let mut history = vec![first];
+    for pos in prompt.len()..prompt.len() + DECODE_STEPS {
+        let (got, logits) = h.step(&[chunk(&[token], pos, &table, want)]).remove(0);
+        token = got.next_token(&logits);
+        history.push(got);
+    }
+    history
+}
+
+/// The sequences `prompts` started together in pages of their own (interleaved, from page
+/// `first_page` on), staggered: the first half prefill in step 0, the rest in step 1 beside the
+/// first half's first decode; then all decode together, the chunks' order rotating each step.
+/// Returns each sequence's outputs as [`alone`] does.
+pub fn together<B: InferenceBackend>(
+    h: &mut Harness<B>,
+    prompts: &[Vec<u32>],
+    want: Want,
+) -> Vec<Vec<Got>> {
+    let count = prompts.len();
+    let tables: Vec<Vec<PageId>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(s, p)| {
+            let needed = (p.len() + DECODE_STEPS).div_ceil(PAGE_SIZE);
+            // Sequence s takes pages s, s + count, …: interleaved with the others.
+            (0..needed)
+                .map(|k| PageId((k * count + s) as u32))
+                .collect()
+        })
+        .collect();
+    let mut got: Vec<Vec<Got>> = vec![Vec::new(); count];
+    let mut next: Vec<u32> = vec![0; count];
+    for round in 0.. {
+        let mut members: Vec<usize> = (0..count)
+            .filter(|&s| got[s].len() <= DECODE_STEPS && (round > 0 || s < count.div_ceil(2)))
+            .collect();
+        if members.is_empty() {
+            break;
+        }
+        let shift = round % members.len();
+        members.rotate_left(shift);
+        let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let chunks: Vec<Chunk<'_>> = members
+            .iter()
+            .map(|&s| match got[s].len() {
+                0 => chunk(&prompts[s], 0, &tables[s], want),
+                n => chunk(&tokens[s], prompts[s].len() + n - 1, &tables[s], want),
+            })
+            .collect();
+        let outputs = h.step(&chunks);
+        for (&s, (out, logits)) in members.iter().zip(outputs) {
+            next[s] = out.next_token(&logits);
+            got[s].push(out);
+        }
+    }
+    got
+}
+
+/// Asserts that every sequence's outputs together equal its outputs alone.
+pub fn assert_same(got: &[Vec<Got>], expected: &[Vec<Got>]) {
+    for (s, (got, expected)) in got.iter().zip(expected).enumerate() {
+        assert_eq!(got.len(), expected.len(), "sequence {s}");
+        for (step, (g, e)) in got.iter().zip(expected).enumerate() {
+            assert!(g == e, "sequence {s}, step {step}: {}", difference(g, e));
+        }
+    }
+}
+
+/// How two outputs differ, for a failure message.
+fn difference(got: &Got, expected: &Got) -> String {
+    match (got, expected) {
+        (Got::Logits(g), Got::Logits(e)) => {
+            let values = |bits: &[u32]| bits.iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>();
+            let (g, e) = (values(g), values(e));
+            let differ = g
+                .iter()
+                .zip(&e)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let most = g
+                .iter()
+                .zip(&e)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            format!("{differ} of {} logits differ, by up to {most}", g.len())
+        }
+        _ => format!("got {got:?}, alone {expected:?}"),
+    }
+}

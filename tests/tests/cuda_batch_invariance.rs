@@ -1,0 +1,78 @@
+//! Batch invariance of the CUDA backend on real models: a sequence's logits and greedy choices
+//! are bit-identical whatever else is in the step, for prompts prefilled in a pass of their own
+//! (SGEMM) and for short prompts and decodes batched into one pass with up to 16 other
+//! sequences. (Unlike the CPU backend, the CUDA backend's numerics depend on a chunk's length,
+//! so how a prompt is cut into chunks is not tested here: `chunking_invariant` is false.) Needs
+//! an NVIDIA GPU: `--ignored`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use backend_cuda::{CudaBackend, CudaOptions};
+use llorch_tests::assets::Model;
+use llorch_tests::invariance::{Got, Harness, TEXTS, alone, assert_same, prompt, together};
+use worker_common::backend::{Load, LoadConfig, Want};
+use worker_common::model::ModelFile;
+use worker_common::tokenizer::Tokenizer;
+
+fn load(model: Model) -> (Harness<CudaBackend>, Tokenizer) {
+    let file = Arc::new(ModelFile::open(model.path()).unwrap());
+    let tokenizer = Tokenizer::from_gguf(&file.gguf).unwrap();
+    let config = LoadConfig {
+        context_length: 256,
+        kv_cache_bytes: None,
+        parallel: Some(16),
+    };
+    let options = CudaOptions { device: 0 };
+    let backend = CudaBackend::load(file, &options, &config, &mut |_| {}).unwrap();
+    (Harness::new(backend), tokenizer)
+}
+
+/// Sixteen prompts: three of 17 to 40 tokens, each prefilled in a pass of its own, and 13 of
+/// 3 to 10 tokens, batched with each other's prefills and decodes.
+fn prompts(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
+    (0..16)
+        .map(|s| {
+            let len = match s {
+                0 => 40,
+                1 => 23,
+                2 => 17,
+                _ => 3 + s % 8,
+            };
+            prompt(tokenizer, TEXTS[s % 2], len)
+        })
+        .collect()
+}
+
+fn invariance(model: Model) {
+    let (mut h, tokenizer) = load(model);
+    let prompts = prompts(&tokenizer);
+    for want in [Want::Logits, Want::Greedy] {
+        let expected: Vec<Vec<Got>> = prompts.iter().map(|p| alone(&mut h, p, want)).collect();
+        assert_same(&together(&mut h, &prompts, want), &expected);
+        // Three of them only: other pass sizes and compositions for the same sequences.
+        let few = [0, 4, 9];
+        let some: Vec<Vec<u32>> = few.iter().map(|&s| prompts[s].clone()).collect();
+        let some_expected: Vec<Vec<Got>> = few.iter().map(|&s| expected[s].clone()).collect();
+        assert_same(&together(&mut h, &some, want), &some_expected);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn smollm2_is_batch_invariant_on_the_gpu() {
+    invariance(Model::SmolLm2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn qwen05_is_batch_invariant_on_the_gpu() {
+    invariance(Model::Qwen05);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gemma3_is_batch_invariant_on_the_gpu() {
+    invariance(Model::Gemma3);
+}
