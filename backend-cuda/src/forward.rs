@@ -55,27 +55,45 @@ pub struct Model<'a> {
     pub kv: &'a KvPool,
 }
 
+/// The rows of one chunk in a pass that multiplies by SGEMM: each chunk gets its own SGEMM
+/// calls, shaped as if it ran alone, so its results do not depend on the others.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    /// First row.
+    start: usize,
+    /// Rows.
+    rows: usize,
+}
+
 /// The shape of one pass: its token rows (of one or more chunks), how many of them the head
 /// multiplies, and which kernels it takes.
 #[derive(Debug, Clone, Copy)]
-struct Pass {
+struct Pass<'a> {
     /// Token rows.
     rows: usize,
     /// Head rows: the last row of each chunk that wants an output.
     heads: usize,
-    /// Chunks under [`GEMM_MIN_TOKENS`] tokens: int8-activation GEMVs and the split decode
-    /// attention. Otherwise one long chunk: SGEMM and the one-block attention.
-    gemv: bool,
+    /// Empty for chunks under [`GEMM_MIN_TOKENS`] tokens (int8-activation GEMVs over all rows
+    /// and the split decode attention); else the chunks of at least that many (dequantize each
+    /// matrix once, an SGEMM per chunk, the one-block attention).
+    segments: &'a [Segment],
     /// Whether the head rows are the last rows of the pass (one chunk): no gather needed.
     head_is_last: bool,
     /// Blocks per head of the split decode attention.
     splits: usize,
 }
 
+impl Pass<'_> {
+    /// Whether the pass takes the GEMV kernels.
+    fn gemv(&self) -> bool {
+        self.segments.is_empty()
+    }
+}
+
 impl Model<'_> {
-    /// Runs one pass over `chunks` (validated by the caller): one chunk of at least
-    /// [`GEMM_MIN_TOKENS`] tokens, or any number of shorter ones together, each row reading
-    /// its own sequence's keys and values. Leaves the logits of the last row of each chunk
+    /// Runs one pass over `chunks` (validated by the caller): chunks of at least
+    /// [`GEMM_MIN_TOKENS`] tokens, or shorter ones, together, each row reading its own
+    /// sequence's keys and values. Leaves the logits of the last row of each chunk
     /// that wants an output, and their greedy choices, in `scratch`'s device buffer
     /// ([`Act::Logits`]), still to be downloaded. A row's results do not depend on the other
     /// rows of the pass.
@@ -103,11 +121,22 @@ impl Model<'_> {
                 ));
             }
         }
-        let gemv = chunks.iter().all(|c| c.tokens.len() < GEMM_MIN_TOKENS);
-        if !gemv && chunks.len() != 1 {
+        let long = |c: &&Chunk<'_>| c.tokens.len() >= GEMM_MIN_TOKENS;
+        let gemv = !chunks.iter().any(long);
+        if !gemv && !chunks.iter().all(long) {
             return Err(BackendError::Device(
-                "a pass of more than one chunk takes only chunks under the SGEMM size".to_owned(),
+                "a pass takes chunks under the SGEMM size or chunks of at least it, not both"
+                    .to_owned(),
             ));
+        }
+        let mut segments = Vec::new();
+        if !gemv {
+            let mut start = 0;
+            for chunk in chunks {
+                let rows = chunk.tokens.len();
+                segments.push(Segment { start, rows });
+                start += rows;
+            }
         }
         let need = Scratch::need(chunks, gemv);
         scratch.reserve(self.gpu, self.plan, need, !gemv)?;
@@ -120,7 +149,7 @@ impl Model<'_> {
         let pass = Pass {
             rows: need.rows,
             heads: need.heads,
-            gemv,
+            segments: &segments,
             head_is_last: chunks.len() == 1,
             splits,
         };
@@ -147,7 +176,7 @@ impl Model<'_> {
 
     /// Queues the whole pass, whose rows are in [`Act::Step`]; the output head and the greedy
     /// choices for its head rows.
-    fn run(&self, pass: &Pass, s: &Scratch) -> Result<(), BackendError> {
+    fn run(&self, pass: &Pass<'_>, s: &Scratch) -> Result<(), BackendError> {
         let n = pass.rows;
         self.gpu.dequant(
             &self.weights.token_embd,
@@ -167,7 +196,7 @@ impl Model<'_> {
     }
 
     /// The output head over the pass's head rows, then their greedy choices.
-    fn head(&self, pass: &Pass, s: &Scratch) -> Result<(), BackendError> {
+    fn head(&self, pass: &Pass<'_>, s: &Scratch) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let m = pass.heads;
         let input = if pass.head_is_last {
@@ -196,7 +225,7 @@ impl Model<'_> {
             let normed = s.ptr(Act::Normed);
             self.gpu
                 .rms_norm(input, norm.weight, normed, m, hp.n_embd, norm.eps)?;
-            self.project(&[head], normed, None, m, true, s)?;
+            self.project(&[head], normed, None, m, &[], s)?;
         }
         if let Some(cap) = hp.final_logit_softcapping {
             self.gpu.softcap(logits, cap, m * hp.vocab_size)?;
@@ -212,12 +241,12 @@ impl Model<'_> {
         &self,
         x: u64,
         norm: &DeviceVector,
-        pass: &Pass,
+        pass: &Pass<'_>,
         s: &Scratch,
     ) -> Result<(u64, Option<RowNorm>), BackendError> {
         let hp = &self.plan.hp;
         let rows = pass.rows;
-        if pass.gemv && RowNorm::fits(hp.n_embd) {
+        if pass.gemv() && RowNorm::fits(hp.n_embd) {
             let norm = RowNorm {
                 weight: norm.ptr,
                 eps: hp.norm_eps,
@@ -230,26 +259,29 @@ impl Model<'_> {
         Ok((normed, None))
     }
 
-    /// `out = norm(input) · Wᵀ (+ bias)` for each part, `n` token rows: GEMV launches with
-    /// `gemv` or `norm` (which only the GEMVs apply), else dequantize + SGEMM. One
-    /// int8-activation launch when every part's format has one, else one f32 GEMV launch per
-    /// run of parts with the same format.
-    #[allow(clippy::too_many_arguments)]
+    /// `out = norm(input) · Wᵀ (+ bias)` for each part, `n` token rows: with `segments`
+    /// (and no `norm`, which only the GEMVs apply) each matrix dequantized once, then an SGEMM
+    /// per segment; else GEMV launches over all rows: one int8-activation launch when every
+    /// part's format has one, else one f32 GEMV launch per run of parts with the same format.
     fn project(
         &self,
         parts: &[Projection<'_>],
         input: u64,
         norm: Option<RowNorm>,
         n: usize,
-        gemv: bool,
+        segments: &[Segment],
         s: &Scratch,
     ) -> Result<(), BackendError> {
         match s.dequant() {
-            Some(dequant) if !gemv && norm.is_none() => {
+            Some(dequant) if !segments.is_empty() && norm.is_none() => {
                 for p in parts {
                     self.gpu.dequant(p.w, p.w.rows, None, 1.0, dequant)?;
-                    self.gpu
-                        .sgemm_nt(p.w.rows, n, p.w.cols, dequant, input, p.out)?;
+                    for segment in segments {
+                        let (rows, cols) = (segment.rows, p.w.cols);
+                        let x = input + (segment.start * cols * 4) as u64;
+                        let out = p.out + (segment.start * p.w.rows * 4) as u64;
+                        self.gpu.sgemm_nt(p.w.rows, rows, cols, dequant, x, out)?;
+                    }
                     if let Some(bias) = p.bias {
                         self.gpu.add_bias(p.out, bias, p.w.rows, n * p.w.rows)?;
                     }
@@ -281,14 +313,14 @@ impl Model<'_> {
         &self,
         w: &DeviceMatrix,
         input: u64,
-        pass: &Pass,
+        pass: &Pass<'_>,
         post_norm: Option<&DeviceVector>,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let n = pass.rows;
         let (x, projected) = (s.ptr(Act::X), s.ptr(Act::Projected));
-        if post_norm.is_none() && pass.gemv {
+        if post_norm.is_none() && pass.gemv() {
             let part = Projection {
                 w,
                 bias: None,
@@ -304,7 +336,7 @@ impl Model<'_> {
             bias: None,
             out: projected,
         };
-        self.project(&[part], input, None, n, pass.gemv, s)?;
+        self.project(&[part], input, None, n, pass.segments, s)?;
         if let Some(norm) = post_norm {
             self.gpu
                 .rms_norm(projected, norm.ptr, projected, n, hp.n_embd, hp.norm_eps)?;
@@ -318,11 +350,11 @@ impl Model<'_> {
         layer: &Layer,
         input: u64,
         norm: Option<RowNorm>,
-        pass: &Pass,
+        pass: &Pass<'_>,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
-        let (n, gemv) = (pass.rows, pass.gemv);
+        let n = pass.rows;
         let (q, k, v) = (s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V));
         let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
         match &layer.qkv {
@@ -336,7 +368,7 @@ impl Model<'_> {
                     .zip(separate_biases(layer))
                     .map(|((w, out), bias)| Projection { w, bias, out })
                     .collect();
-                self.project(&parts, input, norm, n, gemv, s)
+                self.project(&parts, input, norm, n, pass.segments, s)
             }
             Qkv::Fused(w) => {
                 let fused = s.ptr(Act::Fused);
@@ -350,7 +382,7 @@ impl Model<'_> {
                     bias,
                     out: fused,
                 };
-                self.project(&[part], input, norm, n, gemv, s)?;
+                self.project(&[part], input, norm, n, pass.segments, s)?;
                 self.gpu.copy_cols(fused, width, 0, q, qw, n)?;
                 self.gpu.copy_cols(fused, width, qw, k, kw, n)?;
                 self.gpu.copy_cols(fused, width, qw + kw, v, vw, n)
@@ -368,7 +400,7 @@ impl Model<'_> {
         rope: RopePlan,
         input: u64,
         norm: Option<RowNorm>,
-        pass: &Pass,
+        pass: &Pass<'_>,
         kv: &LayerKv,
         s: &Scratch,
     ) -> Result<bool, BackendError> {
@@ -376,7 +408,7 @@ impl Model<'_> {
             return Ok(false);
         };
         let quantized = [q, k, v].iter().all(|w| has_qgemv(w.ggml_type));
-        if !pass.gemv || layer.qk_norm.is_some() || !quantized {
+        if !pass.gemv() || layer.qk_norm.is_some() || !quantized {
             return Ok(false);
         }
         let hp = &self.plan.hp;
@@ -402,7 +434,7 @@ impl Model<'_> {
         &self,
         il: usize,
         layer: &Layer,
-        pass: &Pass,
+        pass: &Pass<'_>,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
@@ -452,7 +484,7 @@ impl Model<'_> {
             partial: s.ptr(Act::Partial),
             counters: s.ptr(Act::Counters),
         };
-        let split = pass.gemv.then_some(&split);
+        let split = pass.gemv().then_some(&split);
         gpu.attention(&layer_plan.attention, q, &kv, attn, n, split)?;
         self.residual(
             &layer.attn_output,
@@ -507,13 +539,13 @@ impl Model<'_> {
         self.gpu.gemv_gated(gate, up.ptr, input, norm, n, out, gelu)
     }
 
-    fn ffn_block(&self, layer: &Layer, pass: &Pass, s: &Scratch) -> Result<(), BackendError> {
+    fn ffn_block(&self, layer: &Layer, pass: &Pass<'_>, s: &Scratch) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
         let (gate, up) = (s.ptr(Act::Gate), s.ptr(Act::Up));
         let (ff, gelu) = (hp.n_ff, self.plan.activation == Activation::GeluTanh);
         let (input, norm) = self.normalized(s.ptr(Act::X), &layer.ffn_norm, pass, s)?;
-        let (n, gemv) = (pass.rows, pass.gemv);
+        let (n, gemv) = (pass.rows, pass.gemv());
         match &layer.gate_up {
             GateUp::Separate { gate: wg, up: wu } if gemv && same_layout(wg, wu) => {
                 self.gated_gemv(wg, wu, input, norm, n, gate, s)?;
@@ -531,7 +563,7 @@ impl Model<'_> {
                         out: up,
                     },
                 ];
-                self.project(&parts, input, norm, n, gemv, s)?;
+                self.project(&parts, input, norm, n, pass.segments, s)?;
                 gpu.gated(gate, up, gate, ff, ff, n, gelu)?;
             }
             GateUp::Fused(w) if gemv => {
@@ -552,7 +584,7 @@ impl Model<'_> {
                     bias: None,
                     out: fused,
                 };
-                self.project(&[part], input, norm, n, gemv, s)?;
+                self.project(&[part], input, norm, n, pass.segments, s)?;
                 gpu.gated(fused, fused + (ff * 4) as u64, gate, ff, 2 * ff, n, gelu)?;
             }
         }

@@ -216,10 +216,11 @@ impl InferenceBackend for CudaBackend {
         false
     }
 
-    /// Runs each chunk of [`forward::GEMM_MIN_TOKENS`] tokens or more in a pass of its own,
-    /// then all the shorter ones (decodes, prompt tails) together in one pass, downloading what
-    /// each pass's chunks want before the next pass starts. A row's arithmetic does not depend
-    /// on the other rows of its pass, so the step is batch invariant. A sticky CUDA error fails
+    /// Runs the chunks of [`forward::GEMM_MIN_TOKENS`] tokens or more together in one pass
+    /// (each matrix dequantized once, an SGEMM per chunk), then all the shorter ones (decodes,
+    /// prompt tails) together in another, downloading what each pass's chunks want before the
+    /// next pass starts. A row's arithmetic does not depend on the other rows of its pass, so
+    /// the step is batch invariant. A sticky CUDA error fails
     /// the step with `DeviceLost`, and every later step with the same.
     fn step(
         &mut self,
@@ -265,10 +266,10 @@ impl CudaBackend {
         let (short, long): (Vec<usize>, Vec<usize>) =
             (0..chunks.len()).partition(|&i| chunks[i].tokens.len() < forward::GEMM_MIN_TOKENS);
         let gemm = !long.is_empty();
-        let mut passes: Vec<Vec<usize>> = long.into_iter().map(|i| vec![i]).collect();
-        if !short.is_empty() {
-            passes.push(short);
-        }
+        let passes: Vec<Vec<usize>> = [long, short]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .collect();
         // Grown once for the step's largest pass, not pass by pass.
         let members = |pass: &[usize]| pass.iter().map(|&i| &chunks[i]).collect::<Vec<_>>();
         let need = passes.iter().fold(Need::default(), |room, pass| {
