@@ -18,6 +18,9 @@ use crate::weights::{DeviceVector, Layer, Weights};
 /// 16 tokens on Qwen 0.5B (16: 8.0 ms against 9.4 ms; 24: 10.9 against 6.8) and to about 48 on
 /// SmolLM2 135M, as each token re-reads the weights; the larger model sets the bound.
 pub const GEMM_MIN_TOKENS: usize = 17;
+/// Most decodes a captured graph serves (one graph per row count and split count); a larger
+/// batch is launched kernel by kernel, where launching costs little beside its kernels.
+const MAX_GRAPH_ROWS: usize = 64;
 /// Largest head width the attention kernel holds in registers (`MAX_HEAD` in attention.cu).
 const MAX_HEAD_DIM: usize = 256;
 
@@ -98,10 +101,10 @@ impl Model<'_> {
     /// ([`Act::Logits`]), still to be downloaded. A row's results do not depend on the other
     /// rows of the pass.
     ///
-    /// One token runs as a CUDA graph, captured at the first such call (per split count of the
-    /// decode attention) and replayed after for every sequence: the position, id and page table
-    /// are read from device memory, so each step is one small upload, one graph launch and the
-    /// logits' copy.
+    /// A batch of decodes runs as a CUDA graph, captured at the first pass of its row count and
+    /// split count of the decode attention, and replayed after for any sequences: positions, ids
+    /// and page tables are read from device memory, so each step is one small upload, one graph
+    /// launch and the outputs' copy.
     pub fn forward(
         &self,
         chunks: &[&Chunk<'_>],
@@ -153,20 +156,29 @@ impl Model<'_> {
             head_is_last: chunks.len() == 1,
             splits,
         };
-        if pass.rows > 1 {
+        // A batch of decodes (one token per chunk, every chunk wanting an output) replays a
+        // graph captured for its row count; anything else is launched kernel by kernel.
+        let decodes = chunks.len();
+        let graphed =
+            gemv && pass.rows == decodes && pass.heads == decodes && decodes <= MAX_GRAPH_ROWS;
+        if !graphed {
             return self.run(&pass, scratch);
         }
-        if !scratch.decode.iter().any(|g| g.splits == splits) {
-            let whole = Pass { heads: 1, ..pass };
+        let key = (decodes, splits);
+        if !scratch.decode.iter().any(|g| (g.rows, g.splits) == key) {
             self.gpu.begin_capture()?;
-            let recorded = self.run(&whole, scratch);
+            let recorded = self.run(&pass, scratch);
             // Ended on every path: a stream left capturing would refuse all later work.
             let graph = self.gpu.end_capture();
             recorded?;
             let graph = graph?;
-            scratch.decode.push(DecodeGraph { graph, splits });
+            scratch.decode.push(DecodeGraph {
+                graph,
+                rows: decodes,
+                splits,
+            });
         }
-        if let Some(step) = scratch.decode.iter().find(|g| g.splits == splits) {
+        if let Some(step) = scratch.decode.iter().find(|g| (g.rows, g.splits) == key) {
             step.graph
                 .launch()
                 .map_err(|e| device_error("launching the decode graph", e))?;

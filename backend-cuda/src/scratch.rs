@@ -1,5 +1,5 @@
 //! Device state besides the weights and the KV pool: activation buffers sized for the largest
-//! pass seen, the page-locked logits, and the captured one-token decode step. It persists
+//! pass seen, the page-locked logits, and the captured decode steps. It persists
 //! across steps and sequences: every pass runs through the same buffers.
 
 use cudarc::driver::{CudaGraph, PinnedHostSlice};
@@ -49,13 +49,15 @@ pub enum Act {
     Argmax,
 }
 
-/// The one-token step, recorded once per split count of the decode attention and replayed for
-/// every decode chunk of every sequence: besides the split count, the launches bake in only the
-/// pool's and the activations' addresses, fixed from load on (until the activations grow, which
-/// drops the graphs).
+/// A batch of decodes, recorded once per row count and split count of the decode attention and
+/// replayed for any sequences: besides those counts, the launches bake in only the pool's and
+/// the activations' addresses, fixed from load on (until the activations grow, which drops the
+/// graphs).
 pub struct DecodeGraph {
     /// The instantiated graph.
     pub graph: CudaGraph,
+    /// Its rows, one decode each.
+    pub rows: usize,
     /// The split count of its attention launches.
     pub splits: usize,
 }
@@ -158,7 +160,7 @@ pub struct Scratch {
     logits: Option<PinnedHostSlice<f32>>,
     /// Head rows of the last pass.
     heads: usize,
-    /// The captured one-token steps, one per split count used so far.
+    /// The captured decode steps, one per row count and split count used so far.
     pub decode: Vec<DecodeGraph>,
 }
 
