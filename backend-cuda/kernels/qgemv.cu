@@ -451,21 +451,25 @@ __device__ __forceinline__ QMatrix pick(const QMatrix& a, const QMatrix& b, cons
     return i == 0 ? a : (i == 1 ? b : c);
 }
 
-// Sums each of the N (a power of two up to 32) values `v` over the warp, leaving lane l with
-// the total of value *index (N / 32 lanes hold each). At each xor distance 16, 8, …, 1 a lane
-// keeps half of its values and adds the partner's copy of them: each value's total comes from
-// the same pairs, added in the same order, as warp_sum's butterfly, so it is bit-identical to
-// warp_sum of that value, in log N + … shuffles instead of 5 N. Row-major values (k · T + t)
-// split by row first: the lanes of a row-1 total are those of the row-0 total xor 16.
-template <int N>
+// Sums each of the N values `v` over the S lanes of a sub-warp (S a power of two up to 32,
+// N one up to S), leaving each lane with the total of value *index (S / N lanes hold each).
+// At each xor distance S/2, …, 1 a lane keeps half of its values and adds the partner's copy
+// of them: each value's total comes from the same pairs, added in the same order, as warp_sum's
+// butterfly, so it is bit-identical to warp_sum of that value (with S < 32 when the other lanes
+// would have held zeros: adding +0 to a sum, never -0 here, changes no bit), in log N + …
+// shuffles instead of N log S. Row-major values (k · U + u) split by row first: the lanes of a
+// row-1 total are those of the row-0 total xor S/2.
+template <int N, int S>
 __device__ __forceinline__ float reduce_scatter(Sums<N> sums, int lane, int* index) {
     float v[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] = sums.v[i];
     int base = 0;
+    // log2 S levels.
+    constexpr int LEVELS = S >= 32 ? 5 : S >= 16 ? 4 : S >= 8 ? 3 : S >= 4 ? 2 : S >= 2 ? 1 : 0;
 #pragma unroll
-    for (int level = 0; level < 5; ++level) {
-        int o = 16 >> level, count = N >> level;
+    for (int level = 0; level < LEVELS; ++level) {
+        int o = (S / 2) >> level, count = N >> level;
         if (count > 1) {
             int half = count / 2;
             bool upper = (lane & o) != 0;
@@ -522,11 +526,16 @@ __device__ __forceinline__ void qgemv_epilogue(const QMatrix& m0, const QMatrix&
 // slot (each on a contiguous run of the chunks, summed through shared memory), blockDim.x / 32
 // warps per block (at most QG_WARPS); grid.x over groups of T of the n tokens, grid.y over
 // slots, so that the blocks reading the same weights for different tokens run side by side and
-// DRAM serves each weight once (the others hit L2).
-template <int R, int T>
+// DRAM serves each weight once (the others hit L2). With G > 1 the warp is G sub-warps of
+// 32 / G lanes, sub-warp g on tokens g·T/G.. of the block: for a part of few chunks (at most
+// 32 / G lane slots, the launch checks) a sub-warp's lanes hold exactly what lanes 0.. of the
+// one-row kernel hold, and the other lanes would have held zeros, so each token's sum is
+// bit-identical while a lane multiplies its weights by G times fewer tokens.
+template <int R, int T, int G>
 __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, const QRope& rope,
                       int cols, int parts, int n, const float* x, const u8* pre, const float* norm,
                       float eps, int mode) {
+    constexpr int S = 32 / G, U = T / G, N = R * U;
     extern __shared__ int4 qgemv_shared[];
     __shared__ float s_part[QG_WARPS][R * T];
     int t0 = blockIdx.x * T, count = min(T, n - t0);
@@ -568,28 +577,32 @@ __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
         format = mk.format;
     }
     int chunks = cols >> 5, first = chunks * part / parts, last = chunks * (part + 1) / parts;
-    Sums<R * T> share = dot_rows_of<R, T>(format, w, first, last, lane, cols, inputs, count);
+    int g = lane / S, sub_lane = lane % S;
+    const u8* mine = inputs + (long long)g * U * qinput_bytes(cols);
+    Sums<N> share =
+        dot_rows_of<R, U>(format, w, first, last, sub_lane, cols, mine, count - g * U);
     int index;
-    float total = reduce_scatter<R * T>(share, lane, &index);
-    // 32 / (R · T) lanes hold each total; the first of them speaks for it.
-    bool leader = (lane & (32 / (R * T) - 1)) == 0;
+    float total = reduce_scatter<N, S>(share, sub_lane, &index);
+    // The row of the total and its token in the block.
+    int k = index / U, i = g * U + index % U, at = k * T + i;
+    // S / N lanes hold each total; the first of them speaks for it.
+    bool leader = (sub_lane & (S / N - 1)) == 0;
     if (parts > 1) {
-        if (leader) s_part[warp][index] = total;
+        if (leader) s_part[warp][at] = total;
         __syncthreads();
         if (part != 0) return;
-        total = s_part[warp][index];
-        for (int i = 1; i < parts; ++i) total += s_part[warp + i][index];
+        total = s_part[warp][at];
+        for (int p = 1; p < parts; ++p) total += s_part[warp + p][at];
     }
-    // The other row's total for the same token (R = 2), from the lanes xor 16.
-    float other = R == 2 ? __shfl_xor_sync(0xffffffffu, total, 16) : 0.0f;
-    int k = index / T, i = index % T;
+    // The other row's total for the same token (R = 2), from the lanes xor S/2.
+    float other = R == 2 ? __shfl_xor_sync(0xffffffffu, total, S / 2) : 0.0f;
     if (!leader || i >= count) return;
     qgemv_epilogue(m0, m1, m2, rope, mode, which, row, valid, rotation, R - 1, R == 2 ? k : 0,
                    total, other, t0 + i);
 }
 
-#define QGEMV_KERNEL(R, T)                                                                         \
-    extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) qgemv_r##R##_t##T(                 \
+#define QGEMV_KERNEL(R, T, G)                                                                      \
+    extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) qgemv_r##R##_t##T##_g##G(          \
         const u8* w0, const u8* w1, const u8* w2, long long rb0, long long rb1, long long rb2,     \
         const float* b0, const float* b1, const float* b2, float* y0, float* y1, float* y2,        \
         int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int parts, int n,       \
@@ -600,10 +613,14 @@ __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
                 m2 = {w2, rb2, b2, y2, rows2, f2};                                                 \
         QRope rope = {{pos, tables, pages}, k_cache, v_cache, head_dim, rope_dims, neox,           \
                       theta_scale, freq_scale};                                                    \
-        qgemv<R, T>(m0, m1, m2, rope, cols, parts, n, x, pre, norm, eps, mode);                    \
+        qgemv<R, T, G>(m0, m1, m2, rope, cols, parts, n, x, pre, norm, eps, mode);                 \
     }
 
-QGEMV_KERNEL(1, 1)
-QGEMV_KERNEL(2, 1)
-QGEMV_KERNEL(1, 8)
-QGEMV_KERNEL(2, 8)
+QGEMV_KERNEL(1, 1, 1)
+QGEMV_KERNEL(2, 1, 1)
+QGEMV_KERNEL(1, 8, 1)
+QGEMV_KERNEL(2, 8, 1)
+QGEMV_KERNEL(1, 8, 2)
+QGEMV_KERNEL(2, 8, 2)
+QGEMV_KERNEL(1, 8, 4)
+QGEMV_KERNEL(2, 8, 4)

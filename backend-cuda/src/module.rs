@@ -48,9 +48,11 @@ pub struct Kernels {
     gemv: Vec<CudaFunction>,
     /// `gemv_gated_*`, in [`WEIGHT_TYPES`] order.
     gemv_gated: Vec<CudaFunction>,
-    /// The int8-activation GEMV, `qgemv[tokens][rows]`: one token per block (`qgemv_r1_t1`,
-    /// `qgemv_r2_t1`) or up to eight (`qgemv_r1_t8`, `qgemv_r2_t8`), one or two rows per warp.
-    pub qgemv: [[CudaFunction; 2]; 2],
+    /// The one-token int8-activation GEMV (`qgemv_r1_t1_g1`, `qgemv_r2_t1_g1`), by rows per warp.
+    pub qgemv: [CudaFunction; 2],
+    /// The batched one, up to eight tokens per block, `qgemv_batched[g][rows]`: the warp as
+    /// 1, 2 or 4 sub-warps (`qgemv_r1_t8_g1`, …, `qgemv_r2_t8_g4`).
+    pub qgemv_batched: [[CudaFunction; 2]; 3],
     /// Quantizes input rows once for the qgemv launches that read them.
     pub quantize_rows: CudaFunction,
     /// RMSNorm per row.
@@ -119,9 +121,11 @@ impl Kernels {
             dequant: per_type("dequant")?,
             gemv: per_type("gemv")?,
             gemv_gated: per_type("gemv_gated")?,
-            qgemv: [
-                [get("qgemv_r1_t1")?, get("qgemv_r2_t1")?],
-                [get("qgemv_r1_t8")?, get("qgemv_r2_t8")?],
+            qgemv: [get("qgemv_r1_t1_g1")?, get("qgemv_r2_t1_g1")?],
+            qgemv_batched: [
+                [get("qgemv_r1_t8_g1")?, get("qgemv_r2_t8_g1")?],
+                [get("qgemv_r1_t8_g2")?, get("qgemv_r2_t8_g2")?],
+                [get("qgemv_r1_t8_g4")?, get("qgemv_r2_t8_g4")?],
             ],
             quantize_rows: get("quantize_rows")?,
             rms_norm: get("rms_norm")?,

@@ -274,8 +274,31 @@ impl Gpu {
         }
         let tokens = if batched { BATCH_TOKENS } else { 1 };
         let grid = (int(n.div_ceil(tokens))? as u32, slot_blocks as u32);
-        let func = &self.kernels.qgemv[usize::from(batched)][usize::from(two_rows)];
+        let rows_per_warp = usize::from(two_rows);
+        let func = if batched {
+            let lanes = parts.iter().map(|p| lanes_per_chunk(p.w.ggml_type)).max();
+            let spread = (cols / 32).div_ceil(per_slot) * lanes.unwrap_or(1);
+            &self.kernels.qgemv_batched[sub_warps(spread)][rows_per_warp]
+        } else {
+            &self.kernels.qgemv[rows_per_warp]
+        };
         self.launch_shared(func, grid, ((WARPS * 32) as u32, shared as u32), &args)
+    }
+}
+
+/// Lanes on one 32-element chunk (`LANES` of the format's `Chunk*` in qgemv.cu).
+fn lanes_per_chunk(ggml_type: GgmlType) -> usize {
+    if ggml_type == GgmlType::Q6_K { 8 } else { 1 }
+}
+
+/// Which batched kernel takes a warp whose chunks need `spread` lanes (chunks per warp times
+/// lanes per chunk): as 4 sub-warps of 8 lanes (index 2) when 8 lanes hold them, 2 of 16 when
+/// 16 do, else the whole warp (0). The sub-warps' results are those of the whole warp (qgemv.cu).
+fn sub_warps(spread: usize) -> usize {
+    match spread {
+        0..=8 => 2,
+        9..=16 => 1,
+        _ => 0,
     }
 }
 
