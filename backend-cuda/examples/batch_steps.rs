@@ -1,11 +1,12 @@
 //! Decode steps of many sequences at once, timed on the backend alone (no HTTP, no scheduler):
 //! `cargo run --release -p backend-cuda --example batch_steps -- <model.gguf> [sizes] [steps]
-//! [prompt]`.
+//! [prompt] [context] [gap_us]`.
 //!
 //! For each batch size (default `1,2,4,8,16,32,64`) it prefills that many prompts of `prompt`
 //! tokens (default 8), then runs `steps` (default 32) decode steps of one token per sequence
 //! with their greedy choices, and prints the median step time and the tokens per second it
-//! gives.
+//! gives. `context` raises the context the backend is loaded for; `gap_us` sleeps that long
+//! between steps, as a server's host work would (does the GPU slow down between steps?).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = args.next().map(|v| v.parse()).transpose()?.unwrap_or(32);
     let prompt: usize = args.next().map(|v| v.parse()).transpose()?.unwrap_or(8);
     let at_least: usize = args.next().map(|v| v.parse()).transpose()?.unwrap_or(0);
+    let gap_us: u64 = args.next().map(|v| v.parse()).transpose()?.unwrap_or(0);
     let largest = sizes.iter().copied().max().unwrap_or(1);
     let model = Arc::new(ModelFile::open(&path)?);
     let context = (prompt + steps + 1).max(at_least);
@@ -83,6 +85,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     want: Want::Greedy,
                 })
                 .collect();
+            std::thread::sleep(std::time::Duration::from_micros(gap_us));
             let start = Instant::now();
             backend.step(&chunks, &mut outputs)?;
             times.push(start.elapsed().as_secs_f64() * 1e3);
