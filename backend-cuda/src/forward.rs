@@ -2,22 +2,17 @@
 //! step the CPU backend's (backend-cpu/src/forward.rs), with its per-architecture differences
 //! coming from the loaded [`Weights`] and the [`ModelPlan`].
 
-use worker_common::backend::{BackendError, Chunk, PAGE_SIZE};
+use worker_common::backend::{BackendError, Chunk};
 use worker_common::model::{Activation, GateUp, ModelPlan, Qkv, RopePlan};
 
 use crate::device::{Gpu, device_error};
 use crate::kv::KvPool;
 use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch, StepRows};
+use crate::pass::{Pass, Segment, check_pass, decode_splits, is_long, segments};
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, prequantized};
 use crate::scratch::{Act, DecodeGraph, Scratch};
 use crate::weights::{DeviceVector, Layer, Weights};
 
-/// From this many tokens, a chunk's projections dequantize each matrix once into f32 scratch
-/// and run cuBLAS SGEMM; below it, the GEMV kernels read the quantized weights directly.
-/// Measured on an H100 (time to first token of a fresh sequence): the GEMV path is faster up to
-/// 16 tokens on Qwen 0.5B (16: 8.0 ms against 9.4 ms; 24: 10.9 against 6.8) and to about 48 on
-/// SmolLM2 135M, as each token re-reads the weights; the larger model sets the bound.
-pub const GEMM_MIN_TOKENS: usize = 17;
 /// Most decodes a captured graph serves (one graph per row count and split count); a larger
 /// batch is launched kernel by kernel, where launching costs little beside its kernels.
 const MAX_GRAPH_ROWS: usize = 64;
@@ -58,44 +53,9 @@ pub struct Model<'a> {
     pub kv: &'a KvPool,
 }
 
-/// The rows of one chunk in a pass that multiplies by SGEMM: each chunk gets its own SGEMM
-/// calls, shaped as if it ran alone, so its results do not depend on the others.
-#[derive(Debug, Clone, Copy)]
-struct Segment {
-    /// First row.
-    start: usize,
-    /// Rows.
-    rows: usize,
-}
-
-/// The shape of one pass: its token rows (of one or more chunks), how many of them the head
-/// multiplies, and which kernels it takes.
-#[derive(Debug, Clone, Copy)]
-struct Pass<'a> {
-    /// Token rows.
-    rows: usize,
-    /// Head rows: the last row of each chunk that wants an output.
-    heads: usize,
-    /// Empty for chunks under [`GEMM_MIN_TOKENS`] tokens (int8-activation GEMVs over all rows
-    /// and the split decode attention); else the chunks of at least that many (dequantize each
-    /// matrix once, an SGEMM per chunk, the one-block attention).
-    segments: &'a [Segment],
-    /// Whether the head rows are the last rows of the pass (one chunk): no gather needed.
-    head_is_last: bool,
-    /// Blocks per head of the split decode attention.
-    splits: usize,
-}
-
-impl Pass<'_> {
-    /// Whether the pass takes the GEMV kernels.
-    fn gemv(&self) -> bool {
-        self.segments.is_empty()
-    }
-}
-
 impl Model<'_> {
     /// Runs one pass over `chunks` (validated by the caller): chunks of at least
-    /// [`GEMM_MIN_TOKENS`] tokens, or shorter ones, together, each row reading its own
+    /// [`GEMM_MIN_TOKENS`](crate::pass::GEMM_MIN_TOKENS) tokens, or shorter ones, together, each row reading its own
     /// sequence's keys and values. Leaves the logits of the last row of each chunk
     /// that wants an output, and their greedy choices, in `scratch`'s device buffer
     /// ([`Act::Logits`]), still to be downloaded. A row's results do not depend on the other
@@ -110,37 +70,9 @@ impl Model<'_> {
         chunks: &[&Chunk<'_>],
         scratch: &mut Scratch,
     ) -> Result<(), BackendError> {
-        for chunk in chunks {
-            // The kernels take positions as `int`.
-            if i32::try_from(chunk.end_pos()).is_err() {
-                return Err(BackendError::InvalidInput(format!(
-                    "position {} exceeds a kernel's int",
-                    chunk.start_pos
-                )));
-            }
-            if chunk.pages.len() < chunk.end_pos().div_ceil(PAGE_SIZE) {
-                return Err(BackendError::InvalidInput(
-                    "a page table too short".to_owned(),
-                ));
-            }
-        }
-        let long = |c: &&Chunk<'_>| c.tokens.len() >= GEMM_MIN_TOKENS;
-        let gemv = !chunks.iter().any(long);
-        if !gemv && !chunks.iter().all(long) {
-            return Err(BackendError::Device(
-                "a pass takes chunks under the SGEMM size or chunks of at least it, not both"
-                    .to_owned(),
-            ));
-        }
-        let mut segments = Vec::new();
-        if !gemv {
-            let mut start = 0;
-            for chunk in chunks {
-                let rows = chunk.tokens.len();
-                segments.push(Segment { start, rows });
-                start += rows;
-            }
-        }
+        check_pass(chunks)?;
+        let gemv = !chunks.iter().any(|c| is_long(c));
+        let segments = if gemv { Vec::new() } else { segments(chunks) };
         let need = Scratch::need(chunks, gemv);
         scratch.reserve(self.gpu, self.plan, need, !gemv)?;
         scratch.upload_step(self.gpu, chunks)?;
@@ -161,21 +93,28 @@ impl Model<'_> {
         let decodes = chunks.len();
         let graphed =
             gemv && pass.rows == decodes && pass.heads == decodes && decodes <= MAX_GRAPH_ROWS;
-        if !graphed {
-            return self.run(&pass, scratch);
+        if graphed {
+            self.replay(&pass, scratch)
+        } else {
+            self.run(&pass, scratch)
         }
-        let key = (decodes, splits);
+    }
+
+    /// Launches the graph of a batch of decodes of `pass`'s shape, capturing it first when
+    /// none is kept yet.
+    fn replay(&self, pass: &Pass<'_>, scratch: &mut Scratch) -> Result<(), BackendError> {
+        let key = (pass.rows, pass.splits);
         if !scratch.decode.iter().any(|g| (g.rows, g.splits) == key) {
             self.gpu.begin_capture()?;
-            let recorded = self.run(&pass, scratch);
+            let recorded = self.run(pass, scratch);
             // Ended on every path: a stream left capturing would refuse all later work.
             let graph = self.gpu.end_capture();
             recorded?;
             let graph = graph?;
             scratch.decode.push(DecodeGraph {
                 graph,
-                rows: decodes,
-                splits,
+                rows: pass.rows,
+                splits: pass.splits,
             });
         }
         if let Some(step) = scratch.decode.iter().find(|g| (g.rows, g.splits) == key) {
@@ -602,17 +541,6 @@ impl Model<'_> {
         }
         self.residual(&layer.ffn_down, gate, pass, layer.post_ffn_norm.as_ref(), s)
     }
-}
-
-/// Blocks per head of the split decode attention for a chunk ending at `end_pos`: enough for
-/// its longest query, rounded up to a power of two so that few graphs are captured. Any count
-/// from a query's number of key chunks up gives each block one chunk, merged in chunk order,
-/// so the result depends on the positions alone (up to 4,096 positions; from there on every
-/// chunk takes [`MAX_SPLITS`](crate::ops::MAX_SPLITS)).
-fn decode_splits(end_pos: usize) -> usize {
-    SplitScratch::splits_for(end_pos)
-        .next_power_of_two()
-        .min(crate::ops::MAX_SPLITS)
 }
 
 /// Whether two matrices can share one GEMV launch (same format and row shape).

@@ -5,9 +5,9 @@
 //! kernels (int8 activations and integer dot products for the quantized formats, as the CPU
 //! backend; Q/K/V in one launch, gate and up fused with the activation, the residual add in the
 //! output projections); the decodes of a step run together in one pass, each weight chunk
-//! multiplied by up to eight rows with the one-row arithmetic per row, and one decode alone
-//! runs as a captured CUDA graph. Prefill chunks of 17 tokens or more dequantize one matrix at
-//! a time into f32 scratch and run cuBLAS SGEMM, a pass each. Activations are f32, the KV page
+//! multiplied by up to eight rows with the one-row arithmetic per row, replayed as a CUDA graph
+//! captured per batch size. A step's prefill chunks of 17 tokens or more share another pass:
+//! each matrix dequantized once into f32 scratch, then one cuBLAS SGEMM per chunk. Activations are f32, the KV page
 //! pool f16, as in the CPU backend; every kernel reaches a row's keys and values through that
 //! row's page table in device memory, so a row's results do not depend on the rest of its pass
 //! (batch invariance). The kernels (`kernels/*.cu`) are compiled by NVRTC for the device at
@@ -19,6 +19,7 @@ mod forward;
 mod kv;
 mod module;
 mod ops;
+mod pass;
 mod qgemv;
 mod scratch;
 mod weights;
@@ -216,12 +217,12 @@ impl InferenceBackend for CudaBackend {
         false
     }
 
-    /// Runs the chunks of [`forward::GEMM_MIN_TOKENS`] tokens or more together in one pass
+    /// Runs the chunks of 17 tokens or more (`GEMM_MIN_TOKENS`) together in one pass
     /// (each matrix dequantized once, an SGEMM per chunk), then all the shorter ones (decodes,
     /// prompt tails) together in another, downloading what each pass's chunks want before the
     /// next pass starts. A row's arithmetic does not depend on the other rows of its pass, so
-    /// the step is batch invariant. A sticky CUDA error fails
-    /// the step with `DeviceLost`, and every later step with the same.
+    /// the step is batch invariant. A sticky CUDA error fails the step with `DeviceLost`, and
+    /// every later step with the same.
     fn step(
         &mut self,
         chunks: &[Chunk<'_>],
@@ -263,20 +264,13 @@ impl CudaBackend {
         if let Some(fault) = &mut self.fault {
             fault.before_step(&self.gpu)?;
         }
-        let (short, long): (Vec<usize>, Vec<usize>) =
-            (0..chunks.len()).partition(|&i| chunks[i].tokens.len() < forward::GEMM_MIN_TOKENS);
-        let gemm = !long.is_empty();
-        let passes: Vec<Vec<usize>> = [long, short]
-            .into_iter()
-            .filter(|p| !p.is_empty())
-            .collect();
-        // Grown once for the step's largest pass, not pass by pass.
+        let passes = pass::passes(chunks);
         let members = |pass: &[usize]| pass.iter().map(|&i| &chunks[i]).collect::<Vec<_>>();
+        let gemv = |pass: &[usize]| !pass.iter().any(|&i| pass::is_long(&chunks[i]));
+        let gemm = passes.iter().any(|pass| !gemv(pass));
+        // Grown once for the step's largest pass, not pass by pass.
         let need = passes.iter().fold(Need::default(), |room, pass| {
-            let gemv = pass
-                .iter()
-                .all(|&i| chunks[i].tokens.len() < forward::GEMM_MIN_TOKENS);
-            room.max(Scratch::need(&members(pass), gemv))
+            room.max(Scratch::need(&members(pass), gemv(pass)))
         });
         self.scratch.reserve(&self.gpu, &self.plan, need, gemm)?;
         for pass in &passes {

@@ -230,7 +230,7 @@ impl Scratch {
         self.ptr(Act::Logits) + (4 * self.room.heads * self.vocab) as u64
     }
 
-    /// The SGEMM path's dequantization buffer, once a call of [`GEMM_MIN_TOKENS`] reserved it.
+    /// The SGEMM path's dequantization buffer, once a pass of long chunks reserved it.
     pub fn dequant(&self) -> Option<u64> {
         self.dequant.as_ref().map(Buffer::ptr)
     }

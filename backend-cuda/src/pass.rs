@@ -1,0 +1,118 @@
+//! The shape of a pass: which of a step's chunks run together, and with which kernels. A pass
+//! holds either chunks of at least [`GEMM_MIN_TOKENS`] tokens (dequantize + SGEMM, one SGEMM per
+//! chunk) or shorter ones (the int8-activation GEMVs over all rows), never both.
+
+use worker_common::backend::{BackendError, Chunk, PAGE_SIZE};
+
+use crate::ops::SplitScratch;
+
+/// From this many tokens, a chunk's projections dequantize each matrix once into f32 scratch
+/// and run cuBLAS SGEMM; below it, the GEMV kernels read the quantized weights directly.
+/// Measured on an H100 (time to first token of a fresh sequence): the GEMV path is faster up to
+/// 16 tokens on Qwen 0.5B (16: 8.0 ms against 9.4 ms; 24: 10.9 against 6.8) and to about 48 on
+/// SmolLM2 135M, as each token re-reads the weights; the larger model sets the bound.
+pub const GEMM_MIN_TOKENS: usize = 17;
+
+/// The rows of one chunk in a pass that multiplies by SGEMM: each chunk gets its own SGEMM
+/// calls, shaped as if it ran alone, so its results do not depend on the others.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment {
+    /// First row.
+    pub start: usize,
+    /// Rows.
+    pub rows: usize,
+}
+
+/// The shape of one pass: its token rows (of one or more chunks), how many of them the head
+/// multiplies, and which kernels it takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Pass<'a> {
+    /// Token rows.
+    pub rows: usize,
+    /// Head rows: the last row of each chunk that wants an output.
+    pub heads: usize,
+    /// Empty for chunks under [`GEMM_MIN_TOKENS`] tokens (int8-activation GEMVs over all rows
+    /// and the split decode attention); else the chunks of at least that many (dequantize each
+    /// matrix once, an SGEMM per chunk, the one-block attention).
+    pub segments: &'a [Segment],
+    /// Whether the head rows are the last rows of the pass (one chunk): no gather needed.
+    pub head_is_last: bool,
+    /// Blocks per head of the split decode attention.
+    pub splits: usize,
+}
+
+impl Pass<'_> {
+    /// Whether the pass takes the GEMV kernels.
+    pub fn gemv(&self) -> bool {
+        self.segments.is_empty()
+    }
+}
+
+/// Whether `chunk` takes the SGEMM path (dequantize + SGEMM, one-block attention) rather than
+/// the GEMV kernels: a pass holds chunks of one kind only.
+pub fn is_long(chunk: &Chunk<'_>) -> bool {
+    chunk.tokens.len() >= GEMM_MIN_TOKENS
+}
+
+/// A step's chunks (indices) as passes: the long chunks together, then the short ones.
+pub fn passes(chunks: &[Chunk<'_>]) -> Vec<Vec<usize>> {
+    let (long, short): (Vec<usize>, Vec<usize>) =
+        (0..chunks.len()).partition(|&i| is_long(&chunks[i]));
+    [long, short]
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// Refuses a pass the kernels cannot run: positions past an `int`, page tables too short for
+/// their chunks, long and short chunks mixed.
+pub fn check_pass(chunks: &[&Chunk<'_>]) -> Result<(), BackendError> {
+    for chunk in chunks {
+        if i32::try_from(chunk.end_pos()).is_err() {
+            return Err(BackendError::InvalidInput(format!(
+                "position {} exceeds a kernel's int",
+                chunk.start_pos
+            )));
+        }
+        if chunk.pages.len() < chunk.end_pos().div_ceil(PAGE_SIZE) {
+            return Err(BackendError::InvalidInput(
+                "a page table too short".to_owned(),
+            ));
+        }
+    }
+    let long = chunks.iter().filter(|c| is_long(c)).count();
+    if long != 0 && long != chunks.len() {
+        return Err(BackendError::Device(
+            "a pass takes chunks under the SGEMM size or chunks of at least it, not both"
+                .to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// The rows of each chunk of a long pass, one after another.
+pub fn segments(chunks: &[&Chunk<'_>]) -> Vec<Segment> {
+    let mut start = 0;
+    chunks
+        .iter()
+        .map(|chunk| {
+            let segment = Segment {
+                start,
+                rows: chunk.tokens.len(),
+            };
+            start += segment.rows;
+            segment
+        })
+        .collect()
+}
+
+/// Blocks per head of the split decode attention for a chunk ending at `end_pos`: enough for
+/// its longest query, rounded up to a power of two so that few graphs are captured. Any count
+/// from a query's number of key chunks up gives each block one chunk, merged in chunk order,
+/// so the result depends on the positions alone (up to 4,096 positions; from there on every
+/// chunk takes [`MAX_SPLITS`](crate::ops::MAX_SPLITS)).
+pub fn decode_splits(end_pos: usize) -> usize {
+    SplitScratch::splits_for(end_pos)
+        .next_power_of_two()
+        .min(crate::ops::MAX_SPLITS)
+}
