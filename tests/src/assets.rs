@@ -131,3 +131,29 @@ pub fn vocab_vectors(name: &str) -> VocabVectors {
         cases: texts.into_iter().map(str::to_owned).zip(ids).collect(),
     }
 }
+
+/// `model` loaded into backend `B` for `context_length` positions (default KV pool), with its
+/// tokenizer: how the in-process backend tests start. Fails the test on any error.
+pub fn load<B: worker_common::backend::Load>(
+    model: Model,
+    options: &B::Options,
+    context_length: usize,
+    parallel: Option<usize>,
+) -> (B, worker_common::tokenizer::Tokenizer) {
+    let path = model.path();
+    let fail = |what: &str, err: &dyn std::fmt::Display| -> ! {
+        panic!("{what} {}: {err}", path.display())
+    };
+    let file = worker_common::model::ModelFile::open(&path).unwrap_or_else(|e| fail("opening", &e));
+    let file = std::sync::Arc::new(file);
+    let tokenizer = worker_common::tokenizer::Tokenizer::from_gguf(&file.gguf)
+        .unwrap_or_else(|e| fail("reading the tokenizer of", &e));
+    let config = worker_common::backend::LoadConfig {
+        context_length,
+        kv_cache_bytes: None,
+        parallel,
+    };
+    let backend =
+        B::load(file, options, &config, &mut |_| {}).unwrap_or_else(|e| fail("loading", &e));
+    (backend, tokenizer)
+}

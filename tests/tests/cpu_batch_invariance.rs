@@ -5,16 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
-
 use backend_cpu::{CpuBackend, CpuOptions};
-use llorch_tests::assets::Model;
+use llorch_tests::assets::{self, Model};
 use llorch_tests::invariance::{
     Got, Harness, TEXTS, alone, assert_same, chunk, pages, prompt, together,
 };
-use worker_common::backend::{Load, LoadConfig, PAGE_SIZE, Want};
-use worker_common::model::ModelFile;
-use worker_common::tokenizer::Tokenizer;
+use worker_common::backend::{PAGE_SIZE, Want};
 
 struct Fixture {
     harness: Harness<CpuBackend>,
@@ -24,15 +20,8 @@ struct Fixture {
 
 impl Fixture {
     fn new(model: Model) -> Self {
-        let file = Arc::new(ModelFile::open(model.path()).unwrap());
-        let tokenizer = Tokenizer::from_gguf(&file.gguf).unwrap();
-        let config = LoadConfig {
-            context_length: 256,
-            kv_cache_bytes: None,
-            parallel: None,
-        };
-        let backend =
-            CpuBackend::load(file, &CpuOptions { threads: 2 }, &config, &mut |_| {}).unwrap();
+        let (backend, tokenizer) =
+            assets::load::<CpuBackend>(model, &CpuOptions { threads: 2 }, 256, None);
         Self {
             harness: Harness::new(backend),
             prompts: [

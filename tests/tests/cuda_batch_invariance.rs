@@ -7,25 +7,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
-
 use backend_cuda::{CudaBackend, CudaOptions};
-use llorch_tests::assets::Model;
+use llorch_tests::assets::{self, Model};
 use llorch_tests::invariance::{Got, Harness, TEXTS, alone, assert_same, prompt, together};
-use worker_common::backend::{Load, LoadConfig, Want};
-use worker_common::model::ModelFile;
+use worker_common::backend::Want;
 use worker_common::tokenizer::Tokenizer;
 
 fn load(model: Model) -> (Harness<CudaBackend>, Tokenizer) {
-    let file = Arc::new(ModelFile::open(model.path()).unwrap());
-    let tokenizer = Tokenizer::from_gguf(&file.gguf).unwrap();
-    let config = LoadConfig {
-        context_length: 256,
-        kv_cache_bytes: None,
-        parallel: Some(16),
-    };
-    let options = CudaOptions { device: 0 };
-    let backend = CudaBackend::load(file, &options, &config, &mut |_| {}).unwrap();
+    let (backend, tokenizer) = assets::load(model, &CudaOptions { device: 0 }, 256, Some(16));
     (Harness::new(backend), tokenizer)
 }
 

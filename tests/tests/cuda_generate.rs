@@ -4,14 +4,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
-
 use backend_cuda::{CudaBackend, CudaOptions};
-use llorch_tests::assets::Model;
+use llorch_tests::assets::{self, Model};
 use llorch_tests::fixtures::{fixture_ids, logit_fixture};
-use worker_common::backend::{Load, LoadConfig};
 use worker_common::generate::{CancelToken, Finished, GenerateRequest, StopReason, generate};
-use worker_common::model::ModelFile;
 use worker_common::sampling::SamplingParams;
 use worker_common::tokenizer::Tokenizer;
 
@@ -25,15 +21,7 @@ struct Worker {
 
 impl Worker {
     fn new(model: Model) -> Self {
-        let model = Arc::new(ModelFile::open(model.path()).unwrap());
-        let tokenizer = Tokenizer::from_gguf(&model.gguf).unwrap();
-        let config = LoadConfig {
-            context_length: CONTEXT,
-            kv_cache_bytes: None,
-            parallel: None,
-        };
-        let options = CudaOptions { device: 0 };
-        let backend = CudaBackend::load(model, &options, &config, &mut |_| {}).unwrap();
+        let (backend, tokenizer) = assets::load(model, &CudaOptions { device: 0 }, CONTEXT, None);
         Self { tokenizer, backend }
     }
 
