@@ -19,6 +19,7 @@ pub mod queue;
 mod routes;
 mod server;
 pub mod state;
+mod submit;
 
 use std::process::ExitCode;
 

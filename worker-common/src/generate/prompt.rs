@@ -17,6 +17,11 @@ pub enum PromptError {
     /// The tokenizer failed (only `tokenizer.json` tokenizers can).
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// A conversation was sent to a model without a chat template.
+    #[error(
+        "the model has no chat template (tokenizer.chat_template), so it cannot render a conversation; send a text prompt instead"
+    )]
+    NoTemplate,
 }
 
 /// Renders a short conversation once at load, so that a template that cannot finish within its
@@ -86,9 +91,18 @@ impl PromptFormatter {
         tokenizer: &Tokenizer,
         rendering: TemplateRendering,
     ) -> Result<Self, TemplateError> {
-        let Ok(Some(source)) = gguf.optional::<&str>(CHAT_TEMPLATE_KEY) else {
-            return Ok(Self { template: None });
-        };
+        match gguf.optional::<&str>(CHAT_TEMPLATE_KEY) {
+            Ok(Some(source)) => Self::from_template(source, tokenizer, rendering),
+            _ => Ok(Self { template: None }),
+        }
+    }
+
+    /// Compiles the chat template `source` for `tokenizer`'s special tokens.
+    pub fn from_template(
+        source: &str,
+        tokenizer: &Tokenizer,
+        rendering: TemplateRendering,
+    ) -> Result<Self, TemplateError> {
         let vocab = tokenizer.vocab();
         let text = |id: Option<u32>| {
             id.and_then(|id| vocab.text(id))
@@ -132,15 +146,22 @@ impl PromptFormatter {
         prompt: &str,
         raw: bool,
     ) -> Result<Vec<u32>, PromptError> {
-        let vocab = tokenizer.vocab();
-        match &self.template {
-            Some(template) if !raw => {
-                let messages = [ChatMessage::new("user", prompt)];
-                let text =
-                    template.render_prompt(&messages, true, vocab.add_bos(), vocab.add_eos())?;
-                Ok(tokenizer.encode(&text, true, true)?)
-            }
-            _ => Ok(tokenizer.encode(prompt, true, true)?),
+        if raw || self.template.is_none() {
+            return Ok(tokenizer.encode(prompt, true, true)?);
         }
+        self.tokenize_chat(tokenizer, &[ChatMessage::new("user", prompt)])
+    }
+
+    /// The token ids of a conversation rendered with the chat template, ending with the
+    /// assistant's generation prompt; [`PromptError::NoTemplate`] for a model without one.
+    pub fn tokenize_chat(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[ChatMessage],
+    ) -> Result<Vec<u32>, PromptError> {
+        let template = self.template.as_ref().ok_or(PromptError::NoTemplate)?;
+        let vocab = tokenizer.vocab();
+        let text = template.render_prompt(messages, true, vocab.add_bos(), vocab.add_eos())?;
+        Ok(tokenizer.encode(&text, true, true)?)
     }
 }

@@ -63,13 +63,18 @@ impl ErrorCode {
         )
     }
 
-    fn status(self) -> StatusCode {
+    /// The HTTP status of a response that fails with this code.
+    pub fn status(self) -> StatusCode {
         match self {
             ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::WorkerNotReady | ErrorCode::WorkerBusy | ErrorCode::WorkerDraining => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            // Only a whole (non-streamed) OpenAI reply can end this way before its status is
+            // sent: the job ran out of time, or was cancelled (nginx's "client closed request").
+            ErrorCode::InferenceTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorCode::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -156,8 +161,25 @@ impl ApiError {
     }
 }
 
+/// An error response's parts, kept in the response's extensions so that OpenAI's routes can
+/// render the same error in OpenAI's shape ([`super::openai::reshape_error`]).
+#[derive(Debug, Clone)]
+pub struct ErrorParts {
+    /// The contract's code.
+    pub code: ErrorCode,
+    /// What is wrong, for a person.
+    pub message: String,
+    /// The first violated field, if any.
+    pub field: Option<String>,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let parts = ErrorParts {
+            code: self.code,
+            message: self.message.clone(),
+            field: self.errors.first().map(|error| error.field.clone()),
+        };
         let body = serde_json::json!({
             "errors": self.errors,
             "error": {
@@ -168,6 +190,7 @@ impl IntoResponse for ApiError {
             },
         });
         let mut response = (self.status, axum::Json(body)).into_response();
+        response.extensions_mut().insert(parts);
         if let Ok(value) = HeaderValue::from_str(&self.correlation_id) {
             response.headers_mut().insert(CORRELATION_HEADER, value);
         }

@@ -1,10 +1,16 @@
-//! The wire types of `specs/CONTRACT.md`: the `/execute` request and its validation, the stream
-//! events, and the error codes with their HTTP mapping. They exist once, here.
+//! The wire types: `specs/CONTRACT.md`'s `/execute` request and its validation, the stream
+//! events, the error codes with their HTTP mapping, and OpenAI's `/v1` shapes
+//! (`specs/OPENAI.md`). They exist once, here; both APIs validate into one [`JobSpec`].
 
 mod error;
 mod events;
+mod fields;
+mod job;
+pub mod openai;
 mod request;
 
-pub use error::{ApiError, ErrorCode, FieldError};
+pub use error::{ApiError, ErrorCode, ErrorParts, FieldError};
 pub use events::{EndEvent, StartedEvent, StreamEvent};
-pub use request::{CancelRequest, ExecuteRequest, Limits, require_json};
+pub use fields::require_json;
+pub use job::{JobSpec, Prompt};
+pub use request::{CancelRequest, ExecuteRequest, Limits, MAX_TOKENS_LIMIT};

@@ -3,6 +3,7 @@
 mod control;
 mod execute;
 mod guard;
+mod openai;
 mod status;
 
 pub use guard::Access;
@@ -28,6 +29,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/shutdown", post(control::shutdown))
         .route("/health", get(status::health))
         .route("/metrics", get(status::metrics))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -35,6 +39,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
             shared.clone(),
             guard::guard,
         ))
+        .layer(axum::middleware::from_fn(openai::openai_errors))
         .layer(axum::middleware::from_fn(correlate))
         .with_state(shared)
 }
@@ -97,5 +102,7 @@ fn body_or_error(
     })
 }
 
+#[cfg(test)]
+mod openai_tests;
 #[cfg(test)]
 mod tests;

@@ -20,7 +20,7 @@ use super::router;
 use crate::engine::start_loaded;
 use crate::state::{Lifecycle, Loaded, Settings, Shared};
 
-fn settings(parallel: u32) -> Settings {
+pub(super) fn settings(parallel: u32) -> Settings {
     Settings {
         worker_id: "w-test".into(),
         model_ref: "scripted.gguf".into(),
@@ -40,17 +40,21 @@ fn settings(parallel: u32) -> Settings {
 }
 
 /// A worker over `backend` with `slots` slots, ready.
-fn worker(backend: ScriptedBackend, slots: usize) -> Arc<Shared> {
+pub(super) fn worker(backend: ScriptedBackend, slots: usize) -> Arc<Shared> {
     worker_with(backend, slots, crate::Access::default())
 }
 
 /// A worker with access rules.
-fn worker_with(backend: ScriptedBackend, slots: usize, access: crate::Access) -> Arc<Shared> {
+pub(super) fn worker_with(
+    backend: ScriptedBackend,
+    slots: usize,
+    access: crate::Access,
+) -> Arc<Shared> {
     start(backend, slots, access).0
 }
 
 /// A ready worker and its engine thread.
-fn start(
+pub(super) fn start(
     backend: ScriptedBackend,
     slots: usize,
     access: crate::Access,
@@ -63,10 +67,25 @@ fn start(
 }
 
 /// A ready worker with `settings` and its engine thread.
-fn start_with(
+pub(super) fn start_with(
     backend: ScriptedBackend,
     slots: usize,
     settings: Settings,
+) -> (Arc<Shared>, std::thread::JoinHandle<()>) {
+    start_with_formatter(
+        backend,
+        slots,
+        settings,
+        PromptFormatter::without_template(),
+    )
+}
+
+/// A ready worker whose prompts `formatter` renders, and its engine thread.
+pub(super) fn start_with_formatter(
+    backend: ScriptedBackend,
+    slots: usize,
+    settings: Settings,
+    formatter: PromptFormatter,
 ) -> (Arc<Shared>, std::thread::JoinHandle<()>) {
     let shared = Arc::new(Shared::new(settings, 64));
     let loaded = Loaded {
@@ -76,7 +95,7 @@ fn start_with(
         vocab_size: 10,
         context_length: 256,
         tokenizer: tiny_tokenizer(),
-        formatter: PromptFormatter::without_template(),
+        formatter,
         device: "scripted".into(),
         gpu: None,
         slots,
@@ -93,7 +112,7 @@ fn start_with(
 }
 
 /// Next token: x, y, z, a, b, c… from the history's length (never the end of generation).
-fn counting() -> ScriptedBackend {
+pub(super) fn counting() -> ScriptedBackend {
     ScriptedBackend::new(
         64,
         10,
@@ -101,7 +120,7 @@ fn counting() -> ScriptedBackend {
     )
 }
 
-async fn send(
+pub(super) async fn send(
     shared: &Arc<Shared>,
     method: &str,
     path: &str,
@@ -120,7 +139,10 @@ async fn send(
     send_request(shared, request).await
 }
 
-async fn send_request(shared: &Arc<Shared>, request: Request<Body>) -> (StatusCode, String) {
+pub(super) async fn send_request(
+    shared: &Arc<Shared>,
+    request: Request<Body>,
+) -> (StatusCode, String) {
     let response = router(shared.clone()).oneshot(request).await.unwrap();
     let status = response.status();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
@@ -135,7 +157,7 @@ fn events(body: &str) -> Vec<Value> {
         .collect()
 }
 
-fn execute_body(id: &str, max_tokens: u32) -> Value {
+pub(super) fn execute_body(id: &str, max_tokens: u32) -> Value {
     json!({"job_id": id, "prompt": "abc", "raw": true, "temperature": 0, "max_tokens": max_tokens})
 }
 

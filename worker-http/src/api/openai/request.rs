@@ -1,0 +1,302 @@
+//! `/v1/chat/completions` and `/v1/completions` bodies, validated into the same [`JobSpec`] as
+//! `/execute` (specs/OPENAI.md lists every field, taken or refused).
+
+use serde_json::Value;
+use worker_common::sampling::SamplingParams;
+use worker_common::tokenizer::template::ChatMessage;
+
+use crate::api::fields::{Fields, json_object};
+use crate::api::request::MAX_TOKENS_LIMIT;
+use crate::api::{FieldError, JobSpec, Limits, Prompt};
+
+/// Which of the two generation routes a body was sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`: `messages`, rendered with the chat template.
+    Chat,
+    /// `/v1/completions`: a raw text `prompt`.
+    Completions,
+}
+
+/// A validated OpenAI request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenAiRequest {
+    /// The job, as `/execute` would run it.
+    pub job: JobSpec,
+    /// Stream `data:` chunks (else one JSON response).
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with `usage` and no choices.
+    pub include_usage: bool,
+}
+
+/// Roles a chat message may have (`developer` is OpenAI's newer name for `system`).
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+impl OpenAiRequest {
+    /// Parses and validates a body sent to `endpoint` with `content_type`.
+    pub fn parse(
+        endpoint: Endpoint,
+        content_type: Option<&str>,
+        body: &[u8],
+        limits: Limits,
+    ) -> Result<Self, Vec<FieldError>> {
+        let object = json_object(content_type, body)?;
+        let mut fields = Fields::new(&object);
+        if let Some(model) = fields.get("model").filter(|model| !model.is_string()) {
+            fields.wrong_type("model", "string", model);
+        }
+        let prompt = match endpoint {
+            Endpoint::Chat => messages(&mut fields).map(Prompt::Chat),
+            Endpoint::Completions => completion_prompt(&mut fields),
+        };
+        let max_tokens = max_tokens(&mut fields, endpoint, limits);
+        let sampling = SamplingParams {
+            temperature: fields.float("temperature", 1.0, |t| (0.0..=2.0).contains(&t)),
+            top_k: fields.top_k(),
+            top_p: fields.float("top_p", 1.0, |p| (0.0..=1.0).contains(&p)),
+            min_p: fields.float("min_p", 0.0, |p| (0.0..=1.0).contains(&p)),
+            repetition_penalty: fields.float("repetition_penalty", 1.0, |r| r > 0.0 && r <= 2.0),
+            seed: 0,
+        };
+        let seed = fields.seed();
+        let stop = fields.stop(true);
+        let ignore_eos = fields.boolean("ignore_eos");
+        let stream = fields.boolean("stream");
+        let include_usage = stream_options(&mut fields);
+        if let Some(n) = fields.get("n")
+            && n.as_u64() != Some(1)
+        {
+            let message = "only n = 1 is supported: one choice per request".into();
+            fields.fail("n", "equals(1)", message, Some(n));
+        }
+        refuse_unsupported(&mut fields, endpoint);
+        if !fields.errors.is_empty() {
+            return Err(fields.errors);
+        }
+        Ok(Self {
+            job: JobSpec {
+                prompt: prompt.unwrap_or(Prompt::Chat(Vec::new())),
+                max_tokens,
+                sampling,
+                seed,
+                stop,
+                ignore_eos,
+            },
+            stream,
+            include_usage: stream && include_usage,
+        })
+    }
+}
+
+/// `max_completion_tokens` (chat; OpenAI's current name) or `max_tokens`, capped by
+/// `--max-tokens-out`; absent: what the context leaves (resolved after tokenizing).
+fn max_tokens(fields: &mut Fields<'_>, endpoint: Endpoint, limits: Limits) -> Option<u32> {
+    let range = "range(1..=2048)";
+    let legacy = fields.integer("max_tokens", 1, MAX_TOKENS_LIMIT, range);
+    let current = match endpoint {
+        Endpoint::Chat => fields.integer("max_completion_tokens", 1, MAX_TOKENS_LIMIT, range),
+        Endpoint::Completions => None,
+    };
+    let cap = MAX_TOKENS_LIMIT.min(u64::from(limits.max_tokens_out));
+    current
+        .or(legacy)
+        .map(|n| u32::try_from(n.min(cap)).unwrap_or(limits.max_tokens_out))
+}
+
+/// `stream_options.include_usage`, false when absent.
+fn stream_options(fields: &mut Fields<'_>) -> bool {
+    match fields.get("stream_options") {
+        None => false,
+        Some(Value::Object(options)) => match options.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(include)) => *include,
+            Some(other) => {
+                fields.wrong_type("stream_options.include_usage", "boolean", other);
+                false
+            }
+        },
+        Some(other) => {
+            fields.wrong_type("stream_options", "object", other);
+            false
+        }
+    }
+}
+
+/// `/v1/completions`' `prompt`: a string, or an array holding one string. The text is
+/// tokenized as is (no chat template), as OpenAI's and llama-server's completions are.
+fn completion_prompt(fields: &mut Fields<'_>) -> Option<Prompt> {
+    let value = match fields.get("prompt") {
+        None => {
+            fields.fail("prompt", "required", "prompt is required".into(), None);
+            return None;
+        }
+        Some(value) => value,
+    };
+    let text = match value {
+        Value::String(text) => text,
+        Value::Array(items) => match items.as_slice() {
+            [Value::String(text)] => text,
+            _ => {
+                let message = "an array prompt must hold exactly one string (token-id and batch prompts are not supported)";
+                fields.fail("prompt", "one_string", message.into(), None);
+                return None;
+            }
+        },
+        other => {
+            fields.wrong_type("prompt", "string", other);
+            return None;
+        }
+    };
+    if text.is_empty() {
+        fields.fail(
+            "prompt",
+            "non_empty",
+            "prompt must not be empty".into(),
+            None,
+        );
+        return None;
+    }
+    Some(Prompt::Text {
+        text: text.clone(),
+        raw: true,
+    })
+}
+
+/// `messages`: a non-empty array of `{role, content}` objects.
+fn messages(fields: &mut Fields<'_>) -> Option<Vec<ChatMessage>> {
+    let value = match fields.get("messages") {
+        None => {
+            fields.fail("messages", "required", "messages is required".into(), None);
+            return None;
+        }
+        Some(value) => value,
+    };
+    let Value::Array(items) = value else {
+        fields.wrong_type("messages", "array", value);
+        return None;
+    };
+    if items.is_empty() {
+        let message = "messages must hold at least one message".into();
+        fields.fail("messages", "non_empty", message, None);
+        return None;
+    }
+    let messages: Vec<Option<ChatMessage>> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| message(fields, &format!("messages[{i}]"), item))
+        .collect();
+    messages.into_iter().collect()
+}
+
+/// One chat message; `None` after recording why it is refused.
+fn message(fields: &mut Fields<'_>, at: &str, item: &Value) -> Option<ChatMessage> {
+    let Value::Object(object) = item else {
+        fields.wrong_type(at, "object", item);
+        return None;
+    };
+    let role = match object.get("role") {
+        Some(Value::String(role)) if ROLES.contains(&role.as_str()) => role.as_str(),
+        Some(Value::String(role)) => {
+            let message = format!("role {role:?} is not one of {}", ROLES.join(", "));
+            fields.fail(&format!("{at}.role"), "one_of(roles)", message, None);
+            return None;
+        }
+        Some(other) => {
+            fields.wrong_type(&format!("{at}.role"), "string", other);
+            return None;
+        }
+        None => {
+            let message = "every message needs a role".into();
+            fields.fail(&format!("{at}.role"), "required", message, None);
+            return None;
+        }
+    };
+    if object
+        .get("tool_calls")
+        .is_some_and(|calls| !calls.is_null())
+    {
+        let message = "assistant tool calls are not supported yet (specs/OPENAI.md)".into();
+        fields.fail(&format!("{at}.tool_calls"), "unsupported", message, None);
+        return None;
+    }
+    let content = content(fields, at, role, object.get("content"))?;
+    let role = if role == "developer" { "system" } else { role };
+    Some(ChatMessage::new(role, content))
+}
+
+/// A message's text: a string, or an array of `{"type":"text","text":…}` parts joined; absent
+/// or `null` only for an assistant message.
+fn content(fields: &mut Fields<'_>, at: &str, role: &str, value: Option<&Value>) -> Option<String> {
+    let field = format!("{at}.content");
+    match value {
+        Some(Value::String(text)) => Some(text.clone()),
+        None | Some(Value::Null) if role == "assistant" => Some(String::new()),
+        None | Some(Value::Null) => {
+            let message = format!("a {role} message needs content");
+            fields.fail(&field, "required", message, None);
+            None
+        }
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                match (part.get("type"), part.get("text")) {
+                    (Some(kind), Some(Value::String(part_text))) if *kind == "text" => {
+                        text.push_str(part_text);
+                    }
+                    _ => {
+                        let message =
+                            "only text parts ({\"type\":\"text\",\"text\":…}) are supported".into();
+                        fields.fail(&format!("{field}[{j}]"), "text_part", message, None);
+                        return None;
+                    }
+                }
+            }
+            Some(text)
+        }
+        Some(other) => {
+            fields.wrong_type(&field, "string", other);
+            None
+        }
+    }
+}
+
+/// Fields whose non-default values the worker does not implement yet: refused with a clear
+/// 400 rather than silently ignored (the reply would not be what the caller asked for).
+fn refuse_unsupported(fields: &mut Fields<'_>, endpoint: Endpoint) {
+    let is_default = |name: &str, value: &Value| match name {
+        "frequency_penalty" | "presence_penalty" => value.as_f64() == Some(0.0),
+        "logit_bias" => value.as_object().is_some_and(|bias| bias.is_empty()),
+        "logprobs" => matches!(value, Value::Bool(false)) || value.as_u64() == Some(0),
+        "top_logprobs" => value.as_u64() == Some(0),
+        "response_format" => value.get("type").is_some_and(|kind| *kind == "text"),
+        "tools" => value.as_array().is_some_and(|tools| tools.is_empty()),
+        "tool_choice" => *value == "none",
+        "echo" => *value == false,
+        "best_of" => value.as_u64() == Some(1),
+        _ => false,
+    };
+    let mut names = vec![
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
+        "tools",
+        "tool_choice",
+    ];
+    if endpoint == Endpoint::Completions {
+        names.extend(["echo", "best_of", "suffix"]);
+    }
+    for name in names {
+        if let Some(value) = fields.get(name)
+            && !is_default(name, value)
+        {
+            let message = format!("{name} is not supported yet (specs/OPENAI.md)");
+            fields.fail(name, "unsupported", message, Some(value));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

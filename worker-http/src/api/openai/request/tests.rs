@@ -1,0 +1,207 @@
+use serde_json::{Value, json};
+
+use super::*;
+
+const LIMITS: Limits = Limits {
+    max_tokens_out: 2048,
+};
+
+fn parse(endpoint: Endpoint, body: &Value) -> Result<OpenAiRequest, Vec<FieldError>> {
+    OpenAiRequest::parse(
+        endpoint,
+        Some("application/json"),
+        body.to_string().as_bytes(),
+        LIMITS,
+    )
+}
+
+fn chat(extra: Value) -> Result<OpenAiRequest, Vec<FieldError>> {
+    let mut body = json!({"model": "any", "messages": [{"role": "user", "content": "hi"}]});
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    parse(Endpoint::Chat, &body)
+}
+
+/// The (field, constraint) pairs a body is refused with.
+fn refusals(result: Result<OpenAiRequest, Vec<FieldError>>) -> Vec<(String, String)> {
+    match result {
+        Ok(request) => panic!("accepted: {request:?}"),
+        Err(errors) => errors
+            .into_iter()
+            .map(|error| (error.field, error.constraint))
+            .collect(),
+    }
+}
+
+fn pair(field: &str, constraint: &str) -> (String, String) {
+    (field.into(), constraint.into())
+}
+
+#[test]
+fn a_chat_request_becomes_a_job_with_openai_defaults() {
+    let request = chat(json!({})).unwrap();
+    let job = &request.job;
+    assert_eq!(
+        job.prompt,
+        Prompt::Chat(vec![ChatMessage::new("user", "hi")])
+    );
+    assert_eq!(job.max_tokens, None, "absent: what the context leaves");
+    assert_eq!(job.sampling, SamplingParams::default());
+    assert_eq!((job.seed, job.ignore_eos), (None, false));
+    assert!(job.stop.is_empty() && !request.stream && !request.include_usage);
+}
+
+#[test]
+fn messages_keep_their_roles_and_join_text_parts() {
+    let request = chat(json!({"messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": null},
+        {"role": "tool", "content": "42", "tool_call_id": "x"},
+    ]}))
+    .unwrap();
+    let expected = vec![
+        ChatMessage::new("system", "be brief"),
+        ChatMessage::new("user", "ab"),
+        ChatMessage::new("assistant", ""),
+        ChatMessage::new("tool", "42"),
+    ];
+    assert_eq!(request.job.prompt, Prompt::Chat(expected));
+}
+
+#[test]
+fn bad_messages_are_refused_with_their_path() {
+    assert_eq!(
+        refusals(chat(json!({"messages": []}))),
+        [pair("messages", "non_empty")]
+    );
+    assert_eq!(
+        refusals(chat(json!({"messages": "hi"}))),
+        [pair("messages", "type(array)")]
+    );
+    let bad = json!({"messages": [
+        {"role": "user", "content": "fine"},
+        {"role": "robot", "content": "x"},
+        {"role": "user"},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "1"}]},
+        7,
+    ]});
+    assert_eq!(
+        refusals(chat(bad)),
+        [
+            pair("messages[1].role", "one_of(roles)"),
+            pair("messages[2].content", "required"),
+            pair("messages[3].content[0]", "text_part"),
+            pair("messages[4].tool_calls", "unsupported"),
+            pair("messages[5]", "type(object)"),
+        ]
+    );
+    let missing = parse(Endpoint::Chat, &json!({"model": "m"}));
+    assert_eq!(refusals(missing), [pair("messages", "required")]);
+}
+
+#[test]
+fn max_completion_tokens_wins_and_both_are_capped() {
+    let both = chat(json!({"max_tokens": 5, "max_completion_tokens": 9})).unwrap();
+    assert_eq!(both.job.max_tokens, Some(9));
+    assert_eq!(
+        chat(json!({"max_tokens": 5})).unwrap().job.max_tokens,
+        Some(5)
+    );
+    let capped = OpenAiRequest::parse(
+        Endpoint::Chat,
+        Some("application/json"),
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 900})
+            .to_string()
+            .as_bytes(),
+        Limits {
+            max_tokens_out: 100,
+        },
+    )
+    .unwrap();
+    assert_eq!(capped.job.max_tokens, Some(100));
+    assert_eq!(
+        refusals(chat(json!({"max_tokens": 0}))),
+        [pair("max_tokens", "range(1..=2048)")]
+    );
+}
+
+#[test]
+fn sampling_stop_seed_and_streaming_fields() {
+    let request = chat(json!({
+        "temperature": 0.5, "top_p": 0.9, "seed": 7, "stop": "\n", "stream": true,
+        "stream_options": {"include_usage": true}, "user": "ignored", "n": 1,
+    }))
+    .unwrap();
+    assert_eq!(request.job.sampling.temperature, 0.5);
+    assert_eq!(request.job.sampling.top_p, 0.9);
+    assert_eq!(request.job.seed, Some(7));
+    assert_eq!(request.job.stop, ["\n"]);
+    assert!(request.stream && request.include_usage);
+    let unstreamed = chat(json!({"stream_options": {"include_usage": true}})).unwrap();
+    assert!(
+        !unstreamed.include_usage,
+        "usage chunks only exist in a stream"
+    );
+    assert_eq!(
+        chat(json!({"stop": ["a", "b"]})).unwrap().job.stop,
+        ["a", "b"]
+    );
+    assert_eq!(
+        refusals(chat(json!({"stop": ""}))),
+        [pair("stop", "non_empty")]
+    );
+    assert_eq!(
+        refusals(chat(json!({"temperature": 3}))),
+        [pair("temperature", "range(0.0..=2.0)")]
+    );
+    assert_eq!(refusals(chat(json!({"n": 2}))), [pair("n", "equals(1)")]);
+    assert_eq!(
+        refusals(chat(json!({"model": 5}))),
+        [pair("model", "type(string)")]
+    );
+}
+
+#[test]
+fn fields_not_implemented_yet_are_refused_unless_at_their_defaults() {
+    let defaults = json!({
+        "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "logprobs": false,
+        "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+    });
+    assert!(chat(defaults).is_ok());
+    let asked = json!({
+        "frequency_penalty": 0.5, "logprobs": true, "response_format": {"type": "json_object"},
+        "tools": [{"type": "function"}],
+    });
+    assert_eq!(
+        refusals(chat(asked)),
+        [
+            pair("frequency_penalty", "unsupported"),
+            pair("logprobs", "unsupported"),
+            pair("response_format", "unsupported"),
+            pair("tools", "unsupported"),
+        ]
+    );
+    let echo = parse(Endpoint::Completions, &json!({"prompt": "a", "echo": true}));
+    assert_eq!(refusals(echo), [pair("echo", "unsupported")]);
+}
+
+#[test]
+fn completion_prompts_are_raw_text() {
+    let text = |prompt: Value| parse(Endpoint::Completions, &json!({"prompt": prompt}));
+    let expected = Prompt::Text {
+        text: "once".into(),
+        raw: true,
+    };
+    assert_eq!(text(json!("once")).unwrap().job.prompt, expected);
+    assert_eq!(text(json!(["once"])).unwrap().job.prompt, expected);
+    assert_eq!(
+        refusals(text(json!([1, 2]))),
+        [pair("prompt", "one_string")]
+    );
+    assert_eq!(refusals(text(json!(""))), [pair("prompt", "non_empty")]);
+    let missing = parse(Endpoint::Completions, &json!({"model": "m"}));
+    assert_eq!(refusals(missing), [pair("prompt", "required")]);
+}

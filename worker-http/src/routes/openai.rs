@@ -1,0 +1,260 @@
+//! OpenAI's routes: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`. A
+//! request is validated into the same job as `/execute`'s and submitted the same way; only the
+//! answer's shape differs (streamed `data:` chunks ending with `[DONE]`, or one JSON reply).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use serde_json::{Value, json};
+use worker_common::generate::GenerateEvent;
+
+use super::execute::KEEP_ALIVE;
+use super::{body_or_error, content_type};
+use crate::api::openai::{Endpoint, OpenAiRequest, Reply, error_body, reshape_error};
+use crate::api::{ApiError, ErrorCode, Limits};
+use crate::connections::Connection;
+use crate::correlation::CorrelationId;
+use crate::job_end::{JobEnd, JobEvent};
+use crate::state::Shared;
+use crate::submit::{JobEvents, Origin, accepting, submit};
+
+/// Middleware: errors on `/v1/…` paths (the guard's, the fallbacks', the handlers') in
+/// OpenAI's shape.
+pub async fn openai_errors(request: Request, next: Next) -> Response {
+    let openai = request.uri().path().starts_with("/v1/");
+    let response = next.run(request).await;
+    if openai {
+        reshape_error(response)
+    } else {
+        response
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
+/// `GET /v1/models`: the loaded model, with what `/health` advertises about it.
+pub async fn models(
+    State(shared): State<Arc<Shared>>,
+    CorrelationId(correlation_id): CorrelationId,
+) -> Result<Json<Value>, ApiError> {
+    let loaded = accepting(&shared, &correlation_id)?;
+    let settings = &shared.settings;
+    let model = json!({
+        "id": loaded.model_name,
+        "object": "model",
+        "created": unix_now().saturating_sub(shared.uptime().as_secs()),
+        "owned_by": "llama-orch",
+        "meta": {
+            "worker_id": settings.worker_id,
+            "worker_type": settings.worker_type,
+            "context_length": loaded.context_length,
+            "vocab_size": loaded.vocab_size,
+            "quant_kind": loaded.quant_kind,
+            "tokenizer_kind": loaded.tokenizer_kind,
+            "chat_template": loaded.formatter.has_template(),
+            "slots": loaded.slots,
+            "max_tokens_out": settings.max_tokens_out,
+            "capabilities": ["text-gen"],
+        },
+    });
+    Ok(Json(json!({"object": "list", "data": [model]})))
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    CorrelationId(correlation_id): CorrelationId,
+    connection: Option<Extension<Arc<Connection>>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let connection = connection.map(|Extension(connection)| connection);
+    let request = parse(Endpoint::Chat, &shared, &correlation_id, &headers, body)?;
+    answer(Endpoint::Chat, &shared, correlation_id, connection, request).await
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(shared): State<Arc<Shared>>,
+    CorrelationId(correlation_id): CorrelationId,
+    connection: Option<Extension<Arc<Connection>>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let connection = connection.map(|Extension(connection)| connection);
+    let request = parse(
+        Endpoint::Completions,
+        &shared,
+        &correlation_id,
+        &headers,
+        body,
+    )?;
+    answer(
+        Endpoint::Completions,
+        &shared,
+        correlation_id,
+        connection,
+        request,
+    )
+    .await
+}
+
+fn parse(
+    endpoint: Endpoint,
+    shared: &Shared,
+    correlation_id: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<OpenAiRequest, ApiError> {
+    let body = body_or_error(body, correlation_id)?;
+    let limits = Limits {
+        max_tokens_out: shared.settings.max_tokens_out,
+    };
+    OpenAiRequest::parse(endpoint, content_type(headers), &body, limits)
+        .map_err(|errors| ApiError::invalid(errors, correlation_id))
+}
+
+/// Submits the job and answers: a stream of chunks, or the whole reply when it has ended.
+async fn answer(
+    endpoint: Endpoint,
+    shared: &Arc<Shared>,
+    correlation_id: String,
+    connection: Option<Arc<Connection>>,
+    request: OpenAiRequest,
+) -> Result<Response, ApiError> {
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completions => "cmpl",
+    };
+    let job_id = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
+    let origin = Origin {
+        job_id: job_id.clone(),
+        correlation_id: correlation_id.clone(),
+        connection,
+    };
+    let accepted = submit(shared, origin, request.job).await?;
+    let reply = Reply {
+        endpoint,
+        id: job_id,
+        created: unix_now(),
+        model: accepted.started.model,
+    };
+    if request.stream {
+        let chunks = ChunkStream::new(reply, accepted.events, request.include_usage);
+        let sse = Sse::new(chunks).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
+        return Ok(sse.into_response());
+    }
+    let whole = whole(&reply, accepted.events, &correlation_id).await?;
+    Ok(Json(whole).into_response())
+}
+
+/// Waits for the job's end and builds the one reply; a failed job answers its error.
+async fn whole(
+    reply: &Reply,
+    mut events: JobEvents,
+    correlation_id: &str,
+) -> Result<Value, ApiError> {
+    let mut text = String::new();
+    while let Some(event) = events.next().await {
+        match event {
+            JobEvent::Generate(GenerateEvent::Token { text: piece, .. }) => text.push_str(&piece),
+            JobEvent::Generate(GenerateEvent::Metrics { .. }) => {}
+            JobEvent::End(JobEnd::Finished(done)) => return Ok(reply.whole(&text, &done)),
+            JobEvent::End(JobEnd::Failed { code, message, .. }) => {
+                return Err(ApiError::new(code, message, correlation_id));
+            }
+        }
+    }
+    let message = "the job's events ended without a terminal event";
+    Err(ApiError::new(ErrorCode::Internal, message, correlation_id))
+}
+
+/// A job's events as OpenAI's chunks: (chat) the role, the text as it comes, the finish
+/// reason, (with `include_usage`) the usage, then `[DONE]`. A failed job sends an `error`
+/// object before `[DONE]`, as vLLM does. Dropping it cancels the job ([`JobEvents`]).
+struct ChunkStream {
+    reply: Reply,
+    events: JobEvents,
+    include_usage: bool,
+    ready: VecDeque<Event>,
+    ended: bool,
+}
+
+impl ChunkStream {
+    fn new(reply: Reply, events: JobEvents, include_usage: bool) -> Self {
+        let ready = reply.role_chunk().iter().map(data).collect();
+        Self {
+            reply,
+            events,
+            include_usage,
+            ready,
+            ended: false,
+        }
+    }
+
+    /// Queues what `event` sends; true when it was the last.
+    fn push(&mut self, event: JobEvent) -> bool {
+        match event {
+            JobEvent::Generate(GenerateEvent::Token { text, .. }) => {
+                self.ready.push_back(data(&self.reply.text_chunk(&text)));
+                false
+            }
+            JobEvent::Generate(GenerateEvent::Metrics { .. }) => false,
+            JobEvent::End(JobEnd::Finished(done)) => {
+                self.ready.push_back(data(&self.reply.finish_chunk(&done)));
+                if self.include_usage {
+                    self.ready.push_back(data(&self.reply.usage_chunk(&done)));
+                }
+                self.ready.push_back(Event::default().data("[DONE]"));
+                true
+            }
+            JobEvent::End(JobEnd::Failed { code, message, .. }) => {
+                let error = error_body(code, code.status(), &message, None);
+                self.ready.push_back(data(&error));
+                self.ready.push_back(Event::default().data("[DONE]"));
+                true
+            }
+        }
+    }
+}
+
+/// A `data:` event holding `value`.
+fn data(value: &Value) -> Event {
+    Event::default().data(value.to_string())
+}
+
+impl Stream for ChunkStream {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if self.ended {
+                return Poll::Ready(None);
+            }
+            match std::task::ready!(Pin::new(&mut self.events).poll_next(cx)) {
+                Some(event) => self.ended = self.push(event),
+                None => self.ended = true,
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! OpenAI's routes in process over the scripted backend: the same jobs as `/execute`, in
+//! OpenAI's shapes, errors included.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::{Value, json};
+use worker_common::generate::{PromptFormatter, TemplateRendering};
+use worker_common::testing::tiny_tokenizer;
+
+use super::tests::{
+    counting, send, send_request, settings, start_with_formatter, worker, worker_with,
+};
+
+/// The `data:` payloads of a stream: JSON objects, and `[DONE]` as a string.
+fn chunks(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str(data).unwrap_or_else(|_| json!(data)))
+        .collect()
+}
+
+/// A worker whose template writes each message's content, then a space as the generation
+/// prompt (the tiny vocabulary has no room for real chat markup).
+fn chat_worker() -> std::sync::Arc<crate::state::Shared> {
+    let source = "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %} {% endif %}";
+    let formatter =
+        PromptFormatter::from_template(source, &tiny_tokenizer(), TemplateRendering::InProcess)
+            .unwrap();
+    start_with_formatter(counting(), 2, settings(2), formatter).0
+}
+
+#[tokio::test]
+async fn models_lists_the_loaded_model() {
+    let shared = worker(counting(), 1);
+    let (status, body) = send(&shared, "GET", "/v1/models", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let list: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list["object"], "list");
+    let model = &list["data"][0];
+    assert_eq!(
+        (model["id"].as_str(), model["object"].as_str()),
+        (Some("scripted"), Some("model"))
+    );
+    assert_eq!(model["owned_by"], "llama-orch");
+    assert_eq!(model["meta"]["context_length"], 256);
+    assert_eq!(model["meta"]["chat_template"], false);
+}
+
+#[tokio::test]
+async fn a_completion_whole_and_streamed_carries_the_same_text_and_usage() {
+    let shared = worker(counting(), 2);
+    let body = json!({"model": "x", "prompt": "abc", "max_tokens": 5, "temperature": 0});
+    let (status, whole) = send(&shared, "POST", "/v1/completions", Some(body.clone())).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let whole: Value = serde_json::from_str(&whole).unwrap();
+    assert!(whole["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(whole["object"], "text_completion");
+    assert_eq!(whole["model"], "scripted");
+    assert_eq!(whole["choices"][0]["text"], "abcxy");
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    let usage = json!({"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0}});
+    assert_eq!(whole["usage"], usage);
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (status, stream) = send(&shared, "POST", "/v1/completions", Some(streamed)).await;
+    assert_eq!(status, StatusCode::OK);
+    let chunks = chunks(&stream);
+    assert_eq!(chunks.last().unwrap(), "[DONE]");
+    let text: String = chunks
+        .iter()
+        .filter_map(|chunk| chunk["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, "abcxy");
+    let finish = &chunks[chunks.len() - 3];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let last = &chunks[chunks.len() - 2];
+    assert_eq!((&last["choices"], &last["usage"]), (&json!([]), &usage));
+}
+
+#[tokio::test]
+async fn a_chat_renders_its_messages_with_the_template() {
+    let shared = chat_worker();
+    let body = json!({"messages": [{"role": "system", "content": "ab"}, {"role": "user", "content": "c"}],
+        "max_completion_tokens": 3, "temperature": 0});
+    let (status, whole) = send(&shared, "POST", "/v1/chat/completions", Some(body.clone())).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let whole: Value = serde_json::from_str(&whole).unwrap();
+    assert!(whole["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(whole["object"], "chat.completion");
+    assert_eq!(whole["usage"]["prompt_tokens"], 4, "\"abc \": 4 tokens");
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(
+        (message["role"].as_str(), message["content"].as_str()),
+        (Some("assistant"), Some("bcx"))
+    );
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let (_, stream) = send(&shared, "POST", "/v1/chat/completions", Some(streamed)).await;
+    let chunks = chunks(&stream);
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "bcx");
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    assert!(finish.get("usage").is_none(), "no usage unless asked");
+    assert_eq!(chunks.last().unwrap(), "[DONE]");
+}
+
+#[tokio::test]
+async fn without_max_tokens_a_job_fills_the_context() {
+    let shared = worker(counting(), 1);
+    let body = json!({"prompt": "abc", "temperature": 0});
+    let (status, whole) = send(&shared, "POST", "/v1/completions", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let whole: Value = serde_json::from_str(&whole).unwrap();
+    assert_eq!(whole["usage"]["completion_tokens"], 256 - 3);
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+}
+
+/// The `error` object of an OpenAI error body.
+fn openai_error(body: &str) -> Value {
+    let value: Value = serde_json::from_str(body).unwrap();
+    value["error"].clone()
+}
+
+#[tokio::test]
+async fn errors_on_v1_paths_come_in_openai_shape() {
+    let shared = worker(counting(), 1);
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let (status, body) = send(&shared, "POST", "/v1/chat/completions", Some(chat)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let error = openai_error(&body);
+    assert_eq!(error["type"], "invalid_request_error");
+    assert_eq!(
+        (error["param"].as_str(), error["code"].as_str()),
+        (Some("messages"), Some("invalid_request"))
+    );
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("no chat template"),
+        "{error}"
+    );
+
+    let unsupported = json!({"prompt": "a", "logprobs": 2});
+    let (status, body) = send(&shared, "POST", "/v1/completions", Some(unsupported)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(openai_error(&body)["param"], "logprobs");
+
+    let (status, body) = send(&shared, "GET", "/v1/nothing", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(openai_error(&body)["type"], "not_found_error");
+    let (status, body) = send(&shared, "POST", "/v1/models", Some(json!({}))).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(openai_error(&body)["code"], "invalid_request");
+    let (status, body) = send(&shared, "GET", "/nothing", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        body.contains("\"errors\""),
+        "the contract's shape elsewhere: {body}"
+    );
+}
+
+#[tokio::test]
+async fn the_api_key_guards_v1_too() {
+    let key: crate::ApiKey = "k3y".parse().unwrap();
+    let access = crate::Access::new(Some(key), [127, 0, 0, 1].into(), None);
+    let shared = worker_with(counting(), 1, access);
+    let (status, body) = send(&shared, "GET", "/v1/models", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(openai_error(&body)["type"], "authentication_error");
+    let keyed = Request::get("/v1/models")
+        .header("authorization", "Bearer k3y")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send_request(&shared, keyed).await.0, StatusCode::OK);
+}
