@@ -36,7 +36,7 @@ def execute(base, body):
             if line.startswith("data: "):
                 events.append(json.loads(line[len("data: "):]))
     text = "".join(e["t"] for e in events if e["type"] == "token")
-    return text, events[0], events[-1]
+    return text, events[0], events[-1], events
 
 
 def streamed_chat(client, **request):
@@ -78,7 +78,7 @@ def chat(client, base, model):
         and 1 <= usage.completion_tokens <= 16,
         f"chat usage {usage}",
     )
-    _, started, _ = execute(
+    _, started, _, _ = execute(
         base, {"job_id": "sdk-chat", "prompt": question[0]["content"], "max_tokens": 1}
     )
     check(
@@ -143,13 +143,46 @@ def completions(client, base, model):
     check(first == again, f"seed 1234 at T = 0.8 reproduces {first!r}")
     other = client.completions.create(**{**sampled, "seed": 99}).choices[0].text
     check(other != first, "another seed samples another text")
-    executed, started, end = execute(
+    executed, started, end, _ = execute(
         base,
         {"job_id": "sdk-raw", "prompt": story, "raw": True, "max_tokens": 24,
          "temperature": 0.8, "seed": 1234},
     )
     check(executed == first, f"/execute raw with the same seed samples the same text {executed!r}")
     check(end["type"] == "end", "the /execute job ended normally")
+
+
+def logprobs(client, base, model):
+    question = [{"role": "user", "content": "Count from one to five."}]
+    reply = client.chat.completions.create(
+        model=model, messages=question, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = reply.choices[0].logprobs.content
+    check(len(content) == reply.usage.completion_tokens, f"one logprobs entry per token ({len(content)})")
+    for entry in content:
+        top = entry.top_logprobs
+        check(
+            len(top) == 3 and top[0].token == entry.token and top[0].logprob == entry.logprob
+            and entry.logprob <= 0 and top[0].logprob >= top[1].logprob >= top[2].logprob,
+            f"greedy picks the most probable token {entry.token!r} ({entry.logprob:.4f})",
+        )
+    joined = b"".join(bytes(entry.bytes) for entry in content).decode()
+    check(joined == reply.choices[0].message.content, "the entries' bytes spell the reply")
+
+    prompt = "Once upon a time, in a village by the sea,"
+    completion = client.completions.create(
+        model=model, prompt=prompt, max_tokens=12, temperature=0.8, seed=77, logprobs=0,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+    ids = [int(token.split(":")[1]) for token in completion.choices[0].logprobs.tokens]
+    _, _, _, events = execute(
+        base,
+        {"job_id": "sdk-ids", "prompt": prompt, "raw": True, "max_tokens": 12,
+         "temperature": 0.8, "seed": 77, "logprobs": 0},
+    )
+    executed = [lp["id"] for e in events if e["type"] == "token" for lp in e.get("logprobs", [])]
+    check(len(ids) == 12 and ids == executed,
+          f"/v1/completions and /execute raw sample the same token ids {ids}")
 
 
 def errors(client, model):
@@ -179,6 +212,7 @@ def main():
     model = models[0].id
     chat(client, base, model)
     completions(client, base, model)
+    logprobs(client, base, model)
     errors(client, model)
     print(f"sdk_check: every check passed (openai {openai.__version__}, model {model!r})")
 

@@ -46,7 +46,10 @@ impl Worker {
         let mut text = String::new();
         let mut next_index = 0;
         let mut sink = |event: GenerateEvent| {
-            if let GenerateEvent::Token { text: piece, index } = event {
+            if let GenerateEvent::Token {
+                text: piece, index, ..
+            } = event
+            {
                 assert_eq!(index, next_index, "token events are numbered contiguously");
                 assert!(!piece.is_empty());
                 next_index += 1;

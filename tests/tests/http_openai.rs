@@ -37,3 +37,197 @@ fn the_official_openai_sdk_drives_the_worker() {
     );
     assert!(stdout.contains("every check passed"), "{stdout}");
 }
+
+/// `logprobs` at T = 0 through the worker against a log-softmax of the logits the CPU backend
+/// computes in this process for the same prompt: the chosen token is the argmax, and its
+/// log-probability and the top five are the log-softmax's, to rounding.
+#[test]
+fn logprobs_are_the_log_softmax_of_our_own_logits() {
+    use backend_cpu::{CpuBackend, CpuOptions};
+    use llorch_tests::invariance::{Harness, chunk, pages};
+    use llorch_tests::{assets, http};
+    use serde_json::json;
+    use worker_common::backend::{PAGE_SIZE, Want};
+
+    let _serial = serial();
+    let prompt = "The three primary colors are";
+    let worker = Worker::ready(&Model::Qwen05.path(), &["--threads", "2"]);
+    let body = json!({"prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 5,
+        "return_tokens_as_token_ids": true});
+    let response = http::post_json(worker.addr, "/v1/completions", &body).unwrap();
+    assert_eq!(
+        response.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+    let reply: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+    drop(worker);
+    let logprobs = &reply["choices"][0]["logprobs"];
+    let id = |name: &str| -> usize { name.trim_start_matches("token_id:").parse().unwrap() };
+    let chosen = id(logprobs["tokens"][0].as_str().unwrap());
+    let chosen_logprob = logprobs["token_logprobs"][0].as_f64().unwrap();
+    let top: Vec<(usize, f64)> = logprobs["top_logprobs"][0]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, logprob)| (id(name), logprob.as_f64().unwrap()))
+        .collect();
+
+    let (backend, tokenizer) =
+        assets::load::<CpuBackend>(Model::Qwen05, &CpuOptions { threads: 2 }, 256, None);
+    let ids = tokenizer.encode(prompt, true, true).unwrap();
+    let table = pages(&(0..ids.len().div_ceil(PAGE_SIZE) as u32).collect::<Vec<_>>());
+    let mut harness = Harness::new(backend);
+    let (_, logits) = harness
+        .step(&[chunk(&ids, 0, &table, Want::Logits)])
+        .remove(0);
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &l| m.max(f64::from(l)));
+    let sum: f64 = logits.iter().map(|&l| (f64::from(l) - max).exp()).sum();
+    let log_softmax = |i: usize| f64::from(logits[i]) - max - sum.ln();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+
+    assert_eq!(chosen, order[0], "the greedy token is the argmax");
+    assert!(
+        (chosen_logprob - log_softmax(chosen)).abs() < 1e-9,
+        "{chosen_logprob}"
+    );
+    let mut top_ids: Vec<usize> = top.iter().map(|&(i, _)| i).collect();
+    let mut expected: Vec<usize> = order[..5].to_vec();
+    top_ids.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(top_ids, expected, "the five most probable tokens");
+    for (i, logprob) in top {
+        assert!(
+            (logprob - log_softmax(i)).abs() < 1e-9,
+            "token {i}: {logprob} vs {}",
+            log_softmax(i)
+        );
+    }
+}
+
+/// The token ids and finish reason of a `/v1/completions` (or chat) request with `extra`
+/// fields, greedy unless `extra` says otherwise.
+fn sampled(addr: std::net::SocketAddr, path: &str, extra: serde_json::Value) -> (Vec<u32>, String) {
+    let mut body = serde_json::json!({"temperature": 0, "logprobs": 0,
+        "return_tokens_as_token_ids": true});
+    if path.ends_with("chat/completions") {
+        body["logprobs"] = true.into();
+    }
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    let response = llorch_tests::http::post_json(addr, path, &body).unwrap();
+    assert_eq!(
+        response.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+    let reply: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+    let choice = &reply["choices"][0];
+    let names: Vec<&str> = match choice["logprobs"]["tokens"].as_array() {
+        Some(tokens) => tokens.iter().map(|t| t.as_str().unwrap()).collect(),
+        None => choice["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["token"].as_str().unwrap())
+            .collect(),
+    };
+    let ids = names
+        .iter()
+        .map(|name| name.trim_start_matches("token_id:").parse().unwrap())
+        .collect();
+    (ids, choice["finish_reason"].as_str().unwrap().to_owned())
+}
+
+/// How often the most frequent id occurs.
+fn most_repeats(ids: &[u32]) -> usize {
+    ids.iter()
+        .map(|id| ids.iter().filter(|other| *other == id).count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Each sampling parameter the OpenAI work added changes what a real model says the way it
+/// should, through the worker: logit bias, frequency and presence penalties, the penalty
+/// window, min_tokens.
+#[test]
+fn sampling_parameters_change_what_the_model_says() {
+    use serde_json::json;
+
+    let _serial = serial();
+    let worker = Worker::ready(&Model::SmolLm2.path(), &["--threads", "2"]);
+    let completions = "/v1/completions";
+    let looping = json!({"prompt": "1, 1, 1, 1, 1, 1, 1, 1, 1, 1,", "max_tokens": 16});
+    let with = |extra: serde_json::Value| {
+        let mut body = looping.clone();
+        for (key, value) in extra.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        sampled(worker.addr, completions, body)
+    };
+    let (plain, _) = with(json!({}));
+    assert!(
+        most_repeats(&plain) >= 5,
+        "the prompt makes the model loop: {plain:?}"
+    );
+
+    let favourite = plain[0];
+    let (banned, _) = with(json!({"logit_bias": {favourite.to_string(): -100}}));
+    assert!(
+        !banned.contains(&favourite),
+        "a -100 bias bans {favourite}: {banned:?}"
+    );
+    let forced_id = 1000;
+    let (forced, _) = with(json!({"logit_bias": {forced_id.to_string(): 100}}));
+    assert!(
+        forced.iter().all(|&id| id == forced_id),
+        "a +100 bias forces {forced_id}: {forced:?}"
+    );
+
+    let (frequent, _) = with(json!({"frequency_penalty": 2.0}));
+    assert!(
+        most_repeats(&frequent) < most_repeats(&plain),
+        "a frequency penalty breaks the loop: {frequent:?} vs {plain:?}"
+    );
+    // A loop's logits lead by more than a presence penalty can take (it counts once); a story's
+    // do not.
+    let story = json!({"prompt": "Once upon a time, in a village by the sea,", "max_tokens": 24});
+    let distinct = |ids: &[u32]| ids.iter().collect::<std::collections::BTreeSet<_>>().len();
+    let (told, _) = sampled(worker.addr, completions, story.clone());
+    let mut present = story;
+    present["presence_penalty"] = json!(2.0);
+    let (varied, _) = sampled(worker.addr, completions, present);
+    assert!(
+        varied != told && distinct(&varied) >= distinct(&told),
+        "a presence penalty varies the story: {varied:?} vs {told:?}"
+    );
+
+    let (repeat, _) = with(json!({"repetition_penalty": 2.0}));
+    assert_ne!(repeat, plain, "a repetition penalty changes the loop");
+    let (windowless, _) = with(json!({"repetition_penalty": 2.0, "repeat_last_n": 0}));
+    assert_eq!(windowless, plain, "repeat_last_n 0 turns penalties off");
+    let (short_window, _) = with(json!({"repetition_penalty": 2.0, "repeat_last_n": 1}));
+    assert_ne!(
+        short_window, repeat,
+        "a one-id window penalises less than the whole history"
+    );
+
+    let chat = "/v1/chat/completions";
+    let brief = json!({"messages": [{"role": "user", "content": "Say OK and nothing else."}],
+        "max_tokens": 24});
+    let (short, finish) = sampled(worker.addr, chat, brief.clone());
+    assert_eq!(finish, "stop", "the model ends its answer: {short:?}");
+    let mut at_least = brief;
+    at_least["min_tokens"] = json!(short.len() + 5);
+    let (longer, _) = sampled(worker.addr, chat, at_least);
+    assert!(
+        longer.len() >= short.len() + 5 && longer.starts_with(&short),
+        "min_tokens holds the end back: {longer:?} vs {short:?}"
+    );
+}

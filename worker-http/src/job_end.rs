@@ -7,7 +7,7 @@
 use worker_common::backend::BackendError;
 use worker_common::generate::{Finished, GenerateError, GenerateEvent};
 
-use crate::api::{EndEvent, ErrorCode, StreamEvent};
+use crate::api::{EndEvent, ErrorCode, StreamEvent, TokenLogprobWire};
 use crate::metrics::{JobRecord, Outcome};
 use crate::queue::Job;
 use crate::state::Shared;
@@ -172,9 +172,15 @@ fn log_end(shared: &Shared, job: &Job, end: &JobEnd, record: &JobRecord) {
 /// The wire form of an engine event of job `job_id`.
 pub fn render(event: JobEvent, job_id: &str) -> StreamEvent {
     match event {
-        JobEvent::Generate(GenerateEvent::Token { text, index }) => {
-            StreamEvent::Token { t: text, i: index }
-        }
+        JobEvent::Generate(GenerateEvent::Token {
+            text,
+            index,
+            logprobs,
+        }) => StreamEvent::Token {
+            t: text,
+            i: index,
+            logprobs: logprobs.iter().map(TokenLogprobWire::of).collect(),
+        },
         JobEvent::Generate(GenerateEvent::Metrics {
             tokens_out,
             decode_time_ms,

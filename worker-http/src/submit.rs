@@ -51,6 +51,7 @@ pub async fn submit(
         connection,
     } = origin;
     let loaded = accepting(shared, &correlation_id)?;
+    check_logit_bias(&job, loaded.vocab_size, &correlation_id)?;
     let prompt_tokens = tokenize(&loaded, &job.prompt, &correlation_id).await?;
     let max_tokens = max_tokens(shared, &loaded, &job, prompt_tokens.len(), &correlation_id)?;
     // Generated seeds stay below 2^53 so JavaScript clients can send them back exactly.
@@ -180,6 +181,28 @@ fn draining(correlation_id: &str) -> ApiError {
         "the worker is shutting down; send the job to another worker",
         correlation_id,
     )
+}
+
+/// `logit_bias` names only ids of the vocabulary.
+fn check_logit_bias(
+    job: &JobSpec,
+    vocab_size: usize,
+    correlation_id: &str,
+) -> Result<(), ApiError> {
+    match job
+        .sampling
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= vocab_size)
+    {
+        None => Ok(()),
+        Some((id, _)) => Err(invalid(
+            &format!("logit_bias.{id}"),
+            format!("token_id(<{vocab_size})"),
+            format!("token {id} is not in the vocabulary of {vocab_size} tokens"),
+            correlation_id,
+        )),
+    }
 }
 
 /// The request field a prompt came in.

@@ -74,6 +74,9 @@ pub enum GenerateEvent {
         text: String,
         /// Event index.
         index: usize,
+        /// With `logprobs` asked: one entry per token sampled since the previous event, in
+        /// order (a token whose text is held back rides with the event that releases it).
+        logprobs: Vec<TokenLogprob>,
     },
     /// Progress while decoding, about every [`METRICS_INTERVAL`].
     Metrics {
@@ -86,6 +89,26 @@ pub enum GenerateEvent {
         /// Memory the backend holds (weights + KV + scratch).
         memory_bytes: u64,
     },
+}
+
+/// One token and its log-probability.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogprobEntry {
+    /// The token id.
+    pub id: u32,
+    /// Its bytes (possibly part of a UTF-8 character).
+    pub bytes: Vec<u8>,
+    /// Its log-probability after logit bias and penalties, before temperature and truncation.
+    pub logprob: f64,
+}
+
+/// A generated token's log-probability and the most probable alternatives at its step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token that was chosen.
+    pub chosen: LogprobEntry,
+    /// The most probable tokens, most probable first (`logprobs` of them).
+    pub top: Vec<LogprobEntry>,
 }
 
 /// Where events go; `false` from `send` means nobody listens any more (the client left), which

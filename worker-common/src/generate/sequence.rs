@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use super::stop::{Released, StopMatcher};
 use super::{
-    CancelToken, EventSink, Finished, GenerateError, GenerateEvent, GenerateRequest,
-    METRICS_INTERVAL, StopReason,
+    CancelToken, EventSink, Finished, GenerateError, GenerateEvent, GenerateRequest, LogprobEntry,
+    METRICS_INTERVAL, StopReason, TokenLogprob,
 };
 use crate::backend::{ChunkOutput, Want};
-use crate::sampling::Sampler;
+use crate::sampling::{Choice, Context, Logprobs, Sampler};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::stream::StreamDecoder;
 
@@ -45,6 +45,8 @@ pub struct Sequence {
     cached_tokens: usize,
     generated: usize,
     text: TextStream,
+    /// Log-probabilities of tokens whose text is not sent yet (held back, or empty).
+    pending_logprobs: Vec<TokenLogprob>,
     started: Instant,
     first_chunk_at: Option<Instant>,
     first_token_at: Option<Instant>,
@@ -67,8 +69,9 @@ impl Sequence {
         let mut history = Vec::with_capacity(prompt_tokens + request.max_tokens);
         history.extend_from_slice(&request.prompt_tokens);
         Ok(Self {
-            sampler: Sampler::new(request.sampling),
+            sampler: Sampler::new(request.sampling.clone()),
             text: TextStream::new(&request.stop),
+            pending_logprobs: Vec::new(),
             history,
             computed: 0,
             cached_tokens: 0,
@@ -166,10 +169,21 @@ impl Sequence {
         sink: &mut dyn EventSink,
     ) -> Result<Option<Finished>, GenerateError> {
         self.computed += len;
-        let token = match output {
+        let tokenizer = step.tokenizer;
+        let Choice { token, logprobs } = match output {
             ChunkOutput::Nothing => return Ok(None),
-            ChunkOutput::Greedy(token) => token,
-            ChunkOutput::Logits(logits) => self.sampler.sample(logits, &self.history),
+            ChunkOutput::Greedy(token) => Choice {
+                token,
+                logprobs: None,
+            },
+            ChunkOutput::Logits(logits) => {
+                let context = Context {
+                    history: &self.history,
+                    prompt_len: self.request.prompt_tokens.len(),
+                    end_of_generation: tokenizer.vocab().end_of_generation(),
+                };
+                self.sampler.choose(logits, &context)
+            }
         };
         let now = Instant::now();
         match self.first_token_at {
@@ -181,12 +195,15 @@ impl Sequence {
             }
             Some(_) => self.decode_steps += step.step_time,
         }
-        let tokenizer = step.tokenizer;
         if tokenizer.is_end_of_generation(token) && !self.request.ignore_eos {
             return self.finish(StopReason::Eos, None, sink).map(Some);
         }
         self.history.push(token);
         self.generated += 1;
+        if let Some(logprobs) = logprobs {
+            let entry = token_logprob(tokenizer, token, logprobs);
+            self.pending_logprobs.push(entry);
+        }
         let released = self.text.push(&tokenizer.token_bytes(token));
         self.emit(released.text, sink)?;
         if let Some(stop) = released.matched {
@@ -235,7 +252,15 @@ impl Sequence {
         }
         let index = self.text.events;
         self.text.events += 1;
-        send(sink, GenerateEvent::Token { text: piece, index })
+        let logprobs = std::mem::take(&mut self.pending_logprobs);
+        send(
+            sink,
+            GenerateEvent::Token {
+                text: piece,
+                index,
+                logprobs,
+            },
+        )
     }
 
     fn metrics(
@@ -259,6 +284,23 @@ impl Sequence {
                 memory_bytes,
             },
         )
+    }
+}
+
+/// A chosen token's log-probabilities with the tokens' bytes.
+fn token_logprob(tokenizer: &Tokenizer, token: u32, logprobs: Logprobs) -> TokenLogprob {
+    let entry = |id: u32, logprob: f64| LogprobEntry {
+        id,
+        bytes: tokenizer.token_bytes(id),
+        logprob,
+    };
+    TokenLogprob {
+        chosen: entry(token, logprobs.logprob),
+        top: logprobs
+            .top
+            .into_iter()
+            .map(|(id, logprob)| entry(id, logprob))
+            .collect(),
     }
 }
 

@@ -39,6 +39,16 @@ fn probabilities(logits: &[f64]) -> Vec<Candidate> {
     c
 }
 
+/// The repetition penalty alone over the whole of `history`.
+fn apply_penalty(candidates: &mut [Candidate], seen: &mut Vec<u64>, history: &[u32], penalty: f64) {
+    let penalties = process::Penalties {
+        repeat: Some(penalty),
+        frequency: 0.0,
+        presence: 0.0,
+    };
+    process::penalize_window(candidates, seen, (history, 0), 0, penalties);
+}
+
 fn frequencies(sampler: &mut Sampler, logits: &[f32], n: usize) -> Vec<f64> {
     let mut counts = vec![0usize; logits.len()];
     for _ in 0..n {
@@ -70,6 +80,7 @@ fn greedy_ignores_filters_and_uses_the_penalty() {
         min_p: 0.9,
         repetition_penalty: 2.0,
         seed: 7,
+        ..SamplingParams::default()
     };
     let mut s = Sampler::new(p);
     // Token 0 (4.0) is penalised to 2.0, under token 1 (3.0).
@@ -327,6 +338,7 @@ fn all_filters(seed: u64) -> SamplingParams {
         min_p: 0.02,
         repetition_penalty: 1.1,
         seed,
+        ..SamplingParams::default()
     }
 }
 
@@ -410,6 +422,7 @@ fn out_of_range_parameters_do_not_panic() {
         min_p: 5.0,
         repetition_penalty: -1.0,
         seed: 0,
+        ..SamplingParams::default()
     };
     let mut s = Sampler::new(p);
     // T = inf flattens the finite logits; min-p above 1 acts as 1, so all tie and survive.
@@ -463,5 +476,5 @@ fn defaults_match_the_contract() {
     assert_eq!(d.repetition_penalty, 1.0);
     assert!(!d.is_greedy() && params(0.0).is_greedy());
     let r = d.resolve();
-    assert_eq!((r.top_p, r.min_p, r.penalty), (None, None, None));
+    assert_eq!((r.top_p, r.min_p, r.penalties.repeat), (None, None, None));
 }

@@ -46,6 +46,36 @@ pub struct EndEvent {
     pub stop_sequence_matched: Option<String>,
 }
 
+/// A token and its log-probability on the wire; `top` lists the most probable alternatives.
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenLogprobWire {
+    /// The token id.
+    pub id: u32,
+    /// Its text (invalid UTF-8 of a partial character replaced by U+FFFD).
+    pub token: String,
+    /// Its log-probability (natural log; after logit bias and penalties, before temperature).
+    pub logprob: f64,
+    /// The most probable tokens at this step, most probable first (absent in `top` itself).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top: Option<Vec<TokenLogprobWire>>,
+}
+
+impl TokenLogprobWire {
+    /// The wire form of a generated token's log-probabilities.
+    pub fn of(entry: &worker_common::generate::TokenLogprob) -> Self {
+        let wire = |e: &worker_common::generate::LogprobEntry| TokenLogprobWire {
+            id: e.id,
+            token: String::from_utf8_lossy(&e.bytes).into_owned(),
+            logprob: e.logprob,
+            top: None,
+        };
+        TokenLogprobWire {
+            top: Some(entry.top.iter().map(wire).collect()),
+            ..wire(&entry.chosen)
+        }
+    }
+}
+
 /// One event of the stream.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -58,6 +88,9 @@ pub enum StreamEvent {
         t: String,
         /// Event index, contiguous from 0.
         i: usize,
+        /// With `logprobs` asked: the tokens sampled since the previous event.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        logprobs: Vec<TokenLogprobWire>,
     },
     /// Decode progress.
     Metrics {
@@ -121,6 +154,7 @@ mod tests {
         let token = serde_json::to_value(StreamEvent::Token {
             t: "hi".into(),
             i: 3,
+            logprobs: Vec::new(),
         })
         .unwrap();
         assert_eq!(

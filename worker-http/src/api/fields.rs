@@ -191,6 +191,10 @@ impl<'a> Fields<'a> {
                 "range(0.0..=2.0)",
                 "must be greater than 0.0 and at most 2.0 (1.0 = off)",
             ),
+            "frequency_penalty" | "presence_penalty" => (
+                "range(-2.0..=2.0)",
+                "must be between -2.0 and 2.0 (0.0 = off)",
+            ),
             _ => ("range(0.0..=1.0)", "must be between 0.0 and 1.0"),
         };
         self.fail(field, constraint, message.into(), Some(value));

@@ -8,9 +8,11 @@ mod fields;
 mod job;
 pub mod openai;
 mod request;
+mod sampling;
 
 pub use error::{ApiError, ErrorCode, ErrorParts, FieldError};
-pub use events::{EndEvent, StartedEvent, StreamEvent};
+pub use events::{EndEvent, StartedEvent, StreamEvent, TokenLogprobWire};
 pub use fields::require_json;
 pub use job::{JobSpec, Prompt};
 pub use request::{CancelRequest, ExecuteRequest, Limits, MAX_TOKENS_LIMIT};
+pub use sampling::{MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};

@@ -34,16 +34,8 @@ pub struct ExecuteRequest {
     pub prompt: String,
     /// Tokens to generate at most, already capped by `--max-tokens-out`.
     pub max_tokens: u32,
-    /// Sampling temperature (0 = greedy).
-    pub temperature: f32,
-    /// Top-k (0 = off).
-    pub top_k: u32,
-    /// Top-p (1 = off).
-    pub top_p: f32,
-    /// Min-p (0 = off).
-    pub min_p: f32,
-    /// Repetition penalty (1 = off).
-    pub repetition_penalty: f32,
+    /// Sampler settings (`seed` is 0 here: see [`ExecuteRequest::seed`]).
+    pub sampling: SamplingParams,
     /// Stop strings.
     pub stop: Vec<String>,
     /// Sampler seed, when the caller chose one.
@@ -66,11 +58,8 @@ impl ExecuteRequest {
         let job_id = fields.job_id();
         let prompt = fields.prompt();
         let max_tokens = fields.integer("max_tokens", 1, MAX_TOKENS_LIMIT, "range(1..=2048)");
-        let temperature = fields.float("temperature", 1.0, |t| (0.0..=2.0).contains(&t));
-        let top_k = fields.top_k();
-        let top_p = fields.float("top_p", 1.0, |p| (0.0..=1.0).contains(&p));
-        let min_p = fields.float("min_p", 0.0, |p| (0.0..=1.0).contains(&p));
-        let repetition_penalty = fields.float("repetition_penalty", 1.0, |r| r > 0.0 && r <= 2.0);
+        let mut sampling = fields.sampling();
+        sampling.logprobs = fields.top_logprobs("logprobs");
         let stop = fields.stop(false);
         let seed = fields.seed();
         let raw = fields.boolean("raw");
@@ -84,11 +73,7 @@ impl ExecuteRequest {
             job_id: job_id.unwrap_or_default(),
             prompt: prompt.unwrap_or_default(),
             max_tokens: u32::try_from(max_tokens).unwrap_or(limits.max_tokens_out),
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            repetition_penalty,
+            sampling,
             stop,
             seed,
             raw,
@@ -104,14 +89,7 @@ impl ExecuteRequest {
                 raw: self.raw,
             },
             max_tokens: Some(self.max_tokens),
-            sampling: SamplingParams {
-                temperature: self.temperature,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                min_p: self.min_p,
-                repetition_penalty: self.repetition_penalty,
-                seed: 0,
-            },
+            sampling: self.sampling,
             seed: self.seed,
             stop: self.stop,
             ignore_eos: self.ignore_eos,

@@ -23,7 +23,7 @@ use worker_common::generate::GenerateEvent;
 
 use super::execute::KEEP_ALIVE;
 use super::{body_or_error, content_type};
-use crate::api::openai::{Endpoint, OpenAiRequest, Reply, error_body, reshape_error};
+use crate::api::openai::{Endpoint, Logprobs, OpenAiRequest, Reply, error_body, reshape_error};
 use crate::api::{ApiError, ErrorCode, Limits};
 use crate::connections::Connection;
 use crate::correlation::CorrelationId;
@@ -149,12 +149,15 @@ async fn answer(
         correlation_id: correlation_id.clone(),
         connection,
     };
+    let logprobs = request.job.sampling.logprobs.is_some();
     let accepted = submit(shared, origin, request.job).await?;
     let reply = Reply {
         endpoint,
         id: job_id,
         created: unix_now(),
         model: accepted.started.model,
+        logprobs,
+        tokens_as_ids: request.tokens_as_ids,
     };
     if request.stream {
         let chunks = ChunkStream::new(reply, accepted.events, request.include_usage);
@@ -171,12 +174,21 @@ async fn whole(
     mut events: JobEvents,
     correlation_id: &str,
 ) -> Result<Value, ApiError> {
-    let mut text = String::new();
+    let (mut text, mut tokens) = (String::new(), Vec::new());
     while let Some(event) = events.next().await {
         match event {
-            JobEvent::Generate(GenerateEvent::Token { text: piece, .. }) => text.push_str(&piece),
+            JobEvent::Generate(GenerateEvent::Token {
+                text: piece,
+                logprobs,
+                ..
+            }) => {
+                text.push_str(&piece);
+                tokens.extend(logprobs);
+            }
             JobEvent::Generate(GenerateEvent::Metrics { .. }) => {}
-            JobEvent::End(JobEnd::Finished(done)) => return Ok(reply.whole(&text, &done)),
+            JobEvent::End(JobEnd::Finished(done)) => {
+                return Ok(reply.whole(&text, &tokens, &done));
+            }
             JobEvent::End(JobEnd::Failed { code, message, .. }) => {
                 return Err(ApiError::new(code, message, correlation_id));
             }
@@ -195,6 +207,8 @@ struct ChunkStream {
     include_usage: bool,
     ready: VecDeque<Event>,
     ended: bool,
+    /// Characters sent so far (completions' `text_offset`).
+    sent_chars: usize,
 }
 
 impl ChunkStream {
@@ -206,14 +220,22 @@ impl ChunkStream {
             include_usage,
             ready,
             ended: false,
+            sent_chars: 0,
         }
     }
 
     /// Queues what `event` sends; true when it was the last.
     fn push(&mut self, event: JobEvent) -> bool {
         match event {
-            JobEvent::Generate(GenerateEvent::Token { text, .. }) => {
-                self.ready.push_back(data(&self.reply.text_chunk(&text)));
+            JobEvent::Generate(GenerateEvent::Token { text, logprobs, .. }) => {
+                let offset = self.sent_chars;
+                self.sent_chars += text.chars().count();
+                let logprobs = Logprobs {
+                    tokens: &logprobs,
+                    offset,
+                };
+                self.ready
+                    .push_back(data(&self.reply.text_chunk(&text, logprobs)));
                 false
             }
             JobEvent::Generate(GenerateEvent::Metrics { .. }) => false,

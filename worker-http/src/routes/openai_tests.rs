@@ -153,10 +153,15 @@ async fn errors_on_v1_paths_come_in_openai_shape() {
         "{error}"
     );
 
-    let unsupported = json!({"prompt": "a", "logprobs": 2});
+    let unsupported = json!({"prompt": "a", "response_format": {"type": "json_object"}});
     let (status, body) = send(&shared, "POST", "/v1/completions", Some(unsupported)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(openai_error(&body)["param"], "logprobs");
+    assert_eq!(openai_error(&body)["param"], "response_format");
+    let outside = json!({"prompt": "a", "logit_bias": {"12": 5}});
+    let (status, body) = send(&shared, "POST", "/v1/completions", Some(outside)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let error = openai_error(&body);
+    assert_eq!(error["param"], "logit_bias.12", "{error}");
 
     let (status, body) = send(&shared, "GET", "/v1/nothing", None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -185,4 +190,35 @@ async fn the_api_key_guards_v1_too() {
         .body(Body::empty())
         .unwrap();
     assert_eq!(send_request(&shared, keyed).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn logprobs_come_with_each_token_in_both_shapes() {
+    let shared = chat_worker();
+    let body = json!({"prompt": "abc", "max_tokens": 3, "temperature": 0, "logprobs": 2});
+    let (status, whole) = send(&shared, "POST", "/v1/completions", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let whole: Value = serde_json::from_str(&whole).unwrap();
+    let logprobs = &whole["choices"][0]["logprobs"];
+    assert_eq!(logprobs["tokens"], json!(["a", "b", "c"]));
+    assert_eq!(logprobs["text_offset"], json!([0, 1, 2]));
+    // The scripted backend's logits make its token certain: log-probability 0.
+    assert_eq!(logprobs["token_logprobs"][0], 0.0);
+    assert_eq!(logprobs["top_logprobs"][0].as_object().unwrap().len(), 2);
+
+    let chat = json!({"messages": [{"role": "user", "content": "abc"}], "max_tokens": 2,
+        "temperature": 0, "logprobs": true, "top_logprobs": 1, "stream": true});
+    let (_, stream) = send(&shared, "POST", "/v1/chat/completions", Some(chat)).await;
+    let content: Vec<Value> = chunks(&stream)
+        .iter()
+        .filter_map(|chunk| {
+            chunk["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .cloned()
+        })
+        .flatten()
+        .collect();
+    assert_eq!(content.len(), 2, "{stream}");
+    assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 1);
+    assert_eq!(content[0]["token"], content[0]["top_logprobs"][0]["token"]);
 }

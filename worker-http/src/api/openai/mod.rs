@@ -6,7 +6,7 @@ mod request;
 mod response;
 
 pub use request::{Endpoint, OpenAiRequest};
-pub use response::{Reply, finish_reason, usage};
+pub use response::{Logprobs, Reply, finish_reason, usage};
 
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};

@@ -2,7 +2,6 @@
 //! `/execute` (specs/OPENAI.md lists every field, taken or refused).
 
 use serde_json::Value;
-use worker_common::sampling::SamplingParams;
 use worker_common::tokenizer::template::ChatMessage;
 
 use crate::api::fields::{Fields, json_object};
@@ -27,6 +26,9 @@ pub struct OpenAiRequest {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with `usage` and no choices.
     pub include_usage: bool,
+    /// vLLM's `return_tokens_as_token_ids`: log-probability entries name tokens as
+    /// `token_id:<id>` (exact where token text is ambiguous or not valid UTF-8).
+    pub tokens_as_ids: bool,
 }
 
 /// Roles a chat message may have (`developer` is OpenAI's newer name for `system`).
@@ -50,19 +52,14 @@ impl OpenAiRequest {
             Endpoint::Completions => completion_prompt(&mut fields),
         };
         let max_tokens = max_tokens(&mut fields, endpoint, limits);
-        let sampling = SamplingParams {
-            temperature: fields.float("temperature", 1.0, |t| (0.0..=2.0).contains(&t)),
-            top_k: fields.top_k(),
-            top_p: fields.float("top_p", 1.0, |p| (0.0..=1.0).contains(&p)),
-            min_p: fields.float("min_p", 0.0, |p| (0.0..=1.0).contains(&p)),
-            repetition_penalty: fields.float("repetition_penalty", 1.0, |r| r > 0.0 && r <= 2.0),
-            seed: 0,
-        };
+        let mut sampling = fields.sampling();
+        sampling.logprobs = logprobs(&mut fields, endpoint);
         let seed = fields.seed();
         let stop = fields.stop(true);
         let ignore_eos = fields.boolean("ignore_eos");
         let stream = fields.boolean("stream");
         let include_usage = stream_options(&mut fields);
+        let tokens_as_ids = fields.boolean("return_tokens_as_token_ids");
         if let Some(n) = fields.get("n")
             && n.as_u64() != Some(1)
         {
@@ -84,6 +81,7 @@ impl OpenAiRequest {
             },
             stream,
             include_usage: stream && include_usage,
+            tokens_as_ids,
         })
     }
 }
@@ -101,6 +99,23 @@ fn max_tokens(fields: &mut Fields<'_>, endpoint: Endpoint, limits: Limits) -> Op
     current
         .or(legacy)
         .map(|n| u32::try_from(n.min(cap)).unwrap_or(limits.max_tokens_out))
+}
+
+/// How many alternatives `logprobs` asks for: chat's `logprobs: true` with `top_logprobs`
+/// (0 when absent), completions' `logprobs: n`.
+fn logprobs(fields: &mut Fields<'_>, endpoint: Endpoint) -> Option<u32> {
+    match endpoint {
+        Endpoint::Completions => fields.top_logprobs("logprobs"),
+        Endpoint::Chat => {
+            let top = fields.top_logprobs("top_logprobs");
+            let wanted = fields.boolean("logprobs");
+            if top.is_some() && !wanted {
+                let message = "top_logprobs needs logprobs: true".into();
+                fields.fail("top_logprobs", "requires(logprobs)", message, None);
+            }
+            wanted.then(|| top.unwrap_or(0))
+        }
+    }
 }
 
 /// `stream_options.include_usage`, false when absent.
@@ -264,10 +279,6 @@ fn content(fields: &mut Fields<'_>, at: &str, role: &str, value: Option<&Value>)
 /// 400 rather than silently ignored (the reply would not be what the caller asked for).
 fn refuse_unsupported(fields: &mut Fields<'_>, endpoint: Endpoint) {
     let is_default = |name: &str, value: &Value| match name {
-        "frequency_penalty" | "presence_penalty" => value.as_f64() == Some(0.0),
-        "logit_bias" => value.as_object().is_some_and(|bias| bias.is_empty()),
-        "logprobs" => matches!(value, Value::Bool(false)) || value.as_u64() == Some(0),
-        "top_logprobs" => value.as_u64() == Some(0),
         "response_format" => value.get("type").is_some_and(|kind| *kind == "text"),
         "tools" => value.as_array().is_some_and(|tools| tools.is_empty()),
         "tool_choice" => *value == "none",
@@ -275,16 +286,7 @@ fn refuse_unsupported(fields: &mut Fields<'_>, endpoint: Endpoint) {
         "best_of" => value.as_u64() == Some(1),
         _ => false,
     };
-    let mut names = vec![
-        "frequency_penalty",
-        "presence_penalty",
-        "logit_bias",
-        "logprobs",
-        "top_logprobs",
-        "response_format",
-        "tools",
-        "tool_choice",
-    ];
+    let mut names = vec!["response_format", "tools", "tool_choice"];
     if endpoint == Endpoint::Completions {
         names.extend(["echo", "best_of", "suffix"]);
     }

@@ -1,7 +1,7 @@
 //! OpenAI's shapes for one job's answer: the whole reply, the stream's chunks, `usage`.
 
-use serde_json::{Value, json};
-use worker_common::generate::{Finished, StopReason};
+use serde_json::{Map, Value, json};
+use worker_common::generate::{Finished, LogprobEntry, StopReason, TokenLogprob};
 
 use super::request::Endpoint;
 
@@ -36,6 +36,76 @@ pub struct Reply {
     pub created: u64,
     /// The loaded model's id.
     pub model: String,
+    /// Whether the request asked for `logprobs` (else the field is `null`).
+    pub logprobs: bool,
+    /// Name tokens `token_id:<id>` in log-probability entries.
+    pub tokens_as_ids: bool,
+}
+
+/// Log-probabilities of some of a reply's tokens, in the endpoint's shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Logprobs<'a> {
+    /// The tokens, in order.
+    pub tokens: &'a [TokenLogprob],
+    /// Characters of the reply before the first of them (completions' `text_offset`).
+    pub offset: usize,
+}
+
+impl Reply {
+    /// A token's name in log-probability entries: its text (a partial UTF-8 character
+    /// replaced by U+FFFD), or `token_id:<id>`.
+    fn token_name(&self, entry: &LogprobEntry) -> String {
+        if self.tokens_as_ids {
+            format!("token_id:{}", entry.id)
+        } else {
+            String::from_utf8_lossy(&entry.bytes).into_owned()
+        }
+    }
+
+    /// Chat's `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+    fn chat_logprobs(&self, tokens: &[TokenLogprob]) -> Value {
+        let entry = |e: &LogprobEntry| json!({"token": self.token_name(e), "logprob": e.logprob, "bytes": e.bytes});
+        let content: Vec<Value> = tokens
+            .iter()
+            .map(|token| {
+                let mut value = entry(&token.chosen);
+                value["top_logprobs"] = token.top.iter().map(entry).collect();
+                value
+            })
+            .collect();
+        json!({"content": content})
+    }
+
+    /// Completions' `{tokens, token_logprobs, top_logprobs, text_offset}`; offsets count the
+    /// tokens' text in characters.
+    fn completion_logprobs(&self, logprobs: Logprobs<'_>) -> Value {
+        let text = |e: &LogprobEntry| String::from_utf8_lossy(&e.bytes).chars().count();
+        let mut offset = logprobs.offset;
+        let mut text_offset = Vec::with_capacity(logprobs.tokens.len());
+        for token in logprobs.tokens {
+            text_offset.push(offset);
+            offset += text(&token.chosen);
+        }
+        let top: Vec<Value> = logprobs
+            .tokens
+            .iter()
+            .map(|token| {
+                let alternatives: Map<String, Value> = token
+                    .top
+                    .iter()
+                    .map(|e| (self.token_name(e), json!(e.logprob)))
+                    .collect();
+                Value::Object(alternatives)
+            })
+            .collect();
+        let tokens = logprobs.tokens.iter();
+        json!({
+            "tokens": tokens.clone().map(|t| self.token_name(&t.chosen)).collect::<Vec<_>>(),
+            "token_logprobs": tokens.map(|t| t.chosen.logprob).collect::<Vec<_>>(),
+            "top_logprobs": top,
+            "text_offset": text_offset,
+        })
+    }
 }
 
 impl Reply {
@@ -55,9 +125,25 @@ impl Reply {
         })
     }
 
+    /// A choice's `logprobs`: `null` unless asked for.
+    fn logprobs(&self, logprobs: Option<Logprobs<'_>>) -> Value {
+        match (self.logprobs, logprobs, self.endpoint) {
+            (true, Some(logprobs), Endpoint::Chat) => self.chat_logprobs(logprobs.tokens),
+            (true, Some(logprobs), Endpoint::Completions) => self.completion_logprobs(logprobs),
+            _ => Value::Null,
+        }
+    }
+
     /// The one choice, carrying `text` (chat: as the message, or as a delta in a chunk).
-    fn choice(&self, chunk: bool, text: Option<&str>, finish: Option<&str>) -> Value {
-        let mut choice = json!({"index": 0, "logprobs": null, "finish_reason": finish});
+    fn choice(
+        &self,
+        chunk: bool,
+        text: Option<&str>,
+        logprobs: Option<Logprobs<'_>>,
+        finish: Option<&str>,
+    ) -> Value {
+        let logprobs = self.logprobs(logprobs);
+        let mut choice = json!({"index": 0, "logprobs": logprobs, "finish_reason": finish});
         let text = text.unwrap_or_default();
         match (self.endpoint, chunk) {
             (Endpoint::Completions, _) => choice["text"] = json!(text),
@@ -71,9 +157,10 @@ impl Reply {
     }
 
     /// The whole reply of a non-streamed request.
-    pub fn whole(&self, text: &str, done: &Finished) -> Value {
+    pub fn whole(&self, text: &str, tokens: &[TokenLogprob], done: &Finished) -> Value {
         let finish = finish_reason(done.stop_reason);
-        let choice = self.choice(false, Some(text), Some(finish));
+        let logprobs = Logprobs { tokens, offset: 0 };
+        let choice = self.choice(false, Some(text), Some(logprobs), Some(finish));
         let mut reply = self.envelope(false, json!([choice]));
         reply["usage"] = usage(done);
         reply
@@ -89,15 +176,16 @@ impl Reply {
         })
     }
 
-    /// A chunk of new text.
-    pub fn text_chunk(&self, text: &str) -> Value {
-        self.envelope(true, json!([self.choice(true, Some(text), None)]))
+    /// A chunk of new text, with its tokens' log-probabilities.
+    pub fn text_chunk(&self, text: &str, logprobs: Logprobs<'_>) -> Value {
+        let choice = self.choice(true, Some(text), Some(logprobs), None);
+        self.envelope(true, json!([choice]))
     }
 
     /// The chunk that says why the job stopped.
     pub fn finish_chunk(&self, done: &Finished) -> Value {
         let finish = finish_reason(done.stop_reason);
-        self.envelope(true, json!([self.choice(true, None, Some(finish))]))
+        self.envelope(true, json!([self.choice(true, None, None, Some(finish))]))
     }
 
     /// `stream_options.include_usage`'s last chunk: no choices, the usage.
@@ -126,18 +214,25 @@ mod tests {
         }
     }
 
+    const NONE: Logprobs<'static> = Logprobs {
+        tokens: &[],
+        offset: 0,
+    };
+
     fn reply(endpoint: Endpoint) -> Reply {
         Reply {
             endpoint,
             id: "chatcmpl-1".into(),
             created: 7,
             model: "m".into(),
+            logprobs: false,
+            tokens_as_ids: false,
         }
     }
 
     #[test]
     fn a_whole_chat_reply_has_the_message_usage_and_finish_reason() {
-        let whole = reply(Endpoint::Chat).whole("hi", &done(StopReason::MaxTokens));
+        let whole = reply(Endpoint::Chat).whole("hi", &[], &done(StopReason::MaxTokens));
         assert_eq!(whole["object"], "chat.completion");
         assert_eq!(whole["choices"][0]["message"]["content"], "hi");
         assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
@@ -150,17 +245,82 @@ mod tests {
     fn completion_chunks_carry_text_and_chat_chunks_deltas() {
         let completion = reply(Endpoint::Completions);
         assert!(completion.role_chunk().is_none());
-        assert_eq!(completion.text_chunk("a")["choices"][0]["text"], "a");
+        assert_eq!(completion.text_chunk("a", NONE)["choices"][0]["text"], "a");
         let finish = completion.finish_chunk(&done(StopReason::Eos));
         assert_eq!(finish["choices"][0]["finish_reason"], "stop");
         let chat = reply(Endpoint::Chat);
         let role = chat.role_chunk().unwrap();
         assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
-        assert_eq!(chat.text_chunk("b")["choices"][0]["delta"]["content"], "b");
+        assert_eq!(
+            chat.text_chunk("b", NONE)["choices"][0]["delta"]["content"],
+            "b"
+        );
         let finish = chat.finish_chunk(&done(StopReason::StopSequence));
         assert_eq!(finish["choices"][0]["delta"], json!({}));
         let usage = chat.usage_chunk(&done(StopReason::Eos));
         assert_eq!(usage["choices"], json!([]));
         assert_eq!(usage["usage"]["completion_tokens"], 3);
+    }
+
+    fn entry(id: u32, text: &str, logprob: f64) -> LogprobEntry {
+        LogprobEntry {
+            id,
+            bytes: text.as_bytes().to_vec(),
+            logprob,
+        }
+    }
+
+    #[test]
+    fn logprobs_take_each_endpoints_shape() {
+        let tokens = [
+            TokenLogprob {
+                chosen: entry(1, "é", -0.5),
+                top: vec![entry(1, "é", -0.5), entry(2, "e", -1.5)],
+            },
+            TokenLogprob {
+                chosen: entry(3, "x", -0.25),
+                top: vec![entry(3, "x", -0.25), entry(4, "y", -2.0)],
+            },
+        ];
+        let logprobs = Logprobs {
+            tokens: &tokens,
+            offset: 4,
+        };
+        let chat = Reply {
+            logprobs: true,
+            ..reply(Endpoint::Chat)
+        };
+        let chunk = chat.text_chunk("éx", logprobs);
+        let content = &chunk["choices"][0]["logprobs"]["content"];
+        assert_eq!(content[0]["token"], "é");
+        assert_eq!(content[0]["bytes"], json!([0xC3, 0xA9]));
+        assert_eq!(
+            content[1]["top_logprobs"][1],
+            json!({"token": "y", "logprob": -2.0, "bytes": [121]})
+        );
+        let completion = Reply {
+            logprobs: true,
+            ..reply(Endpoint::Completions)
+        };
+        let chunk = completion.text_chunk("éx", logprobs);
+        let logprobs = &chunk["choices"][0]["logprobs"];
+        assert_eq!(logprobs["tokens"], json!(["é", "x"]));
+        assert_eq!(logprobs["token_logprobs"], json!([-0.5, -0.25]));
+        assert_eq!(logprobs["top_logprobs"][0], json!({"é": -0.5, "e": -1.5}));
+        assert_eq!(logprobs["text_offset"], json!([4, 5]));
+        assert!(reply(Endpoint::Chat).text_chunk("a", NONE)["choices"][0]["logprobs"].is_null());
+        let ids = Reply {
+            tokens_as_ids: true,
+            ..completion
+        };
+        let all = Logprobs {
+            tokens: &tokens,
+            offset: 0,
+        };
+        let chunk = ids.text_chunk("éx", all);
+        assert_eq!(
+            chunk["choices"][0]["logprobs"]["tokens"],
+            json!(["token_id:1", "token_id:3"])
+        );
     }
 }

@@ -39,9 +39,16 @@ fn refused(field: &str, constraint: &str) -> (String, String) {
 fn defaults_follow_the_contract() {
     let request = parse(&json!({"job_id": "j", "prompt": "hi"})).unwrap();
     assert_eq!(request.max_tokens, 2048);
-    assert_eq!(request.temperature, 1.0);
-    assert_eq!((request.top_k, request.top_p, request.min_p), (0, 1.0, 0.0));
-    assert_eq!(request.repetition_penalty, 1.0);
+    assert_eq!(request.sampling.temperature, 1.0);
+    assert_eq!(
+        (
+            request.sampling.top_k,
+            request.sampling.top_p,
+            request.sampling.min_p
+        ),
+        (0, 1.0, 0.0)
+    );
+    assert_eq!(request.sampling.repetition_penalty, 1.0);
     assert!(request.stop.is_empty() && request.seed.is_none() && !request.raw);
 }
 
@@ -83,8 +90,8 @@ fn temperature_and_probability_boundaries() {
         refusal(&t(json!(-0.1))),
         refused("temperature", "range(0.0..=2.0)")
     );
-    assert_eq!(parse(&t(json!(0))).unwrap().temperature, 0.0);
-    assert_eq!(parse(&t(json!(2))).unwrap().temperature, 2.0);
+    assert_eq!(parse(&t(json!(0))).unwrap().sampling.temperature, 0.0);
+    assert_eq!(parse(&t(json!(2))).unwrap().sampling.temperature, 2.0);
     assert_eq!(
         refusal(&t(json!(2.1))),
         refused("temperature", "range(0.0..=2.0)")
@@ -97,13 +104,22 @@ fn temperature_and_probability_boundaries() {
         refusal(&with("min_p", json!(-0.5))),
         refused("min_p", "range(0.0..=1.0)")
     );
-    assert_eq!(parse(&with("top_p", json!(0.0))).unwrap().top_p, 0.0);
+    assert_eq!(
+        parse(&with("top_p", json!(0.0))).unwrap().sampling.top_p,
+        0.0
+    );
     let penalty = |v: Value| with("repetition_penalty", v);
     assert_eq!(
         refusal(&penalty(json!(0))),
         refused("repetition_penalty", "range(0.0..=2.0)")
     );
-    assert_eq!(parse(&penalty(json!(2.0))).unwrap().repetition_penalty, 2.0);
+    assert_eq!(
+        parse(&penalty(json!(2.0)))
+            .unwrap()
+            .sampling
+            .repetition_penalty,
+        2.0
+    );
     assert_eq!(
         refusal(&penalty(json!(2.01))),
         refused("repetition_penalty", "range(0.0..=2.0)")
@@ -189,7 +205,7 @@ fn other_fields_and_unknown_fields() {
     }))
     .unwrap();
     assert_eq!(
-        (request.seed, request.raw, request.top_k),
+        (request.seed, request.raw, request.sampling.top_k),
         (Some(42), true, u32::MAX)
     );
     assert_eq!(

@@ -1,4 +1,5 @@
 use serde_json::{Value, json};
+use worker_common::sampling::SamplingParams;
 
 use super::*;
 
@@ -166,26 +167,81 @@ fn sampling_stop_seed_and_streaming_fields() {
 
 #[test]
 fn fields_not_implemented_yet_are_refused_unless_at_their_defaults() {
-    let defaults = json!({
-        "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "logprobs": false,
-        "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
-    });
+    let defaults = json!({"response_format": {"type": "text"}, "tools": [], "tool_choice": "none"});
     assert!(chat(defaults).is_ok());
-    let asked = json!({
-        "frequency_penalty": 0.5, "logprobs": true, "response_format": {"type": "json_object"},
-        "tools": [{"type": "function"}],
-    });
+    let asked =
+        json!({"response_format": {"type": "json_object"}, "tools": [{"type": "function"}]});
     assert_eq!(
         refusals(chat(asked)),
         [
-            pair("frequency_penalty", "unsupported"),
-            pair("logprobs", "unsupported"),
             pair("response_format", "unsupported"),
-            pair("tools", "unsupported"),
+            pair("tools", "unsupported")
         ]
     );
     let echo = parse(Endpoint::Completions, &json!({"prompt": "a", "echo": true}));
     assert_eq!(refusals(echo), [pair("echo", "unsupported")]);
+}
+
+#[test]
+fn penalties_bias_min_tokens_and_logprobs_are_read() {
+    let request = chat(json!({
+        "frequency_penalty": 0.5, "presence_penalty": -1, "repeat_last_n": 64,
+        "logit_bias": {"7": 3.5, "5": -100}, "min_tokens": 3, "logprobs": true, "top_logprobs": 4,
+    }))
+    .unwrap();
+    let sampling = &request.job.sampling;
+    assert_eq!(
+        (sampling.frequency_penalty, sampling.presence_penalty),
+        (0.5, -1.0)
+    );
+    assert_eq!(sampling.penalty_last_n, Some(64));
+    assert_eq!(sampling.logit_bias, [(5, -100.0), (7, 3.5)], "in id order");
+    assert_eq!((sampling.min_tokens, sampling.logprobs), (3, Some(4)));
+    let window = |n: i64| chat(json!({"repeat_last_n": n})).map(|r| r.job.sampling.penalty_last_n);
+    assert_eq!(window(-1).unwrap(), None, "-1: the whole history");
+    assert_eq!(window(0).unwrap(), Some(0), "0: off");
+    assert_eq!(
+        refusals(window(-2).map(|_| unreachable!())),
+        [pair("repeat_last_n", "range(-1..=1048576)")]
+    );
+    assert_eq!(
+        chat(json!({"logprobs": true}))
+            .unwrap()
+            .job
+            .sampling
+            .logprobs,
+        Some(0)
+    );
+    assert_eq!(
+        chat(json!({"logprobs": false}))
+            .unwrap()
+            .job
+            .sampling
+            .logprobs,
+        None
+    );
+    let completion = parse(
+        Endpoint::Completions,
+        &json!({"prompt": "a", "logprobs": 2}),
+    )
+    .unwrap();
+    assert_eq!(completion.job.sampling.logprobs, Some(2));
+    let bad = json!({
+        "frequency_penalty": 2.5, "logit_bias": {"x": 1, "3": 101}, "top_logprobs": 2,
+    });
+    assert_eq!(
+        refusals(chat(bad)),
+        [
+            pair("frequency_penalty", "range(-2.0..=2.0)"),
+            pair("logit_bias.3", "range(-100.0..=100.0)"),
+            pair("logit_bias.x", "token_id"),
+            pair("top_logprobs", "requires(logprobs)"),
+        ]
+    );
+    assert_eq!(
+        refusals(chat(json!({"logprobs": true, "top_logprobs": 21}))),
+        [pair("top_logprobs", "range(0..=20)")]
+    );
 }
 
 #[test]
