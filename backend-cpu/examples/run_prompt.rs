@@ -85,6 +85,7 @@ fn main() -> Result<()> {
         stop: Vec::new(),
         deadline: None,
         ignore_eos: false,
+        grammar: None,
     };
     let mut stdout = std::io::stdout();
     let mut sink = |event: GenerateEvent| {

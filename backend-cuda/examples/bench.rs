@@ -118,6 +118,7 @@ fn through_generate(
         stop: Vec::new(),
         deadline: None,
         ignore_eos: false,
+        grammar: None,
     };
     let mut rates = Vec::new();
     let mut timed = Timed {

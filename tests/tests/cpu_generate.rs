@@ -83,6 +83,7 @@ fn request(prompt_tokens: Vec<u32>, max_tokens: usize, temperature: f32) -> Gene
         stop: Vec::new(),
         deadline: None,
         ignore_eos: false,
+        grammar: None,
     }
 }
 

@@ -10,6 +10,7 @@
 pub mod backend;
 pub mod generate;
 pub mod gguf;
+pub mod grammar;
 pub mod model;
 pub mod sampling;
 pub mod schedule;

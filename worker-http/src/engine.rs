@@ -13,6 +13,7 @@ use worker_common::generate::{
     EventSink, Finished, GenerateError, GenerateEvent, PromptFormatter, Sequence,
     TemplateRendering, check_context,
 };
+use worker_common::grammar::Grammars;
 use worker_common::model::{ModelError, ModelFile};
 use worker_common::schedule::{Ended, PrefixIndex, Scheduler, SchedulerConfig};
 use worker_common::tokenizer::template::TemplateError;
@@ -143,8 +144,10 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), L
         Some(parallel) => parallel as usize,
         None => (positions / context_length).clamp(1, MAX_DEFAULT_PARALLEL),
     };
+    let grammars = grammars(worker_id, &tokenizer);
     let spec = &model.spec;
     let loaded = Loaded {
+        grammars,
         model_name: spec.name.clone(),
         quant_kind: spec.quant_kind.clone(),
         tokenizer_kind: tokenizer.kind().as_str(),
@@ -172,6 +175,28 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), L
         "model loaded"
     );
     Ok((backend, loaded))
+}
+
+/// The grammar compiler over the model's vocabulary; a vocabulary it cannot take leaves
+/// structured output unavailable (requests for it are refused), not the worker.
+fn grammars(worker_id: &str, tokenizer: &Tokenizer) -> Result<Arc<Grammars>, String> {
+    let started = Instant::now();
+    match Grammars::new(tokenizer) {
+        Ok(grammars) => {
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            tracing::info!(
+                event = "grammars_ready",
+                worker_id,
+                ms,
+                "grammar compiler built"
+            );
+            Ok(Arc::new(grammars))
+        }
+        Err(err) => {
+            tracing::warn!(event = "grammars_unavailable", worker_id, error = %err, "structured output is unavailable");
+            Err(err.to_string())
+        }
+    }
 }
 
 /// The context this worker serves: `--ctx-size`, else the model's, at most 8192.

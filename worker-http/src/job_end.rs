@@ -70,7 +70,7 @@ impl From<&GenerateError> for ErrorCode {
             GenerateError::Backend(BackendError::NonFiniteLogits { .. }) => {
                 ErrorCode::ModelNumerics
             }
-            GenerateError::Backend(_) => ErrorCode::Internal,
+            GenerateError::Backend(_) | GenerateError::Grammar(_) => ErrorCode::Internal,
         }
     }
 }

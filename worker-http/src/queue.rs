@@ -274,6 +274,7 @@ mod tests {
             stop: Vec::new(),
             deadline: None,
             ignore_eos: false,
+            grammar: None,
         };
         let job = Job {
             id: id.into(),

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use worker_common::backend::{BackendInfo, GpuInfo, MemoryUsage};
 use worker_common::generate::PromptFormatter;
+use worker_common::grammar::Grammars;
 use worker_common::schedule::{PrefixIndex, SchedulerStats};
 use worker_common::tokenizer::Tokenizer;
 
@@ -73,6 +74,8 @@ pub struct Loaded {
     pub slots: usize,
     /// Which prompt prefixes the engine's KV pages hold (for `started.cached_tokens`).
     pub prefix_index: PrefixIndex,
+    /// What compiles grammars over this vocabulary, or why structured output is unavailable.
+    pub grammars: Result<Arc<Grammars>, String>,
 }
 
 /// Where the worker is in its life (`busy` is `Ready` with every slot taken).

@@ -10,8 +10,9 @@ use std::time::SystemTime;
 use futures_util::Stream;
 use tokio::sync::mpsc;
 use worker_common::generate::{CancelToken, GenerateRequest, PromptError};
+use worker_common::grammar::Constraint;
 
-use crate::api::{ApiError, ErrorCode, FieldError, JobSpec, Prompt, StartedEvent};
+use crate::api::{ApiError, ErrorCode, FieldError, Grammar, JobSpec, Prompt, StartedEvent};
 use crate::clock::rfc3339;
 use crate::connections::Connection;
 use crate::job_end::{JobEnd, JobEvent, end_job};
@@ -54,6 +55,7 @@ pub async fn submit(
     check_logit_bias(&job, loaded.vocab_size, &correlation_id)?;
     let prompt_tokens = tokenize(&loaded, &job.prompt, &correlation_id).await?;
     let max_tokens = max_tokens(shared, &loaded, &job, prompt_tokens.len(), &correlation_id)?;
+    let grammar = compile(&loaded, job.grammar.clone(), &correlation_id).await?;
     // Generated seeds stay below 2^53 so JavaScript clients can send them back exactly.
     let seed = job
         .seed
@@ -71,6 +73,7 @@ pub async fn submit(
         stop: job.stop,
         deadline: None,
         ignore_eos: job.ignore_eos,
+        grammar,
     };
     let queued_job = Job {
         id: job_id.clone(),
@@ -203,6 +206,27 @@ fn check_logit_bias(
             correlation_id,
         )),
     }
+}
+
+/// The job's grammar compiled for the model (off the async threads: a large schema takes a
+/// while); a grammar that does not compile is the request's fault.
+async fn compile(
+    loaded: &Arc<Loaded>,
+    grammar: Option<Grammar>,
+    correlation_id: &str,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some(Grammar { spec, field }) = grammar else {
+        return Ok(None);
+    };
+    let grammars = loaded.grammars.clone().map_err(|why| {
+        let message = format!("structured output is unavailable for this model: {why}");
+        invalid(field, "available".into(), message, correlation_id)
+    })?;
+    tokio::task::spawn_blocking(move || grammars.compile(&spec))
+        .await
+        .map_err(|err| ApiError::new(ErrorCode::Internal, err.to_string(), correlation_id))?
+        .map(Some)
+        .map_err(|err| invalid(field, "grammar".into(), err.to_string(), correlation_id))
 }
 
 /// The request field a prompt came in.

@@ -19,6 +19,7 @@ pub use sequence::{Sequence, StepContext};
 pub use stop::{Released, StopMatcher};
 
 use crate::backend::{BackendError, InferenceBackend, PAGE_SIZE};
+use crate::grammar::{Constraint, GrammarError};
 use crate::sampling::SamplingParams;
 use crate::schedule::{PREFILL_CHUNK, Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
@@ -63,6 +64,8 @@ pub struct GenerateRequest {
     /// An end-of-generation token does not end the job: it is streamed as text like any other
     /// (benchmarks that need exactly `max_tokens`).
     pub ignore_eos: bool,
+    /// The grammar the output must follow, compiled for this job.
+    pub grammar: Option<Constraint>,
 }
 
 /// A streamed event of a running job.
@@ -203,6 +206,9 @@ pub enum GenerateError {
     /// The backend failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// The job's grammar parser failed.
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
 }
 
 /// Runs one job alone on `backend` and streams its text to `sink`: the scheduler with one

@@ -17,6 +17,7 @@ use super::{
     METRICS_INTERVAL, StopReason, TokenLogprob,
 };
 use crate::backend::{ChunkOutput, Want};
+use crate::grammar::Constraint;
 use crate::sampling::{Choice, Context, Logprobs, Sampler};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::stream::StreamDecoder;
@@ -37,6 +38,8 @@ pub struct Sequence {
     request: GenerateRequest,
     cancel: CancelToken,
     sampler: Sampler,
+    /// The grammar the output follows, if any.
+    grammar: Option<Constraint>,
     /// The prompt, then every generated token (an end-of-generation token excluded).
     history: Vec<u32>,
     /// Positions of `history` whose keys and values are stored.
@@ -57,7 +60,7 @@ pub struct Sequence {
 
 impl Sequence {
     /// A sequence for `request`, started now; refuses an empty prompt or `max_tokens` 0.
-    pub fn new(request: GenerateRequest, cancel: CancelToken) -> Result<Self, GenerateError> {
+    pub fn new(mut request: GenerateRequest, cancel: CancelToken) -> Result<Self, GenerateError> {
         let prompt_tokens = request.prompt_tokens.len();
         if prompt_tokens == 0 || request.max_tokens == 0 {
             return Err(GenerateError::InvalidRequest(format!(
@@ -70,6 +73,7 @@ impl Sequence {
         history.extend_from_slice(&request.prompt_tokens);
         Ok(Self {
             sampler: Sampler::new(request.sampling.clone()),
+            grammar: request.grammar.take(),
             text: TextStream::new(&request.stop),
             pending_logprobs: Vec::new(),
             history,
@@ -146,7 +150,7 @@ impl Sequence {
     pub fn want(&self, len: usize) -> Want {
         if self.computed + len < self.history.len() {
             Want::Nothing
-        } else if self.sampler.is_plain_greedy() {
+        } else if self.sampler.is_plain_greedy() && self.grammar.is_none() {
             Want::Greedy
         } else {
             Want::Logits
@@ -177,10 +181,16 @@ impl Sequence {
                 logprobs: None,
             },
             ChunkOutput::Logits(logits) => {
+                let end_of_generation = tokenizer.vocab().end_of_generation();
+                let allowed = match &mut self.grammar {
+                    Some(grammar) => Some(grammar.allowed(end_of_generation)?),
+                    None => None,
+                };
                 let context = Context {
                     history: &self.history,
                     prompt_len: self.request.prompt_tokens.len(),
-                    end_of_generation: tokenizer.vocab().end_of_generation(),
+                    end_of_generation,
+                    allowed: allowed.as_deref(),
                 };
                 self.sampler.choose(logits, &context)
             }
@@ -197,6 +207,9 @@ impl Sequence {
         }
         if tokenizer.is_end_of_generation(token) && !self.request.ignore_eos {
             return self.finish(StopReason::Eos, None, sink).map(Some);
+        }
+        if let Some(grammar) = &mut self.grammar {
+            grammar.accept(token)?;
         }
         self.history.push(token);
         self.generated += 1;

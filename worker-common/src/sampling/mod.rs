@@ -131,6 +131,7 @@ impl Sampler {
             history,
             prompt_len: 0,
             end_of_generation: &no_end,
+            allowed: None,
         };
         self.choose(logits, &context).token
     }
@@ -145,7 +146,8 @@ impl Sampler {
                 logprobs: None,
             };
         }
-        if self.cfg.temperature.is_none() && self.processes_only_repeats() {
+        let constrained = context.allowed.is_some();
+        if self.cfg.temperature.is_none() && self.processes_only_repeats() && !constrained {
             let token = self.greedy(logits, window.0);
             return Choice {
                 token,
@@ -177,7 +179,8 @@ impl Sampler {
         Choice { token, logprobs }
     }
 
-    /// Logit bias, the end-of-generation mask and the penalties, on the loaded candidates.
+    /// Logit bias, the end-of-generation mask, the penalties and the grammar's mask, on the
+    /// loaded candidates.
     fn process(&mut self, context: &Context<'_>, window: (&[u32], usize)) {
         process::bias(&mut self.candidates, &self.params.logit_bias);
         process::mask_end(&mut self.candidates, context, self.params.min_tokens);
@@ -188,6 +191,9 @@ impl Sampler {
             context.prompt_len,
             self.cfg.penalties,
         );
+        if let Some(allowed) = context.allowed {
+            process::mask_grammar(&mut self.candidates, allowed);
+        }
     }
 
     /// The chain from temperature on, over the processed candidates.

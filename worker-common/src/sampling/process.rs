@@ -17,6 +17,9 @@ pub struct Context<'a> {
     pub prompt_len: usize,
     /// The vocabulary's end-of-generation ids (masked until `min_tokens` are generated).
     pub end_of_generation: &'a BTreeSet<u32>,
+    /// A grammar's allowed ids, a bitset (bit `id % 32` of word `id / 32`); the others are
+    /// masked after every other processor, and `min_tokens` does not apply.
+    pub allowed: Option<&'a [u32]>,
 }
 
 impl Context<'_> {
@@ -52,13 +55,24 @@ pub(super) fn bias(candidates: &mut [Candidate], logit_bias: &[(u32, f32)]) {
     }
 }
 
-/// Masks the end-of-generation ids while fewer than `min_tokens` tokens are generated.
+/// Masks the end-of-generation ids while fewer than `min_tokens` tokens are generated (unless a
+/// grammar decides where the output ends).
 pub(super) fn mask_end(candidates: &mut [Candidate], context: &Context<'_>, min_tokens: u32) {
-    if context.generated() >= min_tokens as usize {
+    if context.generated() >= min_tokens as usize || context.allowed.is_some() {
         return;
     }
     for &id in context.end_of_generation {
         if let Some(c) = candidates.get_mut(id as usize) {
+            c.logit = f64::NEG_INFINITY;
+        }
+    }
+}
+
+/// Masks every id a grammar does not allow.
+pub(super) fn mask_grammar(candidates: &mut [Candidate], allowed: &[u32]) {
+    for (i, c) in candidates.iter_mut().enumerate() {
+        let word = allowed.get(i / 32).copied().unwrap_or(0);
+        if word & (1 << (i % 32)) == 0 {
             c.logit = f64::NEG_INFINITY;
         }
     }

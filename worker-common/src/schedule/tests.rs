@@ -39,6 +39,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         stop: Vec::new(),
         deadline: None,
         ignore_eos: false,
+        grammar: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The job a request asks for, whichever API it came through (`/execute`, `/v1/completions`,
 //! `/v1/chat/completions`): one validated shape, submitted one way (`crate::submit`).
 
+use worker_common::grammar::GrammarSpec;
 use worker_common::sampling::SamplingParams;
 use worker_common::tokenizer::template::ChatMessage;
 
@@ -35,4 +36,15 @@ pub struct JobSpec {
     pub stop: Vec<String>,
     /// An end-of-generation token does not end the job.
     pub ignore_eos: bool,
+    /// The grammar the output must follow.
+    pub grammar: Option<Grammar>,
+}
+
+/// A requested grammar and the field it came in (`grammar`, `response_format`), for errors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grammar {
+    /// The grammar.
+    pub spec: GrammarSpec,
+    /// The request field.
+    pub field: &'static str,
 }

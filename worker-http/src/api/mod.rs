@@ -5,6 +5,7 @@
 mod error;
 mod events;
 mod fields;
+mod grammar;
 mod job;
 pub mod openai;
 mod request;
@@ -13,6 +14,6 @@ mod sampling;
 pub use error::{ApiError, ErrorCode, ErrorParts, FieldError};
 pub use events::{EndEvent, StartedEvent, StreamEvent, TokenLogprobWire};
 pub use fields::require_json;
-pub use job::{JobSpec, Prompt};
+pub use job::{Grammar, JobSpec, Prompt};
 pub use request::{CancelRequest, ExecuteRequest, Limits, MAX_TOKENS_LIMIT};
 pub use sampling::{MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};

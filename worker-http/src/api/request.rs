@@ -1,11 +1,12 @@
 //! `/execute` and `/cancel` request bodies: parsed field by field so every violation is reported
 //! with its field and constraint token, never with serde's or axum's own wording.
 
+use worker_common::grammar::GrammarSpec;
 use worker_common::sampling::SamplingParams;
 
 use super::FieldError;
 use super::fields::{Fields, json_object};
-use super::job::{JobSpec, Prompt};
+use super::job::{Grammar, JobSpec, Prompt};
 
 /// Largest prompt, in characters.
 pub const MAX_PROMPT_CHARS: usize = 32768;
@@ -44,6 +45,8 @@ pub struct ExecuteRequest {
     pub raw: bool,
     /// An end-of-generation token does not end the job (benchmarks; llama-server's field).
     pub ignore_eos: bool,
+    /// The grammar the output must follow.
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl ExecuteRequest {
@@ -64,6 +67,8 @@ impl ExecuteRequest {
         let seed = fields.seed();
         let raw = fields.boolean("raw");
         let ignore_eos = fields.boolean("ignore_eos");
+        let grammar = fields.grammar();
+        fields.check_grammar_end(grammar.as_ref(), ignore_eos);
         if !fields.errors.is_empty() {
             return Err(fields.errors);
         }
@@ -78,6 +83,7 @@ impl ExecuteRequest {
             seed,
             raw,
             ignore_eos,
+            grammar,
         })
     }
 
@@ -93,6 +99,10 @@ impl ExecuteRequest {
             seed: self.seed,
             stop: self.stop,
             ignore_eos: self.ignore_eos,
+            grammar: self.grammar.map(|spec| Grammar {
+                spec,
+                field: "grammar",
+            }),
         };
         (self.job_id, job)
     }

@@ -153,10 +153,10 @@ async fn errors_on_v1_paths_come_in_openai_shape() {
         "{error}"
     );
 
-    let unsupported = json!({"prompt": "a", "response_format": {"type": "json_object"}});
+    let unsupported = json!({"prompt": "a", "tools": [{"type": "function"}]});
     let (status, body) = send(&shared, "POST", "/v1/completions", Some(unsupported)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(openai_error(&body)["param"], "response_format");
+    assert_eq!(openai_error(&body)["param"], "tools");
     let outside = json!({"prompt": "a", "logit_bias": {"12": 5}});
     let (status, body) = send(&shared, "POST", "/v1/completions", Some(outside)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -221,4 +221,40 @@ async fn logprobs_come_with_each_token_in_both_shapes() {
     assert_eq!(content.len(), 2, "{stream}");
     assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 1);
     assert_eq!(content[0]["token"], content[0]["top_logprobs"][0]["token"]);
+}
+
+#[tokio::test]
+async fn a_grammar_overrules_what_the_model_prefers() {
+    let shared = worker(counting(), 1);
+    let body = json!({"job_id": "g", "prompt": "abc", "raw": true, "max_tokens": 3, "temperature": 0,
+        "grammar": {"type": "regex", "pattern": "z{3}"}});
+    let (status, stream) = send(&shared, "POST", "/execute", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{stream}");
+    let text: String = stream
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str::<Value>(data).unwrap())
+        .filter(|event| event["type"] == "token")
+        .map(|event| event["t"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(text, "zzz", "the model wanted a, b, c");
+
+    let done = json!({"prompt": "abc", "max_tokens": 5, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "nope"}}}});
+    let (status, body) = send(&shared, "POST", "/v1/completions", Some(done)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let error = openai_error(&body);
+    assert_eq!(error["param"], "response_format", "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not compile"),
+        "{error}"
+    );
+    let eos =
+        json!({"prompt": "abc", "ignore_eos": true, "response_format": {"type": "json_object"}});
+    let (status, body) = send(&shared, "POST", "/v1/completions", Some(eos)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(openai_error(&body)["param"], "ignore_eos");
 }

@@ -88,7 +88,11 @@ pub(super) fn start_with_formatter(
     formatter: PromptFormatter,
 ) -> (Arc<Shared>, std::thread::JoinHandle<()>) {
     let shared = Arc::new(Shared::new(settings, 64));
+    let grammars = worker_common::grammar::Grammars::new(&tiny_tokenizer())
+        .map(Arc::new)
+        .map_err(|err| err.to_string());
     let loaded = Loaded {
+        grammars,
         model_name: "scripted".into(),
         quant_kind: "F32".into(),
         tokenizer_kind: "gguf-bpe",

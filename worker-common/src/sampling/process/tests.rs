@@ -19,6 +19,7 @@ fn choose(sampler: &mut Sampler, logits: &[f32], history: &[u32], prompt_len: us
         history,
         prompt_len,
         end_of_generation: &end,
+        allowed: None,
     };
     sampler.choose(logits, &context)
 }

@@ -6,7 +6,7 @@ use worker_common::tokenizer::template::ChatMessage;
 
 use crate::api::fields::{Fields, json_object};
 use crate::api::request::MAX_TOKENS_LIMIT;
-use crate::api::{FieldError, JobSpec, Limits, Prompt};
+use crate::api::{FieldError, Grammar, JobSpec, Limits, Prompt};
 
 /// Which of the two generation routes a body was sent to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +57,8 @@ impl OpenAiRequest {
         let seed = fields.seed();
         let stop = fields.stop(true);
         let ignore_eos = fields.boolean("ignore_eos");
+        let grammar = fields.response_format();
+        fields.check_grammar_end(grammar.as_ref(), ignore_eos);
         let stream = fields.boolean("stream");
         let include_usage = stream_options(&mut fields);
         let tokens_as_ids = fields.boolean("return_tokens_as_token_ids");
@@ -78,6 +80,10 @@ impl OpenAiRequest {
                 seed,
                 stop,
                 ignore_eos,
+                grammar: grammar.map(|spec| Grammar {
+                    spec,
+                    field: "response_format",
+                }),
             },
             stream,
             include_usage: stream && include_usage,
@@ -279,14 +285,13 @@ fn content(fields: &mut Fields<'_>, at: &str, role: &str, value: Option<&Value>)
 /// 400 rather than silently ignored (the reply would not be what the caller asked for).
 fn refuse_unsupported(fields: &mut Fields<'_>, endpoint: Endpoint) {
     let is_default = |name: &str, value: &Value| match name {
-        "response_format" => value.get("type").is_some_and(|kind| *kind == "text"),
         "tools" => value.as_array().is_some_and(|tools| tools.is_empty()),
         "tool_choice" => *value == "none",
         "echo" => *value == false,
         "best_of" => value.as_u64() == Some(1),
         _ => false,
     };
-    let mut names = vec!["response_format", "tools", "tool_choice"];
+    let mut names = vec!["tools", "tool_choice"];
     if endpoint == Endpoint::Completions {
         names.extend(["echo", "best_of", "suffix"]);
     }

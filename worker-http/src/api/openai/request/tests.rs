@@ -25,7 +25,7 @@ fn chat(extra: Value) -> Result<OpenAiRequest, Vec<FieldError>> {
 }
 
 /// The (field, constraint) pairs a body is refused with.
-fn refusals(result: Result<OpenAiRequest, Vec<FieldError>>) -> Vec<(String, String)> {
+fn refusals<T: std::fmt::Debug>(result: Result<T, Vec<FieldError>>) -> Vec<(String, String)> {
     match result {
         Ok(request) => panic!("accepted: {request:?}"),
         Err(errors) => errors
@@ -167,15 +167,14 @@ fn sampling_stop_seed_and_streaming_fields() {
 
 #[test]
 fn fields_not_implemented_yet_are_refused_unless_at_their_defaults() {
-    let defaults = json!({"response_format": {"type": "text"}, "tools": [], "tool_choice": "none"});
+    let defaults = json!({"tools": [], "tool_choice": "none"});
     assert!(chat(defaults).is_ok());
-    let asked =
-        json!({"response_format": {"type": "json_object"}, "tools": [{"type": "function"}]});
+    let asked = json!({"tools": [{"type": "function"}], "tool_choice": "auto"});
     assert_eq!(
         refusals(chat(asked)),
         [
-            pair("response_format", "unsupported"),
-            pair("tools", "unsupported")
+            pair("tools", "unsupported"),
+            pair("tool_choice", "unsupported")
         ]
     );
     let echo = parse(Endpoint::Completions, &json!({"prompt": "a", "echo": true}));
@@ -229,8 +228,10 @@ fn penalties_bias_min_tokens_and_logprobs_are_read() {
     let bad = json!({
         "frequency_penalty": 2.5, "logit_bias": {"x": 1, "3": 101}, "top_logprobs": 2,
     });
+    let mut refused = refusals(chat(bad));
+    refused.sort();
     assert_eq!(
-        refusals(chat(bad)),
+        refused,
         [
             pair("frequency_penalty", "range(-2.0..=2.0)"),
             pair("logit_bias.3", "range(-100.0..=100.0)"),
@@ -242,6 +243,39 @@ fn penalties_bias_min_tokens_and_logprobs_are_read() {
         refusals(chat(json!({"logprobs": true, "top_logprobs": 21}))),
         [pair("top_logprobs", "range(0..=20)")]
     );
+}
+
+#[test]
+fn response_formats_become_grammars() {
+    use worker_common::grammar::GrammarSpec;
+    let grammar = |format: Value| chat(json!({"response_format": format})).map(|r| r.job.grammar);
+    assert_eq!(grammar(json!({"type": "text"})).unwrap(), None);
+    let object = grammar(json!({"type": "json_object"})).unwrap().unwrap();
+    assert_eq!(
+        (object.spec, object.field),
+        (GrammarSpec::JsonObject, "response_format")
+    );
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let named = json!({"type": "json_schema", "json_schema": {"name": "n", "schema": schema}});
+    assert_eq!(
+        grammar(named).unwrap().unwrap().spec,
+        GrammarSpec::JsonSchema(schema)
+    );
+    assert_eq!(
+        refusals(grammar(
+            json!({"type": "json_schema", "json_schema": {"name": "n"}})
+        )),
+        [pair("response_format.json_schema.schema", "required")]
+    );
+    assert_eq!(
+        refusals(grammar(json!({"type": "yaml"}))),
+        [pair(
+            "response_format.type",
+            "one_of(text, json_object, json_schema)"
+        )]
+    );
+    let both = chat(json!({"response_format": {"type": "json_object"}, "ignore_eos": true}));
+    assert_eq!(refusals(both), [pair("ignore_eos", "conflicts(grammar)")]);
 }
 
 #[test]
