@@ -11,22 +11,21 @@ use std::process::Command;
 use llorch_tests::assets::{Model, python_sdk};
 use llorch_tests::worker::{Worker, serial};
 
-#[test]
-fn the_official_openai_sdk_drives_the_worker() {
-    let _serial = serial();
-    let worker = Worker::ready(
-        &Model::Qwen05.path(),
-        &["--threads", "2", "--ctx-size", "1024"],
-    );
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("openai/sdk_check.py");
+/// Runs `tests/openai/<script>` against `worker` with the SDK on the path; returns its output
+/// and fails the test when it fails.
+fn run_python(script: &str, worker: &Worker, args: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("openai")
+        .join(script);
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let output = Command::new(&python)
         .arg(&script)
         .arg(format!("http://{}", worker.addr))
+        .args(args)
         .env("PYTHONPATH", python_sdk())
         .output()
         .unwrap_or_else(|err| panic!("cannot run {python}: {err}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("{stdout}");
     assert!(
@@ -35,7 +34,30 @@ fn the_official_openai_sdk_drives_the_worker() {
         script.display(),
         output.status
     );
+    stdout
+}
+
+#[test]
+fn the_official_openai_sdk_drives_the_worker() {
+    let _serial = serial();
+    let worker = Worker::ready(
+        &Model::Qwen05.path(),
+        &["--threads", "2", "--ctx-size", "1024"],
+    );
+    let stdout = run_python("sdk_check.py", &worker, &[]);
     assert!(stdout.contains("every check passed"), "{stdout}");
+}
+
+/// 50 requests (five schemas: nested objects, enums, arrays, numbers) at T = 0.8, eight at a
+/// time, on SmolLM2 and Qwen2.5-Coder-0.5B: every reply is JSON valid against its schema.
+#[test]
+fn structured_output_follows_its_json_schema() {
+    let _serial = serial();
+    for model in [Model::SmolLm2, Model::Qwen05] {
+        let worker = Worker::ready(&model.path(), &["--threads", "2", "--parallel", "8"]);
+        let stdout = run_python("structured_check.py", &worker, &["10"]);
+        assert!(stdout.contains("all 50 replies valid"), "{stdout}");
+    }
 }
 
 /// `logprobs` at T = 0 through the worker against a log-softmax of the logits the CPU backend
