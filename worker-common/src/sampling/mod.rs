@@ -74,6 +74,8 @@ pub struct Sampler {
     candidates: Vec<Candidate>,
     /// Bit per vocabulary id: "already penalised in this call"; all zero between calls.
     seen: Vec<u64>,
+    /// The processed logits by id, kept through the chain when log-probabilities are asked.
+    processed: Vec<f64>,
 }
 
 /// A chosen token, with its log-probabilities when they were asked for.
@@ -94,6 +96,7 @@ impl Sampler {
             params,
             candidates: Vec::new(),
             seen: Vec::new(),
+            processed: Vec::new(),
         }
     }
 
@@ -146,13 +149,23 @@ impl Sampler {
                 logprobs: None,
             };
         }
-        let constrained = context.allowed.is_some();
-        if self.cfg.temperature.is_none() && self.processes_only_repeats() && !constrained {
-            let token = self.greedy(logits, window.0);
-            return Choice {
-                token,
-                logprobs: None,
-            };
+        let plain_greedy = self.cfg.temperature.is_none() && self.processes_only_repeats();
+        match context.allowed {
+            None if plain_greedy => {
+                let token = self.greedy(logits, window.0);
+                return Choice {
+                    token,
+                    logprobs: None,
+                };
+            }
+            Some(allowed) if plain_greedy && !self.penalizes() => {
+                let token = masked_argmax(logits, allowed);
+                return Choice {
+                    token,
+                    logprobs: None,
+                };
+            }
+            _ => {}
         }
         self.load(logits);
         self.process(context, window);
@@ -163,17 +176,26 @@ impl Sampler {
                 process::top_logprobs(&self.candidates, n as usize, lse),
             )
         });
-        // The chain reorders and cuts the candidates: the chosen logit is read before it.
-        let processed = logprobs.as_ref().map(|_| self.candidates.clone());
-        let token = match self.cfg.temperature {
-            None => argmax_candidates(&self.candidates),
-            Some(temperature) => self.draw_with(temperature),
+        let (token, chosen_logit) = match self.cfg.temperature {
+            None => {
+                let token = argmax_candidates(&self.candidates);
+                let logit = self.candidates.get(token as usize).map(|c| c.logit);
+                (token, logit)
+            }
+            Some(temperature) => {
+                // The chain scales, reorders and cuts the candidates: the processed logits
+                // are kept first (only when log-probabilities are asked for).
+                self.processed.clear();
+                if logprobs.is_some() {
+                    self.processed
+                        .extend(self.candidates.iter().map(|c| c.logit));
+                }
+                let token = self.draw_with(temperature);
+                (token, self.processed.get(token as usize).copied())
+            }
         };
         let logprobs = logprobs.map(|(lse, top)| Logprobs {
-            logprob: processed
-                .as_ref()
-                .and_then(|all| all.get(token as usize))
-                .map_or(f64::NEG_INFINITY, |c| c.logit - lse),
+            logprob: chosen_logit.map_or(f64::NEG_INFINITY, |logit| logit - lse),
             top,
         });
         Choice { token, logprobs }
@@ -283,6 +305,25 @@ fn desc_then_id(a: f64, a_id: u32, b: f64, b_id: u32) -> Ordering {
 /// Probability descending, ties to the lower id: the order top-p cuts and the draw walks.
 fn by_probability(a: &Candidate, b: &Candidate) -> Ordering {
     desc_then_id(a.p, a.id, b.p, b.id)
+}
+
+/// The highest sanitized logit among the ids `allowed` (a bitset) sets, the lowest id on ties
+/// (0 when none is allowed or every allowed one is -inf): a constrained greedy step without
+/// building the candidate list.
+fn masked_argmax(logits: &[f32], allowed: &[u32]) -> u32 {
+    let mut best = (f64::NEG_INFINITY, 0u32);
+    for (w, &word) in allowed.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let i = w * 32 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            match logits.get(i) {
+                Some(&logit) if sanitize(logit) > best.0 => best = (sanitize(logit), i as u32),
+                _ => {}
+            }
+        }
+    }
+    best.1
 }
 
 /// The highest processed logit, the lowest id on ties (0 when every one is -inf): the chain's

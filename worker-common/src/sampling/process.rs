@@ -131,19 +131,23 @@ pub(super) fn log_sum_exp(candidates: &[Candidate]) -> f64 {
     max + sum.ln()
 }
 
-/// The `n` highest logits as `(id, logit - lse)`, most probable first, ties to the lower id.
+/// The `n` highest logits as `(id, logit - lse)`, most probable first, ties to the lower id:
+/// one pass keeping a sorted list of at most `n` (n ≤ 20), no copy of the vocabulary.
 pub(super) fn top_logprobs(candidates: &[Candidate], n: usize, lse: f64) -> Vec<(u32, f64)> {
-    let mut top: Vec<(u32, f64)> = candidates.iter().map(|c| (c.id, c.logit)).collect();
-    let by_logit = |a: &(u32, f64), b: &(u32, f64)| desc_then_id(a.1, a.0, b.1, b.0);
-    let n = n.min(top.len());
+    let mut top: Vec<(u32, f64)> = Vec::with_capacity(n + 1);
     if n == 0 {
-        return Vec::new();
+        return top;
     }
-    if n < top.len() {
-        top.select_nth_unstable_by(n - 1, by_logit);
+    let before = |a: &(u32, f64), b: &(u32, f64)| desc_then_id(a.1, a.0, b.1, b.0).is_lt();
+    for c in candidates {
+        let entry = (c.id, c.logit);
+        if top.len() == n && !top.last().is_some_and(|last| before(&entry, last)) {
+            continue;
+        }
+        let at = top.partition_point(|kept| before(kept, &entry));
+        top.insert(at, entry);
         top.truncate(n);
     }
-    top.sort_unstable_by(by_logit);
     top.into_iter()
         .map(|(id, logit)| (id, logit - lse))
         .collect()

@@ -189,3 +189,29 @@ fn asking_for_logprobs_does_not_change_the_draws() {
         assert!(a.logprobs.is_none() && b.logprobs.is_some());
     }
 }
+
+#[test]
+fn a_constrained_greedy_step_takes_the_best_allowed_token() {
+    let logits = [0.5, 3.0, f32::NAN, 2.0, 2.0];
+    let allowed = [0b11100u32];
+    let end = BTreeSet::new();
+    let context = |allowed| Context {
+        history: &[1],
+        prompt_len: 1,
+        end_of_generation: &end,
+        allowed,
+    };
+    let mut plain = greedy(SamplingParams::default());
+    assert_eq!(
+        plain.choose(&logits, &context(Some(&allowed))).token,
+        3,
+        "NaN loses, a tie goes low"
+    );
+    let mut processed = greedy(SamplingParams {
+        logprobs: Some(1),
+        ..SamplingParams::default()
+    });
+    let choice = processed.choose(&logits, &context(Some(&allowed)));
+    assert_eq!(choice.token, 3, "the candidate path agrees");
+    assert_eq!(choice.logprobs.unwrap().top[0].0, 3);
+}
