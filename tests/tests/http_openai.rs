@@ -60,6 +60,20 @@ fn structured_output_follows_its_json_schema() {
     }
 }
 
+/// Qwen2.5-Coder-1.5B with two functions: a weather question gets a parsed, valid
+/// `get_weather` call (whole and streamed), a named `tool_choice` forces a valid one at T = 0.8,
+/// and the tool's answer in a follow-up turn becomes text.
+#[test]
+fn tool_calls_are_rendered_parsed_and_answered() {
+    let _serial = serial();
+    let worker = Worker::ready(
+        &Model::Qwen15.path(),
+        &["--threads", "2", "--ctx-size", "2048"],
+    );
+    let stdout = run_python("tools_check.py", &worker, &[]);
+    assert!(stdout.contains("every check passed"), "{stdout}");
+}
+
 /// `logprobs` at T = 0 through the worker against a log-softmax of the logits the CPU backend
 /// computes in this process for the same prompt: the chosen token is the argmax, and its
 /// log-probability and the top five are the log-softmax's, to rounding.

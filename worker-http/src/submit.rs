@@ -233,7 +233,7 @@ async fn compile(
 fn prompt_field(prompt: &Prompt) -> &'static str {
     match prompt {
         Prompt::Text { .. } => "prompt",
-        Prompt::Chat(_) => "messages",
+        Prompt::Chat { .. } => "messages",
     }
 }
 
@@ -256,7 +256,12 @@ async fn tokenize(
     let (model, owned) = (loaded.clone(), prompt.clone());
     let tokens = tokio::task::spawn_blocking(move || match &owned {
         Prompt::Text { text, raw } => model.formatter.tokenize(&model.tokenizer, text, *raw),
-        Prompt::Chat(messages) => model.formatter.tokenize_chat(&model.tokenizer, messages),
+        Prompt::Chat { messages, tools } => {
+            let tools = tools.as_deref();
+            model
+                .formatter
+                .tokenize_chat(&model.tokenizer, messages, tools)
+        }
     })
     .await
     .map_err(|err| ApiError::new(ErrorCode::Internal, err.to_string(), correlation_id))?;
@@ -314,10 +319,12 @@ fn max_tokens(
 fn prompt_summary(prompt: &Prompt) -> (usize, u64) {
     match prompt {
         Prompt::Text { text, .. } => (text.chars().count(), fnv1a(text.as_bytes())),
-        Prompt::Chat(messages) => messages.iter().fold((0, fnv1a(b"")), |(chars, hash), m| {
-            let bytes = [m.role.as_bytes(), b"\0", m.content.as_bytes(), b"\0"].concat();
-            (chars + m.content.chars().count(), fnv1a_from(hash, &bytes))
-        }),
+        Prompt::Chat { messages, .. } => {
+            messages.iter().fold((0, fnv1a(b"")), |(chars, hash), m| {
+                let bytes = [m.role.as_bytes(), b"\0", m.content.as_bytes(), b"\0"].concat();
+                (chars + m.content.chars().count(), fnv1a_from(hash, &bytes))
+            })
+        }
     }
 }
 

@@ -34,7 +34,7 @@ fn probe(template: &Renderer) -> Result<(), TemplateError> {
         ChatMessage::new("assistant", "Hi. How can I help?"),
         ChatMessage::new("user", "Write a haiku about autumn."),
     ];
-    match template.render_prompt(&conversation, true, false, false) {
+    match template.render_prompt(&conversation, None, true, false, false) {
         Err(err @ (TemplateError::Budget(_) | TemplateError::Process(_))) => Err(err),
         _ => Ok(()),
     }
@@ -63,16 +63,17 @@ impl Renderer {
     fn render_prompt(
         &self,
         messages: &[ChatMessage],
+        tools: Option<&str>,
         add_generation_prompt: bool,
         add_bos: bool,
         add_eos: bool,
     ) -> Result<String, TemplateError> {
         match self {
             Renderer::InProcess(template) => {
-                template.render_prompt(messages, add_generation_prompt, add_bos, add_eos)
+                template.render_prompt(messages, tools, add_generation_prompt, add_bos, add_eos)
             }
             Renderer::Isolated(process) => {
-                process.render_prompt(messages, add_generation_prompt, add_bos, add_eos)
+                process.render_prompt(messages, tools, add_generation_prompt, add_bos, add_eos)
             }
         }
     }
@@ -82,6 +83,8 @@ impl Renderer {
 #[derive(Debug)]
 pub struct PromptFormatter {
     template: Option<Renderer>,
+    /// The template's source (what it renders, e.g. how it writes tool calls, is read there).
+    source: Option<String>,
 }
 
 impl PromptFormatter {
@@ -93,7 +96,7 @@ impl PromptFormatter {
     ) -> Result<Self, TemplateError> {
         match gguf.optional::<&str>(CHAT_TEMPLATE_KEY) {
             Ok(Some(source)) => Self::from_template(source, tokenizer, rendering),
-            _ => Ok(Self { template: None }),
+            _ => Ok(Self::without_template()),
         }
     }
 
@@ -122,12 +125,21 @@ impl PromptFormatter {
         probe(&template)?;
         Ok(Self {
             template: Some(template),
+            source: Some(source.to_owned()),
         })
     }
 
     /// A formatter for a model without a chat template: prompts are tokenized as they are.
     pub fn without_template() -> Self {
-        Self { template: None }
+        Self {
+            template: None,
+            source: None,
+        }
+    }
+
+    /// The chat template's source, when the model has one.
+    pub fn template_source(&self) -> Option<&str> {
+        self.source.as_deref()
     }
 
     /// Whether the model has a chat template (so non-raw prompts are rendered).
@@ -149,19 +161,22 @@ impl PromptFormatter {
         if raw || self.template.is_none() {
             return Ok(tokenizer.encode(prompt, true, true)?);
         }
-        self.tokenize_chat(tokenizer, &[ChatMessage::new("user", prompt)])
+        self.tokenize_chat(tokenizer, &[ChatMessage::new("user", prompt)], None)
     }
 
-    /// The token ids of a conversation rendered with the chat template, ending with the
-    /// assistant's generation prompt; [`PromptError::NoTemplate`] for a model without one.
+    /// The token ids of a conversation (with `tools`, a JSON array's text, for templates that
+    /// render tool lists) rendered with the chat template, ending with the assistant's
+    /// generation prompt; [`PromptError::NoTemplate`] for a model without one.
     pub fn tokenize_chat(
         &self,
         tokenizer: &Tokenizer,
         messages: &[ChatMessage],
+        tools: Option<&str>,
     ) -> Result<Vec<u32>, PromptError> {
         let template = self.template.as_ref().ok_or(PromptError::NoTemplate)?;
         let vocab = tokenizer.vocab();
-        let text = template.render_prompt(messages, true, vocab.add_bos(), vocab.add_eos())?;
+        let (add_bos, add_eos) = (vocab.add_bos(), vocab.add_eos());
+        let text = template.render_prompt(messages, tools, true, add_bos, add_eos)?;
         Ok(tokenizer.encode(&text, true, true)?)
     }
 }

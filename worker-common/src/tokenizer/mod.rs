@@ -18,6 +18,7 @@ pub mod hf;
 pub mod render_process;
 pub mod stream;
 pub mod template;
+mod template_json;
 
 use std::path::Path;
 

@@ -16,9 +16,12 @@
 //!   `minijinja-contrib`'s `pycompat` callback, and `{% break %}`/`{% continue %}` (HF enables
 //!   `jinja2.ext.loopcontrols`), and the `tojson` filter.
 //!
+//! - `tools` (OpenAI's tool list, when a request has one) and a message's extra keys
+//!   (`tool_calls`, `tool_call_id`, `name`), with `tojson` writing what HF's filter writes.
+//!
 //! Not provided: `strftime_now` (llama.cpp and llama-cpp-python offer it for Llama 3.x
-//! templates; none of our models uses it), the `tools`/`documents` variables (M0 has no tool
-//! calls), and HF's `{% generation %}` training tag. A template using them fails to compile or
+//! templates; none of our models uses it), the `documents` variable, and HF's
+//! `{% generation %}` training tag. A template using them fails to compile or
 //! render with an error naming the line, or takes its `is defined` branch. Booleans print as
 //! Python prints them (`True`), as in jinja2.
 //!
@@ -31,6 +34,8 @@ use std::sync::Arc;
 
 use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, Error, ErrorKind, Value, context};
+
+use super::template_json;
 
 /// The name the template is registered under in its private environment.
 const TEMPLATE_NAME: &str = "tokenizer.chat_template";
@@ -54,6 +59,9 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// Further keys of the message as a JSON object's text (`tool_calls`, `tool_call_id`,
+    /// `name`), when it has any.
+    pub extra: Option<String>,
 }
 
 impl ChatMessage {
@@ -62,17 +70,31 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            extra: None,
+        }
+    }
+
+    /// A message with further keys, which templates read as `message.<key>`.
+    pub fn with_extra(
+        role: impl Into<String>,
+        content: impl Into<String>,
+        extra: serde_json::Map<String, serde_json::Value>,
+    ) -> Self {
+        Self {
+            extra: (!extra.is_empty()).then(|| serde_json::Value::Object(extra).to_string()),
+            ..Self::new(role, content)
         }
     }
 }
 
-/// A message as the template sees it: a map with the keys `role` and `content`, enumerated in
-/// that order (a Python dict's insertion order, for templates that iterate over a message). Any
-/// other key (`tool_calls`, `name`, …) is undefined.
+/// A message as the template sees it: a map with the keys `role` and `content`, then its
+/// extra keys, enumerated in that order (a Python dict's insertion order, for templates that
+/// iterate over a message). Any other key is undefined.
 #[derive(Debug)]
 struct MessageObject {
     role: Value,
     content: Value,
+    extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Object for MessageObject {
@@ -84,13 +106,23 @@ impl Object for MessageObject {
         match key.as_str()? {
             "role" => Some(self.role.clone()),
             "content" => Some(self.content.clone()),
-            _ => None,
+            other => self.extra.get(other).map(template_json::to_value),
         }
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["role", "content"])
+        let keys = ["role", "content"].into_iter().map(str::to_owned);
+        let keys = keys.chain(self.extra.keys().cloned());
+        Enumerator::Values(keys.map(Value::from).collect())
     }
+}
+
+/// A JSON text given to a template (a message's extra keys, the tools), parsed.
+fn parse_json(what: &str, text: &str) -> Result<serde_json::Value, TemplateError> {
+    serde_json::from_str(text).map_err(|err| TemplateError::Render {
+        line: Line(None),
+        detail: format!("{what} is not valid JSON: {err}"),
+    })
 }
 
 /// A line of the template, when MiniJinja knows it.
@@ -193,6 +225,7 @@ impl ChatTemplate {
         env.set_fuel(Some(RENDER_FUEL));
         env.set_recursion_limit(RECURSION_LIMIT);
         env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", template_json::tojson);
         // MiniJinja 3.0.5's code generator panics (`unreachable!`) on some templates its parser
         // accepts, e.g. `{% import 'x' as y|upper %}`: a model file must not crash the worker,
         // so such a template is refused like any other that does not compile.
@@ -233,17 +266,39 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from_object(MessageObject {
-                    role: Value::from(m.role.as_str()),
-                    content: Value::from(m.content.as_str()),
-                })
-            })
-            .collect();
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with `tools`, a JSON array's text (OpenAI's tool list), as the
+    /// template's `tools` variable (undefined without it).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&str>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        let mut values = Vec::with_capacity(messages.len());
+        for m in messages {
+            let extra = match &m.extra {
+                Some(text) => match parse_json("a message's extra keys", text)? {
+                    serde_json::Value::Object(map) => map,
+                    _ => serde_json::Map::new(),
+                },
+                None => serde_json::Map::new(),
+            };
+            values.push(Value::from_object(MessageObject {
+                role: Value::from(m.role.as_str()),
+                content: Value::from(m.content.as_str()),
+                extra,
+            }));
+        }
+        let tools = match tools {
+            Some(text) => template_json::to_value(&parse_json("tools", text)?),
+            None => Value::UNDEFINED,
+        };
         let ctx = context! {
-            messages => messages,
+            messages => values,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
@@ -273,11 +328,12 @@ impl ChatTemplate {
     pub fn render_prompt(
         &self,
         messages: &[ChatMessage],
+        tools: Option<&str>,
         add_generation_prompt: bool,
         add_bos: bool,
         add_eos: bool,
     ) -> Result<String, TemplateError> {
-        let mut text = self.render(messages, add_generation_prompt)?;
+        let mut text = self.render_with_tools(messages, tools, add_generation_prompt)?;
         if add_bos && !self.bos_token.is_empty() && text.starts_with(&self.bos_token) {
             text.drain(..self.bos_token.len());
         }
@@ -416,15 +472,18 @@ mod tests {
         let t = ChatTemplate::new(source, "<s>", "</s>").unwrap();
         assert_eq!(t.render(&[user("hi")], false).unwrap(), "<s>hi</s>");
         assert_eq!(
-            t.render_prompt(&[user("hi")], false, true, false).unwrap(),
+            t.render_prompt(&[user("hi")], None, false, true, false)
+                .unwrap(),
             "hi</s>"
         );
         assert_eq!(
-            t.render_prompt(&[user("hi")], false, true, true).unwrap(),
+            t.render_prompt(&[user("hi")], None, false, true, true)
+                .unwrap(),
             "hi"
         );
         assert_eq!(
-            t.render_prompt(&[user("hi")], false, false, false).unwrap(),
+            t.render_prompt(&[user("hi")], None, false, false, false)
+                .unwrap(),
             "<s>hi</s>"
         );
     }
@@ -548,5 +607,28 @@ mod tests {
             .collect();
         let text = t.render(&messages, true).unwrap();
         assert_eq!(text.matches("<|im_start|>").count(), 1002);
+    }
+
+    #[test]
+    fn tools_and_tool_calls_reach_the_template() {
+        let source = "{% for t in tools %}{{ t | tojson }};{% endfor %}{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.name }}({{ c.function.arguments | tojson }}){% endfor %}{{ m.tool_call_id }}|{% endfor %}{{ tools is defined }}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        let mut call = serde_json::Map::new();
+        call.insert(
+            "tool_calls".into(),
+            serde_json::json!([{"type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": [true]}}}]),
+        );
+        let mut reply = serde_json::Map::new();
+        reply.insert("tool_call_id".into(), "c1".into());
+        let messages = [
+            ChatMessage::with_extra("assistant", "", call),
+            ChatMessage::with_extra("tool", "2", reply),
+        ];
+        let tools = r#"[{"type": "function", "function": {"name": "f"}}]"#;
+        assert_eq!(
+            t.render_with_tools(&messages, Some(tools), false).unwrap(),
+            r#"{"type": "function", "function": {"name": "f"}};f({"b": 1, "a": [true]})|c1|True"#
+        );
+        assert_eq!(t.render(&[user("x")], false).unwrap(), "|False");
     }
 }

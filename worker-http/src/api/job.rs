@@ -17,7 +17,12 @@ pub enum Prompt {
         raw: bool,
     },
     /// A conversation, rendered with the model's chat template and its generation prompt.
-    Chat(Vec<ChatMessage>),
+    Chat {
+        /// The messages.
+        messages: Vec<ChatMessage>,
+        /// The tool list's JSON text, for the template's `tools` variable.
+        tools: Option<String>,
+    },
 }
 
 /// A validated job, before tokenizing (the context-length rules need the token count).

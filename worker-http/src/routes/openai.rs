@@ -19,12 +19,16 @@ use axum::{Extension, Json};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde_json::{Value, json};
-use worker_common::generate::GenerateEvent;
+use worker_common::generate::{GenerateEvent, TokenLogprob};
+use worker_common::grammar::GrammarSpec;
 
 use super::execute::KEEP_ALIVE;
 use super::{body_or_error, content_type};
-use crate::api::openai::{Endpoint, Logprobs, OpenAiRequest, Reply, error_body, reshape_error};
-use crate::api::{ApiError, ErrorCode, Limits};
+use crate::api::openai::{
+    Endpoint, Logprobs, OpenAiRequest, Piece, Reply, ToolCallParser, ToolFormat, error_body,
+    reshape_error,
+};
+use crate::api::{ApiError, ErrorCode, FieldError, Grammar, Limits};
 use crate::connections::Connection;
 use crate::correlation::CorrelationId;
 use crate::job_end::{JobEnd, JobEvent};
@@ -143,6 +147,8 @@ async fn answer(
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",
     };
+    let mut request = request;
+    let tool_format = tool_format(shared, &mut request, &correlation_id)?;
     let job_id = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
     let origin = Origin {
         job_id: job_id.clone(),
@@ -159,19 +165,72 @@ async fn answer(
         logprobs,
         tokens_as_ids: request.tokens_as_ids,
     };
+    let parser = tool_format.map(ToolCallParser::new);
     if request.stream {
-        let chunks = ChunkStream::new(reply, accepted.events, request.include_usage);
+        let chunks = ChunkStream::new(reply, accepted.events, request.include_usage, parser);
         let sse = Sse::new(chunks).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
         return Ok(sse.into_response());
     }
-    let whole = whole(&reply, accepted.events, &correlation_id).await?;
+    let whole = whole(&reply, accepted.events, parser, &correlation_id).await?;
     Ok(Json(whole).into_response())
+}
+
+/// With tools: how the model writes calls (from its chat template; a model whose template
+/// renders no tools cannot take them), and for `tool_choice` `required` or a named function,
+/// the grammar that makes the reply one such call.
+fn tool_format(
+    shared: &Shared,
+    request: &mut OpenAiRequest,
+    correlation_id: &str,
+) -> Result<Option<ToolFormat>, ApiError> {
+    let Some(tools) = &request.tools else {
+        return Ok(None);
+    };
+    let loaded = accepting(shared, correlation_id)?;
+    let refuse = |field: &str, constraint: &str, message: String| {
+        let error = FieldError {
+            field: field.into(),
+            constraint: constraint.into(),
+            message,
+            value: None,
+        };
+        ApiError::invalid(vec![error], correlation_id)
+    };
+    let format = loaded
+        .formatter
+        .template_source()
+        .and_then(ToolFormat::of_template)
+        .ok_or_else(|| {
+            let message = "this model's chat template does not render tools".into();
+            refuse("tools", "template_tools", message)
+        })?;
+    if let Some(lark) = tools.forced_call(format) {
+        if request.job.grammar.is_some() {
+            let message = "a forced tool call cannot be combined with response_format".into();
+            return Err(refuse("tool_choice", "conflicts(response_format)", message));
+        }
+        request.job.grammar = Some(Grammar {
+            spec: GrammarSpec::Lark(lark),
+            field: "tool_choice",
+        });
+    }
+    Ok(Some(format))
+}
+
+/// The pieces of `text`: through the tool-call parser when the request has tools.
+fn pieces(parser: &mut Option<ToolCallParser>, text: String) -> Vec<Piece> {
+    match parser {
+        Some(parser) => parser.push(&text),
+        None if text.is_empty() => Vec::new(),
+        None => vec![Piece::Content(text)],
+    }
 }
 
 /// Waits for the job's end and builds the one reply; a failed job answers its error.
 async fn whole(
     reply: &Reply,
     mut events: JobEvents,
+    mut parser: Option<ToolCallParser>,
     correlation_id: &str,
 ) -> Result<Value, ApiError> {
     let (mut text, mut tokens) = (String::new(), Vec::new());
@@ -187,7 +246,21 @@ async fn whole(
             }
             JobEvent::Generate(GenerateEvent::Metrics { .. }) => {}
             JobEvent::End(JobEnd::Finished(done)) => {
-                return Ok(reply.whole(&text, &tokens, &done));
+                let mut all = pieces(&mut parser, text);
+                all.extend(
+                    parser
+                        .as_mut()
+                        .map(ToolCallParser::finish)
+                        .unwrap_or_default(),
+                );
+                let (mut content, mut calls) = (String::new(), Vec::new());
+                for piece in all {
+                    match piece {
+                        Piece::Content(more) => content.push_str(&more),
+                        Piece::Call(call) => calls.push(call),
+                    }
+                }
+                return Ok(reply.whole(&content, &calls, &tokens, &done));
             }
             JobEvent::End(JobEnd::Failed { code, message, .. }) => {
                 return Err(ApiError::new(code, message, correlation_id));
@@ -205,6 +278,10 @@ struct ChunkStream {
     reply: Reply,
     events: JobEvents,
     include_usage: bool,
+    /// Cuts tool calls out of the text, when the request has tools.
+    parser: Option<ToolCallParser>,
+    /// Tool calls sent so far.
+    calls: usize,
     ready: VecDeque<Event>,
     ended: bool,
     /// Characters sent so far (completions' `text_offset`).
@@ -212,12 +289,19 @@ struct ChunkStream {
 }
 
 impl ChunkStream {
-    fn new(reply: Reply, events: JobEvents, include_usage: bool) -> Self {
+    fn new(
+        reply: Reply,
+        events: JobEvents,
+        include_usage: bool,
+        parser: Option<ToolCallParser>,
+    ) -> Self {
         let ready = reply.role_chunk().iter().map(data).collect();
         Self {
             reply,
             events,
             include_usage,
+            parser,
+            calls: 0,
             ready,
             ended: false,
             sent_chars: 0,
@@ -228,19 +312,16 @@ impl ChunkStream {
     fn push(&mut self, event: JobEvent) -> bool {
         match event {
             JobEvent::Generate(GenerateEvent::Token { text, logprobs, .. }) => {
-                let offset = self.sent_chars;
-                self.sent_chars += text.chars().count();
-                let logprobs = Logprobs {
-                    tokens: &logprobs,
-                    offset,
-                };
-                self.ready
-                    .push_back(data(&self.reply.text_chunk(&text, logprobs)));
+                let released = pieces(&mut self.parser, text);
+                self.send_pieces(released, &logprobs);
                 false
             }
             JobEvent::Generate(GenerateEvent::Metrics { .. }) => false,
             JobEvent::End(JobEnd::Finished(done)) => {
-                self.ready.push_back(data(&self.reply.finish_chunk(&done)));
+                let rest = self.parser.as_mut().map(ToolCallParser::finish);
+                self.send_pieces(rest.unwrap_or_default(), &[]);
+                let finish = self.reply.finish_chunk(&done, self.calls > 0);
+                self.ready.push_back(data(&finish));
                 if self.include_usage {
                     self.ready.push_back(data(&self.reply.usage_chunk(&done)));
                 }
@@ -253,6 +334,29 @@ impl ChunkStream {
                 self.ready.push_back(Event::default().data("[DONE]"));
                 true
             }
+        }
+    }
+}
+
+impl ChunkStream {
+    /// Queues content chunks and tool-call chunks; the event's log-probabilities ride with its
+    /// first content chunk (a call's tokens have none in a stream).
+    fn send_pieces(&mut self, pieces: Vec<Piece>, logprobs: &[TokenLogprob]) {
+        let mut logprobs = Some(logprobs);
+        for piece in pieces {
+            let chunk = match piece {
+                Piece::Content(text) => {
+                    let offset = self.sent_chars;
+                    self.sent_chars += text.chars().count();
+                    let tokens = logprobs.take().unwrap_or_default();
+                    self.reply.text_chunk(&text, Logprobs { tokens, offset })
+                }
+                Piece::Call(call) => {
+                    self.calls += 1;
+                    self.reply.tool_call_chunk(self.calls - 1, &call)
+                }
+            };
+            self.ready.push_back(data(&chunk));
         }
     }
 }

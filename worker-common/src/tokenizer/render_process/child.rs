@@ -85,6 +85,7 @@ fn answer(request: Request, template: &mut Option<ChatTemplate>) -> Reply {
         }
         Request::Render {
             messages,
+            tools,
             add_generation_prompt,
             add_bos,
             add_eos,
@@ -94,7 +95,8 @@ fn answer(request: Request, template: &mut Option<ChatTemplate>) -> Reply {
             };
             // A MiniJinja panic ends this render, not the renderer.
             catch_unwind(AssertUnwindSafe(|| {
-                template.render_prompt(&messages, add_generation_prompt, add_bos, add_eos)
+                let tools = (!tools.is_empty()).then_some(tools.as_str());
+                template.render_prompt(&messages, tools, add_generation_prompt, add_bos, add_eos)
             }))
             .unwrap_or_else(|_| {
                 Err(TemplateError::Process(

@@ -100,12 +100,14 @@ impl TemplateProcess {
     pub fn render_prompt(
         &self,
         messages: &[ChatMessage],
+        tools: Option<&str>,
         add_generation_prompt: bool,
         add_bos: bool,
         add_eos: bool,
     ) -> Result<String, TemplateError> {
         let request = Request::Render {
             messages: messages.to_vec(),
+            tools: tools.unwrap_or_default().to_owned(),
             add_generation_prompt,
             add_bos,
             add_eos,

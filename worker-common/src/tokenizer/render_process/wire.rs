@@ -22,6 +22,8 @@ pub(super) enum Request {
     /// [`crate::tokenizer::template::ChatTemplate::render_prompt`] with these arguments.
     Render {
         messages: Vec<ChatMessage>,
+        /// The tools' JSON text; empty for none.
+        tools: String,
         add_generation_prompt: bool,
         add_bos: bool,
         add_eos: bool,
@@ -50,16 +52,19 @@ pub(super) fn write_request(out: &mut impl Write, request: &Request) -> io::Resu
         }
         Request::Render {
             messages,
+            tools,
             add_generation_prompt,
             add_bos,
             add_eos,
         } => {
             out.write_all(&[RENDER, *add_generation_prompt as u8, *add_bos as u8])?;
             out.write_all(&[*add_eos as u8])?;
+            write_str(out, tools)?;
             write_u32(out, len_u32(messages.len())?)?;
             for message in messages {
                 write_str(out, &message.role)?;
                 write_str(out, &message.content)?;
+                write_str(out, message.extra.as_deref().unwrap_or_default())?;
             }
         }
     }
@@ -80,14 +85,21 @@ pub(super) fn read_request(input: &mut impl Read) -> io::Result<Option<Request>>
         },
         RENDER => {
             let [add_generation_prompt, add_bos, add_eos] = read_array::<3>(input)?.map(|b| b != 0);
+            let tools = read_str(input)?;
             let count = read_u32(input)?;
             let mut messages = Vec::new();
             for _ in 0..count {
                 let role = read_str(input)?;
-                messages.push(ChatMessage::new(role, read_str(input)?));
+                let content = read_str(input)?;
+                let extra = read_str(input)?;
+                messages.push(ChatMessage {
+                    extra: (!extra.is_empty()).then_some(extra),
+                    ..ChatMessage::new(role, content)
+                });
             }
             Request::Render {
                 messages,
+                tools,
                 add_generation_prompt,
                 add_bos,
                 add_eos,
@@ -196,8 +208,15 @@ mod tests {
             bos_token: "<s>".into(),
             eos_token: String::new(),
         });
+        let mut extra = serde_json::Map::new();
+        extra.insert("name".into(), "f".into());
         request_round_trip(Request::Render {
-            messages: vec![ChatMessage::new("user", "hi 🦀"), ChatMessage::new("", "")],
+            messages: vec![
+                ChatMessage::new("user", "hi 🦀"),
+                ChatMessage::new("", ""),
+                ChatMessage::with_extra("tool", "22", extra),
+            ],
+            tools: "[{\"type\": \"function\"}]".into(),
             add_generation_prompt: true,
             add_bos: false,
             add_eos: true,

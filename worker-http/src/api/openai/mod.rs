@@ -4,9 +4,13 @@
 
 mod request;
 mod response;
+mod tool_calls;
+mod tools;
 
 pub use request::{Endpoint, OpenAiRequest};
 pub use response::{Logprobs, Reply, finish_reason, usage};
+pub use tool_calls::{Piece, ToolCall, ToolCallParser};
+pub use tools::{ToolChoice, ToolFormat, Tools};
 
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};

@@ -4,6 +4,7 @@
 use serde_json::Value;
 use worker_common::tokenizer::template::ChatMessage;
 
+use super::tools::{Tools, message_extra};
 use crate::api::fields::{Fields, json_object};
 use crate::api::request::MAX_TOKENS_LIMIT;
 use crate::api::{FieldError, Grammar, JobSpec, Limits, Prompt};
@@ -29,6 +30,8 @@ pub struct OpenAiRequest {
     /// vLLM's `return_tokens_as_token_ids`: log-probability entries name tokens as
     /// `token_id:<id>` (exact where token text is ambiguous or not valid UTF-8).
     pub tokens_as_ids: bool,
+    /// The tools a chat may call (none on completions, or with `tool_choice: none`).
+    pub tools: Option<Tools>,
 }
 
 /// Roles a chat message may have (`developer` is OpenAI's newer name for `system`).
@@ -47,8 +50,15 @@ impl OpenAiRequest {
         if let Some(model) = fields.get("model").filter(|model| !model.is_string()) {
             fields.wrong_type("model", "string", model);
         }
+        let tools = match endpoint {
+            Endpoint::Chat => fields.tools(),
+            Endpoint::Completions => None,
+        };
         let prompt = match endpoint {
-            Endpoint::Chat => messages(&mut fields).map(Prompt::Chat),
+            Endpoint::Chat => messages(&mut fields).map(|messages| Prompt::Chat {
+                messages,
+                tools: tools.as_ref().map(|tools| tools.json.clone()),
+            }),
             Endpoint::Completions => completion_prompt(&mut fields),
         };
         let max_tokens = max_tokens(&mut fields, endpoint, limits);
@@ -74,7 +84,10 @@ impl OpenAiRequest {
         }
         Ok(Self {
             job: JobSpec {
-                prompt: prompt.unwrap_or(Prompt::Chat(Vec::new())),
+                prompt: prompt.unwrap_or(Prompt::Chat {
+                    messages: Vec::new(),
+                    tools: None,
+                }),
                 max_tokens,
                 sampling,
                 seed,
@@ -88,6 +101,7 @@ impl OpenAiRequest {
             stream,
             include_usage: stream && include_usage,
             tokens_as_ids,
+            tools,
         })
     }
 }
@@ -232,17 +246,16 @@ fn message(fields: &mut Fields<'_>, at: &str, item: &Value) -> Option<ChatMessag
             return None;
         }
     };
-    if object
-        .get("tool_calls")
-        .is_some_and(|calls| !calls.is_null())
-    {
-        let message = "assistant tool calls are not supported yet (specs/OPENAI.md)".into();
-        fields.fail(&format!("{at}.tool_calls"), "unsupported", message, None);
-        return None;
-    }
+    let extra = match message_extra(role, object) {
+        Ok(extra) => extra,
+        Err((key, message)) => {
+            fields.fail(&format!("{at}.{key}"), "tool_fields", message, None);
+            return None;
+        }
+    };
     let content = content(fields, at, role, object.get("content"))?;
     let role = if role == "developer" { "system" } else { role };
-    Some(ChatMessage::new(role, content))
+    Some(ChatMessage::with_extra(role, content, extra))
 }
 
 /// A message's text: a string, or an array of `{"type":"text","text":…}` parts joined; absent
@@ -281,25 +294,23 @@ fn content(fields: &mut Fields<'_>, at: &str, role: &str, value: Option<&Value>)
     }
 }
 
-/// Fields whose non-default values the worker does not implement yet: refused with a clear
-/// 400 rather than silently ignored (the reply would not be what the caller asked for).
+/// Completions' fields the worker does not implement (and chat's tool fields, which completions
+/// do not have): refused with a clear 400 rather than ignored, since the reply would not be what
+/// the caller asked for.
 fn refuse_unsupported(fields: &mut Fields<'_>, endpoint: Endpoint) {
+    if endpoint != Endpoint::Completions {
+        return;
+    }
     let is_default = |name: &str, value: &Value| match name {
-        "tools" => value.as_array().is_some_and(|tools| tools.is_empty()),
-        "tool_choice" => *value == "none",
         "echo" => *value == false,
         "best_of" => value.as_u64() == Some(1),
         _ => false,
     };
-    let mut names = vec!["tools", "tool_choice"];
-    if endpoint == Endpoint::Completions {
-        names.extend(["echo", "best_of", "suffix"]);
-    }
-    for name in names {
+    for name in ["tools", "tool_choice", "echo", "best_of", "suffix"] {
         if let Some(value) = fields.get(name)
             && !is_default(name, value)
         {
-            let message = format!("{name} is not supported yet (specs/OPENAI.md)");
+            let message = format!("{name} is not supported on /v1/completions (specs/OPENAI.md)");
             fields.fail(name, "unsupported", message, Some(value));
         }
     }

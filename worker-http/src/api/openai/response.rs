@@ -4,13 +4,28 @@ use serde_json::{Map, Value, json};
 use worker_common::generate::{Finished, LogprobEntry, StopReason, TokenLogprob};
 
 use super::request::Endpoint;
+use super::tool_calls::ToolCall;
 
-/// OpenAI's `finish_reason` for how a job stopped.
-pub fn finish_reason(reason: StopReason) -> &'static str {
+/// OpenAI's `finish_reason` for how a job stopped, and whether its reply made tool calls.
+pub fn finish_reason(reason: StopReason, called: bool) -> &'static str {
     match reason {
         StopReason::MaxTokens => "length",
+        StopReason::Eos | StopReason::StopSequence if called => "tool_calls",
         StopReason::Eos | StopReason::StopSequence => "stop",
     }
+}
+
+/// A call as OpenAI writes it in a message (`index` only in stream deltas).
+fn tool_call(call: &ToolCall, index: Option<usize>) -> Value {
+    let mut value = json!({
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    });
+    if let Some(index) = index {
+        value["index"] = json!(index);
+    }
+    value
 }
 
 /// `usage` of a finished job: prompt tokens after templating, generated tokens (an
@@ -156,11 +171,25 @@ impl Reply {
         choice
     }
 
-    /// The whole reply of a non-streamed request.
-    pub fn whole(&self, text: &str, tokens: &[TokenLogprob], done: &Finished) -> Value {
-        let finish = finish_reason(done.stop_reason);
+    /// The whole reply of a non-streamed request: its text, the tool calls parsed out of it,
+    /// the tokens' log-probabilities.
+    pub fn whole(
+        &self,
+        text: &str,
+        calls: &[ToolCall],
+        tokens: &[TokenLogprob],
+        done: &Finished,
+    ) -> Value {
+        let finish = finish_reason(done.stop_reason, !calls.is_empty());
         let logprobs = Logprobs { tokens, offset: 0 };
-        let choice = self.choice(false, Some(text), Some(logprobs), Some(finish));
+        let mut choice = self.choice(false, Some(text), Some(logprobs), Some(finish));
+        if !calls.is_empty() {
+            let message = &mut choice["message"];
+            message["tool_calls"] = calls.iter().map(|call| tool_call(call, None)).collect();
+            if text.is_empty() {
+                message["content"] = Value::Null;
+            }
+        }
         let mut reply = self.envelope(false, json!([choice]));
         reply["usage"] = usage(done);
         reply
@@ -182,9 +211,16 @@ impl Reply {
         self.envelope(true, json!([choice]))
     }
 
-    /// The chunk that says why the job stopped.
-    pub fn finish_chunk(&self, done: &Finished) -> Value {
-        let finish = finish_reason(done.stop_reason);
+    /// A chunk carrying the reply's `index`-th tool call, whole.
+    pub fn tool_call_chunk(&self, index: usize, call: &ToolCall) -> Value {
+        let delta = json!({"tool_calls": [tool_call(call, Some(index))]});
+        let choice = json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null});
+        self.envelope(true, json!([choice]))
+    }
+
+    /// The chunk that says why the job stopped (`called`: the reply made tool calls).
+    pub fn finish_chunk(&self, done: &Finished, called: bool) -> Value {
+        let finish = finish_reason(done.stop_reason, called);
         self.envelope(true, json!([self.choice(true, None, None, Some(finish))]))
     }
 
@@ -232,7 +268,7 @@ mod tests {
 
     #[test]
     fn a_whole_chat_reply_has_the_message_usage_and_finish_reason() {
-        let whole = reply(Endpoint::Chat).whole("hi", &[], &done(StopReason::MaxTokens));
+        let whole = reply(Endpoint::Chat).whole("hi", &[], &[], &done(StopReason::MaxTokens));
         assert_eq!(whole["object"], "chat.completion");
         assert_eq!(whole["choices"][0]["message"]["content"], "hi");
         assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
@@ -246,7 +282,7 @@ mod tests {
         let completion = reply(Endpoint::Completions);
         assert!(completion.role_chunk().is_none());
         assert_eq!(completion.text_chunk("a", NONE)["choices"][0]["text"], "a");
-        let finish = completion.finish_chunk(&done(StopReason::Eos));
+        let finish = completion.finish_chunk(&done(StopReason::Eos), false);
         assert_eq!(finish["choices"][0]["finish_reason"], "stop");
         let chat = reply(Endpoint::Chat);
         let role = chat.role_chunk().unwrap();
@@ -255,11 +291,32 @@ mod tests {
             chat.text_chunk("b", NONE)["choices"][0]["delta"]["content"],
             "b"
         );
-        let finish = chat.finish_chunk(&done(StopReason::StopSequence));
+        let finish = chat.finish_chunk(&done(StopReason::StopSequence), false);
         assert_eq!(finish["choices"][0]["delta"], json!({}));
         let usage = chat.usage_chunk(&done(StopReason::Eos));
         assert_eq!(usage["choices"], json!([]));
         assert_eq!(usage["usage"]["completion_tokens"], 3);
+    }
+
+    #[test]
+    fn tool_calls_fill_the_message_and_the_finish_reason() {
+        let call = ToolCall {
+            id: "call_1".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+        };
+        let chat = reply(Endpoint::Chat);
+        let whole = chat.whole("", std::slice::from_ref(&call), &[], &done(StopReason::Eos));
+        let choice = &whole["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert!(choice["message"]["content"].is_null());
+        assert_eq!(choice["message"]["tool_calls"][0]["function"]["name"], "f");
+        let chunk = chat.tool_call_chunk(1, &call);
+        assert_eq!(chunk["choices"][0]["delta"]["tool_calls"][0]["index"], 1);
+        let finish = chat.finish_chunk(&done(StopReason::Eos), true);
+        assert_eq!(finish["choices"][0]["finish_reason"], "tool_calls");
+        let cut = chat.finish_chunk(&done(StopReason::MaxTokens), true);
+        assert_eq!(cut["choices"][0]["finish_reason"], "length");
     }
 
     fn entry(id: u32, text: &str, logprob: f64) -> LogprobEntry {

@@ -1,6 +1,8 @@
 use serde_json::{Value, json};
 use worker_common::sampling::SamplingParams;
 
+use crate::api::openai::ToolChoice;
+
 use super::*;
 
 const LIMITS: Limits = Limits {
@@ -45,7 +47,10 @@ fn a_chat_request_becomes_a_job_with_openai_defaults() {
     let job = &request.job;
     assert_eq!(
         job.prompt,
-        Prompt::Chat(vec![ChatMessage::new("user", "hi")])
+        Prompt::Chat {
+            messages: vec![ChatMessage::new("user", "hi")],
+            tools: None
+        }
     );
     assert_eq!(job.max_tokens, None, "absent: what the context leaves");
     assert_eq!(job.sampling, SamplingParams::default());
@@ -66,9 +71,15 @@ fn messages_keep_their_roles_and_join_text_parts() {
         ChatMessage::new("system", "be brief"),
         ChatMessage::new("user", "ab"),
         ChatMessage::new("assistant", ""),
-        ChatMessage::new("tool", "42"),
+        ChatMessage {
+            extra: Some(r#"{"tool_call_id":"x"}"#.into()),
+            ..ChatMessage::new("tool", "42")
+        },
     ];
-    assert_eq!(request.job.prompt, Prompt::Chat(expected));
+    let Prompt::Chat { messages, tools } = request.job.prompt else {
+        panic!("not a chat");
+    };
+    assert_eq!((messages, tools), (expected, None));
 }
 
 #[test]
@@ -95,7 +106,7 @@ fn bad_messages_are_refused_with_their_path() {
             pair("messages[1].role", "one_of(roles)"),
             pair("messages[2].content", "required"),
             pair("messages[3].content[0]", "text_part"),
-            pair("messages[4].tool_calls", "unsupported"),
+            pair("messages[4].tool_calls", "tool_fields"),
             pair("messages[5]", "type(object)"),
         ]
     );
@@ -166,19 +177,76 @@ fn sampling_stop_seed_and_streaming_fields() {
 }
 
 #[test]
-fn fields_not_implemented_yet_are_refused_unless_at_their_defaults() {
-    let defaults = json!({"tools": [], "tool_choice": "none"});
-    assert!(chat(defaults).is_ok());
-    let asked = json!({"tools": [{"type": "function"}], "tool_choice": "auto"});
+fn tools_are_read_and_checked() {
+    let weather = json!({"type": "function", "function": {"name": "get_weather",
+        "description": "d", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+    let time = json!({"type": "function", "function": {"name": "get_time"}});
+    let request = chat(json!({"tools": [weather, time]})).unwrap();
+    let tools = request.job_tools();
+    assert_eq!(tools.choice, ToolChoice::Auto);
     assert_eq!(
-        refusals(chat(asked)),
+        tools.functions[1],
+        (
+            "get_time".into(),
+            json!({"type": "object", "properties": {}})
+        )
+    );
+    let Prompt::Chat {
+        tools: Some(rendered),
+        ..
+    } = &request.job.prompt
+    else {
+        panic!("no tools for the template");
+    };
+    assert!(
+        rendered.starts_with(
+            r#"[{"type":"function","function":{"name":"get_weather","description":"d""#
+        ),
+        "{rendered}"
+    );
+    let named = json!({"tools": [weather], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
+    assert_eq!(
+        chat(named).unwrap().job_tools().choice,
+        ToolChoice::Named("get_weather".into())
+    );
+    assert!(
+        chat(json!({"tools": [weather], "tool_choice": "none"}))
+            .unwrap()
+            .tools
+            .is_none()
+    );
+    assert_eq!(
+        refusals(chat(
+            json!({"tools": [weather], "tool_choice": {"function": {"name": "nope"}}})
+        )),
+        [pair("tool_choice", "tool_choice")]
+    );
+    assert_eq!(
+        refusals(chat(
+            json!({"tools": [{"type": "function"}, weather, weather]})
+        )),
         [
-            pair("tools", "unsupported"),
-            pair("tool_choice", "unsupported")
+            pair("tools[0]", "function"),
+            pair("tools[2].function.name", "function_name")
         ]
     );
+    assert_eq!(
+        refusals(chat(json!({"tool_choice": "required"}))),
+        [pair("tool_choice", "requires(tools)")]
+    );
+    let completion = parse(
+        Endpoint::Completions,
+        &json!({"prompt": "a", "tools": [weather]}),
+    );
+    assert_eq!(refusals(completion), [pair("tools", "unsupported")]);
     let echo = parse(Endpoint::Completions, &json!({"prompt": "a", "echo": true}));
     assert_eq!(refusals(echo), [pair("echo", "unsupported")]);
+}
+
+impl OpenAiRequest {
+    fn job_tools(&self) -> &crate::api::openai::Tools {
+        self.tools.as_ref().unwrap()
+    }
 }
 
 #[test]
