@@ -267,3 +267,65 @@ fn sampling_parameters_change_what_the_model_says() {
         "min_tokens holds the end back: {longer:?} vs {short:?}"
     );
 }
+
+/// `/health`'s `slots_busy`.
+fn busy(worker: &Worker) -> u64 {
+    let health = llorch_tests::http::get(worker.addr, "/health").unwrap();
+    let health: serde_json::Value = serde_json::from_slice(&health.body).unwrap();
+    health["slots_busy"].as_u64().unwrap()
+}
+
+/// Waits up to `seconds` for `slots_busy` to be `want`.
+fn wait_busy(worker: &Worker, want: u64, seconds: u64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while std::time::Instant::now() < deadline {
+        if busy(worker) == want {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
+}
+
+/// A client that closes its connection mid-job cancels it, whole or streamed, and its slot is
+/// free at once (well before its 2,000 tokens).
+#[test]
+fn a_client_that_leaves_cancels_its_v1_job() {
+    use std::io::Write;
+
+    let _serial = serial();
+    let worker = Worker::ready(&Model::SmolLm2.path(), &["--threads", "2"]);
+    let long = serde_json::json!({"max_tokens": 2000, "ignore_eos": true});
+    for (path, stream) in [("/v1/completions", false), ("/v1/chat/completions", true)] {
+        let mut body = long.clone();
+        body["stream"] = stream.into();
+        match path {
+            "/v1/completions" => body["prompt"] = "Once upon a time".into(),
+            _ => {
+                body["messages"] = serde_json::json!([{"role": "user", "content": "Tell a story."}])
+            }
+        }
+        let body = body.to_string();
+        let mut connection = std::net::TcpStream::connect(worker.addr).unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        connection.write_all(head.as_bytes()).unwrap();
+        connection.write_all(body.as_bytes()).unwrap();
+        assert!(wait_busy(&worker, 1, 30), "{path}: the job did not start");
+        drop(connection);
+        assert!(
+            wait_busy(&worker, 0, 5),
+            "{path}: the job still runs after its client left"
+        );
+    }
+    let metrics = llorch_tests::http::get(worker.addr, "/metrics").unwrap();
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.contains("cancel") && line.trim_end().ends_with(" 2")),
+        "two cancelled jobs in /metrics:\n{metrics}"
+    );
+}
