@@ -75,6 +75,12 @@ fn attempts() -> Vec<Attempt> {
         ),
         ("GET", "/execute", Vec::new(), Vec::new()),
         ("GET", "/v1/models", Vec::new(), Vec::new()),
+        (
+            "POST",
+            "/v1/chat/completions",
+            vec![json(), auth("Bearer wrong")],
+            b"{}".to_vec(),
+        ),
         ("OPTIONS", "/execute", Vec::new(), Vec::new()),
     ]
 }
@@ -95,7 +101,12 @@ fn without_the_key_nothing_but_health_and_metrics_answers() {
         let (method, path, headers, _) = attempt;
         let what = format!("{method} {path} {headers:?}");
         assert_eq!(response.status, 401, "{what}: {}", response.text());
-        assert_eq!(response.json()["error"]["code"], "UNAUTHORIZED", "{what}");
+        // `/v1/…` answers in OpenAI's shape, with the contract's code in lower case.
+        let code = match path.starts_with("/v1/") {
+            true => "unauthorized",
+            false => "UNAUTHORIZED",
+        };
+        assert_eq!(response.json()["error"]["code"], code, "{what}");
         assert_eq!(
             response.header("www-authenticate"),
             Some("Bearer"),
