@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
@@ -128,7 +128,8 @@ fn step(error: impl fmt::Display) -> GrammarError {
     GrammarError::Step(error.to_string())
 }
 
-/// One job's grammar state.
+/// One job's compiled grammar, before it runs (a job's request is cloned, so this is `Clone`;
+/// [`Constraint::start`] makes the running [`Guide`]).
 #[derive(Clone)]
 pub struct Constraint {
     matcher: Matcher,
@@ -143,23 +144,95 @@ impl fmt::Debug for Constraint {
 }
 
 impl Constraint {
+    /// The running grammar of a job.
+    pub fn start(self) -> Guide {
+        Guide {
+            state: State::Ready(Box::new(self.matcher)),
+        }
+    }
+}
+
+/// The next mask and the parser it was computed with.
+type Computed = (Box<Matcher>, Result<Vec<u32>, GrammarError>);
+
+/// Where a running grammar's parser is.
+enum State {
+    /// Here, its next mask not computed yet.
+    Ready(Box<Matcher>),
+    /// Computing the next mask on rayon's pool (while the backend runs the next step).
+    Computing(mpsc::Receiver<Computed>),
+    /// Lost to a failed background task.
+    Lost,
+}
+
+/// A running grammar: after each accepted token the next mask is computed in the background
+/// (llguidance's advice: a mask costs tens to hundreds of microseconds on a large vocabulary,
+/// a GPU step about a millisecond), and [`Guide::allowed`] waits for it.
+pub struct Guide {
+    state: State,
+}
+
+impl fmt::Debug for Guide {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Guide")
+    }
+}
+
+/// The mask of `matcher`'s next token as a bitset over ids (bit `id % 32` of word `id / 32`);
+/// where the grammar may end, every id of `end` is allowed.
+fn compute(matcher: &mut Matcher, end: &[u32]) -> Result<Vec<u32>, GrammarError> {
+    let mut mask = matcher.compute_mask_or_eos().map_err(step)?;
+    if matcher.is_stopped() || matcher.is_accepting().map_err(step)? {
+        for &id in end {
+            if (id as usize) < mask.len() {
+                mask.allow_token(id);
+            }
+        }
+    }
+    Ok(mask.as_slice().to_vec())
+}
+
+impl Guide {
+    /// The parser, once a background computation is done, with its result.
+    fn settle(&mut self) -> Result<(Box<Matcher>, Option<Vec<u32>>), GrammarError> {
+        match std::mem::replace(&mut self.state, State::Lost) {
+            State::Ready(matcher) => Ok((matcher, None)),
+            State::Computing(receiver) => {
+                let (matcher, mask) = receiver
+                    .recv()
+                    .map_err(|_| GrammarError::Step("the mask computation was lost".into()))?;
+                Ok((matcher, Some(mask?)))
+            }
+            State::Lost => Err(GrammarError::Step("the grammar parser was lost".into())),
+        }
+    }
+
     /// The tokens that may come next, as a bitset over ids (bit `id % 32` of word `id / 32`);
     /// where the grammar may end, every end-of-generation id of `end` is allowed.
     pub fn allowed(&mut self, end: &BTreeSet<u32>) -> Result<Vec<u32>, GrammarError> {
-        let mut mask = self.matcher.compute_mask_or_eos().map_err(step)?;
-        if self.matcher.is_stopped() || self.matcher.is_accepting().map_err(step)? {
-            for &id in end {
-                if (id as usize) < mask.len() {
-                    mask.allow_token(id);
-                }
-            }
-        }
-        Ok(mask.as_slice().to_vec())
+        let (mut matcher, computed) = self.settle()?;
+        let mask = match computed {
+            Some(mask) => mask,
+            None => compute(&mut matcher, &end.iter().copied().collect::<Vec<_>>())?,
+        };
+        self.state = State::Ready(matcher);
+        Ok(mask)
     }
 
-    /// Advances past `token` (an end-of-generation token ends the grammar).
-    pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
-        self.matcher.consume_token(token).map_err(step)
+    /// Advances past `token` and starts computing the next mask in the background (`end` as in
+    /// [`Guide::allowed`]).
+    pub fn accept(&mut self, token: u32, end: &BTreeSet<u32>) -> Result<(), GrammarError> {
+        let (mut matcher, _) = self.settle()?;
+        matcher.consume_token(token).map_err(step)?;
+        let (sender, receiver) = mpsc::sync_channel(1);
+        let end: Vec<u32> = end.iter().copied().collect();
+        rayon::spawn(move || {
+            let mask = compute(&mut matcher, &end);
+            // The job may have ended meanwhile; then nobody waits for the mask.
+            let _ = sender.send((matcher, mask));
+        });
+        self.state = State::Computing(receiver);
+        Ok(())
     }
 }
 
@@ -168,9 +241,8 @@ mod tests {
     use super::*;
     use crate::testing::{TINY_EOS, tiny_tokenizer};
 
-    fn allowed_ids(constraint: &mut Constraint) -> Vec<u32> {
-        let end = BTreeSet::from([TINY_EOS]);
-        let mask = constraint.allowed(&end).unwrap();
+    fn allowed_ids(guide: &mut Guide) -> Vec<u32> {
+        let mask = guide.allowed(&BTreeSet::from([TINY_EOS])).unwrap();
         (0..10u32)
             .filter(|&id| mask[id as usize / 32] & (1 << (id % 32)) != 0)
             .collect()
@@ -180,19 +252,25 @@ mod tests {
     fn a_regex_allows_only_the_tokens_that_continue_it() {
         let tokenizer = tiny_tokenizer();
         let grammars = Grammars::new(&tokenizer).unwrap();
-        let mut constraint = grammars.compile(&GrammarSpec::Regex("ab+".into())).unwrap();
-        assert_eq!(allowed_ids(&mut constraint), [1], "only `a` starts it");
-        constraint.accept(1).unwrap();
+        let constraint = grammars.compile(&GrammarSpec::Regex("ab+".into())).unwrap();
+        let mut guide = constraint.start();
+        let end = BTreeSet::from([TINY_EOS]);
+        assert_eq!(allowed_ids(&mut guide), [1], "only `a` starts it");
+        guide.accept(1, &end).unwrap();
+        assert_eq!(allowed_ids(&mut guide), [2], "then `b`, not the end yet");
+        guide.accept(2, &end).unwrap();
         assert_eq!(
-            allowed_ids(&mut constraint),
-            [2],
-            "then `b`, not the end yet"
-        );
-        constraint.accept(2).unwrap();
-        assert_eq!(
-            allowed_ids(&mut constraint),
+            allowed_ids(&mut guide),
             [TINY_EOS, 2],
             "more `b` or the end"
+        );
+        guide.accept(2, &end).unwrap();
+        guide.accept(2, &end).unwrap();
+        let waited = allowed_ids(&mut guide);
+        assert_eq!(
+            waited,
+            [TINY_EOS, 2],
+            "two accepts in a row wait for the mask"
         );
     }
 

@@ -17,7 +17,7 @@ use super::{
     METRICS_INTERVAL, StopReason, TokenLogprob,
 };
 use crate::backend::{ChunkOutput, Want};
-use crate::grammar::Constraint;
+use crate::grammar::{Constraint, Guide};
 use crate::sampling::{Choice, Context, Logprobs, Sampler};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::stream::StreamDecoder;
@@ -39,7 +39,7 @@ pub struct Sequence {
     cancel: CancelToken,
     sampler: Sampler,
     /// The grammar the output follows, if any.
-    grammar: Option<Constraint>,
+    grammar: Option<Guide>,
     /// The prompt, then every generated token (an end-of-generation token excluded).
     history: Vec<u32>,
     /// Positions of `history` whose keys and values are stored.
@@ -73,7 +73,7 @@ impl Sequence {
         history.extend_from_slice(&request.prompt_tokens);
         Ok(Self {
             sampler: Sampler::new(request.sampling.clone()),
-            grammar: request.grammar.take(),
+            grammar: request.grammar.take().map(Constraint::start),
             text: TextStream::new(&request.stop),
             pending_logprobs: Vec::new(),
             history,
@@ -209,7 +209,7 @@ impl Sequence {
             return self.finish(StopReason::Eos, None, sink).map(Some);
         }
         if let Some(grammar) = &mut self.grammar {
-            grammar.accept(token)?;
+            grammar.accept(token, tokenizer.vocab().end_of_generation())?;
         }
         self.history.push(token);
         self.generated += 1;
