@@ -1,6 +1,6 @@
 //! THE per-job generation logic, shared by every backend: a [`Sequence`] per job (sample →
 //! stream-decode → stop checks → events, cancel and deadline), stepped by the
-//! [`Scheduler`](crate::schedule::Scheduler) together with every other running job.
+//! [`Scheduler`] together with every other running job.
 //!
 //! A sequence sends `token` and `metrics` events through an [`EventSink`] and ends with
 //! [`Finished`] or a [`GenerateError`]; the caller turns that into the stream's one terminal

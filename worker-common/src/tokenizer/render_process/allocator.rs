@@ -10,7 +10,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
-/// The system allocator with an optional cap on live bytes ([`enforce`]).
+/// The system allocator with an optional cap on live bytes (see `enforce`).
 ///
 /// Install it in a binary that renders chat templates in a child process:
 /// `#[global_allocator] static ALLOCATOR: BudgetAllocator = BudgetAllocator;`
