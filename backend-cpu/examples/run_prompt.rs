@@ -120,11 +120,11 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Prompt tokens the decode benchmark starts from (as scripts/bench-llamacpp.py).
+/// Prompt tokens the decode benchmark starts from.
 const DECODE_PROMPT_TOKENS: usize = 8;
 
 /// Best-of-`reps` prefill and decode throughput after one warm-up, as one JSON line, measured
-/// as scripts/bench-llamacpp.py measures llama.cpp: the prompt text repeated and cut to
+/// as llama-bench measures llama.cpp (scripts/bench-cpu.sh): the prompt text repeated and cut to
 /// `prompt_len` tokens, prefilled in one `forward`; decode after an 8-token prompt.
 fn bench(
     backend: &mut CpuBackend,

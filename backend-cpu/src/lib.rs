@@ -8,6 +8,7 @@
 
 mod attention;
 mod forward;
+pub mod isa;
 pub mod kernels;
 mod kv;
 mod matmul;
@@ -18,7 +19,7 @@ mod weights;
 use std::sync::Arc;
 
 use worker_common::backend::{
-    BackendError, BackendInfo, Chunk, InferenceBackend, Load, LoadConfig, LoadProgress,
+    BackendError, BackendInfo, Chunk, CpuInfo, InferenceBackend, Load, LoadConfig, LoadProgress,
     MemoryUsage, PageId, StepOutputs, Want,
 };
 use worker_common::model::{ModelFile, ModelPlan};
@@ -43,6 +44,7 @@ pub struct CpuBackend {
     kv: KvPool,
     buffers: Buffers,
     device: String,
+    isa: isa::Isa,
 }
 
 impl Load for CpuBackend {
@@ -54,6 +56,11 @@ impl Load for CpuBackend {
         config: &LoadConfig,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, BackendError> {
+        // First: the level decides how the weights are repacked below.
+        let isa = isa::select().map_err(|e| BackendError::Unsupported {
+            backend: Self::WORKER_TYPE,
+            what: e.to_string(),
+        })?;
         let plan = ModelPlan::new(&model.spec, Self::WORKER_TYPE)?;
         let mut weights = weights::from_file(&model.gguf, &model.spec)?;
         let device = cpu_name();
@@ -83,6 +90,7 @@ impl Load for CpuBackend {
             kv,
             buffers: Buffers::default(),
             device,
+            isa,
         })
     }
 }
@@ -102,6 +110,9 @@ impl InferenceBackend for CpuBackend {
                 scratch: self.buffers.bytes() as u64,
             },
             gpu: None,
+            cpu: Some(CpuInfo {
+                isa: self.isa.name().to_owned(),
+            }),
         }
     }
 

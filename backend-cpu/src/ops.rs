@@ -24,12 +24,12 @@ macro_rules! vectorized {
                 unsafe fn avx2($($arg: $ty),*) {
                     body($($arg),*)
                 }
-                if is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the feature was detected on this CPU.
+                if crate::isa::avx512() {
+                    // SAFETY: the feature was detected on this CPU (crate::isa).
                     return unsafe { avx512($($arg),*) };
                 }
-                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                    // SAFETY: the features were detected on this CPU.
+                if crate::isa::avx2() {
+                    // SAFETY: the features were detected on this CPU (crate::isa).
                     return unsafe { avx2($($arg),*) };
                 }
             }
@@ -249,11 +249,10 @@ pub fn prefetch<T>(data: &[T]) {
     let _ = data;
 }
 
-/// Whether this CPU converts f16 in hardware (detected once).
+/// Whether f16 is converted in hardware (F16C comes with the AVX2 level).
 #[cfg(target_arch = "x86_64")]
 fn f16c() -> bool {
-    static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F16C.get_or_init(|| is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx"))
+    crate::isa::avx2()
 }
 
 #[cfg(target_arch = "x86_64")]

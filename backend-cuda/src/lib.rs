@@ -201,6 +201,7 @@ impl InferenceBackend for CudaBackend {
                 sm: self.gpu.sm.clone(),
                 cuda_runtime_version: self.gpu.driver_version.clone(),
             }),
+            cpu: None,
         }
     }
 

@@ -157,6 +157,7 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), L
         formatter,
         device: info.device.clone(),
         gpu: info.gpu.clone(),
+        cpu: info.cpu.clone(),
         slots,
         prefix_index: PrefixIndex::default(),
     };
@@ -165,6 +166,7 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), L
         worker_id,
         model = %loaded.model_name,
         device = %info.device,
+        cpu_isa = info.cpu.as_ref().map(|cpu| cpu.isa.as_str()),
         memory_bytes = info.memory.total(),
         kv_cache_bytes = info.memory.kv,
         kv_pages = backend.kv_pages(),

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use worker_common::backend::{BackendInfo, GpuInfo, MemoryUsage};
+use worker_common::backend::{BackendInfo, CpuInfo, GpuInfo, MemoryUsage};
 use worker_common::generate::PromptFormatter;
 use worker_common::grammar::Grammars;
 use worker_common::schedule::{PrefixIndex, SchedulerStats};
@@ -70,6 +70,8 @@ pub struct Loaded {
     pub device: String,
     /// GPU facts on a GPU backend.
     pub gpu: Option<GpuInfo>,
+    /// CPU facts on the CPU backend.
+    pub cpu: Option<CpuInfo>,
     /// Most jobs running at once (`--parallel`, else from the KV pool).
     pub slots: usize,
     /// Which prompt prefixes the engine's KV pages hold (for `started.cached_tokens`).

@@ -430,13 +430,13 @@ mod simd {
 
     pub(super) fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature was detected on this CPU.
+        if crate::isa::avx512() {
+            // SAFETY: the feature was detected on this CPU (crate::isa).
             return unsafe { avx512(inputs, scratch, task, out) };
         }
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: the features were detected on this CPU.
+        if crate::isa::avx2() {
+            // SAFETY: the features were detected on this CPU (crate::isa).
             return unsafe { avx2(inputs, scratch, task, out) };
         }
         super::tile_task(inputs, scratch, task, out)

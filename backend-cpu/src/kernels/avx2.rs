@@ -16,7 +16,6 @@
 #![allow(unused_unsafe)]
 
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
 
 use std::ops::Range;
 
@@ -32,20 +31,15 @@ enum Level {
     Vnni,
 }
 
-/// Detected once, as the answer cannot change.
+/// The level of [`crate::isa::active`].
 fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        let avx2 = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        let vnni = is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl");
-        match (avx2, vnni) {
-            (true, true) => Level::Vnni,
-            (true, false) => Level::Avx2,
-            _ => Level::None,
-        }
-    })
+    if crate::isa::vnni() {
+        Level::Vnni
+    } else if crate::isa::avx2() {
+        Level::Avx2
+    } else {
+        Level::None
+    }
 }
 
 /// Whether the AVX2 path is forced even on a VNNI CPU (tests compare the two).

@@ -22,8 +22,6 @@
 //! `2j..2j + 2` of `qh` vector `8h + m`: eight rows' codes for four elements, unpacked with
 //! a shift, masks and an or.
 
-use std::sync::OnceLock;
-
 use std::sync::Arc;
 
 use super::arena::Arena;
@@ -78,15 +76,7 @@ pub type PackedQ6K = Packed<Q6K>;
 /// Whether this CPU runs the packed Q4_K kernel (AVX2, FMA, F16C); elsewhere the rows stay in
 /// their GGUF layout for the reference kernels.
 pub fn packed_k_available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    #[cfg(target_arch = "x86_64")]
-    return *AVAILABLE.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    });
-    #[cfg(not(target_arch = "x86_64"))]
-    *AVAILABLE.get_or_init(|| false)
+    crate::isa::avx2()
 }
 
 impl PackedK {

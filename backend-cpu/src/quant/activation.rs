@@ -284,9 +284,7 @@ mod simd {
         if !ENABLED.load(std::sync::atomic::Ordering::Relaxed) {
             return false;
         }
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
+        crate::isa::avx2()
     }
 
     /// Defines `$name(x, out)`: block `i` of `out` from elements `$n·i..` of `x`, by `$fast`

@@ -99,6 +99,15 @@ pub struct BackendInfo {
     pub memory: MemoryUsage,
     /// GPU facts `/health` adds on a GPU backend (`None` on the CPU).
     pub gpu: Option<GpuInfo>,
+    /// CPU facts `/health` adds on the CPU backend (`None` on a GPU).
+    pub cpu: Option<CpuInfo>,
+}
+
+/// What the CPU backend reports beyond [`BackendInfo`], for `/health`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuInfo {
+    /// The instruction set its kernels run with: `scalar`, `avx2`, `avx512` or `avx512-vnni`.
+    pub isa: String,
 }
 
 /// What a GPU backend reports beyond [`BackendInfo`], for `/health`.

@@ -108,6 +108,7 @@ impl InferenceBackend for ScriptedBackend {
                 scratch: 0,
             },
             gpu: None,
+            cpu: None,
         }
     }
 

@@ -76,6 +76,13 @@ pub async fn health(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Valu
             json!(gpu.cuda_runtime_version),
         );
     }
+    if let (Some(cpu), Some(object)) = (loaded.and_then(|m| m.cpu.as_ref()), body.as_object_mut()) {
+        object.insert(
+            "device_name".into(),
+            json!(loaded.map(|m| m.device.clone())),
+        );
+        object.insert("cpu_isa".into(), json!(cpu.isa));
+    }
     let status = if serving {
         StatusCode::OK
     } else {

@@ -12,6 +12,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
+use worker_common::backend::CpuInfo;
 use worker_common::generate::PromptFormatter;
 use worker_common::schedule::PrefixIndex;
 use worker_common::testing::{ScriptedBackend, tiny_tokenizer};
@@ -102,6 +103,7 @@ pub(super) fn start_with_formatter(
         formatter,
         device: "scripted".into(),
         gpu: None,
+        cpu: Some(CpuInfo { isa: "avx2".into() }),
         slots,
         prefix_index: PrefixIndex::default(),
     };
@@ -229,6 +231,10 @@ async fn concurrent_jobs_share_steps_and_each_gets_its_own_tokens() {
     );
     assert_eq!(health["kv_pages_total"], 64);
     assert_eq!(health["kv_pages_free"], 64);
+    assert_eq!(
+        (health["cpu_isa"].as_str(), health["device_name"].as_str()),
+        (Some("avx2"), Some("scripted"))
+    );
 }
 
 #[tokio::test]

@@ -4,15 +4,9 @@
 use super::k_simd;
 use super::{BlockQ8K, KQuant};
 
-/// Whether this CPU runs the AVX2 kernels (with FMA and F16C); detected once, as the answer
-/// cannot change.
+/// Whether the AVX2 kernels (with FMA and F16C) run: [`crate::isa::avx2`].
 pub(super) fn available() -> bool {
-    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX2.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    })
+    crate::isa::avx2()
 }
 
 /// [`super::scalar`]'s Q4_K × Q8_K kernel, or `None` without AVX2.

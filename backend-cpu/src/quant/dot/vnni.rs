@@ -5,21 +5,12 @@
 //!
 //! These intrinsics are stable since Rust 1.89, the workspace's `rust-version`.
 
-use std::sync::OnceLock;
-
 use super::k_simd;
 use super::{BlockQ8K, KQuant};
 
-/// Whether this CPU runs the VNNI kernels (which also use AVX2); detected once.
+/// Whether the VNNI kernels (which also use AVX2) run: [`crate::isa::vnni`].
 pub(super) fn available() -> bool {
-    static VNNI: OnceLock<bool> = OnceLock::new();
-    *VNNI.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-            && is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("avx512vl")
-    })
+    crate::isa::vnni()
 }
 
 /// [`super::scalar`]'s Q4_K × Q8_K kernel, or `None` without VNNI.
