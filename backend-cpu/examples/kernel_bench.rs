@@ -15,11 +15,11 @@
 use std::error::Error;
 use std::time::Instant;
 
+use backend_cpu::kernels::rows::{self as dot, KQuant};
 use backend_cpu::kernels::{
     Legacy, PackedK, PackedQ6K, PackedRows, Q8Rows, block_meta, dot_packed, dot_packed_k,
 };
 use backend_cpu::quant::activation::{BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k};
-use backend_cpu::quant::dot::{self, KQuant};
 
 /// One k-quant matrix against `n` tokens of activations, into `out`.
 type KRun<'a> = dyn Fn(&[BlockQ8K], usize, &mut [f32]) -> Result<(), Box<dyn Error>> + 'a;

@@ -121,7 +121,31 @@ pub fn avx512() -> bool {
 
 /// Whether the VNNI integer dots run.
 pub fn vnni() -> bool {
+    #[cfg(test)]
+    if FORCE_AVX2.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
     active() == Isa::Avx512Vnni
+}
+
+/// Set by [`on_each_simd_path`]: the AVX2 integer dots run even on a VNNI CPU.
+#[cfg(test)]
+static FORCE_AVX2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs `check` on each integer-dot path this CPU has: VNNI where present, then AVX2 forced.
+/// A lock keeps the tests that flip the process-wide switch from overlapping.
+#[cfg(test)]
+pub(crate) fn on_each_simd_path(check: impl Fn()) {
+    use std::sync::atomic::Ordering::Relaxed;
+    static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _held = SWITCH
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for force_avx2 in [false, true] {
+        FORCE_AVX2.store(force_avx2, Relaxed);
+        check();
+    }
+    FORCE_AVX2.store(false, Relaxed);
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //!
 //! Weights stay in the GGUF mapping in their block formats, those the packed kernels read
 //! repacked once at load ([`kernels::packed`]); matrix products quantize the activations per
-//! block and run integer SIMD kernels ([`kernels`], [`quant::dot`]) over output rows spread on
+//! block and run integer SIMD kernels ([`kernels`]) over output rows spread on
 //! a rayon pool of `--threads` threads. Each output is reduced by one thread in a fixed
 //! order, so logits do not depend on the thread count.
 

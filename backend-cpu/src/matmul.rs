@@ -12,43 +12,13 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 use worker_common::backend::BackendError;
-use worker_common::gguf::GgmlType;
 
-use crate::kernels::{self, BlockMeta, GROUP, Legacy, Q8Rows};
+use crate::kernels::rows::{self as dot, KQuant};
+use crate::kernels::{self, BlockMeta, FloatDot, GROUP, Kernel, Legacy, Q8Rows, kernel};
 use crate::quant::activation::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k,
 };
-use crate::quant::dot::{self, KQuant};
 use crate::weights::{Matrix, Packed};
-
-/// The kernel family of a weight type, which fixes the activation format it reads (ggml's
-/// `vec_dot_type`): Q8_0/Q8_1 for the 32-element formats, Q8_K for the k-quants, f32 for floats.
-#[derive(Debug, Clone, Copy)]
-enum Kernel {
-    Legacy(Legacy),
-    KQuant(KQuant),
-    Float(fn(&[u8], &[f32]) -> Result<f32, dot::DotError>),
-}
-
-fn kernel(ggml_type: GgmlType) -> Option<Kernel> {
-    if let Some(format) = Legacy::of(ggml_type) {
-        return Some(Kernel::Legacy(format));
-    }
-    Some(match ggml_type {
-        GgmlType::Q4_K => Kernel::KQuant(KQuant::Q4K),
-        GgmlType::Q5_K => Kernel::KQuant(KQuant::Q5K),
-        GgmlType::Q6_K => Kernel::KQuant(KQuant::Q6K),
-        GgmlType::F32 => Kernel::Float(dot::dot_f32_f32),
-        GgmlType::F16 => Kernel::Float(dot::dot_f16_f32),
-        GgmlType::BF16 => Kernel::Float(dot::dot_bf16_f32),
-        _ => return None,
-    })
-}
-
-/// Whether [`matmul`] handles weights of `ggml_type`.
-pub fn supports(ggml_type: GgmlType) -> bool {
-    kernel(ggml_type).is_some()
-}
 
 /// Reusable buffers of one forward pass, so decode steps do not allocate.
 #[derive(Debug, Default)]
@@ -77,7 +47,7 @@ enum Activations<'a> {
     /// The rows, and their `kernels::block_meta`.
     Legacy(Legacy, Q8Rows<'a>, &'a [BlockMeta]),
     KQuant(KQuant, &'a [BlockQ8K]),
-    Float(fn(&[u8], &[f32]) -> Result<f32, dot::DotError>, &'a [f32]),
+    Float(FloatDot, &'a [f32]),
 }
 
 /// Output rows handed to a thread at a time: small enough to balance two to a few dozen

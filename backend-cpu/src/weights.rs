@@ -16,11 +16,11 @@ use worker_common::model::{
 };
 
 use crate::kernels::packed_k::{Q4K, Q6K};
+use crate::kernels::rows::{Q4_K_BYTES, Q6_K_BYTES};
 use crate::kernels::{
     Arena, GROUP, KLayout, Legacy, PackedK, PackedQ6K, PackedRows, packed_k_available,
 };
 use crate::quant;
-use crate::quant::dot::{Q4_K_BYTES, Q6_K_BYTES};
 
 /// A weight matrix of `rows` rows of `cols` elements, stored row-major in its GGUF block
 /// format inside the mapping.
@@ -124,7 +124,7 @@ impl TensorSource for Mapping<'_> {
 
     fn matrix(&mut self, tensor: MatrixTensor<'_>) -> Result<Matrix, BackendError> {
         let name = tensor.name;
-        if !crate::matmul::supports(tensor.ggml_type) {
+        if !crate::kernels::supports(tensor.ggml_type) {
             return Err(BackendError::Unsupported {
                 backend: Self::BACKEND,
                 what: format!("{name}: matrix type {}", tensor.ggml_type),

@@ -42,20 +42,6 @@ fn level() -> Level {
     }
 }
 
-/// Whether the AVX2 path is forced even on a VNNI CPU (tests compare the two).
-#[cfg(test)]
-pub(super) static FORCE_AVX2: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
-/// Whether the CPU has AVX-512 VNNI (and the tests do not force AVX2).
-pub(super) fn vnni() -> bool {
-    #[cfg(test)]
-    if FORCE_AVX2.load(std::sync::atomic::Ordering::Relaxed) {
-        return false;
-    }
-    level() == Level::Vnni
-}
-
 /// Runs the SIMD kernel if this CPU has AVX2, FMA and F16C; `false` otherwise. Shapes must
 /// have been checked by the caller.
 pub(super) fn dot_packed(
@@ -69,7 +55,7 @@ pub(super) fn dot_packed(
     if level() == Level::None {
         return false;
     }
-    let vnni = vnni();
+    let vnni = level() == Level::Vnni;
     // SAFETY: the features were detected above; the caller checked the shapes.
     unsafe {
         match activations {

@@ -1,5 +1,5 @@
 //! AVX2 (+FMA, F16C) kernels over [`PackedK`] (Q4_K) and [`PackedQ6K`], with AVX-512 VNNI integer dots where the
-//! CPU has them, bit-identical to the k-quants' scalar reference (`crate::quant::dot::scalar`):
+//! CPU has them, bit-identical to the k-quants' scalar reference (`super::rows::scalar`):
 //! lane `r` of the integer sums is row `r`'s exact `isum` and `msum`, and the f32 step is the
 //! reference's, eight rows at a time.
 //!
@@ -19,12 +19,13 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::{dot_groups, load_f16x8, vnni};
+use super::avx2::{dot_groups, load_f16x8};
 use super::packed::Packed;
 use super::packed_k::{KLayout, Q4K_MINS, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL, Q6K_SC};
+use super::rows::KQuant;
 use super::{GROUP, MAX_COLS};
+use crate::isa::vnni;
 use crate::quant::activation::BlockQ8K;
-use crate::quant::dot::KQuant;
 
 /// Runs the kernel of `F`; the caller checked the shapes and [`super::packed_k_available`].
 pub(super) fn dot_packed_k<F: KLayout>(

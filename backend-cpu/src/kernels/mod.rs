@@ -1,5 +1,18 @@
-//! Matrix kernels for the 32-element block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): weight rows
-//! against one or more Q8 activation rows (tokens). The weights are repacked at load
+//! Every matrix kernel of the CPU backend, in one tree: which kernel family reads a weight type
+//! ([`kernel`], [`supports`]), the repacked layouts ([`packed`], [`packed_k`], in one [`Arena`]),
+//! and per family a scalar oracle and SIMD bodies that match it bit for bit, chosen by the one
+//! process-wide level of [`crate::isa`]:
+//!
+//! | family | layout | oracle | AVX2 / AVX-512 VNNI |
+//! |---|---|---|---|
+//! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 | repacked, 8 rows interleaved | [`scalar`] | `avx2` |
+//! | Q4_K, Q6_K | repacked, 8 rows interleaved | [`rows::scalar`] | `avx2_k` |
+//! | Q4_K, Q5_K, Q6_K | GGUF rows | [`rows::scalar`] | `rows/k_simd` |
+//! | F32, F16, BF16 | GGUF rows | [`rows::scalar`] | `rows/avx2_float` |
+//!
+//! # The 32-element formats
+//!
+//! Weight rows against one or more Q8 activation rows (tokens). The weights are repacked at load
 //! ([`packed`]): eight rows interleaved, so one integer dot instruction serves eight rows and
 //! each block's integer sum per (row, token) is complete in one lane. The SIMD kernels then
 //! cover eight rows × up to [`MAX_COLS`] tokens per register tile, unpacking each weight block
@@ -17,7 +30,7 @@
 //! depends on the thread count, on the other tokens of the call or on how rows are grouped.
 //!
 //! Q4_K is repacked the same way ([`packed_k`], [`dot_packed_k`]) but keeps the k-quants'
-//! own order (`crate::quant::dot`), whose reference it matches bit for bit.
+//! own order ([`rows`]), whose reference it matches bit for bit.
 
 pub mod arena;
 #[cfg(target_arch = "x86_64")]
@@ -26,6 +39,7 @@ mod avx2;
 mod avx2_k;
 pub mod packed;
 pub mod packed_k;
+pub mod rows;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
@@ -41,7 +55,44 @@ pub use packed::{GROUP, PackedRows};
 pub use packed_k::{KLayout, PackedK, PackedQ6K, packed_k_available};
 
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1, BlockQ8K};
-use crate::quant::dot::DotError;
+use rows::DotError;
+use rows::KQuant;
+
+/// A float row kernel: one weight row (raw little-endian bytes) · f32 activations.
+pub type FloatDot = fn(&[u8], &[f32]) -> Result<f32, DotError>;
+
+/// The kernel family of a weight type, which fixes the activation format it reads (ggml's
+/// `vec_dot_type`): Q8_0/Q8_1 for the 32-element formats, Q8_K for the k-quants, f32 for floats.
+#[derive(Debug, Clone, Copy)]
+pub enum Kernel {
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (packed at load).
+    Legacy(Legacy),
+    /// Q4_K, Q5_K, Q6_K.
+    KQuant(KQuant),
+    /// F32, F16, BF16: one row × one token per call.
+    Float(FloatDot),
+}
+
+/// The kernel family of `ggml_type`; `None` for the types no kernel reads.
+pub fn kernel(ggml_type: GgmlType) -> Option<Kernel> {
+    if let Some(format) = Legacy::of(ggml_type) {
+        return Some(Kernel::Legacy(format));
+    }
+    Some(match ggml_type {
+        GgmlType::Q4_K => Kernel::KQuant(KQuant::Q4K),
+        GgmlType::Q5_K => Kernel::KQuant(KQuant::Q5K),
+        GgmlType::Q6_K => Kernel::KQuant(KQuant::Q6K),
+        GgmlType::F32 => Kernel::Float(rows::dot_f32_f32),
+        GgmlType::F16 => Kernel::Float(rows::dot_f16_f32),
+        GgmlType::BF16 => Kernel::Float(rows::dot_bf16_f32),
+        _ => return None,
+    })
+}
+
+/// Whether a matrix of `ggml_type` can be multiplied (the model loader asks before anything runs).
+pub fn supports(ggml_type: GgmlType) -> bool {
+    kernel(ggml_type).is_some()
+}
 
 /// Tokens one register tile covers.
 pub const MAX_COLS: usize = 4;
@@ -161,7 +212,7 @@ pub fn dot_packed(
 
 /// `out[c * rows + (r − first)] = row r · activation row c` (token-major) for the rows of the
 /// groups `groups` of a packed Q4_K or Q6_K matrix against `cols` rows of Q8_K activations,
-/// bit-identical to `quant::dot::scalar::dot_rows_k` on the raw rows (for activations whose
+/// bit-identical to [`rows::scalar::dot_rows_k`] on the raw rows (for activations whose
 /// `bsums` are their quants' sums, as [`crate::quant::activation::quantize_q8_k`] makes them).
 pub fn dot_packed_k<F: KLayout>(
     w: &packed::Packed<F>,

@@ -2,7 +2,7 @@
 //! 32-element formats are ([`super::packed`]): one 32-byte quant vector holds four consecutive
 //! elements of each of eight rows, so one integer dot instruction adds four products for eight
 //! rows, and each row's exact super-block sums end in one i32 lane. The kernels keep the
-//! k-quants' documented order (`crate::quant::dot`): exact `isum` (and `msum`) per (row,
+//! k-quants' documented order (`super::rows`): exact `isum` (and `msum`) per (row,
 //! token, super-block), then the same f32 step, so they are bit-identical to the one-row
 //! reference.
 //!
@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::arena::Arena;
 use super::packed::Packed;
-use crate::quant::dot::{KQuant, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
+use super::rows::{KQuant, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
 
 /// A k-quant format with an interleaved layout and a packed kernel.
 pub trait KLayout: Copy + Send + Sync + 'static {

@@ -108,30 +108,10 @@ fn dot_rows(
     Ok(())
 }
 
-/// Runs `check` on each SIMD path this CPU has: VNNI where present, then AVX2 forced. A lock
-/// keeps the tests that flip the process-wide switch from overlapping.
-pub(super) fn on_each_simd_path(check: impl Fn()) {
-    static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _held = SWITCH
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::atomic::Ordering::Relaxed;
-        for force_avx2 in [false, true] {
-            super::avx2::FORCE_AVX2.store(force_avx2, Relaxed);
-            check();
-        }
-        super::avx2::FORCE_AVX2.store(false, Relaxed);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    check();
-}
-
 /// Both SIMD paths (VNNI where the CPU has it, and AVX2 forced) against the scalar reference.
 #[test]
 fn simd_equals_scalar_bit_for_bit() {
-    on_each_simd_path(simd_equals_scalar);
+    crate::isa::on_each_simd_path(simd_equals_scalar);
 }
 
 fn simd_equals_scalar() {
@@ -376,7 +356,7 @@ fn extreme_blocks_match_hand_sums() {
 /// Batches that mix the 4-, 2- and 1-token tiles and partial groups, on both SIMD paths.
 #[test]
 fn wide_tiles_equal_scalar_bit_for_bit() {
-    on_each_simd_path(wide_tiles_equal_scalar);
+    crate::isa::on_each_simd_path(wide_tiles_equal_scalar);
 }
 
 fn wide_tiles_equal_scalar() {

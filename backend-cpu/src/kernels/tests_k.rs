@@ -4,9 +4,9 @@
 use half::f16;
 
 use super::packed::Packed;
+use super::rows::{KQuant, scalar};
 use super::{GROUP, KLayout, PackedK, PackedQ6K, dot_packed_k, packed_k_available};
 use crate::quant::activation::{BlockQ8K, QK_K, quantize_q8_k};
-use crate::quant::dot::{KQuant, scalar};
 use crate::quant::test_rng::Rng;
 
 /// Random super-blocks with finite f16 scales at the format's offsets; `extreme` sets every
@@ -91,7 +91,7 @@ fn packed_k_equals_scalar_bit_for_bit() {
         eprintln!("!!! AVX2 NOT DETECTED: the packed k-quant kernels are NOT tested here !!!");
         return;
     }
-    super::tests::on_each_simd_path(packed_equals_scalar);
+    crate::isa::on_each_simd_path(packed_equals_scalar);
 }
 
 #[test]

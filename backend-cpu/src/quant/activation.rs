@@ -8,7 +8,7 @@
 use half::f16;
 use rayon::prelude::*;
 
-use super::dot::DotError;
+use super::DotError;
 
 /// Elements per Q8_0 / Q8_1 block.
 pub const QK8: usize = 32;

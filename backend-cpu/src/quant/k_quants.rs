@@ -15,7 +15,7 @@ const QK_K: usize = 256;
 /// Bytes 0..4 hold the 6-bit scales of sub-blocks 0..4, bytes 4..8 their mins; sub-blocks 4..8
 /// keep their low 4 bits in the nibbles of bytes 8..12 and their top 2 bits in the top 2 bits
 /// of bytes 0..8.
-pub(super) fn scale_min(j: usize, scales: &[u8; 12]) -> (u8, u8) {
+pub(crate) fn scale_min(j: usize, scales: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (scales[j] & 63, scales[j + 4] & 63)
     } else {

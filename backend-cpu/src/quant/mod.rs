@@ -12,12 +12,59 @@
 //! `1/d` or fold `m` into a different sum.
 
 pub mod activation;
-pub mod dot;
 mod float;
 mod k_quants;
+#[cfg(test)]
+pub(crate) use k_quants::scale_min;
 mod legacy;
 
 use worker_common::gguf::GgmlType;
+
+use activation::{QK_K, QK8};
+
+/// Why a row could not be quantized or dotted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DotError {
+    /// An activation row is not a whole number of 32-element blocks.
+    #[error("{elements} activations is not a whole number of {QK8}-element blocks")]
+    PartialBlock {
+        /// Length of the activation row.
+        elements: usize,
+    },
+    /// An activation row is not a whole number of 256-element super-blocks (Q8_K).
+    #[error("{elements} activations is not a whole number of {QK_K}-element super-blocks")]
+    PartialSuperBlock {
+        /// Length of the activation row.
+        elements: usize,
+    },
+    /// The weight row's bytes do not hold exactly one block per activation block (for float
+    /// rows: one element per activation).
+    #[error(
+        "weight row of {bytes} bytes does not match {blocks} activation blocks of {block_bytes} bytes"
+    )]
+    LengthMismatch {
+        /// Length of the weight row.
+        bytes: usize,
+        /// Number of activation blocks (or activations, for float rows).
+        blocks: usize,
+        /// Bytes per weight block (or element).
+        block_bytes: usize,
+    },
+    /// The weight rows, activation rows and outputs of a matrix call do not fit together.
+    #[error(
+        "{bytes} weight bytes, {blocks} activation blocks in {cols} columns and {outputs} outputs do not match"
+    )]
+    RowsMismatch {
+        /// Length of the weight rows.
+        bytes: usize,
+        /// Activation blocks given (all columns).
+        blocks: usize,
+        /// Activation rows (tokens).
+        cols: usize,
+        /// Outputs requested.
+        outputs: usize,
+    },
+}
 
 /// Why a buffer could not be dequantized.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -133,7 +180,7 @@ fn blocks<'a, const B: usize, const N: usize>(
 }
 
 /// The f16 at `bytes`, widened exactly to f32 (as `GGML_FP16_TO_FP32`).
-fn f16_le(bytes: [u8; 2]) -> f32 {
+pub(crate) fn f16_le(bytes: [u8; 2]) -> f32 {
     half::f16::from_le_bytes(bytes).to_f32()
 }
 

@@ -71,7 +71,7 @@ const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 3] = [
         true,
         dot_q4_k_q8_k,
         scalar::dot_q4_k_q8_k,
-        avx2_k::q4_k_q8_k,
+        |w, a| k_simd::one(KQuant::Q4K, false, w, a),
     ),
     (
         "q5_k",
@@ -80,7 +80,7 @@ const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 3] = [
         true,
         dot_q5_k_q8_k,
         scalar::dot_q5_k_q8_k,
-        avx2_k::q5_k_q8_k,
+        |w, a| k_simd::one(KQuant::Q5K, false, w, a),
     ),
     (
         "q6_k",
@@ -89,7 +89,7 @@ const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 3] = [
         false,
         dot_q6_k_q8_k,
         scalar::dot_q6_k_q8_k,
-        avx2_k::q6_k_q8_k,
+        |w, a| k_simd::one(KQuant::Q6K, false, w, a),
     ),
 ];
 
@@ -342,7 +342,7 @@ fn scales_mins_match_ggml_unpacking() {
         for j in 0..8 {
             assert_eq!(
                 (sc[j], m[j]),
-                crate::quant::k_quants::scale_min(j, &packed),
+                crate::quant::scale_min(j, &packed),
                 "{w:?} {j}"
             );
         }

@@ -11,7 +11,7 @@ use crate::quant::test_rng::Rng;
 
 /// Whether the VNNI kernels run here; says so loudly when they do not.
 fn vnni_available() -> bool {
-    let available = vnni::available();
+    let available = crate::isa::active() == crate::isa::Isa::Avx512Vnni;
     if !available {
         eprintln!("!!! AVX512-VNNI/VL NOT DETECTED: the VNNI kernels are NOT tested here !!!");
     }
@@ -34,7 +34,7 @@ fn vnni_matches_scalar_bit_for_bit() {
             0,
             true,
             scalar::dot_q4_k_q8_k,
-            vnni::q4_k_q8_k,
+            |w, a| k_simd::one(KQuant::Q4K, true, w, a),
         ),
         (
             "q5_k",
@@ -42,7 +42,7 @@ fn vnni_matches_scalar_bit_for_bit() {
             0,
             true,
             scalar::dot_q5_k_q8_k,
-            vnni::q5_k_q8_k,
+            |w, a| k_simd::one(KQuant::Q5K, true, w, a),
         ),
         (
             "q6_k",
@@ -50,7 +50,7 @@ fn vnni_matches_scalar_bit_for_bit() {
             208,
             false,
             scalar::dot_q6_k_q8_k,
-            vnni::q6_k_q8_k,
+            |w, a| k_simd::one(KQuant::Q6K, true, w, a),
         ),
     ];
     for round in 0..20 {
@@ -92,14 +92,14 @@ fn vnni_extremes_are_exact() {
             };
             let w = block(Q4_K_BYTES, 4);
             let want = scalar::dot_q4_k_q8_k(&w, &ak).unwrap();
-            assert_eq!(vnni::q4_k_q8_k(&w, &ak).unwrap(), want);
+            assert_eq!(k_simd::one(KQuant::Q4K, true, &w, &ak).unwrap(), want);
             let w = block(Q5_K_BYTES, 4);
             let want = scalar::dot_q5_k_q8_k(&w, &ak).unwrap();
-            assert_eq!(vnni::q5_k_q8_k(&w, &ak).unwrap(), want);
+            assert_eq!(k_simd::one(KQuant::Q5K, true, &w, &ak).unwrap(), want);
             let mut w = vec![wb; Q6_K_BYTES];
             w[208..].copy_from_slice(&f16::ONE.to_le_bytes());
             let want = scalar::dot_q6_k_q8_k(&w, &ak).unwrap();
-            assert_eq!(vnni::q6_k_q8_k(&w, &ak).unwrap(), want);
+            assert_eq!(k_simd::one(KQuant::Q6K, true, &w, &ak).unwrap(), want);
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Dot products of one weight row with one activation row, the ggml way, for the k-quants and
-//! the float formats. (The 32-element block formats are multiplied by the tiled kernels of
-//! `crate::kernels`, which have their own order.)
+//! Dot products of weight rows in their GGUF layout with activation rows, the ggml way, for the
+//! k-quants and the float formats. (The 32-element block formats are multiplied by the tiled
+//! kernels of the parent module, which have their own order; repacked Q4_K and Q6_K keep this
+//! module's order.)
 //!
 //! # Summation order
 //!
@@ -10,7 +11,7 @@
 //! thread count or on which kernel ran. Separate multiply and add (no FMA) are used in the
 //! quantized kernels on purpose: Rust never contracts `a * b + c` on its own.
 //!
-//! Kernel choice, detected once per process: AVX-512 VNNI (256-bit, `avx512vnni` +
+//! Kernel choice, the process's [`crate::isa`] level: AVX-512 VNNI (256-bit, `avx512vnni` +
 //! `avx512vl`, k-quants only) before AVX2 + FMA + F16C before [`scalar`].
 //!
 //! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q4_K, Q5_K, Q6_K). For every
@@ -41,8 +42,6 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2_float;
-#[cfg(target_arch = "x86_64")]
-mod avx2_k;
 mod float;
 mod k_quants;
 pub(crate) use k_quants::scales_mins;
@@ -59,13 +58,12 @@ mod tests_k;
 mod tests_k_rows;
 #[cfg(test)]
 mod tests_vnni;
-#[cfg(target_arch = "x86_64")]
-mod vnni;
 
+pub use crate::quant::DotError;
+use crate::quant::activation::BlockQ8K;
 #[cfg(test)]
-use super::activation::{BlockQ8_0, BlockQ8_1};
-use super::activation::{BlockQ8K, QK_K, QK8};
-use super::f16_le;
+use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
+use crate::quant::f16_le;
 
 /// Bytes per Q4_K super-block: `d, dmin: f16`, `scales: [u8; 12]`, `qs: [u8; 128]`.
 pub const Q4_K_BYTES: usize = 144;
@@ -146,50 +144,6 @@ pub fn dot_rows_k(
     Ok(())
 }
 
-/// Why a row could not be quantized or dotted.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DotError {
-    /// An activation row is not a whole number of 32-element blocks.
-    #[error("{elements} activations is not a whole number of {QK8}-element blocks")]
-    PartialBlock {
-        /// Length of the activation row.
-        elements: usize,
-    },
-    /// An activation row is not a whole number of 256-element super-blocks (Q8_K).
-    #[error("{elements} activations is not a whole number of {QK_K}-element super-blocks")]
-    PartialSuperBlock {
-        /// Length of the activation row.
-        elements: usize,
-    },
-    /// The weight row's bytes do not hold exactly one block per activation block (for float
-    /// rows: one element per activation).
-    #[error(
-        "weight row of {bytes} bytes does not match {blocks} activation blocks of {block_bytes} bytes"
-    )]
-    LengthMismatch {
-        /// Length of the weight row.
-        bytes: usize,
-        /// Number of activation blocks (or activations, for float rows).
-        blocks: usize,
-        /// Bytes per weight block (or element).
-        block_bytes: usize,
-    },
-    /// The weight rows, activation rows and outputs of a matrix call do not fit together.
-    #[error(
-        "{bytes} weight bytes, {blocks} activation blocks in {cols} columns and {outputs} outputs do not match"
-    )]
-    RowsMismatch {
-        /// Length of the weight rows.
-        bytes: usize,
-        /// Activation blocks given (all columns).
-        blocks: usize,
-        /// Activation rows (tokens).
-        cols: usize,
-        /// Outputs requested.
-        outputs: usize,
-    },
-}
-
 /// Checks `w` is exactly `blocks` weight blocks of `B` bytes.
 ///
 /// Checking here, before any kernel runs, is what lets the kernels assume whole blocks.
@@ -234,17 +188,17 @@ dispatch!(
     /// either way.
     ///
     /// Errors when `w` is not exactly one super-block per activation block; never panics.
-    dot_q4_k_q8_k, BlockQ8K, Q4_K_BYTES, q4_k_q8_k, [vnni::q4_k_q8_k, avx2_k::q4_k_q8_k]
+    dot_q4_k_q8_k, BlockQ8K, Q4_K_BYTES, q4_k_q8_k, [k_simd::q4_k_q8_k]
 );
 dispatch!(
     /// Dot product of a Q5_K weight row (176-byte super-blocks) with Q8_K activations; see
     /// [`dot_q4_k_q8_k`].
-    dot_q5_k_q8_k, BlockQ8K, Q5_K_BYTES, q5_k_q8_k, [vnni::q5_k_q8_k, avx2_k::q5_k_q8_k]
+    dot_q5_k_q8_k, BlockQ8K, Q5_K_BYTES, q5_k_q8_k, [k_simd::q5_k_q8_k]
 );
 dispatch!(
     /// Dot product of a Q6_K weight row (210-byte super-blocks) with Q8_K activations; see
     /// [`dot_q4_k_q8_k`].
-    dot_q6_k_q8_k, BlockQ8K, Q6_K_BYTES, q6_k_q8_k, [vnni::q6_k_q8_k, avx2_k::q6_k_q8_k]
+    dot_q6_k_q8_k, BlockQ8K, Q6_K_BYTES, q6_k_q8_k, [k_simd::q6_k_q8_k]
 );
 dispatch!(
     /// Dot product of an F32 weight row (`w`, raw little-endian bytes, any alignment) with f32

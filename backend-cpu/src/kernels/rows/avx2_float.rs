@@ -11,9 +11,9 @@ use std::arch::x86_64::{
     _mm256_slli_epi32,
 };
 
-use super::avx2_k::available;
 use super::f16_le;
 use super::float::LANES;
+use crate::isa::avx2 as available;
 
 /// Weight element encodings.
 const F32: u8 = 0;

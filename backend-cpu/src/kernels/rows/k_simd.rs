@@ -23,11 +23,6 @@ use std::arch::x86_64::*;
 use super::k_quants::{k_step, scales_mins};
 use super::{BlockQ8K, KQuant, f16_le};
 
-/// Whether the VNNI body is skipped even where the CPU has it (tests compare the two).
-#[cfg(test)]
-pub(super) static FORCE_AVX2: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
 /// Runs the fastest SIMD body this CPU has; `false` (nothing written) without AVX2, FMA and
 /// F16C. Shapes must have been checked: `rows` holds `out.len() / cols` rows of `row_bytes`,
 /// `a` holds `cols` rows of `row_bytes / format.block_bytes()` blocks.
@@ -39,13 +34,10 @@ pub(super) fn dot_rows(
     cols: usize,
     out: &mut [f32],
 ) -> bool {
-    if !super::avx2_k::available() {
+    if !crate::isa::avx2() {
         return false;
     }
-    #[cfg(test)]
-    let vnni = super::vnni::available() && !FORCE_AVX2.load(std::sync::atomic::Ordering::Relaxed);
-    #[cfg(not(test))]
-    let vnni = super::vnni::available();
+    let vnni = crate::isa::vnni();
     macro_rules! run {
         ($code:literal) => {
             // SAFETY: the features were detected above; the caller checked the shapes.
@@ -72,9 +64,9 @@ pub(super) fn dot_rows(
 /// lacks the features or the lengths do not match.
 pub(super) fn one(format: KQuant, vnni: bool, w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
     let available = if vnni {
-        super::vnni::available()
+        crate::isa::active() == crate::isa::Isa::Avx512Vnni
     } else {
-        super::avx2_k::available()
+        crate::isa::avx2()
     };
     if !available || a.len().checked_mul(format.block_bytes()) != Some(w.len()) {
         return None;
@@ -98,6 +90,22 @@ pub(super) fn one(format: KQuant, vnni: bool, w: &[u8], a: &[BlockQ8K]) -> Optio
         KQuant::Q6K => run!(2),
     }
     Some(out[0])
+}
+
+/// The one-row Q4_K × Q8_K dot of [`super::scalar`] with the VNNI or AVX2 body (as
+/// [`crate::isa`] says); `None` below AVX2.
+pub(super) fn q4_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
+    one(KQuant::Q4K, crate::isa::vnni(), w, a)
+}
+
+/// [`q4_k_q8_k`] for Q5_K.
+pub(super) fn q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
+    one(KQuant::Q5K, crate::isa::vnni(), w, a)
+}
+
+/// [`q4_k_q8_k`] for Q6_K.
+pub(super) fn q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
+    one(KQuant::Q6K, crate::isa::vnni(), w, a)
 }
 
 /// [`tiles`] compiled for AVX2.

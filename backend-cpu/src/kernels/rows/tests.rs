@@ -63,7 +63,7 @@ fn q8_0_bytes(blocks: &[BlockQ8_0]) -> Vec<u8> {
 /// Whether the AVX2 kernels run here; says so loudly when they do not, since the SIMD
 /// comparisons then only exercise the scalar path.
 pub(super) fn simd_available() -> bool {
-    let available = avx2_k::available();
+    let available = crate::isa::avx2();
     if !available {
         eprintln!(
             "!!! AVX2/FMA/F16C NOT DETECTED: the SIMD kernels are NOT tested on this machine; \

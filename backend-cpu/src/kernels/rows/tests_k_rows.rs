@@ -59,15 +59,7 @@ fn tiles_equal_scalar() {
 
 #[test]
 fn k_tiles_equal_scalar_bit_for_bit() {
-    #[cfg(target_arch = "x86_64")]
-    for force_avx2 in [false, true] {
-        k_simd::FORCE_AVX2.store(force_avx2, std::sync::atomic::Ordering::Relaxed);
-        tiles_equal_scalar();
-    }
-    #[cfg(target_arch = "x86_64")]
-    k_simd::FORCE_AVX2.store(false, std::sync::atomic::Ordering::Relaxed);
-    #[cfg(not(target_arch = "x86_64"))]
-    tiles_equal_scalar();
+    crate::isa::on_each_simd_path(tiles_equal_scalar);
 }
 
 #[test]
