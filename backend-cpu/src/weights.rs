@@ -15,7 +15,7 @@ use worker_common::model::{
     self, GateUp, MatrixTensor, ModelSpec, Qkv, TensorSource, VectorTensor,
 };
 
-use crate::kernels::packed_k::{Q4K, Q6K};
+use crate::kernels::formats::{Q4K, Q6K};
 use crate::kernels::rows::{Q4_K_BYTES, Q6_K_BYTES};
 use crate::kernels::{
     Arena, GROUP, KLayout, Legacy, PackedK, PackedQ6K, PackedRows, packed_k_available,

@@ -19,6 +19,7 @@ use std::arch::x86_64::*;
 
 use std::ops::Range;
 
+use super::formats::{self, LegacyType};
 use super::packed::group_layout;
 use super::{BlockMeta, GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows};
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
@@ -107,29 +108,29 @@ unsafe fn by_format<A: ActBlock>(
 ) {
     let call = Call { w, a, meta, cols };
     macro_rules! run {
-        ($code:literal) => {
+        ($format:ty) => {
             if vnni {
-                tiles_vnni::<$code, A>(&call, groups, out)
+                tiles_vnni::<$format, A>(&call, groups, out)
             } else {
-                tiles_avx2::<$code, A>(&call, groups, out)
+                tiles_avx2::<$format, A>(&call, groups, out)
             }
         };
     }
     // SAFETY: forwarded from the caller (VNNI only when detected).
     unsafe {
         match w.format() {
-            Legacy::Q4_0 => run!(0),
-            Legacy::Q4_1 => run!(1),
-            Legacy::Q5_0 => run!(2),
-            Legacy::Q5_1 => run!(3),
-            Legacy::Q8_0 => run!(4),
+            Legacy::Q4_0 => run!(formats::Q4_0),
+            Legacy::Q4_1 => run!(formats::Q4_1),
+            Legacy::Q5_0 => run!(formats::Q5_0),
+            Legacy::Q5_1 => run!(formats::Q5_1),
+            Legacy::Q8_0 => run!(formats::Q8_0),
         }
     }
 }
 
 /// [`tiles`] compiled for AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tiles_avx2<const F: u8, A: ActBlock>(
+unsafe fn tiles_avx2<F: LegacyType, A: ActBlock>(
     call: &Call<'_, A>,
     groups: Range<usize>,
     out: &mut [f32],
@@ -140,7 +141,7 @@ unsafe fn tiles_avx2<const F: u8, A: ActBlock>(
 
 /// [`tiles`] compiled for AVX-512 VNNI (256-bit).
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn tiles_vnni<const F: u8, A: ActBlock>(
+unsafe fn tiles_vnni<F: LegacyType, A: ActBlock>(
     call: &Call<'_, A>,
     groups: Range<usize>,
     out: &mut [f32],
@@ -149,22 +150,10 @@ unsafe fn tiles_vnni<const F: u8, A: ActBlock>(
     unsafe { tiles::<F, A, true>(call, groups, out) }
 }
 
-/// The format a kernel code stands for (const generics cannot take the enum itself).
-#[inline(always)]
-const fn format_of(code: u8) -> Legacy {
-    match code {
-        0 => Legacy::Q4_0,
-        1 => Legacy::Q4_1,
-        2 => Legacy::Q5_0,
-        3 => Legacy::Q5_1,
-        _ => Legacy::Q8_0,
-    }
-}
-
 /// Covers each group's eight rows × `cols` tokens with tiles of [`MAX_COLS`], 2 and 1 tokens;
 /// `out` is token-major (`out[c * rows + r]`).
 #[inline(always)]
-unsafe fn tiles<const F: u8, A: ActBlock, const VNNI: bool>(
+unsafe fn tiles<F: LegacyType, A: ActBlock, const VNNI: bool>(
     call: &Call<'_, A>,
     groups: Range<usize>,
     out: &mut [f32],
@@ -257,8 +246,8 @@ unsafe fn fifth(h: __m256i, k: usize) -> __m256i {
 /// The eight quant vectors of group-block `gb`: unsigned codes for the nibble formats (and
 /// for Q8_0 on VNNI, sign bit flipped), signed bytes for Q8_0 on AVX2.
 #[inline(always)]
-unsafe fn codes<const F: u8, const VNNI: bool>(gb: *const u8) -> [__m256i; 8] {
-    let format = format_of(F);
+unsafe fn codes<F: LegacyType, const VNNI: bool>(gb: *const u8) -> [__m256i; 8] {
+    let format = F::FORMAT;
     let layout = group_layout(format);
     // SAFETY: `gb` points at a whole group-block of `format`.
     unsafe {
@@ -332,14 +321,14 @@ pub(super) unsafe fn dot_groups<const VNNI: bool, const G: usize, const PER_MADD
 
 /// Row `r`'s exact `Σ codes·y` in lane `r`, plus `start` (codes ≤ 31, or Q8_0's).
 #[inline(always)]
-unsafe fn block_isum<const F: u8, const VNNI: bool>(
+unsafe fn block_isum<F: LegacyType, const VNNI: bool>(
     codes: &[__m256i; 8],
     y: &[i8; 32],
     start: __m256i,
 ) -> __m256i {
     // SAFETY: the callers guarantee AVX2 (and VNNI when `VNNI`).
     unsafe {
-        if !VNNI && format_of(F) == Legacy::Q8_0 {
+        if !VNNI && F::FORMAT == Legacy::Q8_0 {
             return _mm256_add_epi32(start, signed_isum(codes, y));
         }
         dot_groups::<VNNI, 8, 4>(codes, y.as_ptr(), start)
@@ -370,12 +359,12 @@ unsafe fn signed_isum(codes: &[__m256i; 8], y: &[i8; 32]) -> __m256i {
 /// Group `g`'s eight rows against tokens `c..c + C`: `C` vectors of eight outputs, each
 /// accumulated in the reference order.
 #[inline(always)]
-unsafe fn tile<const F: u8, A: ActBlock, const VNNI: bool, const C: usize>(
+unsafe fn tile<F: LegacyType, A: ActBlock, const VNNI: bool, const C: usize>(
     call: &Call<'_, A>,
     g: usize,
     c: usize,
 ) -> [__m256; C] {
-    let format = format_of(F);
+    let format = F::FORMAT;
     let layout = group_layout(format);
     let blocks = call.w.blocks();
     // Subtracted as `−factor·Σy`: the formats' code offsets, and VNNI's Q8_0 bias.

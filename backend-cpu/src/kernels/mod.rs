@@ -37,6 +37,7 @@ pub mod arena;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
+pub mod formats;
 pub mod packed;
 pub mod packed_k;
 pub mod rows;

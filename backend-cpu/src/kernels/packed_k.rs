@@ -25,13 +25,12 @@
 use std::sync::Arc;
 
 use super::arena::Arena;
+use super::formats::{KType, Q4K, Q6K};
 use super::packed::Packed;
-use super::rows::{KQuant, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
+use super::rows::{Q4_K_BYTES, Q6_K_BYTES, scales_mins};
 
 /// A k-quant format with an interleaved layout and a packed kernel.
-pub trait KLayout: Copy + Send + Sync + 'static {
-    /// The format.
-    const FORMAT: KQuant;
+pub trait KLayout: KType {
     /// Bytes of a group-super-block (eight rows).
     const GROUP_BYTES: usize;
 }
@@ -49,21 +48,11 @@ pub(super) const Q6K_SC: usize = 16;
 pub(super) const Q6K_QL: usize = Q6K_SC + 128;
 pub(super) const Q6K_QH: usize = Q6K_QL + 32 * 32;
 
-/// The format marker of [`PackedK`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Q4K;
-
 impl KLayout for Q4K {
-    const FORMAT: KQuant = KQuant::Q4K;
     const GROUP_BYTES: usize = Q4K_GROUP_BYTES;
 }
 
-/// The format marker of [`PackedQ6K`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Q6K;
-
 impl KLayout for Q6K {
-    const FORMAT: KQuant = KQuant::Q6K;
     const GROUP_BYTES: usize = Q6K_QH + 16 * 32;
 }
 

@@ -22,6 +22,7 @@ use std::arch::x86_64::*;
 
 use super::k_quants::{k_step, scales_mins};
 use super::{BlockQ8K, KQuant, f16_le};
+use crate::kernels::formats::{self, KType};
 
 /// Runs the fastest SIMD body this CPU has; `false` (nothing written) without AVX2, FMA and
 /// F16C. Shapes must have been checked: `rows` holds `out.len() / cols` rows of `row_bytes`,
@@ -39,23 +40,23 @@ pub(super) fn dot_rows(
     }
     let vnni = crate::isa::vnni();
     macro_rules! run {
-        ($code:literal) => {
+        ($format:ty) => {
             // SAFETY: the features were detected above; the caller checked the shapes.
             unsafe {
                 if vnni && cols >= WIDE_COLS {
-                    tiles_vnni_wide::<$code>(rows, row_bytes, a, cols, out)
+                    tiles_vnni_wide::<$format>(rows, row_bytes, a, cols, out)
                 } else if vnni {
-                    tiles_vnni::<$code>(rows, row_bytes, a, cols, out)
+                    tiles_vnni::<$format>(rows, row_bytes, a, cols, out)
                 } else {
-                    tiles_avx2::<$code>(rows, row_bytes, a, cols, out)
+                    tiles_avx2::<$format>(rows, row_bytes, a, cols, out)
                 }
             }
         };
     }
     match format {
-        KQuant::Q4K => run!(0),
-        KQuant::Q5K => run!(1),
-        KQuant::Q6K => run!(2),
+        KQuant::Q4K => run!(formats::Q4K),
+        KQuant::Q5K => run!(formats::Q5K),
+        KQuant::Q6K => run!(formats::Q6K),
     }
     true
 }
@@ -73,21 +74,21 @@ pub(super) fn one(format: KQuant, vnni: bool, w: &[u8], a: &[BlockQ8K]) -> Optio
     }
     let mut out = [0.0];
     macro_rules! run {
-        ($code:literal) => {
+        ($format:ty) => {
             // SAFETY: the features were detected just now; the caller checked the lengths.
             unsafe {
                 if vnni {
-                    tiles_vnni::<$code>(w, w.len(), a, 1, &mut out)
+                    tiles_vnni::<$format>(w, w.len(), a, 1, &mut out)
                 } else {
-                    tiles_avx2::<$code>(w, w.len(), a, 1, &mut out)
+                    tiles_avx2::<$format>(w, w.len(), a, 1, &mut out)
                 }
             }
         };
     }
     match format {
-        KQuant::Q4K => run!(0),
-        KQuant::Q5K => run!(1),
-        KQuant::Q6K => run!(2),
+        KQuant::Q4K => run!(formats::Q4K),
+        KQuant::Q5K => run!(formats::Q5K),
+        KQuant::Q6K => run!(formats::Q6K),
     }
     Some(out[0])
 }
@@ -110,7 +111,7 @@ pub(super) fn q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
 
 /// [`tiles`] compiled for AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tiles_avx2<const F: u8>(
+unsafe fn tiles_avx2<F: KType>(
     rows: &[u8],
     row_bytes: usize,
     a: &[BlockQ8K],
@@ -123,7 +124,7 @@ unsafe fn tiles_avx2<const F: u8>(
 
 /// [`tiles`] compiled for AVX-512 VNNI (256-bit).
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn tiles_vnni<const F: u8>(
+unsafe fn tiles_vnni<F: KType>(
     rows: &[u8],
     row_bytes: usize,
     a: &[BlockQ8K],
@@ -138,7 +139,7 @@ unsafe fn tiles_vnni<const F: u8>(
 /// the decode loops keep their code generation (as in `crate::kernels`, where the wide tile
 /// inlined beside them made decode ≈ 30 % slower).
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn tiles_vnni_wide<const F: u8>(
+unsafe fn tiles_vnni_wide<F: KType>(
     rows: &[u8],
     row_bytes: usize,
     a: &[BlockQ8K],
@@ -147,16 +148,6 @@ unsafe fn tiles_vnni_wide<const F: u8>(
 ) {
     // SAFETY: forwarded from the caller.
     unsafe { tiles::<F, true, true>(rows, row_bytes, a, cols, out) }
-}
-
-/// The format a kernel code stands for (const generics cannot take the enum itself).
-#[inline(always)]
-const fn format_of(code: u8) -> KQuant {
-    match code {
-        0 => KQuant::Q4K,
-        1 => KQuant::Q5K,
-        _ => KQuant::Q6K,
-    }
 }
 
 /// Tokens a prefill tile covers.
@@ -172,7 +163,7 @@ const PREFETCH_BLOCKS: usize = 4;
 /// Covers the `rows × cols` outputs with tiles: [`TILE_ROWS`] × [`WIDE_COLS`] (VNNI) or
 /// [`TILE_COLS`] where the shape allows (prefill), single rows for the rest and for decode.
 #[inline(always)]
-unsafe fn tiles<const F: u8, const VNNI: bool, const WIDE: bool>(
+unsafe fn tiles<F: KType, const VNNI: bool, const WIDE: bool>(
     rows: &[u8],
     row_bytes: usize,
     a: &[BlockQ8K],
@@ -300,11 +291,11 @@ fn prefetch(row: &[u8], i: usize, block_bytes: usize) {
 
 /// `R` rows against `C` tokens: `R·C` independent sums, each in the reference's order.
 #[inline(always)]
-unsafe fn tile<const F: u8, const VNNI: bool, const R: usize, const C: usize>(
+unsafe fn tile<F: KType, const VNNI: bool, const R: usize, const C: usize>(
     rows: [&[u8]; R],
     cols: [&[BlockQ8K]; C],
 ) -> [[f32; C]; R] {
-    let format = format_of(F);
+    let format = F::FORMAT;
     let bytes = format.block_bytes();
     let mut sums = [[0.0f32; C]; R];
     // SAFETY: only reached from `tiles`, whose callers guarantee the features.
