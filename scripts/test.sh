@@ -10,3 +10,10 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
 cargo test --workspace --locked
+# The CPU kernels' unit tests again at each lower instruction-set level this CPU has (the
+# default run above used its best; specs/CPU_NUMERICS.md).
+levels=(scalar)
+grep -qw avx512f /proc/cpuinfo && levels+=(avx2)
+for isa in "${levels[@]}"; do
+  LLORCH_CPU_ISA=$isa cargo test -p backend-cpu --lib --locked -q
+done
