@@ -296,8 +296,9 @@ impl Model<'_> {
         }
         let activation = self.plan.activation;
         let gated = |(gate, up): (&mut [f32], &[f32])| ops::gated(activation, gate, up);
-        // A prefill batch's activations are spread over the pool, a token's at a time.
-        if n > 1 {
+        // A prefill batch's activations are spread over the pool, a token's at a time; a
+        // decode step's few rows stay on this thread (a fork-join costs more than they do).
+        if buf.gate.len() >= PARALLEL_GATED_ELEMENTS {
             let width = buf.gate.len() / n;
             buf.gate
                 .par_chunks_mut(width)
@@ -323,6 +324,10 @@ impl Model<'_> {
         Ok(())
     }
 }
+
+/// Gate elements from which the gated activation is spread over the pool: about ten rows of
+/// SmolLM2's 1536-wide FFN, so batched decode steps stay serial and prefill batches do not.
+const PARALLEL_GATED_ELEMENTS: usize = 16384;
 
 /// Splits each row of `fused` (the concatenation of parts of `widths`) into `outs`.
 fn split(fused: &[f32], widths: &[usize], outs: &mut [&mut Vec<f32>]) {

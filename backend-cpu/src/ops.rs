@@ -218,20 +218,6 @@ pub fn softcap(logits: &mut [f32], cap: f32) {
     }
 }
 
-/// `dst[i] = src[i]` widened from f16 (exact), eight at a time with F16C where the CPU has it:
-/// attention widens every key and value it reads, and a call per eight elements (the `half`
-/// crate's slice conversion) cost more than the conversion itself.
-pub fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if f16c() {
-        // SAFETY: F16C and AVX were detected on this CPU.
-        return unsafe { widen_f16c(src, dst) };
-    }
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = s.to_f32();
-    }
-}
-
 /// Asks the CPU to bring `data` into the caches (a hint: no effect on results, none off x86).
 pub fn prefetch<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
@@ -247,34 +233,6 @@ pub fn prefetch<T>(data: &[T]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
-}
-
-/// Whether f16 is converted in hardware (F16C comes with the AVX2 level).
-#[cfg(target_arch = "x86_64")]
-fn f16c() -> bool {
-    crate::isa::avx2()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-unsafe fn widen_f16c(src: &[half::f16], dst: &mut [f32]) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
-    let mut dst_chunks = dst.chunks_exact_mut(8);
-    let mut src_chunks = src.chunks_exact(8);
-    for (d, s) in (&mut dst_chunks).zip(&mut src_chunks) {
-        // SAFETY: `s` holds eight f16 (16 bytes) and `d` eight f32; unaligned loads and stores.
-        unsafe {
-            let halves = _mm_loadu_si128(s.as_ptr().cast::<__m128i>());
-            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(halves));
-        }
-    }
-    for (d, s) in dst_chunks
-        .into_remainder()
-        .iter_mut()
-        .zip(src_chunks.remainder())
-    {
-        *d = s.to_f32();
-    }
 }
 
 #[cfg(test)]
@@ -357,21 +315,5 @@ mod tests {
         assert_eq!(gelu_tanh(-11.0), 0.0);
         assert_eq!(gelu_tanh(12.5), 12.5);
         assert_eq!(gelu_tanh(0.0), 0.0);
-    }
-
-    #[test]
-    fn widen_f16_is_exact_for_every_half_and_any_length() {
-        let all: Vec<half::f16> = (0..=u16::MAX).map(half::f16::from_bits).collect();
-        for len in [0, 1, 7, 8, 9, 23, all.len()] {
-            let mut wide = vec![0.0f32; len];
-            widen_f16(&all[..len], &mut wide);
-            for (w, h) in wide.iter().zip(&all[..len]) {
-                let expected = h.to_f32();
-                assert!(
-                    w.to_bits() == expected.to_bits() || (w.is_nan() && expected.is_nan()),
-                    "{h:?}: {w} vs {expected}"
-                );
-            }
-        }
     }
 }

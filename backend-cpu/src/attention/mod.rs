@@ -10,6 +10,7 @@ use worker_common::backend::{Chunk, PAGE_SIZE, PageId};
 use worker_common::model::AttentionShape;
 
 use crate::kv::{LayerKv, key_index};
+use widen::Widen;
 
 /// Where one row of a step sits: its position and the index of its chunk (whose page table it
 /// reads).
@@ -133,8 +134,17 @@ impl Span {
 /// positions, softmaxed with an f64 sum, and the output is `Σ_p weight_p · value_p` accumulated
 /// in position order, then scaled by the inverse sum: exactly the operations of the row
 /// attended alone, page by page.
+///
+/// # Safety
+///
+/// `W`'s features must be present and enabled in the caller (see [`widen`]).
 #[inline(always)]
-fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
+unsafe fn tile_task<W: Widen>(
+    inputs: &Inputs<'_>,
+    scratch: &mut Scratch,
+    task: &Task,
+    out: &Output,
+) {
     let tile = Tile::new(inputs, task, &mut scratch.spans);
     let scores_len = tile
         .spans
@@ -149,12 +159,15 @@ fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Outp
         tile.prefetch_keys(page + KEYS_AHEAD);
         tile.prefetch_values(page);
         tile.page_targets(page, &mut scratch.targets);
-        tile.score_page(
-            page,
-            &scratch.targets,
-            &mut scratch.block,
-            &mut scratch.scores,
-        );
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            tile.score_page::<W>(
+                page,
+                &scratch.targets,
+                &mut scratch.key_block,
+                &mut scratch.scores,
+            )
+        };
     }
     scratch.inv_sums.clear();
     for span in tile.spans.iter() {
@@ -174,13 +187,16 @@ fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Outp
         .resize(tile.spans.len() * tile.group * stride, 0.0);
     for page in tile.pages() {
         tile.page_targets(page, &mut scratch.targets);
-        tile.weigh_page(
-            page,
-            &scratch.targets,
-            &scratch.scores,
-            &mut scratch.block,
-            &mut scratch.acc,
-        );
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            tile.weigh_page::<W>(
+                page,
+                &scratch.targets,
+                &scratch.scores,
+                &mut scratch.value_block,
+                &mut scratch.acc,
+            )
+        };
     }
     let heads = scratch
         .acc
@@ -311,8 +327,12 @@ impl<'a, 'i> Tile<'a, 'i> {
     }
 
     /// The targets' scaled scores over page `page`, four queries at a time.
+    ///
+    /// # Safety
+    ///
+    /// As [`tile_task`].
     #[inline(always)]
-    fn score_page(
+    unsafe fn score_page<W: Widen>(
         &self,
         page: usize,
         targets: &[Target],
@@ -324,7 +344,8 @@ impl<'a, 'i> Tile<'a, 'i> {
         block.resize(dk * PAGE_SIZE, 0.0);
         let row = self.pages[page].index() * PAGE_SIZE;
         let start = key_index(row, k_width, self.task.kv_head * dk);
-        crate::ops::widen_f16(&self.inputs.kv.keys[start..][..dk * PAGE_SIZE], block);
+        // SAFETY: forwarded from the caller.
+        unsafe { W::widen(&self.inputs.kv.keys[start..][..dk * PAGE_SIZE], block) };
         for quad in targets.chunks(4) {
             match quad {
                 [a, b, c, d] => self.score_targets([a, b, c, d], block, scores),
@@ -352,8 +373,14 @@ impl<'a, 'i> Tile<'a, 'i> {
     }
 
     /// Adds `weight · value` of page `page`'s slots to each target's accumulator, in slot order.
+    /// `block` keeps its size between pages: each used slot's row is overwritten, and the
+    /// padding lanes beyond `dv` stay zero from the one resize.
+    ///
+    /// # Safety
+    ///
+    /// As [`tile_task`].
     #[inline(always)]
-    fn weigh_page(
+    unsafe fn weigh_page<W: Widen>(
         &self,
         page: usize,
         targets: &[Target],
@@ -364,13 +391,16 @@ impl<'a, 'i> Tile<'a, 'i> {
         let shape = self.inputs.shape;
         let (dv, v_width) = (shape.head_dim_v, shape.n_head_kv * shape.head_dim_v);
         let stride = dv.next_multiple_of(V_LANES);
-        block.clear();
-        block.resize(PAGE_SIZE * stride, 0.0);
+        if block.len() != PAGE_SIZE * stride {
+            block.clear();
+            block.resize(PAGE_SIZE * stride, 0.0);
+        }
         let used = targets.iter().map(|t| t.slots.end).max().unwrap_or(0);
         for (slot, value) in block.chunks_exact_mut(stride).enumerate().take(used) {
             let row = self.pages[page].index() * PAGE_SIZE + slot;
             let values = &self.inputs.kv.values[row * v_width + self.task.kv_head * dv..][..dv];
-            crate::ops::widen_f16(values, &mut value[..dv]);
+            // SAFETY: forwarded from the caller.
+            unsafe { W::widen(values, &mut value[..dv]) };
         }
         // A row's heads attend the same slots and have adjacent accumulators: they are
         // weighed together, up to three at a time (their sums then fill the registers).
@@ -426,12 +456,13 @@ fn accumulate<const N: usize>(
 /// exponentials and row updates run as vector operations: the same IEEE operations in the same order (Rust
 /// never fuses a multiply and an add on its own), so the same bits as the plain build.
 mod simd {
+    use super::widen;
     use super::{Inputs, Output, Scratch, Task};
 
     pub(super) fn tile_task(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
         #[cfg(target_arch = "x86_64")]
         if crate::isa::avx512() {
-            // SAFETY: the feature was detected on this CPU (crate::isa).
+            // SAFETY: the features were detected on this CPU (crate::isa).
             return unsafe { avx512(inputs, scratch, task, out) };
         }
         #[cfg(target_arch = "x86_64")]
@@ -439,19 +470,22 @@ mod simd {
             // SAFETY: the features were detected on this CPU (crate::isa).
             return unsafe { avx2(inputs, scratch, task, out) };
         }
-        super::tile_task(inputs, scratch, task, out)
+        // SAFETY: plain widening needs no feature.
+        unsafe { super::tile_task::<widen::Plain>(inputs, scratch, task, out) }
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,f16c")]
     unsafe fn avx512(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
-        super::tile_task(inputs, scratch, task, out)
+        // SAFETY: F16C is enabled here and was detected by the caller.
+        unsafe { super::tile_task::<widen::F16c>(inputs, scratch, task, out) }
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn avx2(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
-        super::tile_task(inputs, scratch, task, out)
+        // SAFETY: F16C is enabled here and was detected by the caller.
+        unsafe { super::tile_task::<widen::F16c>(inputs, scratch, task, out) }
     }
 }
 
@@ -460,7 +494,8 @@ mod simd {
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
-    block: Vec<f32>,
+    key_block: Vec<f32>,
+    value_block: Vec<f32>,
     inv_sums: Vec<f32>,
     spans: Vec<Span>,
     targets: Vec<Target>,
@@ -541,3 +576,4 @@ fn page_scores<const N: usize>(queries: [&[f32]; N], key_block: &[f32]) -> [[f32
 
 #[cfg(test)]
 mod tests;
+mod widen;
