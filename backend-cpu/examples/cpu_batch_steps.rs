@@ -42,7 +42,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut backend = CpuBackend::load(model.clone(), &options, &config, &mut |_| {})?;
     let mut outputs = StepOutputs::new(backend.vocab_size());
     let vocab = backend.vocab_size() as u32;
-    println!("{path}: {threads} threads, isa {}", backend_cpu::isa::active().name());
+    println!(
+        "{path}: {threads} threads, isa {}",
+        backend_cpu::isa::active().name()
+    );
     let mut base = None;
     for &n in &sizes {
         let mut medians = Vec::new();
@@ -96,7 +99,9 @@ fn median_step(
         })
         .collect();
     backend.step(&chunks, outputs)?;
-    let mut next: Vec<[u32; 1]> = (0..n).map(|s| choice(outputs, s).map(|id| [id])).collect::<Result<_, _>>()?;
+    let mut next: Vec<[u32; 1]> = (0..n)
+        .map(|s| choice(outputs, s).map(|id| [id]))
+        .collect::<Result<_, _>>()?;
     let mut steps = Vec::with_capacity(DECODE);
     for pos in PROMPT..PROMPT + DECODE {
         let chunks: Vec<Chunk<'_>> = (0..n)
@@ -109,7 +114,9 @@ fn median_step(
             .collect();
         let start = Instant::now();
         backend.step(&chunks, outputs)?;
-        let chosen: Vec<[u32; 1]> = (0..n).map(|s| choice(outputs, s).map(|id| [id])).collect::<Result<_, _>>()?;
+        let chosen: Vec<[u32; 1]> = (0..n)
+            .map(|s| choice(outputs, s).map(|id| [id]))
+            .collect::<Result<_, _>>()?;
         steps.push(start.elapsed().as_secs_f64());
         next = chosen;
     }
