@@ -60,10 +60,12 @@ def streamed(client, model, **request):
             if delta.content:
                 content.append(delta.content)
             for call in delta.tool_calls or []:
-                entry = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
+                entry = calls.setdefault(call.index,
+                                         {"id": None, "name": "", "arguments": "", "pieces": 0})
                 entry["id"] = call.id or entry["id"]
                 entry["name"] += call.function.name or ""
                 entry["arguments"] += call.function.arguments or ""
+                entry["pieces"] += bool(call.function.arguments)
             finish = choice.finish_reason or finish
     return [calls[i] for i in sorted(calls)], "".join(content), finish
 
@@ -89,6 +91,8 @@ def main():
           and stream_calls[0]["name"] == call.function.name
           and stream_calls[0]["arguments"] == call.function.arguments,
           f"the stream makes the same call: {stream_calls}")
+    check(stream_calls[0]["pieces"] > 1,
+          f"the call's arguments stream in pieces: {stream_calls[0]['pieces']}")
 
     forced = client.chat.completions.create(
         model=model, messages=QUESTION, tools=TOOLS, temperature=0.8, seed=3, max_tokens=80,

@@ -165,12 +165,13 @@ async fn answer(
         logprobs,
         tokens_as_ids: request.tokens_as_ids,
     };
-    let parser = tool_format.map(ToolCallParser::new);
     if request.stream {
+        let parser = tool_format.map(ToolCallParser::streaming);
         let chunks = ChunkStream::new(reply, accepted.events, request.include_usage, parser);
         let sse = Sse::new(chunks).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
         return Ok(sse.into_response());
     }
+    let parser = tool_format.map(ToolCallParser::new);
     let whole = whole(&reply, accepted.events, parser, &correlation_id).await?;
     Ok(Json(whole).into_response())
 }
@@ -257,7 +258,12 @@ async fn whole(
                 for piece in all {
                     match piece {
                         Piece::Content(more) => content.push_str(&more),
-                        Piece::Call(call) => calls.push(call),
+                        Piece::Call(call) | Piece::CallStart(call) => calls.push(call),
+                        Piece::Arguments(more) => {
+                            if let Some(call) = calls.last_mut() {
+                                call.arguments.push_str(&more);
+                            }
+                        }
                     }
                 }
                 return Ok(reply.whole(&content, &calls, &tokens, &done));
@@ -351,10 +357,13 @@ impl ChunkStream {
                     let tokens = logprobs.take().unwrap_or_default();
                     self.reply.text_chunk(&text, Logprobs { tokens, offset })
                 }
-                Piece::Call(call) => {
+                Piece::Call(call) | Piece::CallStart(call) => {
                     self.calls += 1;
                     self.reply.tool_call_chunk(self.calls - 1, &call)
                 }
+                Piece::Arguments(text) => self
+                    .reply
+                    .arguments_chunk(self.calls.saturating_sub(1), &text),
             };
             self.ready.push_back(data(&chunk));
         }

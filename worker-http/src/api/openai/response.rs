@@ -211,9 +211,19 @@ impl Reply {
         self.envelope(true, json!([choice]))
     }
 
-    /// A chunk carrying the reply's `index`-th tool call, whole.
+    /// A chunk carrying the reply's `index`-th tool call: whole, or a streamed call's start
+    /// (its arguments empty).
     pub fn tool_call_chunk(&self, index: usize, call: &ToolCall) -> Value {
-        let delta = json!({"tool_calls": [tool_call(call, Some(index))]});
+        self.delta_chunk(json!({"tool_calls": [tool_call(call, Some(index))]}))
+    }
+
+    /// A chunk carrying more of the `index`-th tool call's arguments text.
+    pub fn arguments_chunk(&self, index: usize, arguments: &str) -> Value {
+        let call = json!({"index": index, "function": {"arguments": arguments}});
+        self.delta_chunk(json!({"tool_calls": [call]}))
+    }
+
+    fn delta_chunk(&self, delta: Value) -> Value {
         let choice = json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null});
         self.envelope(true, json!([choice]))
     }
@@ -313,6 +323,11 @@ mod tests {
         assert_eq!(choice["message"]["tool_calls"][0]["function"]["name"], "f");
         let chunk = chat.tool_call_chunk(1, &call);
         assert_eq!(chunk["choices"][0]["delta"]["tool_calls"][0]["index"], 1);
+        let more = chat.arguments_chunk(1, "{\"a\"");
+        assert_eq!(
+            more["choices"][0]["delta"]["tool_calls"][0],
+            json!({"index": 1, "function": {"arguments": "{\"a\""}})
+        );
         let finish = chat.finish_chunk(&done(StopReason::Eos), true);
         assert_eq!(finish["choices"][0]["finish_reason"], "tool_calls");
         let cut = chat.finish_chunk(&done(StopReason::MaxTokens), true);

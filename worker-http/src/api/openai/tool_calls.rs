@@ -2,6 +2,13 @@
 //! (holding back what could still open a call), a call's text is buffered until it closes and
 //! then parsed into a name and JSON arguments. Text that only looked like a call goes out as
 //! content unchanged.
+//!
+//! A streaming parser ([`ToolCallParser::streaming`]) sends a Hermes call as OpenAI streams
+//! one: once the call's text reads `{"name": "…", "arguments": {`, its start (id and name),
+//! then its arguments' text as it comes, up to the object's closing brace. A call written any
+//! other way (arguments first, arguments as a string) is still buffered and parsed whole.
+//! Either way a call's arguments are the model's own text of the object, so a reply streamed
+//! and a reply answered whole carry the same string.
 
 use serde_json::Value;
 
@@ -30,6 +37,23 @@ pub enum Piece {
     Content(String),
     /// A call.
     Call(ToolCall),
+    /// A streamed call's start: its id and name, with empty arguments.
+    CallStart(ToolCall),
+    /// More of the streamed call's arguments text.
+    Arguments(String),
+}
+
+/// Where a streamed call is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Streamed {
+    /// Before its arguments: waiting for `{"name": …, "arguments": `.
+    Header,
+    /// Written another way: buffered and parsed whole.
+    Whole,
+    /// Inside its arguments object.
+    Arguments(ObjectScan),
+    /// After the arguments, until the wrapper closes.
+    Tail,
 }
 
 /// Splits one reply's text into content and calls.
@@ -44,6 +68,10 @@ pub struct ToolCallParser {
     /// Whether any non-space text came yet (Llama 3 calls are the whole reply).
     started: bool,
     calls: usize,
+    /// Whether Hermes calls are sent as they are written ([`Self::streaming`]).
+    streaming: bool,
+    /// The current streamed call's progress.
+    streamed: Streamed,
 }
 
 impl ToolCallParser {
@@ -55,6 +83,17 @@ impl ToolCallParser {
             in_call: None,
             started: false,
             calls: 0,
+            streaming: false,
+            streamed: Streamed::Header,
+        }
+    }
+
+    /// A parser for a streamed reply: Hermes calls come out as [`Piece::CallStart`] and
+    /// [`Piece::Arguments`] while they are written.
+    pub fn streaming(format: ToolFormat) -> Self {
+        Self {
+            streaming: true,
+            ..Self::new(format)
         }
     }
 
@@ -78,6 +117,13 @@ impl ToolCallParser {
         if held.is_empty() {
             return Vec::new();
         }
+        if self.in_call.is_some() && self.streaming {
+            match self.streamed {
+                Streamed::Arguments(_) => return vec![Piece::Arguments(held)],
+                Streamed::Tail => return Vec::new(),
+                Streamed::Header | Streamed::Whole => {}
+            }
+        }
         if let Some(wrapper) = self.in_call {
             let body = match self.format {
                 ToolFormat::Hermes => held.strip_prefix(WRAPPERS[wrapper].0).unwrap_or(&held),
@@ -93,6 +139,16 @@ impl ToolCallParser {
     fn hermes(&mut self) -> Vec<Piece> {
         let mut out = Vec::new();
         loop {
+            if let Some(wrapper) = self.in_call
+                && self.streaming
+                && self.streamed != Streamed::Whole
+            {
+                match self.stream_call(wrapper, &mut out) {
+                    Flow::Wait => return out,
+                    Flow::Closed => continue,
+                    Flow::Whole => self.streamed = Streamed::Whole,
+                }
+            }
             if let Some(wrapper) = self.in_call {
                 let (open, close) = WRAPPERS[wrapper];
                 let Some(end) = self.held[open.len()..]
@@ -107,6 +163,7 @@ impl ToolCallParser {
                     None => out.push(Piece::Content(text)),
                 }
                 self.in_call = None;
+                self.streamed = Streamed::Header;
                 continue;
             }
             let opened = WRAPPERS
@@ -156,6 +213,52 @@ impl ToolCallParser {
         out
     }
 
+    /// Moves the call opened by wrapper `wrapper` on as far as the held text allows.
+    fn stream_call(&mut self, wrapper: usize, out: &mut Vec<Piece>) -> Flow {
+        let (open, close) = WRAPPERS[wrapper];
+        loop {
+            match self.streamed {
+                Streamed::Header => {
+                    let body = &self.held[open.len()..];
+                    if body.contains(close) {
+                        return Flow::Whole;
+                    }
+                    match header(body) {
+                        Header::NeedMore => return Flow::Wait,
+                        Header::NoMatch => return Flow::Whole,
+                        Header::Match { name, arguments_at } => {
+                            self.held.drain(..open.len() + arguments_at);
+                            out.push(Piece::CallStart(self.new_call(name, String::new())));
+                            self.streamed = Streamed::Arguments(ObjectScan::default());
+                        }
+                    }
+                }
+                Streamed::Arguments(mut scan) => {
+                    let end = scan.feed(self.held.as_bytes());
+                    let taken: String = self.held.drain(..end.unwrap_or(self.held.len())).collect();
+                    if !taken.is_empty() {
+                        out.push(Piece::Arguments(taken));
+                    }
+                    if end.is_none() {
+                        self.streamed = Streamed::Arguments(scan);
+                        return Flow::Wait;
+                    }
+                    self.streamed = Streamed::Tail;
+                }
+                Streamed::Tail => {
+                    let Some(at) = self.held.find(close) else {
+                        return Flow::Wait;
+                    };
+                    self.held.drain(..at + close.len());
+                    self.in_call = None;
+                    self.streamed = Streamed::Header;
+                    return Flow::Closed;
+                }
+                Streamed::Whole => return Flow::Whole,
+            }
+        }
+    }
+
     /// A call's JSON: `{"name": …, "arguments"|"parameters": {…}}`.
     fn parse(&mut self, body: &str) -> Option<ToolCall> {
         let body = body.trim();
@@ -167,17 +270,149 @@ impl ToolCallParser {
             .or_else(|| value.get("parameters"))
             .cloned()
             .unwrap_or_else(|| serde_json::json!({}));
-        let arguments = match arguments {
-            Value::String(text) => text,
-            other => other.to_string(),
+        let arguments = match (arguments, raw_arguments(body)) {
+            (Value::Object(_), Some(raw)) => raw.to_owned(),
+            (Value::String(text), _) => text,
+            (other, _) => other.to_string(),
         };
+        Some(self.new_call(name, arguments))
+    }
+
+    /// A call with a fresh id, counted.
+    fn new_call(&mut self, name: String, arguments: String) -> ToolCall {
         self.calls += 1;
         let id = format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
-        Some(ToolCall {
+        ToolCall {
             id,
             name,
             arguments,
-        })
+        }
+    }
+}
+
+/// What [`ToolCallParser::stream_call`] did.
+enum Flow {
+    /// It needs more text.
+    Wait,
+    /// The call closed; text after it may follow.
+    Closed,
+    /// The call is not written as a streamable header: parse it whole.
+    Whole,
+}
+
+/// How far a call's text matches `{"name": "…", "arguments": ` (or `"parameters"`).
+#[derive(Debug, PartialEq)]
+enum Header {
+    /// It may still match.
+    NeedMore,
+    /// It does not.
+    NoMatch,
+    /// It does: the name, and where the arguments' value begins.
+    Match { name: String, arguments_at: usize },
+}
+
+/// Matches the head of a call's JSON, with JSON's whitespace anywhere between tokens; a name
+/// with escapes is not matched (the call is then parsed whole).
+fn header(text: &str) -> Header {
+    let mut at = 0;
+    let bytes = text.as_bytes();
+    let skip_space = |at: &mut usize| {
+        while bytes.get(*at).is_some_and(|b| b.is_ascii_whitespace()) {
+            *at += 1;
+        }
+    };
+    // Each literal in turn; a text that ends inside one may still match.
+    let literal = |at: &mut usize, options: &[&str]| -> Result<(), Header> {
+        skip_space(at);
+        let rest = &text[*at..];
+        for option in options {
+            if rest.starts_with(option) {
+                *at += option.len();
+                return Ok(());
+            }
+        }
+        if options.iter().any(|option| option.starts_with(rest)) {
+            Err(Header::NeedMore)
+        } else {
+            Err(Header::NoMatch)
+        }
+    };
+    let matched = (|| {
+        literal(&mut at, &["{"])?;
+        literal(&mut at, &["\"name\""])?;
+        literal(&mut at, &[":"])?;
+        literal(&mut at, &["\""])?;
+        let name_len = text[at..].find(['"', '\\']).ok_or(Header::NeedMore)?;
+        if text[at + name_len..].starts_with('\\') {
+            return Err(Header::NoMatch);
+        }
+        let name = text[at..at + name_len].to_owned();
+        at += name_len + 1;
+        literal(&mut at, &[","])?;
+        literal(&mut at, &["\"arguments\"", "\"parameters\""])?;
+        literal(&mut at, &[":"])?;
+        skip_space(&mut at);
+        match bytes.get(at) {
+            None => Err(Header::NeedMore),
+            Some(b'{') => Ok(name),
+            Some(_) => Err(Header::NoMatch),
+        }
+    })();
+    match matched {
+        Ok(name) => Header::Match {
+            name,
+            arguments_at: at,
+        },
+        Err(header) => header,
+    }
+}
+
+/// The text of a call's arguments object, when the call's JSON starts with its name.
+fn raw_arguments(body: &str) -> Option<&str> {
+    let Header::Match { arguments_at, .. } = header(body) else {
+        return None;
+    };
+    let rest = &body[arguments_at..];
+    let end = ObjectScan::default().feed(rest.as_bytes())?;
+    Some(&rest[..end])
+}
+
+/// Finds where a JSON object ends, fed in pieces: brace depth outside strings.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct ObjectScan {
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl ObjectScan {
+    /// Scans the next bytes of the object (the first piece starting at its `{`); returns one
+    /// past its closing `}` if it is in `bytes`. JSON's structural characters are ASCII, and
+    /// UTF-8 never repeats them inside a multi-byte character, so bytes suffice.
+    fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
+        for (i, &b) in bytes.iter().enumerate() {
+            if self.in_string {
+                match (self.escaped, b) {
+                    (true, _) => self.escaped = false,
+                    (false, b'\\') => self.escaped = true,
+                    (false, b'"') => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => {
+                    self.depth = self.depth.saturating_sub(1);
+                    if self.depth == 0 {
+                        return Some(i + 1);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
     }
 }
 
@@ -193,17 +428,38 @@ mod tests {
 
     /// Feeds `pieces` one by one and collects everything, merging adjacent content.
     fn run(format: ToolFormat, pieces: &[&str]) -> Vec<Piece> {
-        let mut parser = ToolCallParser::new(format);
+        feed(ToolCallParser::new(format), pieces).0
+    }
+
+    /// [`run`] for a streaming parser; also counts the argument pieces before merging them.
+    fn run_streaming(format: ToolFormat, pieces: &[&str]) -> (Vec<Piece>, usize) {
+        feed(ToolCallParser::streaming(format), pieces)
+    }
+
+    fn feed(mut parser: ToolCallParser, pieces: &[&str]) -> (Vec<Piece>, usize) {
         let mut out: Vec<Piece> = Vec::new();
         let mut all: Vec<Piece> = pieces.iter().flat_map(|piece| parser.push(piece)).collect();
         all.extend(parser.finish());
+        let argument_pieces = all
+            .iter()
+            .filter(|piece| matches!(piece, Piece::Arguments(_)))
+            .count();
         for piece in all {
             match (out.last_mut(), piece) {
-                (Some(Piece::Content(text)), Piece::Content(more)) => text.push_str(&more),
+                (Some(Piece::Content(text)), Piece::Content(more))
+                | (Some(Piece::Arguments(text)), Piece::Arguments(more)) => text.push_str(&more),
                 (_, piece) => out.push(piece),
             }
         }
-        out
+        (out, argument_pieces)
+    }
+
+    /// `text` cut into pieces of `split` bytes.
+    fn split(text: &str, split: usize) -> Vec<&str> {
+        text.as_bytes()
+            .chunks(split)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect()
     }
 
     fn call(piece: &Piece) -> (&str, &str) {
@@ -216,19 +472,14 @@ mod tests {
     #[test]
     fn hermes_calls_are_cut_out_of_the_stream_whatever_the_pieces() {
         let text = "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-        for split in [1, 3, 7, text.len()] {
-            let pieces: Vec<&str> = text
-                .as_bytes()
-                .chunks(split)
-                .map(|c| std::str::from_utf8(c).unwrap())
-                .collect();
-            let out = run(ToolFormat::Hermes, &pieces);
+        for bytes in [1, 3, 7, text.len()] {
+            let out = run(ToolFormat::Hermes, &split(text, bytes));
             assert_eq!(
                 out[0],
                 Piece::Content("Let me check.".into()),
-                "split {split}"
+                "split {bytes}"
             );
-            assert_eq!(call(&out[1]), ("get_weather", r#"{"city":"Paris"}"#));
+            assert_eq!(call(&out[1]), ("get_weather", r#"{"city": "Paris"}"#));
             assert_eq!(out.len(), 2);
         }
     }
@@ -246,7 +497,7 @@ mod tests {
         assert_eq!(out[1], Piece::Content("\n".into()));
         assert_eq!(
             call(&out[2]),
-            ("b", r#"{"x":1}"#),
+            ("b", r#"{"x": 1}"#),
             "closed by the end of the reply"
         );
         let broken = run(
@@ -266,7 +517,7 @@ mod tests {
         let fenced = "```json\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n```";
         let out = run(ToolFormat::Hermes, &[&fenced[..5], &fenced[5..]]);
         assert_eq!(out.len(), 1);
-        assert_eq!(call(&out[0]), ("f", r#"{"a":1}"#));
+        assert_eq!(call(&out[0]), ("f", r#"{"a": 1}"#));
         let code = "Use this:\n```json\n{\"x\": 1}\n```\nDone.";
         let out = run(ToolFormat::Hermes, &[code]);
         assert_eq!(out, [Piece::Content(code.into())]);
@@ -278,8 +529,91 @@ mod tests {
             ToolFormat::Llama3,
             &[" {\"name\": \"f\", ", "\"parameters\": {\"q\": \"x\"}}"],
         );
-        assert_eq!(call(&out[0]), ("f", r#"{"q":"x"}"#));
+        assert_eq!(call(&out[0]), ("f", r#"{"q": "x"}"#));
         let text = run(ToolFormat::Llama3, &["Hello ", "there"]);
         assert_eq!(text, [Piece::Content("Hello there".into())]);
+    }
+
+    #[test]
+    fn a_streamed_hermes_call_sends_its_start_then_its_arguments_as_they_come() {
+        let arguments = r#"{"city": "Paris \"}{\" ", "days": [1, {"n": 2}]}"#;
+        let text = format!(
+            "Let me check.<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {arguments}}}\n</tool_call> Done."
+        );
+        // Arriving whole (closed in the same piece), the call goes out whole.
+        let (out, _) = run_streaming(ToolFormat::Hermes, &[&text]);
+        assert_eq!(call(&out[1]), ("get_weather", arguments));
+        for bytes in [1, 3, 7, 60] {
+            let (out, argument_pieces) = run_streaming(ToolFormat::Hermes, &split(&text, bytes));
+            let [
+                content,
+                Piece::CallStart(start),
+                Piece::Arguments(sent),
+                after,
+            ] = &out[..]
+            else {
+                panic!("split {bytes}: {out:?}");
+            };
+            assert_eq!(content, &Piece::Content("Let me check.".into()));
+            assert_eq!(
+                (start.name.as_str(), start.arguments.as_str()),
+                ("get_weather", "")
+            );
+            assert_eq!(sent, arguments, "split {bytes}");
+            assert_eq!(after, &Piece::Content(" Done.".into()));
+            if bytes == 1 {
+                assert!(argument_pieces > 10, "{argument_pieces} argument pieces");
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_not_written_name_first_is_still_parsed_whole_when_streaming() {
+        let text = r#"<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call>"#;
+        let (out, _) = run_streaming(ToolFormat::Hermes, &split(text, 2));
+        assert_eq!(out.len(), 1);
+        assert_eq!(call(&out[0]), ("f", r#"{"a":1}"#));
+        let (broken, _) = run_streaming(ToolFormat::Hermes, &["<tool_call>not json</tool_call>"]);
+        assert_eq!(
+            broken,
+            [Piece::Content("<tool_call>not json</tool_call>".into())]
+        );
+    }
+
+    #[test]
+    fn a_reply_ending_inside_streamed_arguments_sends_what_came() {
+        let (out, _) = run_streaming(
+            ToolFormat::Hermes,
+            &[r#"<tool_call>{"name": "f", "arguments": {"q": "ab"#],
+        );
+        assert!(
+            matches!(&out[0], Piece::CallStart(call) if call.name == "f"),
+            "{out:?}"
+        );
+        assert_eq!(out[1], Piece::Arguments(r#"{"q": "ab"#.into()));
+        assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn the_header_matches_prefixes_and_refuses_other_shapes() {
+        let full = r#" { "name" : "f" , "parameters" : {"#;
+        for end in 0..full.len() - 1 {
+            assert_eq!(header(&full[..end]), Header::NeedMore, "{:?}", &full[..end]);
+        }
+        assert_eq!(
+            header(full),
+            Header::Match {
+                name: "f".into(),
+                arguments_at: full.len() - 1
+            }
+        );
+        for other in [
+            r#"{"nam3""#,
+            r#"{"name": "a\"b""#,
+            r#"{"name": "f", "arguments": "{}"#,
+            "[1]",
+        ] {
+            assert_eq!(header(other), Header::NoMatch, "{other}");
+        }
     }
 }
