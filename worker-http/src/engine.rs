@@ -13,13 +13,13 @@ use worker_common::generate::{
     EventSink, Finished, GenerateError, GenerateEvent, PromptFormatter, Sequence,
     TemplateRendering, check_context,
 };
-use worker_common::grammar::Grammars;
 use worker_common::model::{ModelError, ModelFile};
 use worker_common::schedule::{Ended, PrefixIndex, Scheduler, SchedulerConfig};
 use worker_common::tokenizer::template::TemplateError;
 use worker_common::tokenizer::{Tokenizer, TokenizerError};
 
 use crate::api::ErrorCode;
+use crate::grammars::GrammarCell;
 use crate::job_end::{JobEnd, JobEvent, end_job};
 use crate::queue::{Job, Ticket};
 use crate::state::{Loaded, Shared};
@@ -93,6 +93,7 @@ pub fn spawn<B: Load>(
             Ok((backend, loaded)) => {
                 let scheduler = publish(&shared, &backend, loaded);
                 let _ = ready.send(Ok(()));
+                crate::grammars::build_in_background(&shared);
                 serve(&shared, backend, scheduler);
             }
             Err(err) => {
@@ -144,10 +145,9 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), L
         Some(parallel) => parallel as usize,
         None => (positions / context_length).clamp(1, MAX_DEFAULT_PARALLEL),
     };
-    let grammars = grammars(worker_id, &tokenizer);
     let spec = &model.spec;
     let loaded = Loaded {
-        grammars,
+        grammars: GrammarCell::default(),
         model_name: spec.name.clone(),
         quant_kind: spec.quant_kind.clone(),
         tokenizer_kind: tokenizer.kind().as_str(),
@@ -181,26 +181,6 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), L
 
 /// The grammar compiler over the model's vocabulary; a vocabulary it cannot take leaves
 /// structured output unavailable (requests for it are refused), not the worker.
-fn grammars(worker_id: &str, tokenizer: &Tokenizer) -> Result<Arc<Grammars>, String> {
-    let started = Instant::now();
-    match Grammars::new(tokenizer) {
-        Ok(grammars) => {
-            let ms = started.elapsed().as_secs_f64() * 1e3;
-            tracing::info!(
-                event = "grammars_ready",
-                worker_id,
-                ms,
-                "grammar compiler built"
-            );
-            Ok(Arc::new(grammars))
-        }
-        Err(err) => {
-            tracing::warn!(event = "grammars_unavailable", worker_id, error = %err, "structured output is unavailable");
-            Err(err.to_string())
-        }
-    }
-}
-
 /// The context this worker serves: `--ctx-size`, else the model's, at most 8192.
 fn context_length(flag: Option<u32>, model: usize) -> Result<usize, LoadError> {
     match flag {

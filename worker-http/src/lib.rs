@@ -12,6 +12,7 @@ mod connections;
 mod correlation;
 pub mod engine;
 mod flags;
+pub mod grammars;
 pub mod job_end;
 mod logging;
 mod metrics;

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use worker_common::backend::{BackendInfo, CpuInfo, GpuInfo, MemoryUsage};
 use worker_common::generate::PromptFormatter;
-use worker_common::grammar::Grammars;
 use worker_common::schedule::{PrefixIndex, SchedulerStats};
 use worker_common::tokenizer::Tokenizer;
 
+use crate::grammars::GrammarCell;
 use crate::metrics::Metrics;
 use crate::queue::JobQueue;
 
@@ -77,7 +77,7 @@ pub struct Loaded {
     /// Which prompt prefixes the engine's KV pages hold (for `started.cached_tokens`).
     pub prefix_index: PrefixIndex,
     /// What compiles grammars over this vocabulary, or why structured output is unavailable.
-    pub grammars: Result<Arc<Grammars>, String>,
+    pub grammars: GrammarCell,
 }
 
 /// Where the worker is in its life (`busy` is `Ready` with every slot taken).

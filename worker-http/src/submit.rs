@@ -55,7 +55,7 @@ pub async fn submit(
     check_logit_bias(&job, loaded.vocab_size, &correlation_id)?;
     let prompt_tokens = tokenize(&loaded, &job.prompt, &correlation_id).await?;
     let max_tokens = max_tokens(shared, &loaded, &job, prompt_tokens.len(), &correlation_id)?;
-    let grammar = compile(&loaded, job.grammar.clone(), &correlation_id).await?;
+    let grammar = compile(shared, &loaded, job.grammar.clone(), &correlation_id).await?;
     // Generated seeds stay below 2^53 so JavaScript clients can send them back exactly.
     let seed = job
         .seed
@@ -211,6 +211,7 @@ fn check_logit_bias(
 /// The job's grammar compiled for the model (off the async threads: a large schema takes a
 /// while); a grammar that does not compile is the request's fault.
 async fn compile(
+    shared: &Shared,
     loaded: &Arc<Loaded>,
     grammar: Option<Grammar>,
     correlation_id: &str,
@@ -218,15 +219,26 @@ async fn compile(
     let Some(Grammar { spec, field }) = grammar else {
         return Ok(None);
     };
-    let grammars = loaded.grammars.clone().map_err(|why| {
-        let message = format!("structured output is unavailable for this model: {why}");
-        invalid(field, "available".into(), message, correlation_id)
-    })?;
-    tokio::task::spawn_blocking(move || grammars.compile(&spec))
-        .await
-        .map_err(|err| ApiError::new(ErrorCode::Internal, err.to_string(), correlation_id))?
-        .map(Some)
-        .map_err(|err| invalid(field, "grammar".into(), err.to_string(), correlation_id))
+    let (loaded, worker_id) = (loaded.clone(), shared.settings.worker_id.clone());
+    let compiled = tokio::task::spawn_blocking(move || {
+        let grammars = loaded.grammars.get(&worker_id, &loaded.tokenizer)?;
+        Ok::<_, String>(grammars.compile(&spec))
+    })
+    .await
+    .map_err(|err| ApiError::new(ErrorCode::Internal, err.to_string(), correlation_id))?;
+    match compiled {
+        Ok(Ok(constraint)) => Ok(Some(constraint)),
+        Ok(Err(err)) => Err(invalid(
+            field,
+            "grammar".into(),
+            err.to_string(),
+            correlation_id,
+        )),
+        Err(why) => {
+            let message = format!("structured output is unavailable for this model: {why}");
+            Err(invalid(field, "available".into(), message, correlation_id))
+        }
+    }
 }
 
 /// The request field a prompt came in.

@@ -27,7 +27,7 @@ use super::{Legacy, ShapeError};
 pub const GROUP: usize = 8;
 
 /// A matrix interleaved in groups of [`GROUP`] rows, block by block, for the kernels of
-/// format `F` ([`Legacy`] here, Q4_K in `super::packed_k`).
+/// format `F` ([`Legacy`] here, Q4_K and Q6_K in the sibling module `packed_k`).
 #[derive(Debug)]
 pub struct Packed<F> {
     format: F,

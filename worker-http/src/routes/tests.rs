@@ -92,6 +92,7 @@ pub(super) fn start_with_formatter(
     let grammars = worker_common::grammar::Grammars::new(&tiny_tokenizer())
         .map(Arc::new)
         .map_err(|err| err.to_string());
+    let grammars = crate::grammars::GrammarCell::built(grammars);
     let loaded = Loaded {
         grammars,
         model_name: "scripted".into(),
