@@ -9,11 +9,11 @@
 //! between steps, as a server's host work would (does the GPU slow down between steps?).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
 use backend_cuda::{CudaBackend, CudaOptions};
 use worker_common::backend::{
-    Chunk, ChunkOutput, InferenceBackend, Load, LoadConfig, PAGE_SIZE, PageId, StepOutputs, Want,
+    DecodeSteps, InferenceBackend, Load, LoadConfig, StepOutputs, time_decode_steps,
 };
 use worker_common::model::ModelFile;
 
@@ -47,66 +47,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &mut |_| {},
     )?;
     let mut outputs = StepOutputs::new(backend.vocab_size());
-    let vocab = model.spec.hparams.vocab_size as u32;
-    let per_sequence = context.div_ceil(PAGE_SIZE);
+    let shape = DecodeSteps {
+        prompt,
+        steps,
+        gap: Duration::from_micros(gap_us),
+    };
     for n in sizes {
-        let tables: Vec<Vec<PageId>> = (0..n)
-            .map(|s| {
-                (0..per_sequence)
-                    .map(|k| PageId((s * per_sequence + k) as u32))
-                    .collect()
-            })
-            .collect();
-        let prompts: Vec<Vec<u32>> = (0..n)
-            .map(|s| {
-                (0..prompt as u32)
-                    .map(|i| ((i + 97 * s as u32).wrapping_mul(2_654_435_761) >> 8) % vocab)
-                    .collect()
-            })
-            .collect();
-        let chunks: Vec<Chunk<'_>> = (0..n)
-            .map(|s| Chunk {
-                tokens: &prompts[s],
-                start_pos: 0,
-                pages: &tables[s],
-                want: Want::Greedy,
-            })
-            .collect();
-        backend.step(&chunks, &mut outputs)?;
-        let mut next = choices(&outputs, n)?;
-        let mut times = Vec::with_capacity(steps);
-        for step in 0..steps {
-            let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-            let chunks: Vec<Chunk<'_>> = (0..n)
-                .map(|s| Chunk {
-                    tokens: &tokens[s],
-                    start_pos: prompt + step,
-                    pages: &tables[s],
-                    want: Want::Greedy,
-                })
-                .collect();
-            std::thread::sleep(std::time::Duration::from_micros(gap_us));
-            let start = Instant::now();
-            backend.step(&chunks, &mut outputs)?;
-            times.push(start.elapsed().as_secs_f64() * 1e3);
-            next = choices(&outputs, n)?;
-        }
-        times.sort_by(f64::total_cmp);
-        let median = times[times.len() / 2];
+        let times = time_decode_steps(&mut backend, &mut outputs, n, shape)?;
+        let median = times[times.len() / 2].as_secs_f64() * 1e3;
         println!(
             "{n:>3} sequences: step {median:.3} ms (min {:.3}), {:.0} tok/s",
-            times[0],
+            times[0].as_secs_f64() * 1e3,
             n as f64 * 1e3 / median
         );
     }
     Ok(())
-}
-
-fn choices(outputs: &StepOutputs, n: usize) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
-    (0..n)
-        .map(|i| match outputs.get(i)? {
-            ChunkOutput::Greedy(id) => Ok(id),
-            other => Err(format!("chunk {i}: {other:?}").into()),
-        })
-        .collect()
 }

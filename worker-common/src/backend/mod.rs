@@ -7,9 +7,11 @@
 //! what runs in a step, and tokenizing, sampling, stop checks, streaming, timing and
 //! cancellation live once, in [`crate::schedule`] and [`crate::generate`].
 
+mod decode_steps;
 mod outputs;
 mod single;
 
+pub use decode_steps::{DecodeSteps, time_decode_steps};
 pub use outputs::{ChunkOutput, StepOutputs};
 pub use single::SingleSequence;
 
