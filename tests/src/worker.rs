@@ -135,13 +135,22 @@ impl Worker {
         worker
     }
 
-    /// Polls `/health` until 200 (at most 120 s).
+    /// Polls `/health` until 200 (at most 120 s), then waits (at most 5 s) for the grammar
+    /// compiler, which the worker builds on a thread of its own after `ready`: the tests that
+    /// measure memory take their baseline from a worker whose start-up is over.
     pub fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Ok(response) = http::get(self.addr, "/health")
                 && response.status == 200
             {
+                let built = |line: &Value| {
+                    matches!(
+                        line["event"].as_str(),
+                        Some("grammars_ready" | "grammars_unavailable")
+                    )
+                };
+                self.wait_for_log(built);
                 return;
             }
             assert!(
