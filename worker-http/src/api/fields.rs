@@ -236,6 +236,22 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// Whether `field`'s `count` entries (`what`) are at most `max`; records the error if not.
+    pub(super) fn within_count(
+        &mut self,
+        field: &str,
+        count: usize,
+        max: usize,
+        what: &str,
+    ) -> bool {
+        if count <= max {
+            return true;
+        }
+        let message = format!("{count} {what}, at most {max}");
+        self.fail(field, &format!("max_count({max})"), message, None);
+        false
+    }
+
     /// `stop`: an array of at most [`MAX_STOPS`] non-empty strings; with `lone_string`, a single
     /// string is accepted too (OpenAI's form).
     pub(super) fn stop(&mut self, lone_string: bool) -> Vec<String> {
@@ -250,9 +266,7 @@ impl<'a> Fields<'a> {
                 return Vec::new();
             }
         };
-        if items.len() > MAX_STOPS {
-            let message = format!("{} stop strings, at most {MAX_STOPS}", items.len());
-            self.fail("stop", "max_count(4)", message, None);
+        if !self.within_count("stop", items.len(), MAX_STOPS, "stop strings") {
             return Vec::new();
         }
         let mut stops = Vec::with_capacity(items.len());

@@ -68,9 +68,7 @@ impl Fields<'_> {
             self.wrong_type("logit_bias", "object", value);
             return Vec::new();
         };
-        if entries.len() > MAX_LOGIT_BIAS {
-            let message = format!("{} entries, at most {MAX_LOGIT_BIAS}", entries.len());
-            self.fail("logit_bias", "max_count(1024)", message, None);
+        if !self.within_count("logit_bias", entries.len(), MAX_LOGIT_BIAS, "entries") {
             return Vec::new();
         }
         let mut biases = Vec::with_capacity(entries.len());

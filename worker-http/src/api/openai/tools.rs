@@ -145,9 +145,7 @@ impl Fields<'_> {
             self.wrong_type("tools", "array", value);
             return Vec::new();
         };
-        if items.len() > MAX_TOOLS {
-            let message = format!("{} tools, at most {MAX_TOOLS}", items.len());
-            self.fail("tools", "max_count(64)", message, None);
+        if !self.within_count("tools", items.len(), MAX_TOOLS, "tools") {
             return Vec::new();
         }
         let mut functions: Vec<(String, Option<String>, Value)> = Vec::new();
