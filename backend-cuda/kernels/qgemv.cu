@@ -294,14 +294,37 @@ struct ChunkQ4_K {
 // cover four chunks' contiguous bytes instead of 32 chunks' scattered ones.
 struct ChunkQ6_K {
     static const int LANES = 8;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c, int sub) {
-        const u8* b = row + (c >> 3) * 210;
-        int j = c & 7, n = j >> 2, g = j & 3;
+    // Word `sub` (elements 4·sub..) of chunk j = 4n + g of the super-block at b: its 6-bit
+    // quants (0..63), one per byte.
+    static __device__ __forceinline__ u32 word(const u8* b, int j, int sub) {
+        int n = j >> 2, g = j & 3;
         u32 ql = ld_u32_2(b + 64 * n + 32 * (g & 1) + 4 * sub);
         u32 qh = ld_u32_2(b + 128 + 32 * n + 4 * sub);
+        return ((ql >> (g >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((qh >> (2 * g)) & 0x03030303u) << 4);
+    }
+    // The scale of the chunk's 16-element half `half`.
+    static __device__ __forceinline__ int half_scale(const u8* b, int j, int half) {
+        return (int)(signed char)b[192 + 8 * (j >> 2) + 2 * (j & 3) + half];
+    }
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int sub) {
+        const u8* b = row + (c >> 3) * 210;
+        int j = c & 7;
         WChunk w;
-        w.q[0] = ((ql >> (g >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((qh >> (2 * g)) & 0x03030303u) << 4);
-        w.sc = (int)(signed char)b[192 + 8 * n + 2 * g + (sub >> 2)];
+        w.q[0] = word(b, j, sub);
+        w.sc = half_scale(b, j, sub >> 2);
+        w.d = ld_f16(b + 208);
+        return w;
+    }
+    // The whole chunk for the tensor-core GEMM (qgemm.cu): its quants less 32 (signed, -32..31)
+    // in eight words, the two halves' scales in sc and mn.
+    static __device__ __forceinline__ WChunk load_whole(const u8* row, int c) {
+        const u8* b = row + (c >> 3) * 210;
+        int j = c & 7;
+        WChunk w;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w.q[k] = __vsub4(word(b, j, k), 0x20202020u);
+        w.sc = half_scale(b, j, 0);
+        w.mn = half_scale(b, j, 1);
         w.d = ld_f16(b + 208);
         return w;
     }

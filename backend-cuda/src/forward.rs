@@ -8,8 +8,8 @@ use worker_common::model::{Activation, GateUp, ModelPlan, Qkv, RopePlan};
 use crate::device::{Gpu, device_error};
 use crate::kv::KvPool;
 use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch, StepRows};
-use crate::pass::{Pass, Segment, check_pass, decode_splits, is_long, segments};
-use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, prequantized};
+use crate::pass::{Pass, check_pass, decode_splits, is_long, segments};
+use crate::qgemv::{QgemvMode, RopeTarget, has_qgemv};
 use crate::scratch::{Act, DecodeGraph, Scratch};
 use crate::weights::{DeviceVector, Layer, Weights};
 
@@ -185,9 +185,10 @@ impl Model<'_> {
             .argmax_logits(logits, hp.vocab_size, m, s.choices_ptr(), s.argmax())
     }
 
-    /// The input of projections of the pass's rows at `x` through RMSNorm `norm`: in a GEMV
-    /// pass, `x` itself with the norm for the GEMV kernels to apply on the fly; else (or for
-    /// rows too wide for that) normalized into [`Act::Normed`] first.
+    /// The input of projections of the pass's rows at `x` through RMSNorm `norm`: `x` itself
+    /// with the norm for the projections to apply on the fly (the GEMV kernels as they
+    /// quantize their input, the GEMM pass's `quantize_rows`); for a GEMV pass over rows too
+    /// wide for that, normalized into [`Act::Normed`] first.
     fn normalized(
         &self,
         x: u64,
@@ -197,7 +198,7 @@ impl Model<'_> {
     ) -> Result<(u64, Option<RowNorm>), BackendError> {
         let hp = &self.plan.hp;
         let rows = pass.rows;
-        if pass.gemv() && RowNorm::fits(hp.n_embd) {
+        if !pass.gemv() || RowNorm::fits(hp.n_embd) {
             let norm = RowNorm {
                 weight: norm.ptr,
                 eps: hp.norm_eps,
@@ -210,56 +211,8 @@ impl Model<'_> {
         Ok((normed, None))
     }
 
-    /// `out = norm(input) · Wᵀ (+ bias)` for each part, `n` token rows: with `segments`
-    /// (and no `norm`, which only the GEMVs apply) each matrix dequantized once, then an SGEMM
-    /// per segment; else GEMV launches over all rows: one int8-activation launch when every
-    /// part's format has one, else one f32 GEMV launch per run of parts with the same format.
-    fn project(
-        &self,
-        parts: &[Projection<'_>],
-        input: u64,
-        norm: Option<RowNorm>,
-        n: usize,
-        segments: &[Segment],
-        s: &Scratch,
-    ) -> Result<(), BackendError> {
-        match s.dequant() {
-            Some(dequant) if !segments.is_empty() && norm.is_none() => {
-                for p in parts {
-                    self.gpu.dequant(p.w, p.w.rows, None, 1.0, dequant)?;
-                    for segment in segments {
-                        let (rows, cols) = (segment.rows, p.w.cols);
-                        let x = input + (segment.start * cols * 4) as u64;
-                        let out = p.out + (segment.start * p.w.rows * 4) as u64;
-                        self.gpu.sgemm_nt(p.w.rows, rows, cols, dequant, x, out)?;
-                    }
-                    if let Some(bias) = p.bias {
-                        self.gpu.add_bias(p.out, bias, p.w.rows, n * p.w.rows)?;
-                    }
-                }
-                Ok(())
-            }
-            _ if parts.iter().all(|p| has_qgemv(p.w.ggml_type)) => {
-                self.qgemv(parts, input, norm, n, QgemvMode::Store, s)
-            }
-            _ => {
-                let mut start = 0;
-                while start < parts.len() {
-                    let w = parts[start].w;
-                    let end = parts[start..]
-                        .iter()
-                        .position(|p| !same_layout(p.w, w))
-                        .map_or(parts.len(), |i| start + i);
-                    self.gpu.gemv(&parts[start..end], input, norm, n, false)?;
-                    start = end;
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// `x += post_norm(input · Wᵀ)`: straight into the residual stream by the GEMV when there
-    /// is no post-norm, else through [`Act::Projected`].
+    /// `x += post_norm(input · Wᵀ)`: straight into the residual stream by the GEMV or the
+    /// tensor-core GEMM when there is no post-norm, else through [`Act::Projected`].
     fn residual(
         &self,
         w: &DeviceMatrix,
@@ -281,6 +234,14 @@ impl Model<'_> {
                 return self.qgemv(&[part], input, None, n, QgemvMode::Accumulate, s);
             }
             return self.gpu.gemv(&[part], input, None, n, true);
+        }
+        if post_norm.is_none() && has_qgemv(w.ggml_type) {
+            let part = Projection {
+                w,
+                bias: None,
+                out: x,
+            };
+            return self.quantized_gemm(&[part], input, None, n, QgemvMode::Accumulate, s);
         }
         let part = Projection {
             w,
@@ -341,8 +302,9 @@ impl Model<'_> {
         }
     }
 
-    /// Q, K and V of a GEMV pass by one int8-activation launch that also rotates Q and K and
-    /// appends K and V to the cache, when the layer allows it (separate quantized matrices, no
+    /// Q, K and V by one launch (the int8-activation GEMV, or in a pass of long chunks the
+    /// tensor-core GEMM) that also rotates Q and K and appends K and V to the cache, when the
+    /// layer allows it (separate quantized matrices, no
     /// Q/K norm between projection and RoPE); `false` when it does not, and nothing ran.
     #[allow(clippy::too_many_arguments)]
     fn qkv_with_rope(
@@ -359,7 +321,7 @@ impl Model<'_> {
             return Ok(false);
         };
         let quantized = [q, k, v].iter().all(|w| has_qgemv(w.ggml_type));
-        if !pass.gemv() || layer.qk_norm.is_some() || !quantized {
+        if layer.qk_norm.is_some() || !quantized {
             return Ok(false);
         }
         let hp = &self.plan.hp;
@@ -377,7 +339,12 @@ impl Model<'_> {
             .zip(separate_biases(layer))
             .map(|((w, out), bias)| Projection { w, bias, out });
         let parts: Vec<Projection<'_>> = parts.collect();
-        self.qgemv(&parts, input, norm, pass.rows, QgemvMode::Rope(target), s)?;
+        let mode = QgemvMode::Rope(target);
+        if pass.gemv() {
+            self.qgemv(&parts, input, norm, pass.rows, mode, s)?;
+        } else {
+            self.quantized_gemm(&parts, input, norm, pass.rows, mode, s)?;
+        }
         Ok(true)
     }
 
@@ -446,50 +413,6 @@ impl Model<'_> {
         )
     }
 
-    /// One int8-activation launch over `n` rows at `x` (through `norm` when given); several
-    /// rows, a wide input, or one read by the many blocks of a large launch are quantized once
-    /// first into [`Act::Quantized`].
-    fn qgemv(
-        &self,
-        parts: &[Projection<'_>],
-        x: u64,
-        norm: Option<RowNorm>,
-        n: usize,
-        mode: QgemvMode,
-        s: &Scratch,
-    ) -> Result<(), BackendError> {
-        let cols = parts.first().map_or(0, |p| p.w.cols);
-        let rows = parts.iter().map(|p| p.w.rows).sum();
-        if n > 1 || prequantized(cols, rows) {
-            let quantized = s.ptr(Act::Quantized);
-            self.gpu.quantize_rows(x, norm, n, cols, quantized)?;
-            return self
-                .gpu
-                .qgemv(parts, QgemvInput::Quantized(quantized), n, mode);
-        }
-        self.gpu.qgemv(parts, QgemvInput::Rows(x, norm), n, mode)
-    }
-
-    /// `out = act(norm(input) · gateᵀ) · (norm(input) · upᵀ)` by one GEMV launch.
-    #[allow(clippy::too_many_arguments)]
-    fn gated_gemv(
-        &self,
-        gate: &DeviceMatrix,
-        up: &DeviceMatrix,
-        input: u64,
-        norm: Option<RowNorm>,
-        n: usize,
-        out: u64,
-        s: &Scratch,
-    ) -> Result<(), BackendError> {
-        let gelu = self.plan.activation == Activation::GeluTanh;
-        if has_qgemv(gate.ggml_type) {
-            let parts = [gate, up].map(|w| Projection { w, bias: None, out });
-            return self.qgemv(&parts, input, norm, n, QgemvMode::Gated { gelu }, s);
-        }
-        self.gpu.gemv_gated(gate, up.ptr, input, norm, n, out, gelu)
-    }
-
     fn ffn_block(&self, layer: &Layer, pass: &Pass<'_>, s: &Scratch) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
@@ -498,8 +421,8 @@ impl Model<'_> {
         let (input, norm) = self.normalized(s.ptr(Act::X), &layer.ffn_norm, pass, s)?;
         let (n, gemv) = (pass.rows, pass.gemv());
         match &layer.gate_up {
-            GateUp::Separate { gate: wg, up: wu } if gemv && same_layout(wg, wu) => {
-                self.gated_gemv(wg, wu, input, norm, n, gate, s)?;
+            GateUp::Separate { gate: wg, up: wu } if Self::gates_in_one_launch(wg, wu, gemv) => {
+                self.gated_projection(wg, wu, input, norm, n, gemv, gate, s)?;
             }
             GateUp::Separate { gate: wg, up: wu } => {
                 let parts = [
@@ -517,7 +440,7 @@ impl Model<'_> {
                 self.project(&parts, input, norm, n, pass.segments, s)?;
                 gpu.gated(gate, up, gate, ff, ff, n, gelu)?;
             }
-            GateUp::Fused(w) if gemv => {
+            GateUp::Fused(w) if Self::gates_in_one_launch(w, w, gemv) => {
                 let half = DeviceMatrix {
                     rows: ff,
                     ..w.clone()
@@ -526,7 +449,7 @@ impl Model<'_> {
                     ptr: w.ptr + (ff * w.row_bytes) as u64,
                     ..half.clone()
                 };
-                self.gated_gemv(&half, &up_half, input, norm, n, gate, s)?;
+                self.gated_projection(&half, &up_half, input, norm, n, gemv, gate, s)?;
             }
             GateUp::Fused(w) => {
                 let fused = s.ptr(Act::Fused);
@@ -541,11 +464,6 @@ impl Model<'_> {
         }
         self.residual(&layer.ffn_down, gate, pass, layer.post_ffn_norm.as_ref(), s)
     }
-}
-
-/// Whether two matrices can share one GEMV launch (same format and row shape).
-fn same_layout(a: &DeviceMatrix, b: &DeviceMatrix) -> bool {
-    a.ggml_type == b.ggml_type && a.cols == b.cols && a.row_bytes == b.row_bytes
 }
 
 /// The device addresses of separate Q, K and V biases (none when the model has none).

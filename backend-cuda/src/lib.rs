@@ -20,12 +20,16 @@ mod kv;
 mod module;
 mod ops;
 mod pass;
+mod project;
+mod qgemm;
 mod qgemv;
 mod scratch;
 mod weights;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_prefill;
 #[cfg(test)]
 mod tests_qgemv;
 

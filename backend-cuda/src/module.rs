@@ -16,6 +16,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/prelude.cu"),
     include_str!("../kernels/quant.cu"),
     include_str!("../kernels/qgemv.cu"),
+    include_str!("../kernels/qgemm.cu"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/attention.cu"),
 );
@@ -53,7 +54,11 @@ pub struct Kernels {
     /// The batched one, up to eight tokens per block, `qgemv_batched[g][rows]`: the warp as
     /// 1, 2 or 4 sub-warps (`qgemv_r1_t8_g1`, …, `qgemv_r2_t8_g4`).
     pub qgemv_batched: [[CudaFunction; 2]; 3],
-    /// Quantizes input rows once for the qgemv launches that read them.
+    /// The int8 tensor-core GEMM of a pass of long chunks (`qgemm.cu`), 32×32 tiles.
+    pub qgemm_small: CudaFunction,
+    /// The same with 64×64 tiles.
+    pub qgemm_large: CudaFunction,
+    /// Quantizes input rows once for the qgemv and qgemm launches that read them.
     pub quantize_rows: CudaFunction,
     /// RMSNorm per row.
     pub rms_norm: CudaFunction,
@@ -73,8 +78,9 @@ pub struct Kernels {
     pub argmax_logits: CudaFunction,
     /// Copies chosen rows together (the head's inputs).
     pub gather_rows: CudaFunction,
-    /// Causal attention over the cache.
-    pub attention: CudaFunction,
+    /// Causal attention of a pass of long chunks over the cache, for heads of up to 64, 128
+    /// and 256 elements.
+    pub attention: [CudaFunction; 3],
     /// Decode attention split over the keys, merged by the last block.
     pub attention_split: CudaFunction,
     /// Keeps the module loaded as long as the functions are used.
@@ -127,6 +133,8 @@ impl Kernels {
                 [get("qgemv_r1_t8_g2")?, get("qgemv_r2_t8_g2")?],
                 [get("qgemv_r1_t8_g4")?, get("qgemv_r2_t8_g4")?],
             ],
+            qgemm_small: get("qgemm_small")?,
+            qgemm_large: get("qgemm_large")?,
             quantize_rows: get("quantize_rows")?,
             rms_norm: get("rms_norm")?,
             rope_store: get("rope_store")?,
@@ -137,7 +145,11 @@ impl Kernels {
             softcap: get("softcap")?,
             argmax_logits: get("argmax_logits")?,
             gather_rows: get("gather_rows")?,
-            attention: get("attention")?,
+            attention: [
+                get("attention_h64")?,
+                get("attention_h128")?,
+                get("attention_h256")?,
+            ],
             attention_split: get("attention_split")?,
             _module: module,
         })

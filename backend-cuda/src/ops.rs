@@ -16,8 +16,11 @@ const GEMV_WARPS: usize = 4;
 const MAX_DYNAMIC_SHARED: usize = 48 * 1024;
 /// Most warps a gate·up GEMV launch may take with gate and up rows in warps of their own.
 const SPLIT_GATED_MAX_WARPS: usize = 8192;
-/// Threads of the attention kernel (`ATT_WARPS` warps in attention.cu).
-const ATTENTION_THREADS: u32 = 512;
+/// Threads of the prefill attention kernel (`ATT_WARPS` warps in attention.cu).
+const ATTENTION_THREADS: u32 = 128;
+/// The prefill attention kernels (`attention_h64`, `_h128`, `_h256` in attention.cu): the
+/// widest head each takes, and its query rows per block (`AttSize::QUERIES`).
+const ATTENTION_KERNELS: [(usize, usize); 3] = [(64, 16), (128, 8), (256, 8)];
 /// Keys per chunk of the split attention kernel, one per thread (`SPLIT_CHUNK` in attention.cu).
 pub const SPLIT_CHUNK: usize = 128;
 /// Most blocks per query head of the split attention kernel: enough to spread a few thousand
@@ -395,8 +398,8 @@ impl Gpu {
     }
 
     /// Attention of `n` query rows, each at its position over its own sequence's keys
-    /// (`kv.rows`), in one layer of the pool: one block per query and head, or with `split`
-    /// (decode) the keys spread over blocks.
+    /// (`kv.rows`), in one layer of the pool: blocks of 8 or 16 query rows per head sharing
+    /// each tile of keys, or with `split` (decode) the keys spread over blocks.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -423,8 +426,16 @@ impl Gpu {
             Arg::I32(int(shape.window.unwrap_or(0))?),
         ];
         let Some(split) = split else {
-            let grid = (int(shape.n_head)? as u32, int(n)? as u32);
-            return self.launch(&self.kernels.attention, grid, ATTENTION_THREADS, &args);
+            args.push(Arg::I32(int(n)?));
+            let widest = shape.head_dim_k.max(shape.head_dim_v);
+            let kernel = ATTENTION_KERNELS
+                .iter()
+                .position(|&(head, _)| widest <= head)
+                .ok_or_else(|| BackendError::Device(format!("attention over heads of {widest}")))?;
+            let queries = ATTENTION_KERNELS[kernel].1;
+            let grid = (int(shape.n_head)? as u32, int(n.div_ceil(queries))? as u32);
+            let func = &self.kernels.attention[kernel];
+            return self.launch(func, grid, ATTENTION_THREADS, &args);
         };
         let splits = split.splits.clamp(1, MAX_SPLITS);
         args.extend([

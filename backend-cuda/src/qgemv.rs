@@ -90,7 +90,7 @@ pub struct RopeTarget {
 
 impl QgemvMode {
     /// The kernel's `mode` argument (`QG_*` in qgemv.cu).
-    fn code(self) -> i32 {
+    pub(crate) fn code(self) -> i32 {
         match self {
             QgemvMode::Store => 0,
             QgemvMode::Accumulate => 1,
@@ -123,12 +123,13 @@ fn warps_per_slot(cols: usize, slots: usize) -> usize {
     parts
 }
 
-fn int(v: usize) -> Result<i32, BackendError> {
+pub(crate) fn int(v: usize) -> Result<i32, BackendError> {
     i32::try_from(v)
         .map_err(|_| BackendError::InvalidInput(format!("size {v} exceeds a kernel's int")))
 }
 
-fn check(parts: &[Projection<'_>], mode: QgemvMode) -> Result<usize, BackendError> {
+/// Refuses a launch the kernels cannot run; the input width.
+pub(crate) fn check(parts: &[Projection<'_>], mode: QgemvMode) -> Result<usize, BackendError> {
     let refuse = |why: &str| Err(BackendError::Device(format!("a qgemv launch {why}")));
     let Some(first) = parts.first() else {
         return refuse("of no matrix");
@@ -303,7 +304,7 @@ fn sub_warps(spread: usize) -> usize {
 }
 
 /// The kernel's RoPE arguments (zeros unless `mode` is [`QgemvMode::Rope`]).
-fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), BackendError> {
+pub(crate) fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), BackendError> {
     let (target, rope) = match mode {
         QgemvMode::Rope(t) => (t, t.rope),
         _ => {

@@ -143,7 +143,8 @@ impl Layout {
 
 /// Activation buffers, grown to the largest pass and reused.
 pub struct Scratch {
-    /// Elements of the largest layer matrix: the prefill's dequantization buffer holds one.
+    /// Elements of the largest float layer matrix: the prefill's dequantization buffer holds one
+    /// (none when every layer matrix takes the tensor-core GEMM).
     max_layer_matrix: usize,
     /// What the buffers hold.
     room: Need,
@@ -248,7 +249,7 @@ impl Scratch {
             let room = self.room.grown(need).max(self.floor);
             self.allocate(gpu, plan, room)?;
         }
-        if gemm && self.dequant.is_none() {
+        if gemm && self.dequant.is_none() && self.max_layer_matrix > 0 {
             self.dequant = Some(gpu.alloc(self.max_layer_matrix * 4, "prefill scratch")?);
         }
         Ok(())

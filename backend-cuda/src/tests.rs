@@ -40,7 +40,7 @@ impl Rng {
     }
 }
 
-fn f16_bytes(v: f32) -> [u8; 2] {
+pub(super) fn f16_bytes(v: f32) -> [u8; 2] {
     half::f16::from_f32(v).to_le_bytes()
 }
 
@@ -489,6 +489,9 @@ fn attention_matches_the_reference() {
         (4, 1, 256, 600, 1, Some(512)),
         (14, 2, 64, 3000, 1, None),
         (8, 8, 96, 200, 3, Some(100)),
+        // Many query tiles and key tiles, neither starting on a tile boundary.
+        (14, 2, 64, 45, 70, None),
+        (4, 1, 256, 10, 40, Some(16)),
     ] {
         let len = start + n;
         let (kw, vw) = (n_head_kv * dim, n_head_kv * dim);
@@ -530,7 +533,7 @@ fn attention_matches_the_reference() {
                 .unwrap();
             get(&gpu, &out, n * n_head * dim)
         };
-        let mut results = vec![("one block per head", run(None))];
+        let mut results = vec![("prefill", run(None))];
         // The split decode kernel, with a grid sized for this context and for a longer one
         // (blocks past the context), twice so the reset counts are checked too.
         let partial = gpu

@@ -15,7 +15,7 @@ use crate::ops::{DeviceMatrix, Projection, RopeStore, RowNorm};
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, get, gpu, put, random_weights, rel_error, to_bytes};
 
-const TYPES: [GgmlType; 7] = [
+pub(crate) const TYPES: [GgmlType; 7] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -26,7 +26,7 @@ const TYPES: [GgmlType; 7] = [
 ];
 
 /// Each token row of `x` as the CPU's Q8_0 activation blocks would give it back.
-fn quantized(x: &[f32], cols: usize) -> Vec<f64> {
+pub(crate) fn quantized(x: &[f32], cols: usize) -> Vec<f64> {
     let mut blocks = Vec::new();
     x.chunks(cols)
         .flat_map(|row| {
@@ -40,7 +40,7 @@ fn quantized(x: &[f32], cols: usize) -> Vec<f64> {
 }
 
 /// `W · a` in f64 for every token row of `a`.
-fn products(weights: &[f32], rows: usize, a: &[f64], cols: usize) -> Vec<f64> {
+pub(crate) fn products(weights: &[f32], rows: usize, a: &[f64], cols: usize) -> Vec<f64> {
     a.chunks(cols)
         .flat_map(|a| {
             (0..rows).map(move |r| {
@@ -73,13 +73,13 @@ fn qgemv(
     }
 }
 
-struct Case {
-    matrix: DeviceMatrix,
+pub(crate) struct Case {
+    pub(crate) matrix: DeviceMatrix,
     _weights: Buffer,
-    dequantized: Vec<f32>,
+    pub(crate) dequantized: Vec<f32>,
 }
 
-fn case(
+pub(crate) fn case(
     gpu: &crate::device::Gpu,
     rng: &mut Rng,
     ggml_type: GgmlType,
@@ -105,7 +105,7 @@ fn case(
 
 /// Formats with a per-block minimum take the activation sum as the CPU stores it (f16 of the
 /// sum times the unrounded scale), which the f64 reference does not model.
-fn tolerance(ggml_type: GgmlType) -> f64 {
+pub(crate) fn tolerance(ggml_type: GgmlType) -> f64 {
     match ggml_type {
         GgmlType::Q4_1 | GgmlType::Q5_1 => 1e-4,
         _ => 1e-5,

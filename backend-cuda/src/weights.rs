@@ -10,6 +10,7 @@ use worker_common::model::{self, MatrixTensor, ModelSpec, TensorSource, VectorTe
 use crate::device::{Buffer, Gpu};
 use crate::module;
 use crate::ops::DeviceMatrix;
+use crate::qgemv::has_qgemv;
 
 /// Largest host-to-device copy: the mapping is read (and paged in) a chunk at a time.
 const UPLOAD_CHUNK: usize = 1 << 20;
@@ -30,7 +31,8 @@ pub type Layer = model::Layer<DeviceMatrix, DeviceVector>;
 pub struct DeviceWeights {
     /// The tensors.
     pub tensors: Weights,
-    /// Elements of the largest layer matrix (for the prefill dequantization scratch).
+    /// Elements of the largest layer matrix in a float format (for the prefill's dequantization
+    /// scratch; 0 when every layer matrix is quantized).
     pub max_layer_matrix: usize,
     /// Every allocation, for accounting and the residency check.
     pub buffers: Vec<Buffer>,
@@ -117,9 +119,10 @@ impl TensorSource for Uploader<'_> {
             });
         }
         let ptr = self.upload_bytes(tensor.data)?;
-        // The embedding table and head are not layer matrices: they never go through the
-        // prefill's dequantize + SGEMM path.
-        if tensor.name.starts_with("blk.") {
+        // Only float layer matrices go through the prefill's dequantize + SGEMM path (the
+        // quantized ones take the tensor-core GEMM; the embedding table and head are not layer
+        // matrices).
+        if tensor.name.starts_with("blk.") && !has_qgemv(tensor.ggml_type) {
             self.max_layer_matrix = self.max_layer_matrix.max(tensor.rows * tensor.cols);
         }
         Ok(DeviceMatrix {

@@ -1,0 +1,413 @@
+// Prefill GEMM on int8 tensor cores: every weight row of up to three matrices times every token
+// row of a pass, for the quantized formats of qgemv.cu, with qgemv's launch modes (store,
+// accumulate, gated, RoPE). The token rows come quantized once by quantize_rows (32-element
+// int8 chunks with a scale d, the sum of their quants and s, as the CPU's activation blocks). A
+// block takes a tile of BM weight rows × BN tokens: it decodes QM_KC weight chunks per row to
+// int8 in shared memory with the GEMV's loaders, copies the tokens' chunks beside them, and
+// each chunk's integer sums come from mma.sync (s8 × s8 → s32, exact). Each sum is then scaled
+// (fused multiply-adds of the chunk's scales, `qm_add`) into the output's f32 total in chunk
+// order 0, 1, 2, …: one total per output, its order fixed by the matrix width alone, so a
+// token's results do not depend on which or how many rows share the launch, nor on the tile
+// shape or where its tile falls.
+
+// Weight chunks (32 elements) per row and tile step: each step's loads, fetched while the
+// previous step multiplies, are in flight together.
+#define QM_KC 8
+// Bytes per row of a tile in shared memory: QM_KC chunks of 32 quants, plus 16 so that the
+// eight rows of a fragment load fall in distinct banks.
+#define QM_PITCH (QM_KC * 32 + 16)
+
+// A block's shape: WM × WN warps, each on MT 16-row × NT 8-token mma tiles, BLOCKS of them
+// resident per SM (the register budget __launch_bounds__ gives each thread). Small tiles give a
+// prompt of a few dozen tokens many blocks (one SM per large tile left most of the GPU idle);
+// large ones load and scale less per output for long prompts.
+template <int WARPS_M, int WARPS_N, int TILES_M, int TILES_N, int MIN_BLOCKS>
+struct QmShape {
+    static const int WM = WARPS_M, WN = WARPS_N, MT = TILES_M, NT = TILES_N, BLOCKS = MIN_BLOCKS;
+    static const int THREADS = WM * WN * 32, BM = WM * MT * 16, BN = WN * NT * 8;
+    // (row, chunk) and (token, chunk) pairs each thread fetches per step.
+    static const int PAIRS = BM * QM_KC / THREADS;
+    static_assert(BM == BN && BM * QM_KC % THREADS == 0, "pairs split evenly");
+};
+typedef QmShape<2, 4, 1, 1, 4> QmSmall;  // 32 × 32, 8 warps
+typedef QmShape<2, 4, 2, 2, 2> QmLarge;  // 64 × 64, 8 warps
+
+template <typename S>
+struct QmTiles {
+    u8 wq[S::BM * QM_PITCH];
+    u8 xq[S::BN * QM_PITCH];
+    float wd[S::BM][QM_KC], wm[S::BM][QM_KC];
+    int wsc[S::BM][QM_KC], wmn[S::BM][QM_KC];
+    float xd[S::BN][QM_KC], xs[S::BN][QM_KC];
+    int xsum[S::BN][QM_KC];
+};
+
+// c += a · b for a 16×32 tile of weights (row-major, 4 quants per word) and a 32×8 tile of
+// tokens (one column of 32 quants per token): mma's m16n8k32 fragments.
+__device__ __forceinline__ void mma_k32(int* c, const int* a, const int* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The same over 16 of the 32 elements (m16n8k16), for formats scaled per 16-element half.
+__device__ __forceinline__ void mma_k16(int* c, int a0, int a1, int b0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// A whole chunk of format C as int8 quants ready for mma (element i in byte i), with its scales.
+template <typename C>
+__device__ __forceinline__ WChunk qm_load(const u8* row, int c) {
+    return C::load(row, c, 0);
+}
+template <>
+__device__ __forceinline__ WChunk qm_load<ChunkQ6_K>(const u8* row, int c) {
+    return ChunkQ6_K::load_whole(row, c);
+}
+
+// Whether format C scales the two 16-element halves of a chunk apart (Q6_K).
+template <typename C>
+struct QmHalves {
+    static const bool value = false;
+};
+template <>
+struct QmHalves<ChunkQ6_K> {
+    static const bool value = true;
+};
+
+// acc plus the product of a weight chunk (its scales in w) and a token chunk (dx, sumx, sx), from
+// the integer sums over the chunk (low) or its halves (low, high; Q6_K): ggml's per-block
+// formula for the format, as fused multiply-adds.
+template <typename C>
+__device__ __forceinline__ float qm_add(float acc, const WChunk& w, float dx, int sumx, float sx,
+                                        int low, int high);
+template <>
+__device__ __forceinline__ float qm_add<ChunkQ4_0>(float acc, const WChunk& w, float dx, int sumx,
+                                                   float, int low, int) {
+    return fmaf(w.d * dx, (float)(low - 8 * sumx), acc);
+}
+template <>
+__device__ __forceinline__ float qm_add<ChunkQ4_1>(float acc, const WChunk& w, float dx, int,
+                                                   float sx, int low, int) {
+    return fmaf(w.m, sx, fmaf(w.d * dx, (float)low, acc));
+}
+template <>
+__device__ __forceinline__ float qm_add<ChunkQ5_0>(float acc, const WChunk& w, float dx, int sumx,
+                                                   float, int low, int) {
+    return fmaf(w.d * dx, (float)(low - 16 * sumx), acc);
+}
+template <>
+__device__ __forceinline__ float qm_add<ChunkQ5_1>(float acc, const WChunk& w, float dx, int,
+                                                   float sx, int low, int) {
+    return fmaf(w.m, sx, fmaf(w.d * dx, (float)low, acc));
+}
+template <>
+__device__ __forceinline__ float qm_add<ChunkQ8_0>(float acc, const WChunk& w, float dx, int,
+                                                   float, int low, int) {
+    return fmaf(w.d * dx, (float)low, acc);
+}
+template <>
+__device__ __forceinline__ float qm_add<ChunkQ4_K>(float acc, const WChunk& w, float dx, int sumx,
+                                                   float, int low, int) {
+    return fmaf(-(w.m * dx), (float)(w.mn * sumx), fmaf(w.d * dx, (float)(w.sc * low), acc));
+}
+template <>
+__device__ __forceinline__ float qm_add<ChunkQ6_K>(float acc, const WChunk& w, float dx, int,
+                                                   float, int low, int high) {
+    return fmaf(w.d * dx, (float)(w.sc * low + w.mn * high), acc);
+}
+
+// What a block multiplies: its matrix (one format), and for each of the rows of its weight tile
+// the row it holds. In the gated and RoPE modes each 16-row mma tile holds the first rows
+// of 8 output slots in its rows 0..7 and their second rows in 8..15 (gate and up row; the two
+// rows a RoPE pair rotates together), so that one thread holds both results of a slot.
+struct QmBlock {
+    QMatrix m;
+    int slot0;    // first slot (output row, or pair for RoPE) of the block in its matrix
+    int slots;    // slots of the matrix
+    int pair0;    // RoPE: index of the matrix's first pair among the launch's pairs
+};
+
+// Row r of the weight tile: its matrix's row (and, for RoPE, which matrix and the rotation).
+__device__ __forceinline__ int qm_tile_row(const QmBlock& b, const QMatrix& m0, const QMatrix& m1,
+                                           const QRope& rope, int mode, int r, int* which,
+                                           int* rotation) {
+    int slot = b.slot0 + (r >> 4) * 8 + (r & 7), second = (r >> 3) & 1;
+    if (mode == QG_STORE || mode == QG_ACCUMULATE) return min(b.slot0 + r, b.m.rows - 1);
+    slot = min(slot, b.slots - 1);
+    if (mode != QG_ROPE) return slot;  // gated: gate row r (first) or up row r (second)
+    int a, c;
+    *which = rope_pair(m0, m1, rope, b.pair0 + slot, &a, &c, rotation);
+    return second ? c : a;
+}
+
+// The weight pointer of tile row r (gated: the second rows from m1, the up matrix; RoPE: both
+// rows of a pair from the block's matrix).
+__device__ __forceinline__ const u8* qm_row_ptr(const QmBlock& b, const QMatrix& m1, int mode,
+                                                int r, int row) {
+    bool up = (mode == QG_SILU || mode == QG_GELU) && ((r >> 3) & 1);
+    const QMatrix& m = up ? m1 : b.m;
+    return m.w + (long long)row * m.row_bytes;
+}
+
+// One thread's share of a tile step in registers: S::PAIRS weight chunks and token chunks.
+template <typename S>
+struct QmStage {
+    WChunk w[S::PAIRS];
+    int4 x0[S::PAIRS], x1[S::PAIRS];
+    float xd[S::PAIRS], xs[S::PAIRS];
+    int xsum[S::PAIRS];
+};
+
+// Pair i of this thread: tile row or token (threadIdx.x + i · threads) / QM_KC, chunk
+// threadIdx.x mod QM_KC.
+template <typename S>
+__device__ __forceinline__ int qm_pair_row(int i) {
+    return (threadIdx.x + i * S::THREADS) / QM_KC;
+}
+
+// This thread's chunks of step k0 (kc chunks): its weight rows' (at `wrows`) decoded, its
+// tokens' copied (tokens past the end repeat the last one; their results are not stored).
+template <typename C, typename S>
+__device__ __forceinline__ void qm_fetch(QmStage<S>& st, const u8* const* wrows, int t0, int n,
+                                         int cols, const u8* pre, int k0, int kc) {
+    int c = threadIdx.x % QM_KC;
+    if (c >= kc) return;
+#pragma unroll
+    for (int i = 0; i < S::PAIRS; ++i) {
+        st.w[i] = qm_load<C>(wrows[i], k0 + c);
+        int t = min(t0 + qm_pair_row<S>(i), n - 1);
+        const u8* base = pre + (long long)t * qinput_bytes(cols);
+        QInput in = qinput_at(cols, base);
+        const int4* src = (const int4*)(base + 32 * (k0 + c));
+        st.x0[i] = src[0];
+        st.x1[i] = src[1];
+        st.xd[i] = in.d[k0 + c];
+        st.xsum[i] = in.sum[k0 + c];
+        st.xs[i] = in.s[k0 + c];
+    }
+}
+
+template <typename S>
+__device__ __forceinline__ void qm_store(QmTiles<S>& sh, const QmStage<S>& st, int kc) {
+    int c = threadIdx.x % QM_KC;
+    if (c >= kc) return;
+#pragma unroll
+    for (int i = 0; i < S::PAIRS; ++i) {
+        int r = qm_pair_row<S>(i);
+        const WChunk& w = st.w[i];
+        int4* dst = (int4*)(sh.wq + r * QM_PITCH + 32 * c);
+        dst[0] = int4{(int)w.q[0], (int)w.q[1], (int)w.q[2], (int)w.q[3]};
+        dst[1] = int4{(int)w.q[4], (int)w.q[5], (int)w.q[6], (int)w.q[7]};
+        sh.wd[r][c] = w.d;
+        sh.wm[r][c] = w.m;
+        sh.wsc[r][c] = w.sc;
+        sh.wmn[r][c] = w.mn;
+        int4* xdst = (int4*)(sh.xq + r * QM_PITCH + 32 * c);
+        xdst[0] = st.x0[i];
+        xdst[1] = st.x1[i];
+        sh.xd[r][c] = st.xd[i];
+        sh.xsum[r][c] = st.xsum[i];
+        sh.xs[r][c] = st.xs[i];
+    }
+}
+
+// The products of chunk c of the tiles for the warp's rows wm.. and tokens wn.., added to acc
+// (mma tile mt, nt; output i: row g, +8 for i ≥ 2; token 2·q4 + (i & 1)).
+template <typename C, typename S>
+__device__ __forceinline__ void qm_chunk(const QmTiles<S>& sh, int c, int wm, int wn, int g,
+                                         int q4, float (*acc)[S::NT][4]) {
+    int a[S::MT][4];
+    WChunk w[S::MT][2];
+#pragma unroll
+    for (int mt = 0; mt < S::MT; ++mt) {
+        const u8* pa = sh.wq + (wm + 16 * mt + g) * QM_PITCH + 32 * c + 4 * q4;
+        a[mt][0] = *(const int*)pa;
+        a[mt][1] = *(const int*)(pa + 8 * QM_PITCH);
+        a[mt][2] = *(const int*)(pa + 16);
+        a[mt][3] = *(const int*)(pa + 8 * QM_PITCH + 16);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int r = wm + 16 * mt + g + 8 * h;
+            w[mt][h].d = sh.wd[r][c];
+            w[mt][h].m = sh.wm[r][c];
+            w[mt][h].sc = sh.wsc[r][c];
+            w[mt][h].mn = sh.wmn[r][c];
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < S::NT; ++nt) {
+        int x = wn + 8 * nt;
+        const u8* pb = sh.xq + (x + g) * QM_PITCH + 32 * c + 4 * q4;
+        int b[2] = {*(const int*)pb, *(const int*)(pb + 16)};
+        float xd[2], xs[2];
+        int xsum[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            int t = x + 2 * q4 + j;
+            xd[j] = sh.xd[t][c];
+            xs[j] = sh.xs[t][c];
+            xsum[j] = sh.xsum[t][c];
+        }
+#pragma unroll
+        for (int mt = 0; mt < S::MT; ++mt) {
+            int low[4] = {0, 0, 0, 0}, high[4] = {0, 0, 0, 0};
+            if (QmHalves<C>::value) {
+                mma_k16(low, a[mt][0], a[mt][1], b[0]);
+                mma_k16(high, a[mt][2], a[mt][3], b[1]);
+            } else {
+                mma_k32(low, a[mt], b);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                int j = i & 1;
+                acc[mt][nt][i] = qm_add<C>(acc[mt][nt][i], w[mt][i >> 1], xd[j], xsum[j], xs[j],
+                                           low[i], high[i]);
+            }
+        }
+    }
+}
+
+// What the block does with the totals of its warp's tile rows and tokens.
+template <typename S>
+__device__ __forceinline__ void qm_epilogue(const QmBlock& b, const QMatrix& m0,
+                                            const QMatrix& m1, const QMatrix& m2,
+                                            const QRope& rope, int mode, int wm, int wn, int g,
+                                            int q4, int t0, int n, float (*acc)[S::NT][4]) {
+    bool paired = mode != QG_STORE && mode != QG_ACCUMULATE;
+#pragma unroll
+    for (int mt = 0; mt < S::MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < S::NT; ++nt) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                int t = t0 + wn + 8 * nt + 2 * q4 + (i & 1);
+                if (t >= n) continue;
+                float v = acc[mt][nt][i];
+                if (!paired) {
+                    int r = b.slot0 + wm + 16 * mt + g + 8 * (i >> 1);
+                    if (r >= b.m.rows) continue;
+                    if (b.m.bias) v = v + b.m.bias[r];
+                    float* dst = b.m.y + (long long)t * b.m.rows + r;
+                    *dst = mode == QG_ACCUMULATE ? *dst + v : v;
+                    continue;
+                }
+                // Slot 8·(mma tile) + g: its first row's total in outputs 0, 1, the second's
+                // in 2, 3.
+                int slot = b.slot0 + ((wm >> 4) + mt) * 8 + g;
+                if (i >= 2 || slot >= b.slots) continue;
+                float second = acc[mt][nt][i + 2];
+                if (mode != QG_ROPE) {
+                    float act = mode == QG_GELU ? gelu_tanh(v) : silu(v);
+                    m0.y[(long long)t * m0.rows + slot] = act * second;
+                    continue;
+                }
+                int a, c, rotation;
+                int which = rope_pair(m0, m1, rope, b.pair0 + slot, &a, &c, &rotation);
+                const QMatrix& mb = pick(m0, m1, m2, which);
+                if (mb.bias) {
+                    v = v + mb.bias[a];
+                    second = second + mb.bias[c];
+                }
+                rope_epilogue(m0, m1, m2, rope, which, a, c, rotation, v, second, t);
+            }
+        }
+    }
+}
+
+// Tile b of the block's matrix times tokens blockIdx.x · BN.. of the n at `pre`: warp w on tile
+// rows 16·MT·(w mod WM).. and tokens 8·NT·(w / WM)... Each thread fetches its share of the next
+// tile step into registers while the block multiplies the current one.
+template <typename C, typename S>
+__device__ void qgemm_tile(QmTiles<S>& sh, const QmBlock& b, const QMatrix& m0, const QMatrix& m1,
+                           const QMatrix& m2, const QRope& rope, int mode, int cols, int n,
+                           const u8* pre) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
+    int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
+    int t0 = blockIdx.x * S::BN, chunks = cols >> 5;
+    const u8* wrows[S::PAIRS];
+#pragma unroll
+    for (int i = 0; i < S::PAIRS; ++i) {
+        int r = qm_pair_row<S>(i), which = 0, rotation = 0;
+        int row = qm_tile_row(b, m0, m1, rope, mode, r, &which, &rotation);
+        wrows[i] = qm_row_ptr(b, m1, mode, r, row);
+    }
+    float acc[S::MT][S::NT][4];
+#pragma unroll
+    for (int i = 0; i < 4 * S::MT * S::NT; ++i) acc[i / (4 * S::NT)][(i / 4) % S::NT][i % 4] = 0.0f;
+    QmStage<S> st;
+    qm_fetch<C, S>(st, wrows, t0, n, cols, pre, 0, min(QM_KC, chunks));
+    for (int k0 = 0; k0 < chunks; k0 += QM_KC) {
+        int kc = min(QM_KC, chunks - k0);
+        qm_store(sh, st, kc);
+        __syncthreads();
+        if (k0 + QM_KC < chunks)
+            qm_fetch<C, S>(st, wrows, t0, n, cols, pre, k0 + QM_KC, min(QM_KC, chunks - k0 - QM_KC));
+        // Unrolled, so that one chunk's loads and mma overlap another's scaling.
+#pragma unroll
+        for (int c = 0; c < QM_KC; ++c)
+            if (c < kc) qm_chunk<C, S>(sh, c, wm, wn, g, q4, acc);
+        __syncthreads();
+    }
+    qm_epilogue<S>(b, m0, m1, m2, rope, mode, wm, wn, g, q4, t0, n, acc);
+}
+
+// The block's matrix and first slot: grid.y runs over the tiles of m0, then m1, then m2 (BM
+// rows each; in the gated mode BM / 2 gate·up slots of m0 and m1; RoPE: BM / 2 pairs of each
+// matrix).
+__device__ __forceinline__ QmBlock qm_block(const QMatrix& m0, const QMatrix& m1,
+                                            const QMatrix& m2, int mode, int bm) {
+    bool paired = mode != QG_STORE && mode != QG_ACCUMULATE;
+    bool gated = paired && mode != QG_ROPE;
+    int per_tile = paired ? bm / 2 : bm, tile = blockIdx.y, pair0 = 0;
+    QMatrix ms[3] = {m0, m1, m2};
+    int count = gated ? 1 : 3;
+    for (int i = 0; i < count; ++i) {
+        int slots = mode == QG_ROPE ? ms[i].rows / 2 : ms[i].rows;
+        int tiles = (slots + per_tile - 1) / per_tile;
+        if (tile < tiles || i == count - 1) return QmBlock{ms[i], tile * per_tile, slots, pair0};
+        tile -= tiles;
+        pair0 += slots;
+    }
+    return QmBlock{m0, 0, 0, 0};
+}
+
+template <typename S>
+__device__ void qgemm(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, const QRope& rope,
+                      int cols, int n, const u8* pre, int mode) {
+    __shared__ __align__(16) QmTiles<S> sh;
+    QmBlock b = qm_block(m0, m1, m2, mode, S::BM);
+    switch (b.m.format) {
+        case 2: qgemm_tile<ChunkQ4_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
+        case 3: qgemm_tile<ChunkQ4_1, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
+        case 6: qgemm_tile<ChunkQ5_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
+        case 7: qgemm_tile<ChunkQ5_1, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
+        case 8: qgemm_tile<ChunkQ8_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
+        case 12: qgemm_tile<ChunkQ4_K, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
+        default: qgemm_tile<ChunkQ6_K, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
+    }
+}
+
+#define QGEMM_KERNEL(NAME, SHAPE)                                                                  \
+    extern "C" __global__ void __launch_bounds__(SHAPE::THREADS, SHAPE::BLOCKS) NAME(              \
+        const u8* w0, const u8* w1, const u8* w2, long long rb0, long long rb1, long long rb2,     \
+        const float* b0, const float* b1, const float* b2, float* y0, float* y1, float* y2,        \
+        int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int n, const u8* pre,   \
+        int mode, const int* pos, const int* tables, const int* pages, u16* k_cache,               \
+        u16* v_cache, int head_dim, int rope_dims, float theta_scale, float freq_scale,            \
+        int neox) {                                                                                \
+        QMatrix m0 = {w0, rb0, b0, y0, rows0, f0}, m1 = {w1, rb1, b1, y1, rows1, f1},              \
+                m2 = {w2, rb2, b2, y2, rows2, f2};                                                 \
+        QRope rope = {{pos, tables, pages}, k_cache, v_cache, head_dim, rope_dims, neox,           \
+                      theta_scale, freq_scale};                                                    \
+        qgemm<SHAPE>(m0, m1, m2, rope, cols, n, pre, mode);                                        \
+    }
+
+QGEMM_KERNEL(qgemm_small, QmSmall)
+QGEMM_KERNEL(qgemm_large, QmLarge)
