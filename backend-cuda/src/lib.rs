@@ -6,8 +6,9 @@
 //! backend; Q/K/V in one launch, gate and up fused with the activation, the residual add in the
 //! output projections); the decodes of a step run together in one pass, each weight chunk
 //! multiplied by up to eight rows with the one-row arithmetic per row, replayed as a CUDA graph
-//! captured per batch size. A step's prefill chunks of 17 tokens or more share another pass:
-//! each matrix dequantized once into f32 scratch, then one cuBLAS SGEMM per chunk. Activations are f32, the KV page
+//! captured per batch size. A step's prefill chunks of 17 tokens or more share another pass: one
+//! int8 tensor-core GEMM launch per projection over all their rows (`mma.sync`, each output's sum
+//! in an order fixed by the matrix width) and a tiled attention. Activations are f32, the KV page
 //! pool f16, as in the CPU backend; every kernel reaches a row's keys and values through that
 //! row's page table in device memory, so a row's results do not depend on the rest of its pass
 //! (batch invariance). The kernels (`kernels/*.cu`) are compiled by NVRTC for the device at
@@ -120,6 +121,11 @@ pub struct CudaBackend {
 /// Most bytes credited to what no buffer names: the device-wide delta behind it also counts other
 /// processes' allocations made during the load, which must not be reported as this worker's.
 const MAX_UNNAMED: u64 = 192 << 20;
+/// Prefill chunks end on multiples of this many positions: a 512-token prompt is one pass (as
+/// llama-server's 512-token micro-batch), where the scheduler's default of 256 made it two
+/// passes and doubled their fixed cost in its time to first token; on the GPU a step of 512
+/// prompt rows beside the decodes costs them a few milliseconds.
+const PREFILL_CHUNK: usize = 512;
 
 impl Load for CudaBackend {
     type Options = CudaOptions;
@@ -218,12 +224,17 @@ impl InferenceBackend for CudaBackend {
     }
 
     fn chunking_invariant(&self) -> bool {
-        // Chunks under 17 rows take the int8 GEMV, longer ones dequantize + SGEMM.
+        // Chunks under 17 rows take the int8 GEMVs and the split attention, longer ones the
+        // tensor-core GEMM and the tiled attention: the same rows, other bits.
         false
     }
 
+    fn prefill_chunk(&self) -> usize {
+        PREFILL_CHUNK
+    }
+
     /// Runs the chunks of 17 tokens or more (`GEMM_MIN_TOKENS`) together in one pass
-    /// (each matrix dequantized once, an SGEMM per chunk), then all the shorter ones (decodes,
+    /// (the tensor-core GEMM over all their rows), then all the shorter ones (decodes,
     /// prompt tails) together in another, downloading what each pass's chunks want before the
     /// next pass starts. A row's arithmetic does not depend on the other rows of its pass, so
     /// the step is batch invariant. A sticky CUDA error fails the step with `DeviceLost`, and

@@ -1,20 +1,20 @@
 //! The shape of a pass: which of a step's chunks run together, and with which kernels. A pass
-//! holds either chunks of at least [`GEMM_MIN_TOKENS`] tokens (dequantize + SGEMM, one SGEMM per
-//! chunk) or shorter ones (the int8-activation GEMVs over all rows), never both.
+//! holds either chunks of at least [`GEMM_MIN_TOKENS`] tokens (the int8 tensor-core GEMM over all
+//! rows; float formats dequantize + SGEMM, one SGEMM per chunk) or shorter ones (the
+//! int8-activation GEMVs over all rows), never both.
 
 use worker_common::backend::{BackendError, Chunk, PAGE_SIZE};
 
 use crate::ops::SplitScratch;
 
-/// From this many tokens, a chunk's projections dequantize each matrix once into f32 scratch
-/// and run cuBLAS SGEMM; below it, the GEMV kernels read the quantized weights directly.
-/// Measured on an H100 (time to first token of a fresh sequence): the GEMV path is faster up to
-/// 16 tokens on Qwen 0.5B (16: 8.0 ms against 9.4 ms; 24: 10.9 against 6.8) and to about 48 on
-/// SmolLM2 135M, as each token re-reads the weights; the larger model sets the bound.
+/// From this many tokens, a chunk's projections take the tensor-core GEMM (qgemm.cu); below it,
+/// the GEMV kernels, which read each weight chunk once per eight rows. Measured on an H100 (time
+/// to first token of a fresh sequence, `examples/bench.rs`): Qwen 0.5B 2.56 ms at 16 tokens by
+/// the GEMVs, 2.96 at 24 by the GEMM; SmolLM2 1.60 and 1.97.
 pub const GEMM_MIN_TOKENS: usize = 17;
 
-/// The rows of one chunk in a pass that multiplies by SGEMM: each chunk gets its own SGEMM
-/// calls, shaped as if it ran alone, so its results do not depend on the others.
+/// The rows of one chunk in a pass of long chunks: a float-format matrix gets an SGEMM per
+/// chunk, shaped as if the chunk ran alone, so its results do not depend on the others.
 #[derive(Debug, Clone, Copy)]
 pub struct Segment {
     /// First row.
@@ -32,8 +32,8 @@ pub struct Pass<'a> {
     /// Head rows: the last row of each chunk that wants an output.
     pub heads: usize,
     /// Empty for chunks under [`GEMM_MIN_TOKENS`] tokens (int8-activation GEMVs over all rows
-    /// and the split decode attention); else the chunks of at least that many (dequantize each
-    /// matrix once, an SGEMM per chunk, the one-block attention).
+    /// and the split decode attention); else the chunks of at least that many (the tensor-core
+    /// GEMM, the tiled prefill attention).
     pub segments: &'a [Segment],
     /// Whether the head rows are the last rows of the pass (one chunk): no gather needed.
     pub head_is_last: bool,

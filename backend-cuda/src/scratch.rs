@@ -27,7 +27,7 @@ pub enum Act {
     Fused,
     /// Attention output.
     Attn,
-    /// Output projection before the residual add (SGEMM path and post-norms).
+    /// Output projection before the residual add (float formats and post-norms).
     Projected,
     /// Gate, then the gated product.
     Gate,
@@ -155,7 +155,7 @@ pub struct Scratch {
     /// The host side of [`Act::Step`], kept so that a step allocates nothing.
     staging: Vec<u8>,
     buffers: Vec<Buffer>,
-    /// Dequantized weight matrix for the SGEMM path.
+    /// Dequantized float-format weight matrix for the prefill's SGEMM.
     dequant: Option<Buffer>,
     /// Logits of the head rows, then their choices, copied here straight from the GPU.
     logits: Option<PinnedHostSlice<f32>>,
@@ -231,7 +231,8 @@ impl Scratch {
         self.ptr(Act::Logits) + (4 * self.room.heads * self.vocab) as u64
     }
 
-    /// The SGEMM path's dequantization buffer, once a pass of long chunks reserved it.
+    /// The prefill's dequantization buffer for float-format matrices, once a pass of long chunks
+    /// reserved it.
     pub fn dequant(&self) -> Option<u64> {
         self.dequant.as_ref().map(Buffer::ptr)
     }

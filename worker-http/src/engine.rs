@@ -201,6 +201,7 @@ fn publish<B: InferenceBackend>(
     let config = SchedulerConfig {
         max_running: loaded.slots,
         step_tokens: shared.settings.batch_tokens as usize,
+        prefill_chunk: backend.prefill_chunk(),
         prefix_cache: prefix_cache(shared, backend),
         replay_decodes: !backend.chunking_invariant(),
     };
@@ -281,7 +282,9 @@ fn serve<B: InferenceBackend>(shared: &Shared, mut backend: B, mut scheduler: Sc
             // Failed before any job hears of the fault: a client holding its error event
             // finds /health failed.
             fail(shared, message);
-        } else if !ended.is_empty() {
+        } else {
+            // After every step, not only when a job ends: a step that grew the scratch (a
+            // larger batch) is in nvidia-smi's figure at once, and must be in /health too.
             shared.set_memory(backend.info().memory);
         }
         for Ended { job, result } in ended {

@@ -316,6 +316,14 @@ pub trait InferenceBackend: Sized + Send + 'static {
     /// the CUDA backend's differ between chunk sizes until its batched kernels land.
     fn chunking_invariant(&self) -> bool;
 
+    /// Prefill chunks end on multiples of this many positions (the scheduler's grid, fixed for
+    /// the life of the backend, so a prompt is always cut the same way): larger on a device
+    /// whose long chunks cost little more than short ones, smaller where a chunk's time delays
+    /// every running sequence's next token.
+    fn prefill_chunk(&self) -> usize {
+        crate::schedule::PREFILL_CHUNK
+    }
+
     /// Runs one step over `chunks` (at most one per sequence) and fills `outputs` with what
     /// each chunk wants, in the chunks' order.
     fn step(&mut self, chunks: &[Chunk<'_>], outputs: &mut StepOutputs)

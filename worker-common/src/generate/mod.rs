@@ -21,7 +21,7 @@ pub use stop::{Released, StopMatcher};
 use crate::backend::{BackendError, InferenceBackend, PAGE_SIZE};
 use crate::grammar::{Constraint, GrammarError};
 use crate::sampling::SamplingParams;
-use crate::schedule::{PREFILL_CHUNK, Scheduler, SchedulerConfig};
+use crate::schedule::{Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
 
 /// How often a `metrics` event is sent while decoding.
@@ -225,7 +225,8 @@ pub fn generate<B: InferenceBackend>(
     let sequence = Sequence::new(request.clone(), cancel.clone())?;
     let config = SchedulerConfig {
         max_running: 1,
-        step_tokens: PREFILL_CHUNK,
+        step_tokens: backend.prefill_chunk(),
+        prefill_chunk: backend.prefill_chunk(),
         prefix_cache: false,
         // Alone, a sequence is never preempted.
         replay_decodes: false,

@@ -25,7 +25,8 @@ use crate::backend::{BackendError, Chunk, InferenceBackend, PAGE_SIZE, PageId, S
 use crate::generate::{EventSink, Finished, GenerateError, Sequence, StepContext};
 use crate::tokenizer::Tokenizer;
 
-/// Prefill chunks end on multiples of this many positions.
+/// Prefill chunks end on multiples of this many positions, unless the backend says otherwise
+/// ([`InferenceBackend::prefill_chunk`]).
 pub const PREFILL_CHUNK: usize = 256;
 
 /// The scheduler's limits.
@@ -33,9 +34,12 @@ pub const PREFILL_CHUNK: usize = 256;
 pub struct SchedulerConfig {
     /// Most sequences running at once (`--parallel`).
     pub max_running: usize,
-    /// Most tokens in one step (`--batch-tokens`); at least [`PREFILL_CHUNK`] so a lone prefill
+    /// Most tokens in one step (`--batch-tokens`); at least `prefill_chunk` so a lone prefill
     /// chunk always fits.
     pub step_tokens: usize,
+    /// Prefill chunks end on multiples of this many positions (the backend's
+    /// [`InferenceBackend::prefill_chunk`]).
+    pub prefill_chunk: usize,
     /// Whether full pages are shared between sequences with the same leading tokens.
     pub prefix_cache: bool,
     /// Whether a sequence re-prefilled after preemption runs its generated tokens one per
@@ -108,12 +112,12 @@ pub struct Scheduler<J> {
     stats: SchedulerStats,
 }
 
-/// The next prefill chunk of `seq`: up to the next multiple of [`PREFILL_CHUNK`] (or the end of
-/// its history); with `replay_decodes`, never past the end of its prompt, and one token at a
-/// time after it (see [`SchedulerConfig::replay_decodes`]).
-fn prefill_len(seq: &Sequence, replay_decodes: bool) -> usize {
+/// The next prefill chunk of `seq`: up to the next multiple of `grid` (or the end of its
+/// history); with `replay_decodes`, never past the end of its prompt, and one token at a time
+/// after it (see [`SchedulerConfig::replay_decodes`]).
+fn prefill_len(seq: &Sequence, grid: usize, replay_decodes: bool) -> usize {
     let computed = seq.computed();
-    let to_boundary = PREFILL_CHUNK - computed % PREFILL_CHUNK;
+    let to_boundary = grid - computed % grid;
     let len = seq.pending().min(to_boundary);
     match (replay_decodes, seq.prompt_len().checked_sub(computed)) {
         (false, _) => len,
@@ -132,7 +136,8 @@ impl<J: EventSink> Scheduler<J> {
     pub fn new(config: SchedulerConfig, kv_pages: usize, vocab_size: usize) -> Self {
         let config = SchedulerConfig {
             max_running: config.max_running.max(1),
-            step_tokens: config.step_tokens.max(PREFILL_CHUNK),
+            prefill_chunk: config.prefill_chunk.max(1),
+            step_tokens: config.step_tokens.max(config.prefill_chunk),
             ..config
         };
         Self {
@@ -353,7 +358,7 @@ impl<J: EventSink> Scheduler<J> {
                 if seq.pending() < 2 {
                     continue;
                 }
-                let len = prefill_len(seq, self.config.replay_decodes);
+                let len = prefill_len(seq, self.config.prefill_chunk, self.config.replay_decodes);
                 if len > budget || !self.grow(i, seq.computed() + len) {
                     continue;
                 }

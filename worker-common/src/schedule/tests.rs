@@ -51,6 +51,7 @@ fn config(max_running: usize) -> SchedulerConfig {
     SchedulerConfig {
         max_running,
         step_tokens: 512,
+        prefill_chunk: PREFILL_CHUNK,
         prefix_cache: true,
         replay_decodes: false,
     }
@@ -137,6 +138,7 @@ fn long_prompts_are_cut_on_the_prefill_grid_and_decodes_go_first() {
     let config = SchedulerConfig {
         max_running: 2,
         step_tokens: 256,
+        prefill_chunk: PREFILL_CHUNK,
         prefix_cache: false,
         replay_decodes: false,
     };
@@ -156,6 +158,26 @@ fn long_prompts_are_cut_on_the_prefill_grid_and_decodes_go_first() {
         .filter(|&(_, len)| len > 3)
         .collect();
     assert_eq!(prefill, [(0, 256), (256, 256), (512, 88)]);
+}
+
+#[test]
+fn the_grid_is_the_backends() {
+    let mut backend = ScriptedBackend::new(128, 10, script());
+    let steps = backend.steps();
+    let config = SchedulerConfig {
+        prefill_chunk: 100,
+        step_tokens: 64,
+        ..config(1)
+    };
+    run_all(config, &mut backend, vec![request(prompt(250, 2), 2)]);
+    let chunks: Vec<(usize, usize)> = steps
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s.chunks.iter().copied())
+        .collect();
+    // The step budget grows to hold one grid chunk.
+    assert_eq!(chunks[..3], [(0, 100), (100, 100), (200, 50)]);
 }
 
 #[test]
