@@ -12,23 +12,25 @@
 // nor on how its prompt was cut into chunks. Head widths must be multiples of 32 up to MAX_HEAD
 // (checked at load).
 
-#define ATT_WARPS 4
 #define MAX_HEAD 256
 
-// The prefill kernel's sizes for heads of up to HEAD elements: KEYS keys per tile, QPW rows
-// per warp (shared memory and registers sized for the widest head would cost the common
-// 64-wide heads occupancy).
-template <int HEAD_, int KEYS_, int QPW_>
+// The prefill kernel's sizes for heads of up to HEAD elements: KEYS keys per tile, WARPS warps
+// of QPW rows each (shared memory and registers sized for the widest head would cost the
+// common 64-wide heads occupancy). One row per warp where the tiles fit: a warp's rows take
+// their key tiles one after another, so the rows, not the tiles, are the parallelism (four per
+// warp ran a 512-token prompt's attention 1.4× slower than two).
+template <int HEAD_, int KEYS_, int WARPS_, int QPW_>
 struct AttSize {
-    static const int HEAD = HEAD_, KEYS = KEYS_, QPW = QPW_, QUERIES = ATT_WARPS * QPW_;
+    static const int HEAD = HEAD_, KEYS = KEYS_, WARPS = WARPS_, QPW = QPW_;
+    static const int THREADS = WARPS * 32, QUERIES = WARPS * QPW;
     // Value column pairs per lane.
     static const int PAIRS = (HEAD + 63) / 64;
     // 16-byte units (8 f16) of a key tile, and of a value tile, each thread fetches, at most.
-    static const int UNITS = (KEYS * HEAD / 8 + ATT_WARPS * 32 - 1) / (ATT_WARPS * 32);
+    static const int UNITS = (KEYS * HEAD / 8 + THREADS - 1) / THREADS;
 };
-typedef AttSize<64, 32, 4> AttHead64;
-typedef AttSize<128, 32, 2> AttHead128;
-typedef AttSize<MAX_HEAD, 16, 2> AttHead256;
+typedef AttSize<64, 32, 16, 1> AttHead64;
+typedef AttSize<128, 32, 16, 1> AttHead128;
+typedef AttSize<MAX_HEAD, 16, 4, 2> AttHead256;
 
 // Key j's row in a tile: float4 unit u (elements 4u..4u+3) stored at unit (u + j) mod units, so
 // that the eight lanes of a quarter-warp reading unit u of keys j..j+7 hit distinct banks.
@@ -273,7 +275,7 @@ __device__ void attention_rows(const float* q, const u16* k_cache, const u16* v_
 }
 
 #define ATTENTION_KERNEL(NAME, SIZE)                                                               \
-    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32) NAME(                             \
+    extern "C" __global__ void __launch_bounds__(SIZE::THREADS) NAME(                              \
         const float* q, const u16* k_cache, const u16* v_cache, const int* pos_of,                 \
         const int* tables, const int* all_pages, float* out, int n_head, int n_head_kv, int dk,    \
         int dv, float scale, int window, int n) {                                                  \

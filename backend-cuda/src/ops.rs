@@ -16,11 +16,10 @@ const GEMV_WARPS: usize = 4;
 const MAX_DYNAMIC_SHARED: usize = 48 * 1024;
 /// Most warps a gate·up GEMV launch may take with gate and up rows in warps of their own.
 const SPLIT_GATED_MAX_WARPS: usize = 8192;
-/// Threads of the prefill attention kernel (`ATT_WARPS` warps in attention.cu).
-const ATTENTION_THREADS: u32 = 128;
 /// The prefill attention kernels (`attention_h64`, `_h128`, `_h256` in attention.cu): the
-/// widest head each takes, and its query rows per block (`AttSize::QUERIES`).
-const ATTENTION_KERNELS: [(usize, usize); 3] = [(64, 16), (128, 8), (256, 8)];
+/// widest head each takes, its query rows per block and its threads (`AttSize::QUERIES`,
+/// `AttSize::THREADS`).
+const ATTENTION_KERNELS: [(usize, usize, u32); 3] = [(64, 16, 512), (128, 16, 512), (256, 8, 128)];
 /// Keys per chunk of the split attention kernel, one per thread (`SPLIT_CHUNK` in attention.cu).
 pub const SPLIT_CHUNK: usize = 128;
 /// Most blocks per query head of the split attention kernel: enough to spread a few thousand
@@ -398,7 +397,7 @@ impl Gpu {
     }
 
     /// Attention of `n` query rows, each at its position over its own sequence's keys
-    /// (`kv.rows`), in one layer of the pool: blocks of 8 or 16 query rows per head sharing
+    /// (`kv.rows`), in one layer of the pool: blocks of 8 query rows per head sharing
     /// each tile of keys, or with `split` (decode) the keys spread over blocks.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
@@ -430,12 +429,12 @@ impl Gpu {
             let widest = shape.head_dim_k.max(shape.head_dim_v);
             let kernel = ATTENTION_KERNELS
                 .iter()
-                .position(|&(head, _)| widest <= head)
+                .position(|&(head, _, _)| widest <= head)
                 .ok_or_else(|| BackendError::Device(format!("attention over heads of {widest}")))?;
-            let queries = ATTENTION_KERNELS[kernel].1;
+            let (_, queries, threads) = ATTENTION_KERNELS[kernel];
             let grid = (int(shape.n_head)? as u32, int(n.div_ceil(queries))? as u32);
             let func = &self.kernels.attention[kernel];
-            return self.launch(func, grid, ATTENTION_THREADS, &args);
+            return self.launch(func, grid, threads, &args);
         };
         let splits = split.splits.clamp(1, MAX_SPLITS);
         args.extend([
