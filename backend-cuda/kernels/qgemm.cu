@@ -103,9 +103,9 @@ __device__ __forceinline__ float qm_add<ChunkQ5_0>(float acc, const WChunk& w, f
     return fmaf(w.d * dx, (float)(low - 16 * sumx), acc);
 }
 template <>
-__device__ __forceinline__ float qm_add<ChunkQ5_1>(float acc, const WChunk& w, float dx, int,
-                                                   float sx, int low, int) {
-    return fmaf(w.m, sx, fmaf(w.d * dx, (float)low, acc));
+__device__ __forceinline__ float qm_add<ChunkQ5_1>(float acc, const WChunk& w, float dx, int sumx,
+                                                   float sx, int low, int high) {
+    return qm_add<ChunkQ4_1>(acc, w, dx, sumx, sx, low, high);
 }
 template <>
 __device__ __forceinline__ float qm_add<ChunkQ8_0>(float acc, const WChunk& w, float dx, int,

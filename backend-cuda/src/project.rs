@@ -105,10 +105,24 @@ impl Model<'_> {
         mode: QgemvMode,
         s: &Scratch,
     ) -> Result<(), BackendError> {
+        let quantized = self.quantize_input(parts, x, norm, n, s)?;
+        self.gpu.qgemm(parts, quantized, n, mode)
+    }
+
+    /// The `n` rows at `x` (through `norm` when given) quantized for `parts` into
+    /// [`Act::Quantized`], whose address it returns.
+    fn quantize_input(
+        &self,
+        parts: &[Projection<'_>],
+        x: u64,
+        norm: Option<RowNorm>,
+        n: usize,
+        s: &Scratch,
+    ) -> Result<u64, BackendError> {
         let cols = parts.first().map_or(0, |p| p.w.cols);
         let quantized = s.ptr(Act::Quantized);
         self.gpu.quantize_rows(x, norm, n, cols, quantized)?;
-        self.gpu.qgemm(parts, quantized, n, mode)
+        Ok(quantized)
     }
 
     /// One int8-activation launch over `n` rows at `x` (through `norm` when given); several
@@ -126,8 +140,7 @@ impl Model<'_> {
         let cols = parts.first().map_or(0, |p| p.w.cols);
         let rows = parts.iter().map(|p| p.w.rows).sum();
         if n > 1 || prequantized(cols, rows) {
-            let quantized = s.ptr(Act::Quantized);
-            self.gpu.quantize_rows(x, norm, n, cols, quantized)?;
+            let quantized = self.quantize_input(parts, x, norm, n, s)?;
             return self
                 .gpu
                 .qgemv(parts, QgemvInput::Quantized(quantized), n, mode);

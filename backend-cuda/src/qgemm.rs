@@ -8,7 +8,7 @@ use worker_common::backend::BackendError;
 
 use crate::device::{Arg, Gpu};
 use crate::ops::Projection;
-use crate::qgemv::{QgemvMode, check, int, rope_args};
+use crate::qgemv::{QgemvMode, check, int, matrix_args, rope_args};
 
 /// A block shape of qgemm.cu (`QmSmall`, `QmLarge`): weight rows and tokens per block (output
 /// slots of a gated or RoPE block are half as many rows: each slot is two rows, gate and up, or
@@ -93,18 +93,7 @@ impl Gpu {
                 "a qgemm launch needs {tiles} row tiles (at most {MAX_GRID_Y})"
             )));
         }
-        let part = |i: usize| parts.get(i);
-        let matrix = |i: usize| part(i).map(|p| p.w);
-        let mut args = Vec::with_capacity(32);
-        args.extend((0..3).map(|i| Arg::Ptr(matrix(i).map_or(0, |w| w.ptr))));
-        args.extend((0..3).map(|i| Arg::I64(matrix(i).map_or(0, |w| w.row_bytes as i64))));
-        args.extend((0..3).map(|i| Arg::Ptr(part(i).and_then(|p| p.bias).unwrap_or(0))));
-        args.extend((0..3).map(|i| Arg::Ptr(part(i).map_or(0, |p| p.out))));
-        for i in 0..3 {
-            args.push(Arg::I32(int(matrix(i).map_or(0, |w| w.rows))?));
-        }
-        // The format argument is the GGML type id, as qgemv's.
-        args.extend((0..3).map(|i| Arg::I32(matrix(i).map_or(0, |w| w.ggml_type as i32))));
+        let mut args = matrix_args(parts)?;
         args.extend([
             Arg::I32(int(cols)?),
             Arg::I32(int(n)?),

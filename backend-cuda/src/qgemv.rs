@@ -7,7 +7,7 @@ use worker_common::gguf::GgmlType;
 use worker_common::model::{RopePlan, RopeStyle};
 
 use crate::device::{Arg, Gpu};
-use crate::ops::{DeviceMatrix, Projection, RowNorm, StepRows};
+use crate::ops::{Projection, RowNorm, StepRows};
 
 /// Warps per block (`QG_WARPS` in qgemv.cu).
 const WARPS: usize = 8;
@@ -211,17 +211,7 @@ impl Gpu {
         mode: QgemvMode,
     ) -> Result<(), BackendError> {
         let cols = check(parts, mode)?;
-        let part = |i: usize| parts.get(i);
-        let matrix = |i: usize| part(i).map(|p| p.w);
-        let mut args = Vec::with_capacity(24);
-        args.extend((0..3).map(|i| Arg::Ptr(matrix(i).map_or(0, |w| w.ptr))));
-        args.extend((0..3).map(|i| Arg::I64(matrix(i).map_or(0, |w| w.row_bytes as i64))));
-        args.extend((0..3).map(|i| Arg::Ptr(part(i).and_then(|p| p.bias).unwrap_or(0))));
-        args.extend((0..3).map(|i| Arg::Ptr(part(i).map_or(0, |p| p.out))));
-        for i in 0..3 {
-            args.push(Arg::I32(int(matrix(i).map_or(0, |w| w.rows))?));
-        }
-        args.extend((0..3).map(|i| Arg::I32(matrix(i).map_or(0, format_code))));
+        let mut args = matrix_args(parts)?;
         let gated = matches!(mode, QgemvMode::Gated { .. });
         let total: usize = if gated {
             parts[0].w.rows
@@ -334,7 +324,19 @@ pub(crate) fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), Back
     Ok(())
 }
 
-/// The kernel's format argument: the GGML type id.
-fn format_code(w: &DeviceMatrix) -> i32 {
-    w.ggml_type as i32
+/// The first arguments of a qgemv or qgemm launch, for up to three matrices (zeros for absent
+/// ones): weights, row bytes, biases, outputs, rows, then formats (the GGML type ids).
+pub(crate) fn matrix_args(parts: &[Projection<'_>]) -> Result<Vec<Arg>, BackendError> {
+    let part = |i: usize| parts.get(i);
+    let matrix = |i: usize| part(i).map(|p| p.w);
+    let mut args = Vec::with_capacity(32);
+    args.extend((0..3).map(|i| Arg::Ptr(matrix(i).map_or(0, |w| w.ptr))));
+    args.extend((0..3).map(|i| Arg::I64(matrix(i).map_or(0, |w| w.row_bytes as i64))));
+    args.extend((0..3).map(|i| Arg::Ptr(part(i).and_then(|p| p.bias).unwrap_or(0))));
+    args.extend((0..3).map(|i| Arg::Ptr(part(i).map_or(0, |p| p.out))));
+    for i in 0..3 {
+        args.push(Arg::I32(int(matrix(i).map_or(0, |w| w.rows))?));
+    }
+    args.extend((0..3).map(|i| Arg::I32(matrix(i).map_or(0, |w| w.ggml_type as i32))));
+    Ok(args)
 }

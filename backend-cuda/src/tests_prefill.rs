@@ -7,13 +7,13 @@
 
 use worker_common::backend::PAGE_SIZE;
 use worker_common::gguf::GgmlType;
-use worker_common::model::{AttentionShape, RopePlan, RopeStyle};
+use worker_common::model::AttentionShape;
 
 use crate::device::{Buffer, Gpu};
 use crate::ops::{LayerKv, Projection, RopeStore, RowNorm, StepRows};
 use crate::qgemv::{QgemvMode, RopeTarget, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, f16_bytes, get, gpu, put, rel_error, to_bytes};
-use crate::tests_qgemv::{Case, TYPES, case, products, quantized, tolerance};
+use crate::tests_qgemv::{Case, TYPES, case, products, quantized, rope_plan, tolerance};
 
 /// `rows` f32 token rows of `cols` at `x` quantized by `quantize_rows` (through `norm`).
 fn quantize(gpu: &Gpu, x: &Buffer, norm: Option<RowNorm>, rows: usize, cols: usize) -> Buffer {
@@ -323,16 +323,7 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
     let chunk = pages.chunk(&gpu, start, n);
     let cache_floats = pages.rows * n_head_kv * head_dim;
     for (neox, dims, large) in [(true, 64, false), (false, 64, true), (true, 32, false)] {
-        let rope = RopePlan {
-            style: if neox {
-                RopeStyle::Neox
-            } else {
-                RopeStyle::Normal
-            },
-            dims,
-            theta_scale: 10000f32.powf(-2.0 / dims as f32),
-            freq_scale: 1.0,
-        };
+        let rope = rope_plan(neox, dims);
         let outs: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
         for ((c, out), bias) in cases.iter().zip(&outs).zip(&biases) {
             store(c, out, Some(bias.ptr()));

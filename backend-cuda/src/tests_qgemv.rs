@@ -306,6 +306,20 @@ fn qgemv_launch_modes_match_the_reference() {
     }
 }
 
+/// A rotation over `dims` dimensions, NEOX or normal, with base 10000.
+pub(crate) fn rope_plan(neox: bool, dims: usize) -> RopePlan {
+    RopePlan {
+        style: if neox {
+            RopeStyle::Neox
+        } else {
+            RopeStyle::Normal
+        },
+        dims,
+        theta_scale: 10000f32.powf(-2.0 / dims as f32),
+        freq_scale: 1.0,
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn qgemv_rope_equals_projection_then_rope_store() {
@@ -328,16 +342,7 @@ fn qgemv_rope_equals_projection_then_rope_store() {
     let zeros = |floats: usize| put(&gpu, &vec![0u8; floats * 4]);
     let cache_floats = |rows: usize| pages.rows * rows / 2;
     for (neox, dims) in [(true, 64), (false, 64), (true, 32), (false, 32)] {
-        let rope = RopePlan {
-            style: if neox {
-                RopeStyle::Neox
-            } else {
-                RopeStyle::Normal
-            },
-            dims,
-            theta_scale: 10000f32.powf(-2.0 / dims as f32),
-            freq_scale: 1.0,
-        };
+        let rope = rope_plan(neox, dims);
         // Reference: the projections, then rope_store.
         let outs: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
         let caches = [
