@@ -60,7 +60,8 @@ pub struct CommonFlags {
     #[arg(long, env = "LLORCH_PARALLEL", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub parallel: Option<u32>,
 
-    /// Most tokens in one engine step: every running decode's token, then prefill chunks.
+    /// Most tokens in one engine step: every running decode's token, then prefill chunks (raised
+    /// to one prefill chunk plus one decode per slot when smaller).
     #[arg(long, env = "LLORCH_BATCH_TOKENS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(256..=65536))]
     pub batch_tokens: u32,
 

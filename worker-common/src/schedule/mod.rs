@@ -34,8 +34,8 @@ pub const PREFILL_CHUNK: usize = 256;
 pub struct SchedulerConfig {
     /// Most sequences running at once (`--parallel`).
     pub max_running: usize,
-    /// Most tokens in one step (`--batch-tokens`); at least `prefill_chunk` so a lone prefill
-    /// chunk always fits.
+    /// Most tokens in one step (`--batch-tokens`); at least `prefill_chunk` plus `max_running`,
+    /// so that a prefill chunk always fits beside every running sequence's decode.
     pub step_tokens: usize,
     /// Prefill chunks end on multiples of this many positions (the backend's
     /// [`InferenceBackend::prefill_chunk`]).
@@ -137,7 +137,11 @@ impl<J: EventSink> Scheduler<J> {
         let config = SchedulerConfig {
             max_running: config.max_running.max(1),
             prefill_chunk: config.prefill_chunk.max(1),
-            step_tokens: config.step_tokens.max(config.prefill_chunk),
+            // One grid chunk beside every running sequence's decode, else a chunk as large as
+            // the budget would wait for every other sequence to end.
+            step_tokens: config
+                .step_tokens
+                .max(config.prefill_chunk + config.max_running.max(1)),
             ..config
         };
         Self {

@@ -181,6 +181,36 @@ fn the_grid_is_the_backends() {
 }
 
 #[test]
+fn a_grid_chunk_as_large_as_the_budget_still_runs_beside_decodes() {
+    let mut backend = ScriptedBackend::new(128, 10, script());
+    let steps = backend.steps();
+    let requests = vec![
+        request(prompt(3, 1), 40),
+        request(prompt(3, 2), 40),
+        request(prompt(600, 3), 2),
+    ];
+    let config = SchedulerConfig {
+        prefill_chunk: 512,
+        step_tokens: 512,
+        prefix_cache: false,
+        ..config(3)
+    };
+    run_all(config, &mut backend, requests);
+    let steps = steps.lock().unwrap();
+    let with_chunk = steps
+        .iter()
+        .position(|s| s.chunks.contains(&(0, 512)))
+        .expect("the long prompt's first chunk ran");
+    let decodes = steps[with_chunk]
+        .chunks
+        .iter()
+        .filter(|&&(_, len)| len == 1)
+        .count();
+    // It did not wait for the short jobs to end: the budget holds a grid chunk and every decode.
+    assert_eq!(decodes, 2, "step {with_chunk}: {:?}", steps[with_chunk]);
+}
+
+#[test]
 fn a_shared_prefix_skips_its_prefill_and_changes_nothing() {
     let shared = prompt(40, 3);
     let mut second = shared.clone();
