@@ -37,7 +37,7 @@ fn widths(ggml_type: GgmlType) -> &'static [usize] {
 fn qgemm_matches_the_cpu_arithmetic_for_every_quantized_type() {
     let gpu = gpu();
     let mut rng = Rng(0x6a09_e667);
-    // Neither the rows nor the tokens fill whole 64-wide tiles.
+    // Neither the rows nor the tokens fill whole tiles (of 32, the shape this launch takes).
     let (rows, n) = (200, 70);
     for &ggml_type in &TYPES {
         for &cols in widths(ggml_type) {
