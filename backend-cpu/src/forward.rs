@@ -3,7 +3,7 @@
 //! windows) come from the loaded [`Weights`] and the [`ModelPlan`].
 
 use rayon::prelude::*;
-use worker_common::backend::{BackendError, Chunk, Want};
+use worker_common::backend::{BackendError, Chunk};
 use worker_common::model::{GateUp, ModelPlan, Qkv};
 
 use crate::attention::{Row, attention};
@@ -91,7 +91,7 @@ impl Model<'_> {
             buf.rows.extend(rows);
             if all_rows {
                 buf.output_rows.extend(first..buf.rows.len());
-            } else if chunk.want != Want::Nothing {
+            } else if chunk.want.has_output() {
                 buf.output_rows.push(buf.rows.len() - 1);
             }
         }

@@ -139,13 +139,13 @@ impl InferenceBackend for CpuBackend {
         self.run(chunks, false)?;
         let mut rows = self.buffers.logits.chunks_exact(vocab);
         for (index, chunk) in chunks.iter().enumerate() {
-            if chunk.want == Want::Nothing {
+            if !chunk.want.has_output() {
                 continue;
             }
             let row = rows.next().ok_or_else(|| {
                 BackendError::InvalidInput(format!("no logits computed for chunk {index}"))
             })?;
-            outputs.put_logits(index, row);
+            outputs.put_logits(index, chunk.want, row);
         }
         Ok(())
     }

@@ -125,7 +125,10 @@ extern "C" __global__ void softcap(float* x, float cap, long long total) {
 // for the next replay, as attention_split's merge) reduces those in block order and stores the
 // index as a u32 at `out`. Every step compares by one total order, so the result does not
 // depend on scheduling. grid.y rows of logits (n apart), each with its own count, pairs and
-// result.
+// result. With `allowed` (a bitset per row, `allowed_words` words apart: bit id % 32 of word
+// id / 32, ids past its words not allowed), only the ids it sets compete: a grammar's masked
+// greedy choice (worker_common's masked_greedy_choice); every logit is still checked for NaN
+// and infinity.
 __device__ __forceinline__ bool better(float v, int i, float best, int best_i) {
     return v > best || (v == best && i < best_i);
 }
@@ -155,9 +158,11 @@ __device__ void block_best(float* value, int* index) {
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-argmax_logits(const float* logits, int n, u32* out, float* partial, u32* counter) {
+argmax_logits(const float* logits, int n, u32* out, float* partial, u32* counter,
+              const u32* allowed, int allowed_words) {
     __shared__ bool s_last;
     logits += (long long)blockIdx.y * n;
+    if (allowed) allowed += (long long)blockIdx.y * allowed_words;
     out += blockIdx.y;
     partial += 2 * blockIdx.y * gridDim.x;
     counter += blockIdx.y;
@@ -172,6 +177,8 @@ argmax_logits(const float* logits, int n, u32* out, float* partial, u32* counter
     for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
         float v = logits[i];
         non_finite |= (__float_as_int(v) & 0x7f800000) == 0x7f800000;
+        if (allowed && ((i >> 5) >= allowed_words || !((allowed[i >> 5] >> (i & 31)) & 1u)))
+            continue;
         v = v != v ? NEG_INF : fminf(v, MAX);
         if (better(v, i, best, best_i)) best = v, best_i = i;
     }

@@ -6,16 +6,14 @@ use worker_common::backend::{BackendError, Chunk};
 use worker_common::model::{Activation, GateUp, ModelPlan, Qkv, RopePlan};
 
 use crate::device::{Gpu, device_error};
+use crate::graphs::{MAX_GRAPH_ROWS, PassShape};
 use crate::kv::KvPool;
 use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch, StepRows};
 use crate::pass::{Pass, check_pass, decode_splits, is_long, segments};
 use crate::qgemv::{QgemvMode, RopeTarget, has_qgemv};
-use crate::scratch::{Act, DecodeGraph, Scratch};
+use crate::scratch::{Act, Scratch};
 use crate::weights::{DeviceVector, Layer, Weights};
 
-/// Most decodes a captured graph serves (one graph per row count and split count); a larger
-/// batch is launched kernel by kernel, where launching costs little beside its kernels.
-const MAX_GRAPH_ROWS: usize = 64;
 /// Largest head width the attention kernel holds in registers (`MAX_HEAD` in attention.cu).
 const MAX_HEAD_DIM: usize = 256;
 
@@ -61,10 +59,10 @@ impl Model<'_> {
     /// ([`Act::Logits`]), still to be downloaded. A row's results do not depend on the other
     /// rows of the pass.
     ///
-    /// A batch of decodes runs as a CUDA graph, captured at the first pass of its row count and
-    /// split count of the decode attention, and replayed after for any sequences: positions, ids
-    /// and page tables are read from device memory, so each step is one small upload, one graph
-    /// launch and the outputs' copy.
+    /// A pass of at most [`MAX_GRAPH_ROWS`] rows (a batch of decodes, a short prompt) runs as a
+    /// CUDA graph, captured the second time its [`PassShape`] comes and replayed after for any
+    /// sequences: positions, ids and page tables are read from device memory, so such a step is
+    /// one small upload, one graph launch and the outputs' copy.
     pub fn forward(
         &self,
         chunks: &[&Chunk<'_>],
@@ -88,39 +86,35 @@ impl Model<'_> {
             head_is_last: chunks.len() == 1,
             splits,
         };
-        // A batch of decodes (one token per chunk, every chunk wanting an output) replays a
-        // graph captured for its row count; anything else is launched kernel by kernel.
-        let decodes = chunks.len();
-        let graphed =
-            gemv && pass.rows == decodes && pass.heads == decodes && decodes <= MAX_GRAPH_ROWS;
-        if graphed {
+        // A float-format matrix in a pass of long chunks goes through cuBLAS, which is not
+        // captured.
+        let sgemm = !gemv && scratch.dequant().is_some();
+        if pass.rows <= MAX_GRAPH_ROWS && !sgemm {
             self.replay(&pass, scratch)
         } else {
             self.run(&pass, scratch)
         }
     }
 
-    /// Launches the graph of a batch of decodes of `pass`'s shape, capturing it first when
-    /// none is kept yet.
+    /// Launches the graph of `pass`'s shape; captures it first when the shape came before,
+    /// else launches the pass kernel by kernel.
     fn replay(&self, pass: &Pass<'_>, scratch: &mut Scratch) -> Result<(), BackendError> {
-        let key = (pass.rows, pass.splits);
-        if !scratch.decode.iter().any(|g| (g.rows, g.splits) == key) {
+        let shape = PassShape::of(pass);
+        if scratch.graphs.get(&shape).is_none() {
+            if !scratch.graphs.seen_before(&shape) {
+                return self.run(pass, scratch);
+            }
             self.gpu.begin_capture()?;
             let recorded = self.run(pass, scratch);
             // Ended on every path: a stream left capturing would refuse all later work.
             let graph = self.gpu.end_capture();
             recorded?;
-            let graph = graph?;
-            scratch.decode.push(DecodeGraph {
-                graph,
-                rows: pass.rows,
-                splits: pass.splits,
-            });
+            scratch.graphs.keep(shape.clone(), graph?);
         }
-        if let Some(step) = scratch.decode.iter().find(|g| (g.rows, g.splits) == key) {
-            step.graph
+        if let Some(graph) = scratch.graphs.get(&shape) {
+            graph
                 .launch()
-                .map_err(|e| device_error("launching the decode graph", e))?;
+                .map_err(|e| device_error("launching a captured pass", e))?;
         }
         Ok(())
     }
@@ -182,7 +176,7 @@ impl Model<'_> {
             self.gpu.softcap(logits, cap, m * hp.vocab_size)?;
         }
         self.gpu
-            .argmax_logits(logits, hp.vocab_size, m, s.choices_ptr(), s.argmax())
+            .argmax_logits(logits, hp.vocab_size, m, s.choices_ptr(), s.argmax(), None)
     }
 
     /// The input of projections of the pass's rows at `x` through RMSNorm `norm`: `x` itself

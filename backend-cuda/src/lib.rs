@@ -17,6 +17,7 @@
 mod device;
 mod fault;
 mod forward;
+mod graphs;
 mod kv;
 mod module;
 mod ops;
@@ -29,6 +30,8 @@ mod weights;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_argmax;
 #[cfg(test)]
 mod tests_prefill;
 #[cfg(test)]
@@ -317,7 +320,8 @@ impl CudaBackend {
     }
 
     /// Downloads what the chunks of a pass (`pass`: indices into `chunks`) want into
-    /// `outputs`, waiting for the pass: the greedy choices in one copy, logits row by row.
+    /// `outputs`, waiting for the pass: the greedy choices in one copy (a grammar's mask is
+    /// waited for while the pass runs, then applied on the device), logits row by row.
     fn collect(
         &mut self,
         pass: &[usize],
@@ -327,9 +331,24 @@ impl CudaBackend {
         let wanting: Vec<usize> = pass
             .iter()
             .copied()
-            .filter(|&i| chunks[i].want != Want::Nothing)
+            .filter(|&i| chunks[i].want.has_output())
             .collect();
-        if wanting.iter().any(|&i| chunks[i].want == Want::Greedy) {
+        let mut choices = false;
+        for (head, &index) in wanting.iter().enumerate() {
+            match chunks[index].want {
+                // A mask that could not be computed leaves the plain choice, which the
+                // sequence discards (AllowedIds::wait).
+                Want::GreedyAmong(allowed) => {
+                    if let Some(mask) = allowed.wait() {
+                        self.scratch.choose_among(&self.gpu, head, mask)?;
+                    }
+                    choices = true;
+                }
+                Want::Greedy => choices = true,
+                Want::Nothing | Want::Logits => {}
+            }
+        }
+        if choices {
             self.scratch.download_choices(&self.gpu)?;
         }
         for (head, &index) in wanting.iter().enumerate() {
@@ -342,7 +361,7 @@ impl CudaBackend {
                         row.copy_from_slice(logits);
                     }
                 }
-                Want::Greedy => {
+                Want::Greedy | Want::GreedyAmong(_) => {
                     let choice = self.scratch.greedy(head).ok_or_else(|| {
                         BackendError::Device("the greedy choice was not downloaded".to_owned())
                     })?;

@@ -337,7 +337,8 @@ impl Gpu {
 
     /// For each of `rows` rows of `n` logits, the index of the highest (the lowest index on
     /// ties: the sampler's greedy choice) as a `u32` at `out` + row, or [`NON_FINITE_CHOICE`]
-    /// when any of its logits is NaN or infinite; `scratch` holds at least `rows` rows.
+    /// when any of its logits is NaN or infinite; `scratch` holds at least `rows` rows. With
+    /// `allowed`, among the ids its row's mask sets only.
     pub fn argmax_logits(
         &self,
         logits: u64,
@@ -345,6 +346,7 @@ impl Gpu {
         rows: usize,
         out: u64,
         scratch: ArgmaxScratch,
+        allowed: Option<AllowedMask>,
     ) -> Result<(), BackendError> {
         if rows > scratch.rows {
             return Err(BackendError::Device(format!(
@@ -361,6 +363,8 @@ impl Gpu {
             Arg::Ptr(out),
             Arg::Ptr(scratch.ptr + ArgmaxScratch::partials(scratch.rows)),
             Arg::Ptr(scratch.ptr),
+            Arg::Ptr(allowed.map_or(0, |mask| mask.ptr)),
+            Arg::I32(int(allowed.map_or(0, |mask| mask.words))?),
         ];
         self.launch(
             &self.kernels.argmax_logits,
@@ -528,6 +532,16 @@ impl RowNorm {
     pub fn fits(cols: usize) -> bool {
         cols * 4 <= MAX_DYNAMIC_SHARED
     }
+}
+
+/// The ids a row's greedy choice may take ([`Gpu::argmax_logits`]): a bitset per row on the
+/// device (bit `id % 32` of word `id / 32`), `words` words a row.
+#[derive(Debug, Clone, Copy)]
+pub struct AllowedMask {
+    /// Device address of the first row's mask.
+    pub ptr: u64,
+    /// Words of a row's mask; ids past them are not allowed.
+    pub words: usize,
 }
 
 /// What [`Gpu::argmax_logits`] stores instead of an index when a logit is NaN or infinite.

@@ -1,13 +1,14 @@
 //! Device state besides the weights and the KV pool: activation buffers sized for the largest
-//! pass seen, the page-locked logits, and the captured decode steps. It persists
+//! pass seen, the page-locked logits, and the captured passes. It persists
 //! across steps and sequences: every pass runs through the same buffers.
 
-use cudarc::driver::{CudaGraph, PinnedHostSlice};
-use worker_common::backend::{BackendError, Chunk, PAGE_SIZE, Want};
+use cudarc::driver::PinnedHostSlice;
+use worker_common::backend::{BackendError, Chunk, PAGE_SIZE};
 use worker_common::model::ModelPlan;
 
 use crate::device::{Buffer, Gpu, device_error};
-use crate::ops::{ArgmaxScratch, SplitScratch, StepRows};
+use crate::graphs::Graphs;
+use crate::ops::{AllowedMask, ArgmaxScratch, SplitScratch, StepRows};
 use crate::qgemv::quantized_row_bytes;
 
 /// Indices into the activation buffers.
@@ -47,24 +48,9 @@ pub enum Act {
     Quantized,
     /// The greedy choice's count and per-block bests ([`ArgmaxScratch`]; zeroed).
     Argmax,
+    /// A grammar's mask of allowed ids per head row ([`Scratch::choose_among`]).
+    Allowed,
 }
-
-/// A batch of decodes, recorded once per row count and split count of the decode attention and
-/// replayed for any sequences: besides those counts, the launches bake in only the pool's and
-/// the activations' addresses, fixed from load on (until the activations grow, which drops the
-/// graphs).
-pub struct DecodeGraph {
-    /// The instantiated graph.
-    pub graph: CudaGraph,
-    /// Its rows, one decode each.
-    pub rows: usize,
-    /// The split count of its attention launches.
-    pub splits: usize,
-}
-
-// SAFETY: CUDA graphs may be launched from any thread as long as calls on one graph are
-// serialized; the graph lives inside the backend and is only reached through `&mut self`.
-unsafe impl Send for DecodeGraph {}
 
 /// What a pass needs room for.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -161,8 +147,8 @@ pub struct Scratch {
     logits: Option<PinnedHostSlice<f32>>,
     /// Head rows of the last pass.
     heads: usize,
-    /// The captured decode steps, one per row count and split count used so far.
-    pub decode: Vec<DecodeGraph>,
+    /// The captured passes.
+    pub graphs: Graphs,
 }
 
 impl Scratch {
@@ -184,7 +170,7 @@ impl Scratch {
             dequant: None,
             logits: None,
             heads: 0,
-            decode: Vec::new(),
+            graphs: Graphs::default(),
         }
     }
 
@@ -258,7 +244,7 @@ impl Scratch {
 
     fn allocate(&mut self, gpu: &Gpu, plan: &ModelPlan, room: Need) -> Result<(), BackendError> {
         let hp = &plan.hp;
-        self.decode.clear();
+        self.graphs.clear();
         self.buffers.clear();
         self.logits = None;
         self.room = Need::default();
@@ -302,6 +288,9 @@ impl Scratch {
         let quantized = n * quantized_row_bytes(widest);
         self.buffers.push(gpu.alloc(quantized, "activations")?);
         self.buffers.push(zeroed(ArgmaxScratch::bytes(room.heads))?);
+        let mask_words = self.vocab.div_ceil(32);
+        self.buffers
+            .push(gpu.alloc(room.heads * mask_words * 4, "activations")?);
         self.logits = Some(gpu.alloc_pinned(room.heads * (self.vocab + 1))?);
         self.room = room;
         Ok(())
@@ -332,7 +321,7 @@ impl Scratch {
                 words[layout.tables / 4 + row] = entries as u32;
                 row += 1;
             }
-            if chunk.want != Want::Nothing {
+            if chunk.want.has_output() {
                 words[layout.heads / 4 + heads] = (row - 1) as u32;
                 heads += 1;
             }
@@ -353,7 +342,7 @@ impl Scratch {
         let rows = chunks.iter().map(|c| c.tokens.len()).sum();
         Need {
             rows,
-            heads: chunks.iter().filter(|c| c.want != Want::Nothing).count(),
+            heads: chunks.iter().filter(|c| c.want.has_output()).count(),
             split_rows: if split { rows } else { 0 },
             table_entries: chunks.iter().map(|c| table_len(c)).sum(),
         }
@@ -375,6 +364,35 @@ impl Scratch {
         let (src, offset, heads) = (self.choices_ptr(), self.room.heads * self.vocab, self.heads);
         let logits = self.logits.as_mut().ok_or_else(no_logits)?;
         gpu.download_pinned(src, logits, offset, heads)
+    }
+
+    /// Replaces head row `head`'s greedy choice (still on the device) by the choice among the
+    /// ids `mask` allows (a bitset over ids; those past it are not allowed): the mask is
+    /// uploaded and the choice made again over the row's logits, behind the pass in the stream.
+    pub fn choose_among(
+        &mut self,
+        gpu: &Gpu,
+        head: usize,
+        mask: &[u32],
+    ) -> Result<(), BackendError> {
+        let words = mask.len().min(self.vocab.div_ceil(32));
+        self.staging.clear();
+        self.staging
+            .extend(mask[..words].iter().flat_map(|w| w.to_le_bytes()));
+        let offset = 4 * head * self.vocab.div_ceil(32);
+        gpu.upload(
+            &self.staging,
+            &mut self.buffers[Act::Allowed as usize],
+            offset,
+        )?;
+        let allowed = AllowedMask {
+            ptr: self.ptr(Act::Allowed) + offset as u64,
+            words,
+        };
+        let logits = self.ptr(Act::Logits) + (4 * head * self.vocab) as u64;
+        let out = self.choices_ptr() + 4 * head as u64;
+        // One row: it takes row 0's count and pairs, free once the pass's launch is done.
+        gpu.argmax_logits(logits, self.vocab, 1, out, self.argmax(), Some(allowed))
     }
 
     /// The logits downloaded last.

@@ -10,10 +10,7 @@ use worker_common::model::{AttentionShape, RopePlan, RopeStyle};
 
 use crate::device::{Buffer, Gpu};
 use crate::module::{self, WEIGHT_TYPES};
-use crate::ops::{
-    ArgmaxScratch, DeviceMatrix, LayerKv, NON_FINITE_CHOICE, Projection, RopeStore, RowNorm,
-    SplitScratch, StepRows,
-};
+use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch, StepRows};
 
 /// xorshift64*: reproducible random inputs without a dependency.
 pub(super) struct Rng(pub(super) u64);
@@ -582,92 +579,6 @@ fn attention_matches_the_reference() {
             let err = rel_error(ours, &expected);
             eprintln!("attention ({kernel}) {n_head}/{n_head_kv}x{dim} at {start}+{n}: {err:.2e}");
             assert!(err < 1e-5, "attention ({kernel}): {err:.2e}");
-        }
-    }
-}
-
-/// The device's greedy choice equals the sampler's at T = 0 on logits with ties and f32::MAX,
-/// and is [`NON_FINITE_CHOICE`] wherever one logit is NaN or ±inf (one among 300,001, or in the
-/// last slot), at vocabulary sizes around the block's stride.
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn argmax_logits_matches_the_greedy_sampler() {
-    use worker_common::sampling::{Sampler, SamplingParams};
-    let gpu = gpu();
-    let mut rng = Rng(0x0bad_cafe);
-    let specials = [
-        f32::NAN,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::MAX,
-        1.0,
-        1.0,
-    ];
-    let out = gpu.alloc(4, "test").unwrap();
-    let scratch = put(&gpu, &vec![0; ArgmaxScratch::bytes(1)]);
-    let mut checked = [0usize; 2];
-    for (round, n) in [1, 7, 1023, 2049, 4099, 151_936, 262_145, 300_001]
-        .into_iter()
-        .cycle()
-        .take(28)
-        .enumerate()
-    {
-        let mut logits = rng.floats(n);
-        // Rounds take turns: plain values, a few specials, nothing but specials.
-        for (i, v) in logits.iter_mut().enumerate() {
-            let pick = (rng.next() % specials.len() as u64) as usize;
-            match round % 3 {
-                1 if i % 97 == 5 => *v = specials[pick],
-                2 => *v = specials[pick],
-                _ => {}
-            }
-        }
-        // Every other plain round ends in one NaN, +inf or -inf.
-        if round % 6 == 3 {
-            logits[n - 1] = specials[(round / 6) % 3];
-        }
-        let buffer = put(&gpu, &to_bytes(&logits));
-        let space = ArgmaxScratch {
-            ptr: scratch.ptr(),
-            rows: 1,
-        };
-        gpu.argmax_logits(buffer.ptr(), n, 1, out.ptr(), space)
-            .unwrap();
-        let got = get(&gpu, &out, 1)[0].to_bits();
-        let greedy = SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        };
-        let want = if logits.iter().all(|v| v.is_finite()) {
-            Sampler::new(greedy).sample(&logits, &[])
-        } else {
-            NON_FINITE_CHOICE
-        };
-        assert_eq!(got, want, "round {round}, {n} logits");
-        checked[usize::from(want == NON_FINITE_CHOICE)] += 1;
-    }
-    assert!(
-        checked[0] > 0 && checked[1] > 0,
-        "both kinds of rounds: {checked:?}"
-    );
-    // Several rows in one launch, in scratch for more rows: 3 rows, then all 8 (whose counts
-    // the first launch must have left zeroed).
-    let (rows, n) = (8, 151_936);
-    let logits = rng.floats(rows * n);
-    let buffer = put(&gpu, &to_bytes(&logits));
-    let scratch = put(&gpu, &vec![0; ArgmaxScratch::bytes(rows)]);
-    let space = ArgmaxScratch {
-        ptr: scratch.ptr(),
-        rows,
-    };
-    let out = gpu.alloc(4 * rows, "test").unwrap();
-    for launched in [3, rows] {
-        gpu.argmax_logits(buffer.ptr(), n, launched, out.ptr(), space)
-            .unwrap();
-        let got = get(&gpu, &out, launched);
-        for (r, got) in got.iter().enumerate() {
-            let want = worker_common::sampling::greedy_choice(&logits[r * n..][..n]);
-            assert_eq!(got.to_bits(), want, "row {r} of {launched}");
         }
     }
 }

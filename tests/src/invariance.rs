@@ -88,7 +88,7 @@ pub fn chunk<'a>(
     tokens: &'a [u32],
     start_pos: usize,
     pages: &'a [PageId],
-    want: Want,
+    want: Want<'a>,
 ) -> Chunk<'a> {
     Chunk {
         tokens,
@@ -109,7 +109,7 @@ fn bits(logits: &[f32]) -> Vec<u32> {
 
 /// A sequence's outputs after its prompt and after each of [`DECODE_STEPS`] greedy decode
 /// steps, run alone in pages `0..` (the batch-of-one case), each step asking for `want`.
-pub fn alone<B: InferenceBackend>(h: &mut Harness<B>, prompt: &[u32], want: Want) -> Vec<Got> {
+pub fn alone<B: InferenceBackend>(h: &mut Harness<B>, prompt: &[u32], want: Want<'_>) -> Vec<Got> {
     let table: Vec<PageId> = (0..(prompt.len() + DECODE_STEPS).div_ceil(PAGE_SIZE) as u32)
         .map(PageId)
         .collect();

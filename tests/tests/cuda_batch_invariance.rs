@@ -1,7 +1,7 @@
 //! Batch invariance of the CUDA backend on real models: a sequence's logits and greedy choices
 //! are bit-identical whatever else is in the step, for prompts prefilled in a pass of their own
-//! (SGEMM) and for short prompts and decodes batched into one pass with up to 16 other
-//! sequences. (Unlike the CPU backend, the CUDA backend's numerics depend on a chunk's length,
+//! (the tensor-core GEMM) and for short prompts and decodes batched into one pass with up to 16
+//! other sequences, launched kernel by kernel or replayed from a captured graph. (Unlike the CPU backend, the CUDA backend's numerics depend on a chunk's length,
 //! so how a prompt is cut into chunks is not tested here: `chunking_invariant` is false.) Needs
 //! an NVIDIA GPU: `--ignored`.
 
@@ -48,10 +48,39 @@ fn invariance(model: Model) {
     }
 }
 
+/// A pass is captured as a CUDA graph the second time its shape comes and replayed after for
+/// other sequences: for a prompt taking the tensor-core GEMM (23 tokens) and one taking the
+/// GEMVs (12), with their decodes, prompt B's outputs are the same run first (launched kernel
+/// by kernel), after prompt A of its length was captured, and again (replayed).
+fn replays(model: Model) {
+    let (mut h, tokenizer) = load(model);
+    for len in [23, 12] {
+        let a = prompt(&tokenizer, TEXTS[0], len);
+        let b = prompt(&tokenizer, TEXTS[1], len);
+        let first = alone(&mut h, &b, Want::Logits);
+        alone(&mut h, &a, Want::Logits);
+        let replayed = alone(&mut h, &b, Want::Logits);
+        assert_same(&[replayed], std::slice::from_ref(&first));
+        assert_same(&[alone(&mut h, &b, Want::Logits)], &[first]);
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn smollm2_is_batch_invariant_on_the_gpu() {
     invariance(Model::SmolLm2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn smollm2_replays_captured_passes_for_other_sequences() {
+    replays(Model::SmolLm2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn qwen05_replays_captured_passes_for_other_sequences() {
+    replays(Model::Qwen05);
 }
 
 #[test]

@@ -235,9 +235,9 @@ fn memory_is_reported_and_bad_steps_leave_the_backend_usable() {
 /// each want `decode`; the tokens after the prompt are the greedy choices it gets back.
 struct Script {
     prompt: Vec<u32>,
-    prefill: Vec<(usize, Want)>,
+    prefill: Vec<(usize, Want<'static>)>,
     steps: usize,
-    decode: Want,
+    decode: Want<'static>,
     pages: Vec<PageId>,
 }
 
@@ -273,7 +273,7 @@ impl<'a> Run<'a> {
         self.chunks_done == self.script.prefill.len() + self.script.steps
     }
 
-    fn next(&self) -> (usize, Want) {
+    fn next(&self) -> (usize, Want<'static>) {
         let prefill = &self.script.prefill;
         prefill
             .get(self.chunks_done)

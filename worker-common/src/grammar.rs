@@ -3,15 +3,15 @@
 //! mistral.rs use, built once per model from our vocabulary. A [`Constraint`] is one job's
 //! parser state: it says which tokens may come next and takes each chosen token.
 
-use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 
+use crate::backend::AllowedIds;
 use crate::tokenizer::Tokenizer;
 
 /// A grammar a job's output must follow.
@@ -28,7 +28,7 @@ pub enum GrammarSpec {
 }
 
 /// Why a grammar could not be built or followed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum GrammarError {
     /// The vocabulary cannot back a token trie.
     #[error("the vocabulary cannot back a grammar: {0}")]
@@ -44,6 +44,8 @@ pub enum GrammarError {
 /// Builds the [`Constraint`]s of one model's jobs.
 pub struct Grammars {
     factory: ParserFactory,
+    /// The end-of-generation ids, allowed wherever a grammar may end.
+    end: Arc<[u32]>,
 }
 
 impl fmt::Debug for Grammars {
@@ -96,7 +98,10 @@ impl Grammars {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
-        Ok(Self { factory })
+        Ok(Self {
+            factory,
+            end: end.into(),
+        })
     }
 
     /// A fresh parser for `spec`.
@@ -119,7 +124,10 @@ impl Grammars {
         if let Some(error) = matcher.get_error() {
             return Err(GrammarError::Compile(error));
         }
-        Ok(Constraint { matcher })
+        Ok(Constraint {
+            matcher,
+            end: self.end.clone(),
+        })
     }
 }
 
@@ -133,6 +141,7 @@ fn step(error: impl fmt::Display) -> GrammarError {
 #[derive(Clone)]
 pub struct Constraint {
     matcher: Matcher,
+    end: Arc<[u32]>,
 }
 
 impl fmt::Debug for Constraint {
@@ -144,32 +153,61 @@ impl fmt::Debug for Constraint {
 }
 
 impl Constraint {
-    /// The running grammar of a job.
+    /// The running grammar of a job, its first mask computing in the background.
     pub fn start(self) -> Guide {
         Guide {
-            state: State::Ready(Box::new(self.matcher)),
+            next: Next::compute(Box::new(self.matcher), self.end.clone()),
+            end: self.end,
         }
     }
 }
 
-/// The next mask and the parser it was computed with.
-type Computed = (Box<Matcher>, Result<Vec<u32>, GrammarError>);
+/// The mask of the next token and the parser, handed back by the background computation.
+struct Next {
+    /// Set once the mask is computed (or lost).
+    mask: OnceLock<Result<Vec<u32>, GrammarError>>,
+    /// The parser, put back before `mask` is set.
+    matcher: Mutex<Option<Box<Matcher>>>,
+}
 
-/// Where a running grammar's parser is.
-enum State {
-    /// Here, its next mask not computed yet.
-    Ready(Box<Matcher>),
-    /// Computing the next mask on rayon's pool (while the backend runs the next step).
-    Computing(mpsc::Receiver<Computed>),
-    /// Lost to a failed background task.
-    Lost,
+/// Sets a lost-mask error if the computation ends without a mask (it panicked), so that
+/// nobody waits for it forever.
+struct LostGuard(Arc<Next>);
+
+impl Drop for LostGuard {
+    fn drop(&mut self) {
+        let lost = GrammarError::Step("the mask computation was lost".into());
+        // Ignored when the mask was set: the usual case.
+        let _ = self.0.mask.set(Err(lost));
+    }
+}
+
+impl Next {
+    /// Starts computing `matcher`'s next mask on rayon's pool.
+    fn compute(mut matcher: Box<Matcher>, end: Arc<[u32]>) -> Arc<Next> {
+        let next = Arc::new(Next {
+            mask: OnceLock::new(),
+            matcher: Mutex::new(None),
+        });
+        let guard = LostGuard(next.clone());
+        rayon::spawn(move || {
+            let mask = compute(&mut matcher, &end);
+            if let Ok(mut slot) = guard.0.matcher.lock() {
+                *slot = Some(matcher);
+            }
+            let _ = guard.0.mask.set(mask);
+        });
+        next
+    }
 }
 
 /// A running grammar: after each accepted token the next mask is computed in the background
 /// (llguidance's advice: a mask costs tens to hundreds of microseconds on a large vocabulary,
-/// a GPU step about a millisecond), and [`Guide::allowed`] waits for it.
+/// a GPU step about a millisecond), and [`Guide::allowed`] waits for it — or a GPU backend
+/// does, through [`AllowedIds`], once the step's logits are queued.
 pub struct Guide {
-    state: State,
+    next: Arc<Next>,
+    end: Arc<[u32]>,
 }
 
 impl fmt::Debug for Guide {
@@ -193,46 +231,36 @@ fn compute(matcher: &mut Matcher, end: &[u32]) -> Result<Vec<u32>, GrammarError>
 }
 
 impl Guide {
-    /// The parser, once a background computation is done, with its result.
-    fn settle(&mut self) -> Result<(Box<Matcher>, Option<Vec<u32>>), GrammarError> {
-        match std::mem::replace(&mut self.state, State::Lost) {
-            State::Ready(matcher) => Ok((matcher, None)),
-            State::Computing(receiver) => {
-                let (matcher, mask) = receiver
-                    .recv()
-                    .map_err(|_| GrammarError::Step("the mask computation was lost".into()))?;
-                Ok((matcher, Some(mask?)))
-            }
-            State::Lost => Err(GrammarError::Step("the grammar parser was lost".into())),
+    /// The tokens that may come next, as a bitset over ids (bit `id % 32` of word `id / 32`);
+    /// where the grammar may end, every end-of-generation id is allowed. Waits for the
+    /// background computation.
+    pub fn allowed(&self) -> Result<&[u32], GrammarError> {
+        match self.next.mask.wait() {
+            Ok(mask) => Ok(mask),
+            Err(err) => Err(err.clone()),
         }
     }
 
-    /// The tokens that may come next, as a bitset over ids (bit `id % 32` of word `id / 32`);
-    /// where the grammar may end, every end-of-generation id of `end` is allowed.
-    pub fn allowed(&mut self, end: &BTreeSet<u32>) -> Result<Vec<u32>, GrammarError> {
-        let (mut matcher, computed) = self.settle()?;
-        let mask = match computed {
-            Some(mask) => mask,
-            None => compute(&mut matcher, &end.iter().copied().collect::<Vec<_>>())?,
-        };
-        self.state = State::Ready(matcher);
-        Ok(mask)
-    }
-
-    /// Advances past `token` and starts computing the next mask in the background (`end` as in
-    /// [`Guide::allowed`]).
-    pub fn accept(&mut self, token: u32, end: &BTreeSet<u32>) -> Result<(), GrammarError> {
-        let (mut matcher, _) = self.settle()?;
+    /// Advances past `token` and starts computing the next mask in the background.
+    pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        self.allowed()?;
+        let matcher = self
+            .next
+            .matcher
+            .lock()
+            .ok()
+            .and_then(|mut slot| slot.take());
+        let mut matcher =
+            matcher.ok_or_else(|| GrammarError::Step("the grammar parser was lost".into()))?;
         matcher.consume_token(token).map_err(step)?;
-        let (sender, receiver) = mpsc::sync_channel(1);
-        let end: Vec<u32> = end.iter().copied().collect();
-        rayon::spawn(move || {
-            let mask = compute(&mut matcher, &end);
-            // The job may have ended meanwhile; then nobody waits for the mask.
-            let _ = sender.send((matcher, mask));
-        });
-        self.state = State::Computing(receiver);
+        self.next = Next::compute(matcher, self.end.clone());
         Ok(())
+    }
+}
+
+impl AllowedIds for Guide {
+    fn wait(&self) -> Option<&[u32]> {
+        self.allowed().ok()
     }
 }
 
@@ -242,7 +270,7 @@ mod tests {
     use crate::testing::{TINY_EOS, tiny_tokenizer};
 
     fn allowed_ids(guide: &mut Guide) -> Vec<u32> {
-        let mask = guide.allowed(&BTreeSet::from([TINY_EOS])).unwrap();
+        let mask = guide.allowed().unwrap();
         (0..10u32)
             .filter(|&id| mask[id as usize / 32] & (1 << (id % 32)) != 0)
             .collect()
@@ -254,18 +282,17 @@ mod tests {
         let grammars = Grammars::new(&tokenizer).unwrap();
         let constraint = grammars.compile(&GrammarSpec::Regex("ab+".into())).unwrap();
         let mut guide = constraint.start();
-        let end = BTreeSet::from([TINY_EOS]);
         assert_eq!(allowed_ids(&mut guide), [1], "only `a` starts it");
-        guide.accept(1, &end).unwrap();
+        guide.accept(1).unwrap();
         assert_eq!(allowed_ids(&mut guide), [2], "then `b`, not the end yet");
-        guide.accept(2, &end).unwrap();
+        guide.accept(2).unwrap();
         assert_eq!(
             allowed_ids(&mut guide),
             [TINY_EOS, 2],
             "more `b` or the end"
         );
-        guide.accept(2, &end).unwrap();
-        guide.accept(2, &end).unwrap();
+        guide.accept(2).unwrap();
+        guide.accept(2).unwrap();
         let waited = allowed_ids(&mut guide);
         assert_eq!(
             waited,

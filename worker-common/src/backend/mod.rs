@@ -184,8 +184,8 @@ pub fn page_slot(pages: &[PageId], pos: usize) -> Option<(usize, usize)> {
 }
 
 /// What a chunk wants back from a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Want {
+#[derive(Debug, Clone, Copy)]
+pub enum Want<'a> {
     /// Nothing: a prefill chunk that does not reach the end of its prompt.
     Nothing,
     /// The logits (`vocab_size` values) of the chunk's last position.
@@ -197,6 +197,31 @@ pub enum Want {
     /// choice but [`BackendError::NonFiniteLogits`], as a logits row would
     /// ([`StepOutputs::set_non_finite`]).
     Greedy,
+    /// The greedy choice among the ids a grammar allows (the sampler's constrained greedy
+    /// step, [`masked_greedy_choice`](crate::sampling::masked_greedy_choice)); the mask may
+    /// still be computing while the step runs, so a backend asks for it only once it needs it.
+    GreedyAmong(&'a dyn AllowedIds),
+}
+
+impl Want<'_> {
+    /// Whether the chunk wants anything back (its last row goes through the output head).
+    pub fn has_output(&self) -> bool {
+        !matches!(self, Want::Nothing)
+    }
+}
+
+/// The ids a chunk's greedy choice may take ([`Want::GreedyAmong`]).
+pub trait AllowedIds: Sync {
+    /// Waits for the mask: a bitset over ids (bit `id % 32` of word `id / 32`; ids past its
+    /// words are not allowed). `None` when it could not be computed: its owner reports why, and
+    /// the chunk's choice is then discarded, so a backend may answer it unmasked.
+    fn wait(&self) -> Option<&[u32]>;
+}
+
+impl std::fmt::Debug for dyn AllowedIds + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AllowedIds")
+    }
 }
 
 /// One sequence's part of a step: `tokens` at positions `start_pos..start_pos + tokens.len()`.
@@ -214,7 +239,7 @@ pub struct Chunk<'a> {
     /// It covers at least `start_pos + tokens.len()` positions.
     pub pages: &'a [PageId],
     /// What to return for this chunk.
-    pub want: Want,
+    pub want: Want<'a>,
 }
 
 impl Chunk<'_> {

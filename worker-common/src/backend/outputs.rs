@@ -4,7 +4,7 @@
 //! way the backend delivered them (a row, a greedy choice made on the host, a device's flag).
 
 use super::{BackendError, Chunk, Want};
-use crate::sampling::greedy_choice;
+use crate::sampling::{greedy_choice, masked_greedy_choice};
 
 /// One chunk's result.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -75,7 +75,7 @@ impl StepOutputs {
                     rows += 1;
                     Slot::Logits(rows - 1)
                 }
-                Want::Greedy => Slot::Greedy(None),
+                Want::Greedy | Want::GreedyAmong(_) => Slot::Greedy(None),
             });
         }
         self.logits.resize(rows * self.vocab_size, 0.0);
@@ -93,10 +93,10 @@ impl StepOutputs {
         }
     }
 
-    /// Hands chunk `index` what it wants from the logits of its last position, computed on the
-    /// host: the row itself, or its greedy choice ([`greedy_choice`]) unless a logit is not
-    /// finite; nothing for `Nothing`.
-    pub fn put_logits(&mut self, index: usize, logits: &[f32]) {
+    /// Hands chunk `index`, which wants `want`, what it wants from the logits of its last
+    /// position, computed on the host: the row itself, or its greedy choice ([`greedy_choice`],
+    /// [`masked_greedy_choice`]) unless a logit is not finite; nothing for `Nothing`.
+    pub fn put_logits(&mut self, index: usize, want: Want<'_>, logits: &[f32]) {
         match self.slots.get(index) {
             Some(Slot::Logits(_)) => {
                 if let Some(row) = self.logits_mut(index) {
@@ -104,9 +104,13 @@ impl StepOutputs {
                 }
             }
             Some(Slot::Greedy(_)) => {
-                let choice = match first_non_finite(logits) {
-                    Some(first) => Choice::NonFinite(Some(first)),
-                    None => Choice::Token(greedy_choice(logits)),
+                let choice = match (first_non_finite(logits), want) {
+                    (Some(first), _) => Choice::NonFinite(Some(first)),
+                    (None, Want::GreedyAmong(allowed)) => match allowed.wait() {
+                        Some(mask) => Choice::Token(masked_greedy_choice(logits, mask)),
+                        None => Choice::Token(greedy_choice(logits)),
+                    },
+                    (None, _) => Choice::Token(greedy_choice(logits)),
                 };
                 self.set_choice(index, choice);
             }
@@ -182,7 +186,7 @@ mod tests {
     use crate::backend::PageId;
 
     /// A one-token chunk at position 0 on `pages` that wants `want`.
-    fn one_token(pages: &[PageId], want: Want) -> Chunk<'_> {
+    fn one_token<'a>(pages: &'a [PageId], want: Want<'a>) -> Chunk<'a> {
         Chunk {
             tokens: &[1],
             start_pos: 0,
@@ -234,8 +238,8 @@ mod tests {
         let mut outputs = StepOutputs::new(3);
         let chunks = [chunk(Want::Logits, &[1]), chunk(Want::Greedy, &[2])];
         assert!(outputs.begin(&chunks, 1).is_ok());
-        outputs.put_logits(0, &[0.5, 0.25, 0.0]);
-        outputs.put_logits(1, &[0.0, 2.0, 2.0]);
+        outputs.put_logits(0, Want::Logits, &[0.5, 0.25, 0.0]);
+        outputs.put_logits(1, Want::Greedy, &[0.0, 2.0, 2.0]);
         assert_eq!(
             outputs.get(0).ok(),
             Some(ChunkOutput::Logits(&[0.5, 0.25, 0.0]))
@@ -255,6 +259,50 @@ mod tests {
         );
     }
 
+    /// A mask that is ready, or lost.
+    struct Fixed(Option<Vec<u32>>);
+
+    impl crate::backend::AllowedIds for Fixed {
+        fn wait(&self) -> Option<&[u32]> {
+            self.0.as_deref()
+        }
+    }
+
+    #[test]
+    fn a_masked_greedy_chunk_gets_the_best_allowed_id_from_host_logits() {
+        let pages = [PageId(0)];
+        let odd = Fixed(Some(vec![0b1010]));
+        let lost = Fixed(None);
+        let chunks = [
+            one_token(&pages, Want::GreedyAmong(&odd)),
+            one_token(&pages, Want::GreedyAmong(&lost)),
+            one_token(&pages, Want::GreedyAmong(&odd)),
+        ];
+        let mut outputs = StepOutputs::new(4);
+        assert!(outputs.begin(&chunks, 1).is_ok());
+        for (index, chunk) in chunks.iter().enumerate() {
+            let logits = match index {
+                2 => [0.0, f32::NAN, 0.0, 0.0],
+                _ => [9.0, 1.0, 5.0, 3.0],
+            };
+            outputs.put_logits(index, chunk.want, &logits);
+        }
+        assert_eq!(
+            outputs.get(0).ok(),
+            Some(ChunkOutput::Greedy(3)),
+            "ids 1 and 3 only"
+        );
+        assert_eq!(
+            outputs.get(1).ok(),
+            Some(ChunkOutput::Greedy(0)),
+            "a lost mask leaves the plain choice, which its sequence discards"
+        );
+        assert!(
+            matches!(outputs.get(2), Err(BackendError::NonFiniteLogits { .. })),
+            "a NaN outside the mask still counts"
+        );
+    }
+
     #[test]
     fn non_finite_logits_are_an_error_however_they_arrive() {
         let pages = [PageId(0)];
@@ -267,10 +315,10 @@ mod tests {
             chunk(Want::Logits),
         ];
         assert!(outputs.begin(&chunks, 1).is_ok());
-        outputs.put_logits(0, &[0.5, f32::NAN, 1.0, f32::INFINITY]);
-        outputs.put_logits(1, &[0.0, 1.0, f32::NEG_INFINITY, 2.0]);
+        outputs.put_logits(0, Want::Logits, &[0.5, f32::NAN, 1.0, f32::INFINITY]);
+        outputs.put_logits(1, Want::Greedy, &[0.0, 1.0, f32::NEG_INFINITY, 2.0]);
         outputs.set_non_finite(2);
-        outputs.put_logits(3, &[f32::MAX, f32::MIN, 1e-45, -0.0]);
+        outputs.put_logits(3, Want::Logits, &[f32::MAX, f32::MIN, 1e-45, -0.0]);
         let first = |index| match outputs.get(index) {
             Err(BackendError::NonFiniteLogits { first }) => first,
             other => panic!("chunk {index}: {other:?}"),

@@ -146,14 +146,16 @@ impl Sequence {
     }
 
     /// What a chunk of the next `len` pending tokens asks the backend for: nothing before the
-    /// end of the history, else the greedy id when that is all the sampler would compute.
-    pub fn want(&self, len: usize) -> Want {
+    /// end of the history, else the greedy id (among the grammar's allowed ids) when that is
+    /// all the sampler would compute.
+    pub fn want(&self, len: usize) -> Want<'_> {
         if self.computed + len < self.history.len() {
-            Want::Nothing
-        } else if self.sampler.is_plain_greedy() && self.grammar.is_none() {
-            Want::Greedy
-        } else {
-            Want::Logits
+            return Want::Nothing;
+        }
+        match &self.grammar {
+            _ if !self.sampler.is_plain_greedy() => Want::Logits,
+            Some(grammar) => Want::GreedyAmong(grammar),
+            None => Want::Greedy,
         }
     }
 
@@ -181,16 +183,15 @@ impl Sequence {
                 logprobs: None,
             },
             ChunkOutput::Logits(logits) => {
-                let end_of_generation = tokenizer.vocab().end_of_generation();
-                let allowed = match &mut self.grammar {
-                    Some(grammar) => Some(grammar.allowed(end_of_generation)?),
+                let allowed = match &self.grammar {
+                    Some(grammar) => Some(grammar.allowed()?),
                     None => None,
                 };
                 let context = Context {
                     history: &self.history,
                     prompt_len: self.request.prompt_tokens.len(),
-                    end_of_generation,
-                    allowed: allowed.as_deref(),
+                    end_of_generation: tokenizer.vocab().end_of_generation(),
+                    allowed,
                 };
                 self.sampler.choose(logits, &context)
             }
@@ -209,7 +210,7 @@ impl Sequence {
             return self.finish(StopReason::Eos, None, sink).map(Some);
         }
         if let Some(grammar) = &mut self.grammar {
-            grammar.accept(token, tokenizer.vocab().end_of_generation())?;
+            grammar.accept(token)?;
         }
         self.history.push(token);
         self.generated += 1;

@@ -159,7 +159,7 @@ impl Sampler {
                 };
             }
             Some(allowed) if plain_greedy && !self.penalizes() => {
-                let token = masked_argmax(logits, allowed);
+                let token = masked_greedy_choice(logits, allowed);
                 return Choice {
                     token,
                     logprobs: None,
@@ -307,10 +307,12 @@ fn by_probability(a: &Candidate, b: &Candidate) -> Ordering {
     desc_then_id(a.p, a.id, b.p, b.id)
 }
 
-/// The highest sanitized logit among the ids `allowed` (a bitset) sets, the lowest id on ties
-/// (0 when none is allowed or every allowed one is -inf): a constrained greedy step without
-/// building the candidate list.
-fn masked_argmax(logits: &[f32], allowed: &[u32]) -> u32 {
+/// The highest sanitized logit among the ids `allowed` (a bitset: bit `id % 32` of word
+/// `id / 32`) sets, the lowest id on ties (0 when none is allowed or every allowed one is
+/// -inf): what [`Sampler`] picks at T = 0 without a penalty under a grammar's mask, without
+/// building the candidate list. A backend answering
+/// [`Want::GreedyAmong`](crate::backend::Want::GreedyAmong) on the host calls this.
+pub fn masked_greedy_choice(logits: &[f32], allowed: &[u32]) -> u32 {
     let mut best = (f64::NEG_INFINITY, 0u32);
     for (w, &word) in allowed.iter().enumerate() {
         let mut bits = word;

@@ -275,20 +275,20 @@ impl<J: EventSink> Scheduler<J> {
         plan: &[(usize, usize)],
         started: Instant,
     ) -> Result<(), BackendError> {
-        let mut chunks = Vec::with_capacity(plan.len());
-        for &(i, len) in plan {
-            let entry = &mut self.running[i];
-            entry.seq.chunk_started(started);
-            let from = entry.seq.computed();
-            chunks.push((i, from, len, entry.seq.want(len)));
+        for &(i, _) in plan {
+            self.running[i].seq.chunk_started(started);
         }
-        let chunks: Vec<Chunk<'_>> = chunks
-            .into_iter()
-            .map(|(i, from, len, want)| Chunk {
-                tokens: &self.running[i].seq.history()[from..from + len],
-                start_pos: from,
-                pages: &self.running[i].pages,
-                want,
+        let chunks: Vec<Chunk<'_>> = plan
+            .iter()
+            .map(|&(i, len)| {
+                let entry = &self.running[i];
+                let from = entry.seq.computed();
+                Chunk {
+                    tokens: &entry.seq.history()[from..from + len],
+                    start_pos: from,
+                    pages: &entry.pages,
+                    want: entry.seq.want(len),
+                }
             })
             .collect();
         backend.step(&chunks, &mut self.outputs)

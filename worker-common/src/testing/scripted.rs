@@ -154,7 +154,7 @@ impl InferenceBackend for ScriptedBackend {
         outputs.begin(chunks, self.pool.len())?;
         for (i, chunk) in chunks.iter().enumerate() {
             let history = self.history(chunk)?;
-            outputs.put_logits(i, &self.logits(&history));
+            outputs.put_logits(i, chunk.want, &self.logits(&history));
         }
         Ok(())
     }
