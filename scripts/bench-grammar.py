@@ -9,6 +9,7 @@ ratios.
 """
 
 import argparse
+import hashlib
 import statistics
 import sys
 from pathlib import Path
@@ -40,7 +41,8 @@ def decode_rate(host, port, tokens, extra):
     end = events[-1]
     if end["tokens_out"] != tokens:
         sys.exit(f"the job ended after {end['tokens_out']} tokens: {end}")
-    return (tokens - 1) / (end["decode_time_ms"] / 1e3)
+    text = "".join(e.get("text", "") for e in events if e["type"] == "token")
+    return (tokens - 1) / (end["decode_time_ms"] / 1e3), text
 
 
 def main():
@@ -62,15 +64,23 @@ def main():
         for extra in modes.values():
             decode_rate(host, port, 16, extra)
         rates = {name: [] for name in modes}
+        texts = {name: set() for name in modes}
         for _ in range(args.reps):
             for name, extra in modes.items():
-                rates[name].append(decode_rate(host, port, args.tokens, extra))
+                rate, text = decode_rate(host, port, args.tokens, extra)
+                rates[name].append(rate)
+                texts[name].add(text)
         medians = {name: statistics.median(values) for name, values in rates.items()}
         for name, values in rates.items():
             shown = ", ".join(f"{v:.1f}" for v in values)
             print(f"{name:8} median {medians[name]:8.1f} tok/s   ({shown})")
         print(f"grammar / plain  {medians['grammar'] / medians['plain']:.3f}")
         print(f"grammar / logits {medians['grammar'] / medians['logits']:.3f}")
+        # The same greedy output every time; its digest compares builds and backends.
+        for name, seen in texts.items():
+            digest = hashlib.sha256("".join(sorted(seen)).encode()).hexdigest()[:16]
+            print(f"{name:8} output {digest} ({len(seen)} distinct)")
+        print(f"grammar output starts {next(iter(texts['grammar']))[:60]!r}")
     finally:
         proc.terminate()
         proc.wait()

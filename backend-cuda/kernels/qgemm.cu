@@ -6,13 +6,19 @@
 // int8 in shared memory with the GEMV's loaders, copies the tokens' chunks beside them, and
 // each chunk's integer sums come from mma.sync (s8 × s8 → s32, exact). Each sum is then scaled
 // (fused multiply-adds of the chunk's scales, `qm_add`) into the output's f32 total in chunk
-// order 0, 1, 2, …: one total per output, its order fixed by the matrix width alone, so a
-// token's results do not depend on which or how many rows share the launch, nor on the tile
-// shape or where its tile falls.
+// order within each segment of QM_SEG chunks, and the segments' totals are added in segment
+// order (p0, then + p1, + p2, …): the order is fixed by the matrix width alone, so a token's
+// results do not depend on which or how many rows share the launch, nor on the tile shape or
+// where its tile falls. The small shape runs each segment in a block of its own (grid.z), so a
+// prompt of a few dozen tokens still fills the GPU on a wide matrix (a down projection); the
+// last block of a tile to finish adds the segments' totals. The large shape adds them as it
+// goes.
 
 // Weight chunks (32 elements) per row and tile step: each step's loads, fetched while the
 // previous step multiplies, are in flight together.
 #define QM_KC 8
+// Chunks (32 elements) per segment: a multiple of QM_KC.
+#define QM_SEG 32
 // Bytes per row of a tile in shared memory: QM_KC chunks of 32 quants, plus 16 so that the
 // eight rows of a fragment load fall in distinct banks.
 #define QM_PITCH (QM_KC * 32 + 16)
@@ -25,6 +31,8 @@ template <int WARPS_M, int WARPS_N, int TILES_M, int TILES_N, int MIN_BLOCKS>
 struct QmShape {
     static const int WM = WARPS_M, WN = WARPS_N, MT = TILES_M, NT = TILES_N, BLOCKS = MIN_BLOCKS;
     static const int THREADS = WM * WN * 32, BM = WM * MT * 16, BN = WN * NT * 8;
+    // Outputs each thread holds.
+    static const int V = MT * NT * 4;
     // (row, chunk) and (token, chunk) pairs each thread fetches per step.
     static const int PAIRS = BM * QM_KC / THREADS;
     static_assert(BM == BN && BM * QM_KC % THREADS == 0, "pairs split evenly");
@@ -321,13 +329,63 @@ __device__ __forceinline__ void qm_epilogue(const QmBlock& b, const QMatrix& m0,
     }
 }
 
+template <typename S>
+__device__ __forceinline__ void qm_zero(float (*acc)[S::NT][4]) {
+#pragma unroll
+    for (int v = 0; v < S::V; ++v) acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4] = 0.0f;
+}
+
+// The running total of this thread's outputs plus the segment just done: the first segment's
+// total as it is, then each one added in order. The totals are kept in the dynamic shared
+// memory the large shape is launched with (V floats a thread; registers would spill).
+template <typename S>
+__device__ __forceinline__ void qm_fold(float (*acc)[S::NT][4], bool first) {
+    extern __shared__ float qm_total[];
+#pragma unroll
+    for (int v = 0; v < S::V; ++v) {
+        float p = acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4];
+        float* total = qm_total + v * S::THREADS + threadIdx.x;
+        *total = first ? p : *total + p;
+    }
+}
+
+// Split segments: each block stores its segment's totals at `partial` (per tile, segment,
+// output and thread); the last of a tile's blocks to finish (a count per tile, left zeroed for
+// the next launch, as argmax_logits's) adds them in segment order into acc and goes on to the
+// epilogue; the others return false.
+template <typename S>
+__device__ bool qm_gather(float* partial, u32* counters, float (*acc)[S::NT][4]) {
+    long long tile = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+    float* mine = partial + ((tile * gridDim.z + blockIdx.z) * S::V) * S::THREADS + threadIdx.x;
+#pragma unroll
+    for (int v = 0; v < S::V; ++v) mine[v * S::THREADS] = acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4];
+    __threadfence();
+    __syncthreads();
+    int last = 0;
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counters + tile, 1u) == gridDim.z - 1;
+        if (last) counters[tile] = 0;
+    }
+    // (No shared flag: the large shape's static shared memory is at its 48 KiB limit.)
+    if (!__syncthreads_or(last)) return false;
+    __threadfence();
+    const float* all = partial + tile * gridDim.z * S::V * S::THREADS + threadIdx.x;
+#pragma unroll
+    for (int v = 0; v < S::V; ++v) {
+        float total = __ldcg(all + v * S::THREADS);
+        for (int z = 1; z < (int)gridDim.z; ++z) total = total + __ldcg(all + (z * S::V + v) * S::THREADS);
+        acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4] = total;
+    }
+    return true;
+}
+
 // Tile b of the block's matrix times tokens blockIdx.x · BN.. of the n at `pre`: warp w on tile
 // rows 16·MT·(w mod WM).. and tokens 8·NT·(w / WM)... Each thread fetches its share of the next
 // tile step into registers while the block multiplies the current one.
 template <typename C, typename S>
 __device__ void qgemm_tile(QmTiles<S>& sh, const QmBlock& b, const QMatrix& m0, const QMatrix& m1,
                            const QMatrix& m2, const QRope& rope, int mode, int cols, int n,
-                           const u8* pre) {
+                           const u8* pre, float* partial, u32* counters) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
     int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
     int t0 = blockIdx.x * S::BN, chunks = cols >> 5;
@@ -339,21 +397,38 @@ __device__ void qgemm_tile(QmTiles<S>& sh, const QmBlock& b, const QMatrix& m0, 
         wrows[i] = qm_row_ptr(b, m1, mode, r, row);
     }
     float acc[S::MT][S::NT][4];
-#pragma unroll
-    for (int i = 0; i < 4 * S::MT * S::NT; ++i) acc[i / (4 * S::NT)][(i / 4) % S::NT][i % 4] = 0.0f;
+    qm_zero<S>(acc);
+    // One segment (grid.z > 1: the small shape), or all of them, folded as they end (grid.z = 1:
+    // the large shape, launched with V · THREADS floats of dynamic shared memory for that).
+    bool split = gridDim.z > 1;
+    int first = split ? blockIdx.z * QM_SEG : 0, end = split ? min(chunks, first + QM_SEG) : chunks;
     QmStage<S> st;
-    qm_fetch<C, S>(st, wrows, t0, n, cols, pre, 0, min(QM_KC, chunks));
-    for (int k0 = 0; k0 < chunks; k0 += QM_KC) {
-        int kc = min(QM_KC, chunks - k0);
+    qm_fetch<C, S>(st, wrows, t0, n, cols, pre, first, min(QM_KC, end - first));
+    for (int k0 = first; k0 < end; k0 += QM_KC) {
+        int kc = min(QM_KC, end - k0);
         qm_store(sh, st, kc);
         __syncthreads();
-        if (k0 + QM_KC < chunks)
-            qm_fetch<C, S>(st, wrows, t0, n, cols, pre, k0 + QM_KC, min(QM_KC, chunks - k0 - QM_KC));
+        if (k0 + QM_KC < end)
+            qm_fetch<C, S>(st, wrows, t0, n, cols, pre, k0 + QM_KC, min(QM_KC, end - k0 - QM_KC));
         // Unrolled, so that one chunk's loads and mma overlap another's scaling.
 #pragma unroll
         for (int c = 0; c < QM_KC; ++c)
             if (c < kc) qm_chunk<C, S>(sh, c, wm, wn, g, q4, acc);
         __syncthreads();
+        // A segment ends inside the loop: fold its total (the last one is folded below).
+        if (!split && (k0 + QM_KC) % QM_SEG == 0 && k0 + QM_KC < end) {
+            qm_fold<S>(acc, k0 + QM_KC == QM_SEG);
+            qm_zero<S>(acc);
+        }
+    }
+    if (split) {
+        if (!qm_gather<S>(partial, counters, acc)) return;
+    } else if (chunks > QM_SEG) {
+        qm_fold<S>(acc, false);
+        extern __shared__ float qm_total[];
+#pragma unroll
+        for (int v = 0; v < S::V; ++v)
+            acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4] = qm_total[v * S::THREADS + threadIdx.x];
     }
     qm_epilogue<S>(b, m0, m1, m2, rope, mode, wm, wn, g, q4, t0, n, acc);
 }
@@ -380,17 +455,17 @@ __device__ __forceinline__ QmBlock qm_block(const QMatrix& m0, const QMatrix& m1
 
 template <typename S>
 __device__ void qgemm(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, const QRope& rope,
-                      int cols, int n, const u8* pre, int mode) {
+                      int cols, int n, const u8* pre, int mode, float* partial, u32* counters) {
     __shared__ __align__(16) QmTiles<S> sh;
     QmBlock b = qm_block(m0, m1, m2, mode, S::BM);
     switch (b.m.format) {
-        case 2: qgemm_tile<ChunkQ4_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
-        case 3: qgemm_tile<ChunkQ4_1, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
-        case 6: qgemm_tile<ChunkQ5_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
-        case 7: qgemm_tile<ChunkQ5_1, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
-        case 8: qgemm_tile<ChunkQ8_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
-        case 12: qgemm_tile<ChunkQ4_K, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
-        default: qgemm_tile<ChunkQ6_K, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre); break;
+        case 2: qgemm_tile<ChunkQ4_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
+        case 3: qgemm_tile<ChunkQ4_1, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
+        case 6: qgemm_tile<ChunkQ5_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
+        case 7: qgemm_tile<ChunkQ5_1, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
+        case 8: qgemm_tile<ChunkQ8_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
+        case 12: qgemm_tile<ChunkQ4_K, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
+        default: qgemm_tile<ChunkQ6_K, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
     }
 }
 
@@ -401,12 +476,12 @@ __device__ void qgemm(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
         int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int n, const u8* pre,   \
         int mode, const int* pos, const int* tables, const int* pages, u16* k_cache,               \
         u16* v_cache, int head_dim, int rope_dims, float theta_scale, float freq_scale,            \
-        int neox) {                                                                                \
+        int neox, float* partial, u32* counters) {                                                 \
         QMatrix m0 = {w0, rb0, b0, y0, rows0, f0}, m1 = {w1, rb1, b1, y1, rows1, f1},              \
                 m2 = {w2, rb2, b2, y2, rows2, f2};                                                 \
         QRope rope = {{pos, tables, pages}, k_cache, v_cache, head_dim, rope_dims, neox,           \
                       theta_scale, freq_scale};                                                    \
-        qgemm<SHAPE>(m0, m1, m2, rope, cols, n, pre, mode);                                        \
+        qgemm<SHAPE>(m0, m1, m2, rope, cols, n, pre, mode, partial, counters);                     \
     }
 
 QGEMM_KERNEL(qgemm_small, QmSmall)

@@ -363,8 +363,19 @@ impl Gpu {
         block: (u32, u32),
         args: &[Arg],
     ) -> Result<(), BackendError> {
+        self.launch_grid(func, (grid.0, grid.1, 1), block, args)
+    }
+
+    /// [`Gpu::launch_shared`] over a grid of three dimensions.
+    pub fn launch_grid(
+        &self,
+        func: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32),
+        args: &[Arg],
+    ) -> Result<(), BackendError> {
         let config = LaunchConfig {
-            grid_dim: (grid.0, grid.1, 1),
+            grid_dim: grid,
             block_dim: (block.0, 1, 1),
             shared_mem_bytes: block.1,
         };

@@ -59,10 +59,13 @@ impl Model<'_> {
     /// ([`Act::Logits`]), still to be downloaded. A row's results do not depend on the other
     /// rows of the pass.
     ///
-    /// A pass of at most [`MAX_GRAPH_ROWS`] rows (a batch of decodes, a short prompt) runs as a
-    /// CUDA graph, captured the second time its [`PassShape`] comes and replayed after for any
-    /// sequences: positions, ids and page tables are read from device memory, so such a step is
-    /// one small upload, one graph launch and the outputs' copy.
+    /// A pass of at most [`MAX_GRAPH_ROWS`] rows that is a batch of decodes or one sequence's
+    /// chunk (a short prompt) runs as a CUDA graph, replayed for any sequences of its
+    /// [`PassShape`]: positions, ids and page tables are read from device memory, so such a
+    /// step is one small upload, one graph launch and the outputs' copy. A batch of decodes is
+    /// captured the first time its shape comes (it comes again at the next step), a chunk the
+    /// second time (a one-off prompt length never pays for a capture). Other passes (prompts
+    /// and decodes mixed, several prompts) vary too much under load to be worth capturing.
     pub fn forward(
         &self,
         chunks: &[&Chunk<'_>],
@@ -89,19 +92,24 @@ impl Model<'_> {
         // A float-format matrix in a pass of long chunks goes through cuBLAS, which is not
         // captured.
         let sgemm = !gemv && scratch.dequant().is_some();
-        if pass.rows <= MAX_GRAPH_ROWS && !sgemm {
-            self.replay(&pass, scratch)
-        } else {
-            self.run(&pass, scratch)
+        let decodes = pass.rows == chunks.len() && pass.heads == chunks.len();
+        if pass.rows > MAX_GRAPH_ROWS || sgemm || !(decodes || chunks.len() == 1) {
+            return self.run(&pass, scratch);
         }
+        self.replay(&pass, decodes, scratch)
     }
 
-    /// Launches the graph of `pass`'s shape; captures it first when the shape came before,
-    /// else launches the pass kernel by kernel.
-    fn replay(&self, pass: &Pass<'_>, scratch: &mut Scratch) -> Result<(), BackendError> {
+    /// Launches the graph of `pass`'s shape; captures it first when there is none and it is
+    /// `due` or the shape came before, else launches the pass kernel by kernel.
+    fn replay(
+        &self,
+        pass: &Pass<'_>,
+        due: bool,
+        scratch: &mut Scratch,
+    ) -> Result<(), BackendError> {
         let shape = PassShape::of(pass);
         if scratch.graphs.get(&shape).is_none() {
-            if !scratch.graphs.seen_before(&shape) {
+            if !scratch.graphs.seen_before(&shape) && !due {
                 return self.run(pass, scratch);
             }
             self.gpu.begin_capture()?;

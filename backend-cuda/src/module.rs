@@ -134,7 +134,7 @@ impl Kernels {
                 [get("qgemv_r1_t8_g4")?, get("qgemv_r2_t8_g4")?],
             ],
             qgemm_small: get("qgemm_small")?,
-            qgemm_large: get("qgemm_large")?,
+            qgemm_large: with_fold_room(get("qgemm_large")?)?,
             quantize_rows: get("quantize_rows")?,
             rms_norm: get("rms_norm")?,
             rope_store: get("rope_store")?,
@@ -154,6 +154,20 @@ impl Kernels {
             _module: module,
         })
     }
+}
+
+/// `qgemm_large` adds a wide matrix's segments in dynamic shared memory
+/// ([`LARGE_FOLD_BYTES`](crate::qgemm::LARGE_FOLD_BYTES)) on top of its 48 KiB of static tiles,
+/// beyond the default limit a launch may ask for.
+fn with_fold_room(func: CudaFunction) -> Result<CudaFunction, BackendError> {
+    let bytes = i32::try_from(crate::qgemm::LARGE_FOLD_BYTES)
+        .map_err(|e| BackendError::Device(format!("qgemm_large's fold room: {e}")))?;
+    func.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes,
+    )
+    .map_err(|e| BackendError::Device(format!("qgemm_large's shared memory: {e}")))?;
+    Ok(func)
 }
 
 fn type_index(ggml_type: GgmlType) -> Result<usize, BackendError> {

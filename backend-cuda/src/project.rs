@@ -106,7 +106,7 @@ impl Model<'_> {
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let quantized = self.quantize_input(parts, x, norm, n, s)?;
-        self.gpu.qgemm(parts, quantized, n, mode)
+        self.gpu.qgemm(parts, quantized, n, mode, s.split())
     }
 
     /// The `n` rows at `x` (through `norm` when given) quantized for `parts` into

@@ -2,9 +2,11 @@
 //! quantized formats: the token rows of a pass are quantized once by [`Gpu::quantize_rows`]
 //! (32-element int8 chunks, as the GEMV's and the CPU's activation blocks), every weight chunk
 //! is decoded to int8 in shared memory and multiplied by `mma.sync`, and each output's f32 sum
-//! runs over the chunks in order: a token row's results do not depend on the other rows.
+//! runs over the chunks in order within segments of [`SEGMENT`] elements, whose sums are added
+//! in order: a token row's results do not depend on the other rows.
 
 use worker_common::backend::BackendError;
+use worker_common::model::ModelPlan;
 
 use crate::device::{Arg, Gpu};
 use crate::ops::Projection;
@@ -34,6 +36,59 @@ const THREADS: u32 = 256;
 const LARGE_FROM_BLOCKS: usize = 264;
 /// Most blocks along a grid's y dimension (the row tiles of a launch).
 const MAX_GRID_Y: usize = 65_535;
+/// Elements of a segment (`QM_SEG` chunks of 32 in qgemm.cu): a wider matrix's products are
+/// summed per segment, and the small shape runs each segment in a block of its own.
+pub const SEGMENT: usize = 1024;
+/// Dynamic shared memory of a large-shape launch: the running totals of its 64 × 64 outputs.
+pub const LARGE_FOLD_BYTES: usize = LARGE.rows * LARGE.tokens * 4;
+/// Bytes of one small tile's totals for one segment.
+const SMALL_TILE_BYTES: usize = SMALL.rows * SMALL.tokens * 4;
+
+/// Device scratch of the small shape's segments: per tile and segment its totals
+/// (`partial_bytes`), per tile a zeroed count of finished segments (the kernel leaves it zeroed).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SplitRoom {
+    /// Device address of the totals.
+    pub partial: u64,
+    /// Their bytes.
+    pub partial_bytes: usize,
+    /// Device address of the counts (`u32`).
+    pub counters: u64,
+    /// Counts held.
+    pub counter_count: usize,
+}
+
+impl SplitRoom {
+    /// Bytes of totals and counts the GEMM launches of `plan`'s layers need for passes of up to
+    /// `rows` token rows: the largest small-shape launch among those over more than one segment
+    /// (the small shape is taken below [`LARGE_FROM_BLOCKS`] large blocks, so at most four times
+    /// that many small tiles).
+    pub fn need(plan: &ModelPlan, rows: usize) -> (usize, usize) {
+        let hp = &plan.hp;
+        let tiles = |outputs: usize, per_tile: usize| outputs.div_ceil(per_tile);
+        let qkv = [hp.q_width(), hp.k_width(), hp.v_width()]
+            .iter()
+            .map(|&w| tiles(w, SMALL.rows))
+            .sum();
+        // (input width, row tiles): Q·K·V, gate·up (two rows a slot), output, down.
+        let launches = [
+            (hp.n_embd, qkv),
+            (hp.n_embd, tiles(hp.n_ff, SMALL.rows / 2)),
+            (hp.attn_out_width(), tiles(hp.n_embd, SMALL.rows)),
+            (hp.n_ff, tiles(hp.n_embd, SMALL.rows)),
+        ];
+        launches
+            .iter()
+            .filter(|&&(cols, _)| cols > SEGMENT)
+            .map(|&(cols, row_tiles)| {
+                let count = (rows.div_ceil(SMALL.tokens) * row_tiles).min(4 * LARGE_FROM_BLOCKS);
+                (count * cols.div_ceil(SEGMENT) * SMALL_TILE_BYTES, count)
+            })
+            .fold((0, 0), |(bytes, counts), (b, c)| {
+                (bytes.max(b), counts.max(c))
+            })
+    }
+}
 
 /// Row tiles of a launch of `parts` in `mode` for a block shape of `rows` weight rows.
 fn row_tiles(parts: &[Projection<'_>], mode: QgemvMode, rows: usize) -> usize {
@@ -59,14 +114,16 @@ impl Gpu {
         quantized: u64,
         n: usize,
         mode: QgemvMode,
+        split: SplitRoom,
     ) -> Result<(), BackendError> {
         check(parts, mode)?;
         let large = row_tiles(parts, mode, LARGE.rows) * n.div_ceil(LARGE.tokens);
-        self.qgemm_shaped(parts, quantized, n, mode, large >= LARGE_FROM_BLOCKS)
+        self.qgemm_shaped(parts, quantized, n, mode, large >= LARGE_FROM_BLOCKS, split)
     }
 
     /// [`Gpu::qgemm`] with the block shape chosen by the caller: `large` (64×64 tiles) or
-    /// small (32×32). Both give every output the same bits.
+    /// small (32×32, a block per segment of a wide matrix, in `split`). Both give every output
+    /// the same bits.
     pub(crate) fn qgemm_shaped(
         &self,
         parts: &[Projection<'_>],
@@ -74,6 +131,7 @@ impl Gpu {
         n: usize,
         mode: QgemvMode,
         large: bool,
+        split: SplitRoom,
     ) -> Result<(), BackendError> {
         let cols = check(parts, mode)?;
         if n == 0 {
@@ -101,12 +159,27 @@ impl Gpu {
             Arg::I32(mode.code()),
         ]);
         rope_args(mode, &mut args)?;
-        let grid = (int(n.div_ceil(shape.tokens))? as u32, tiles as u32);
-        let func = if large {
-            &self.kernels.qgemm_large
-        } else {
-            &self.kernels.qgemm_small
-        };
-        self.launch(func, grid, THREADS, &args)
+        args.extend([Arg::Ptr(split.partial), Arg::Ptr(split.counters)]);
+        let token_tiles = n.div_ceil(shape.tokens);
+        if large {
+            let grid = (int(token_tiles)? as u32, tiles as u32, 1);
+            let block = (THREADS, LARGE_FOLD_BYTES as u32);
+            return self.launch_grid(&self.kernels.qgemm_large, grid, block, &args);
+        }
+        let segments = cols.div_ceil(SEGMENT);
+        if segments > 1 {
+            let (bytes, counts) = (
+                token_tiles * tiles * segments * SMALL_TILE_BYTES,
+                token_tiles * tiles,
+            );
+            if bytes > split.partial_bytes || counts > split.counter_count {
+                return Err(BackendError::Device(format!(
+                    "a qgemm launch over {segments} segments needs {bytes} bytes and {counts} counts of split room, which holds {} and {}",
+                    split.partial_bytes, split.counter_count
+                )));
+            }
+        }
+        let grid = (int(token_tiles)? as u32, tiles as u32, segments as u32);
+        self.launch_grid(&self.kernels.qgemm_small, grid, (THREADS, 0), &args)
     }
 }

@@ -9,6 +9,7 @@ use worker_common::model::ModelPlan;
 use crate::device::{Buffer, Gpu, device_error};
 use crate::graphs::Graphs;
 use crate::ops::{AllowedMask, ArgmaxScratch, SplitScratch, StepRows};
+use crate::qgemm::SplitRoom;
 use crate::qgemv::quantized_row_bytes;
 
 /// Indices into the activation buffers.
@@ -50,6 +51,10 @@ pub enum Act {
     Argmax,
     /// A grammar's mask of allowed ids per head row ([`Scratch::choose_among`]).
     Allowed,
+    /// The tensor-core GEMM's segment totals ([`SplitRoom`]).
+    SplitPartial,
+    /// Its counts of finished segments per tile (zeroed).
+    SplitCounters,
 }
 
 /// What a pass needs room for.
@@ -149,6 +154,8 @@ pub struct Scratch {
     heads: usize,
     /// The captured passes.
     pub graphs: Graphs,
+    /// Bytes and counts of the GEMM's split room.
+    split: (usize, usize),
 }
 
 impl Scratch {
@@ -171,6 +178,7 @@ impl Scratch {
             logits: None,
             heads: 0,
             graphs: Graphs::default(),
+            split: (0, 0),
         }
     }
 
@@ -202,6 +210,16 @@ impl Scratch {
     /// Device address of the head rows' indices (`int`s) in [`Act::Step`].
     pub fn heads_ptr(&self) -> u64 {
         self.ptr(Act::Step) + Layout::of(self.room).heads as u64
+    }
+
+    /// The tensor-core GEMM's room for the segments of wide matrices.
+    pub fn split(&self) -> SplitRoom {
+        SplitRoom {
+            partial: self.ptr(Act::SplitPartial),
+            partial_bytes: self.split.0,
+            counters: self.ptr(Act::SplitCounters),
+            counter_count: self.split.1,
+        }
     }
 
     /// The greedy choice's scratch ([`Act::Argmax`]).
@@ -291,6 +309,11 @@ impl Scratch {
         let mask_words = self.vocab.div_ceil(32);
         self.buffers
             .push(gpu.alloc(room.heads * mask_words * 4, "activations")?);
+        let (split_bytes, split_counts) = SplitRoom::need(plan, room.rows);
+        self.buffers
+            .push(gpu.alloc(split_bytes.max(4), "activations")?);
+        self.buffers.push(zeroed(split_counts.max(1) * 4)?);
+        self.split = (split_bytes, split_counts);
         self.logits = Some(gpu.alloc_pinned(room.heads * (self.vocab + 1))?);
         self.room = room;
         Ok(())

@@ -11,6 +11,7 @@ use worker_common::model::AttentionShape;
 
 use crate::device::{Buffer, Gpu};
 use crate::ops::{LayerKv, Projection, RopeStore, RowNorm, StepRows};
+use crate::qgemm::SplitRoom;
 use crate::qgemv::{QgemvMode, RopeTarget, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, f16_bytes, get, gpu, put, rel_error, to_bytes};
 use crate::tests_qgemv::{Case, TYPES, case, products, quantized, rope_plan, tolerance};
@@ -21,6 +22,21 @@ fn quantize(gpu: &Gpu, x: &Buffer, norm: Option<RowNorm>, rows: usize, cols: usi
     gpu.quantize_rows(x.ptr(), norm, rows, cols, out.ptr())
         .unwrap();
     out
+}
+
+/// Room for the small shape's segments of any launch these tests make (the buffers must
+/// outlive the launches).
+fn split_room(gpu: &Gpu) -> (Buffer, Buffer, SplitRoom) {
+    let (bytes, counts) = (64 << 20, 1 << 16);
+    let partial = gpu.alloc(bytes, "test").unwrap();
+    let counters = put(gpu, &vec![0u8; counts * 4]);
+    let room = SplitRoom {
+        partial: partial.ptr(),
+        partial_bytes: bytes,
+        counters: counters.ptr(),
+        counter_count: counts,
+    };
+    (partial, counters, room)
 }
 
 /// Widths for a format: one whole number of the kernel's 4-chunk steps and one not (for the
@@ -36,6 +52,7 @@ fn widths(ggml_type: GgmlType) -> &'static [usize] {
 #[ignore = "needs an NVIDIA GPU"]
 fn qgemm_matches_the_cpu_arithmetic_for_every_quantized_type() {
     let gpu = gpu();
+    let (_partial, _counters, split) = split_room(&gpu);
     let mut rng = Rng(0x6a09_e667);
     // Neither the rows nor the tokens fill whole tiles (of 32, the shape this launch takes).
     let (rows, n) = (200, 70);
@@ -61,7 +78,7 @@ fn qgemm_matches_the_cpu_arithmetic_for_every_quantized_type() {
                 } else {
                     QgemvMode::Store
                 };
-                gpu.qgemm(&[part], q.ptr(), n, mode).unwrap();
+                gpu.qgemm(&[part], q.ptr(), n, mode, split).unwrap();
                 let want: Vec<f64> = expected
                     .iter()
                     .enumerate()
@@ -91,6 +108,7 @@ fn run(
     first: usize,
     count: usize,
     large: bool,
+    split: SplitRoom,
 ) {
     let parts: Vec<Projection<'_>> = cases
         .iter()
@@ -102,7 +120,7 @@ fn run(
         })
         .collect();
     let input = q.ptr() + (first * quantized_row_bytes(cols)) as u64;
-    gpu.qgemm_shaped(&parts, input, count, QgemvMode::Store, large)
+    gpu.qgemm_shaped(&parts, input, count, QgemvMode::Store, large, split)
         .unwrap();
 }
 
@@ -110,12 +128,14 @@ fn run(
 #[ignore = "needs an NVIDIA GPU"]
 fn qgemm_rows_do_not_depend_on_the_launch() {
     let gpu = gpu();
+    let (_partial, _counters, split) = split_room(&gpu);
     let mut rng = Rng(0xbb67_ae85);
     let n = 150;
     // The same rows alone, in small launches at other tile offsets, and in the full launch.
     let pieces: [(usize, usize); 5] = [(0, 1), (1, 37), (38, 64), (102, 47), (149, 1)];
-    for &ggml_type in &TYPES {
-        let cols = 512;
+    // 2304 columns are three segments: split over blocks in the small shape, added in order
+    // as they end in the large one.
+    for (ggml_type, cols) in TYPES.iter().flat_map(|&t| [(t, 512), (t, 2304)]) {
         let cases = [
             case(&gpu, &mut rng, ggml_type, 130, cols),
             case(&gpu, &mut rng, GgmlType::Q8_0, 64, cols),
@@ -131,17 +151,37 @@ fn qgemm_rows_do_not_depend_on_the_launch() {
         let q = quantize(&gpu, &x, norm, n, cols);
         let zeros = |c: &Case| put(&gpu, &vec![0u8; n * c.matrix.rows * 4]);
         let whole: Vec<Buffer> = cases.iter().map(zeros).collect();
-        run(&gpu, &all, &whole, &q, cols, 0, n, false);
+        run(&gpu, &all, &whole, &q, cols, 0, n, false, split);
         let large: Vec<Buffer> = cases.iter().map(zeros).collect();
-        run(&gpu, &all, &large, &q, cols, 0, n, true);
+        run(&gpu, &all, &large, &q, cols, 0, n, true, split);
         let pieced: Vec<Buffer> = cases.iter().map(zeros).collect();
         for (i, &(first, count)) in pieces.iter().enumerate() {
-            run(&gpu, &all, &pieced, &q, cols, first, count, i % 2 == 0);
+            run(
+                &gpu,
+                &all,
+                &pieced,
+                &q,
+                cols,
+                first,
+                count,
+                i % 2 == 0,
+                split,
+            );
         }
         // Each matrix alone in its launch.
         let alone: Vec<Buffer> = cases.iter().map(zeros).collect();
         for (c, out) in cases.iter().zip(&alone) {
-            run(&gpu, &[c], std::slice::from_ref(out), &q, cols, 0, n, false);
+            run(
+                &gpu,
+                &[c],
+                std::slice::from_ref(out),
+                &q,
+                cols,
+                0,
+                n,
+                false,
+                split,
+            );
         }
         for (i, c) in cases.iter().enumerate() {
             let floats = n * c.matrix.rows;
@@ -266,6 +306,7 @@ fn prefill_attention_rows_do_not_depend_on_the_pass() {
 #[ignore = "needs an NVIDIA GPU"]
 fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
     let gpu = gpu();
+    let (_partial, _counters, split) = split_room(&gpu);
     let mut rng = Rng(0xa54f_f53a);
     let (cols, n, start, head_dim, n_head, n_head_kv) = (512, 70, 100, 64, 4, 2);
     let zeros = |floats: usize| put(&gpu, &vec![0u8; floats * 4]);
@@ -283,7 +324,8 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
             bias,
             out: out.ptr(),
         };
-        gpu.qgemm(&[part], q.ptr(), n, QgemvMode::Store).unwrap();
+        gpu.qgemm(&[part], q.ptr(), n, QgemvMode::Store, split)
+            .unwrap();
     };
     // Gated: 100 gate·up slots (not a whole number of 32-slot tiles), SiLU and GELU.
     for &ggml_type in &TYPES {
@@ -301,7 +343,7 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
                 bias: None,
                 out: fused.ptr(),
             });
-            gpu.qgemm_shaped(&parts, q.ptr(), n, QgemvMode::Gated { gelu }, large)
+            gpu.qgemm_shaped(&parts, q.ptr(), n, QgemvMode::Gated { gelu }, large, split)
                 .unwrap();
             gpu.gated(g.ptr(), u.ptr(), separate.ptr(), 100, 100, n, gelu)
                 .unwrap();
@@ -362,7 +404,7 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
                 out: out.ptr(),
             })
             .collect();
-        gpu.qgemm_shaped(&parts, q.ptr(), n, QgemvMode::Rope(target), large)
+        gpu.qgemm_shaped(&parts, q.ptr(), n, QgemvMode::Rope(target), large, split)
             .unwrap();
         let what = |part: &str| format!("RoPE mode (neox {neox}, dims {dims}): {part}");
         same(&outs[0], &fused[0], n * n_head * head_dim, &what("queries"));
