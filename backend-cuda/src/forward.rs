@@ -59,16 +59,18 @@ impl Model<'_> {
     /// ([`Act::Logits`]), still to be downloaded. A row's results do not depend on the other
     /// rows of the pass.
     ///
-    /// A pass of at most [`MAX_GRAPH_ROWS`] rows that is a batch of decodes or one sequence's
-    /// chunk (a short prompt) runs as a CUDA graph, replayed for any sequences of its
-    /// [`PassShape`]: positions, ids and page tables are read from device memory, so such a
-    /// step is one small upload, one graph launch and the outputs' copy. A batch of decodes is
-    /// captured the first time its shape comes (it comes again at the next step), a chunk the
-    /// second time (a one-off prompt length never pays for a capture). Other passes (prompts
-    /// and decodes mixed, several prompts) vary too much under load to be worth capturing.
+    /// A pass of at most [`MAX_GRAPH_ROWS`] rows that is a batch of decodes, or the only chunk
+    /// of its step (`alone`: a short prompt on an idle worker), runs as a CUDA graph, replayed
+    /// for any sequences of its [`PassShape`]: positions, ids and page tables are read from
+    /// device memory, so such a step is one small upload, one graph launch and the outputs'
+    /// copy. A batch of decodes is captured the first time its shape comes (it comes again at
+    /// the next step), a lone chunk the second time (a one-off prompt length never pays for a
+    /// capture). Other passes (prompts beside decodes, several prompts, prompts and decodes
+    /// mixed) vary too much under load to be worth a capture.
     pub fn forward(
         &self,
         chunks: &[&Chunk<'_>],
+        alone: bool,
         scratch: &mut Scratch,
     ) -> Result<(), BackendError> {
         check_pass(chunks)?;
@@ -93,7 +95,7 @@ impl Model<'_> {
         // captured.
         let sgemm = !gemv && scratch.dequant().is_some();
         let decodes = pass.rows == chunks.len() && pass.heads == chunks.len();
-        if pass.rows > MAX_GRAPH_ROWS || sgemm || !(decodes || chunks.len() == 1) {
+        if pass.rows > MAX_GRAPH_ROWS || sgemm || !(decodes || alone) {
             return self.run(&pass, scratch);
         }
         self.replay(&pass, decodes, scratch)

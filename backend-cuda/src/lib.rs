@@ -300,7 +300,7 @@ impl CudaBackend {
                 weights: &self.weights.tensors,
                 kv: &self.kv,
             };
-            model.forward(&members(pass), &mut self.scratch)?;
+            model.forward(&members(pass), chunks.len() == 1, &mut self.scratch)?;
             self.collect(pass, chunks, outputs)?;
         }
         Ok(())
