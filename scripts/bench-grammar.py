@@ -41,7 +41,7 @@ def decode_rate(host, port, tokens, extra):
     end = events[-1]
     if end["tokens_out"] != tokens:
         sys.exit(f"the job ended after {end['tokens_out']} tokens: {end}")
-    text = "".join(e.get("text", "") for e in events if e["type"] == "token")
+    text = "".join(e.get("t", "") for e in events if e["type"] == "token")
     return (tokens - 1) / (end["decode_time_ms"] / 1e3), text
 
 

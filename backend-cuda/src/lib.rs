@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use worker_common::backend::{
     BackendError, BackendInfo, Chunk, GpuInfo, InferenceBackend, Load, LoadConfig, LoadProgress,
-    MemoryUsage, PAGE_SIZE, StepOutputs, Want,
+    MemoryUsage, PAGE_SIZE, StepLimits, StepOutputs, Want,
 };
 use worker_common::model::{ModelFile, ModelPlan};
 
@@ -235,6 +235,20 @@ impl InferenceBackend for CudaBackend {
 
     fn prefill_chunk(&self) -> usize {
         PREFILL_CHUNK
+    }
+
+    /// Activation buffers (and the GEMM's room) for a pass of every token of the budget, a
+    /// head row per sequence and every sequence's full page table: no step grows them after,
+    /// so the memory `/health` reports does not move under load.
+    fn reserve(&mut self, limits: StepLimits) -> Result<(), BackendError> {
+        let need = Need {
+            rows: limits.tokens,
+            heads: limits.sequences,
+            split_rows: limits.tokens,
+            table_entries: limits.sequences * self.kv.context_length.div_ceil(PAGE_SIZE),
+        };
+        self.gpu.bind()?;
+        self.scratch.reserve(&self.gpu, &self.plan, need, true)
     }
 
     /// Runs the chunks of 17 tokens or more (`GEMM_MIN_TOKENS`) together in one pass

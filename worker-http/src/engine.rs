@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 use worker_common::backend::{
-    BackendError, InferenceBackend, Load, LoadConfig, LoadProgress, PAGE_SIZE,
+    BackendError, InferenceBackend, Load, LoadConfig, LoadProgress, PAGE_SIZE, StepLimits,
 };
 use worker_common::generate::{
     EventSink, Finished, GenerateError, GenerateEvent, PromptFormatter, Sequence,
@@ -90,8 +90,8 @@ pub fn spawn<B: Load>(
     let handle = std::thread::Builder::new()
         .name("engine".into())
         .spawn(move || match load::<B>(&shared, &options) {
-            Ok((backend, loaded)) => {
-                let scheduler = publish(&shared, &backend, loaded);
+            Ok((mut backend, loaded)) => {
+                let scheduler = publish(&shared, &mut backend, loaded);
                 let _ = ready.send(Ok(()));
                 crate::grammars::build_in_background(&shared);
                 serve(&shared, backend, scheduler);
@@ -192,10 +192,11 @@ fn context_length(flag: Option<u32>, model: usize) -> Result<usize, LoadError> {
     }
 }
 
-/// Builds the scheduler for a loaded backend and publishes the model: the worker is ready.
+/// Builds the scheduler for a loaded backend, lets the backend reserve memory for the
+/// scheduler's largest step, and publishes the model: the worker is ready.
 fn publish<B: InferenceBackend>(
     shared: &Shared,
-    backend: &B,
+    backend: &mut B,
     mut loaded: Loaded,
 ) -> Scheduler<Running> {
     let config = SchedulerConfig {
@@ -206,6 +207,14 @@ fn publish<B: InferenceBackend>(
         replay_decodes: !backend.chunking_invariant(),
     };
     let scheduler = Scheduler::new(config, backend.kv_pages(), backend.vocab_size());
+    let limits = StepLimits {
+        tokens: scheduler.config().step_tokens,
+        sequences: scheduler.config().max_running,
+    };
+    // Not fatal: steps then grow their buffers as they come (and fail alone if they cannot).
+    if let Err(err) = backend.reserve(limits) {
+        tracing::warn!(event = "reserve_failed", error = %err, "could not reserve step memory: {err}");
+    }
     loaded.prefix_index = scheduler.prefix_index();
     shared.set_scheduler(scheduler.stats());
     shared.publish(loaded, &backend.info());
@@ -236,7 +245,8 @@ pub(crate) fn start_loaded<B: InferenceBackend>(
     loaded: Loaded,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let scheduler = publish(&shared, &backend, loaded);
+        let mut backend = backend;
+        let scheduler = publish(&shared, &mut backend, loaded);
         serve(&shared, backend, scheduler);
     })
 }

@@ -293,6 +293,16 @@ pub struct LoadConfig {
     pub parallel: Option<usize>,
 }
 
+/// The largest step a scheduler will run: a backend may hold its memory for such a step from
+/// the start ([`InferenceBackend::reserve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLimits {
+    /// Most tokens in a step (its budget).
+    pub tokens: usize,
+    /// Most sequences in a step.
+    pub sequences: usize,
+}
+
 /// Builds a backend: loading is its own step, apart from running.
 pub trait Load: InferenceBackend {
     /// Backend-specific start-up options (thread count, GPU index).
@@ -347,6 +357,14 @@ pub trait InferenceBackend: Sized + Send + 'static {
     /// every running sequence's next token.
     fn prefill_chunk(&self) -> usize {
         crate::schedule::PREFILL_CHUNK
+    }
+
+    /// Allocates now what steps within `limits` need, so that memory does not grow under load
+    /// (what `/health` reports then holds from the start). By default nothing: buffers grow
+    /// as steps need them.
+    fn reserve(&mut self, limits: StepLimits) -> Result<(), BackendError> {
+        let _ = limits;
+        Ok(())
     }
 
     /// Runs one step over `chunks` (at most one per sequence) and fills `outputs` with what

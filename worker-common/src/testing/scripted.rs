@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::backend::{
-    BackendError, BackendInfo, Chunk, InferenceBackend, MemoryUsage, PAGE_SIZE, StepOutputs,
-    page_slot,
+    BackendError, BackendInfo, Chunk, InferenceBackend, MemoryUsage, PAGE_SIZE, StepLimits,
+    StepOutputs, page_slot,
 };
 
 /// Picks the next token from a sequence's whole history (prompt and generated tokens).
@@ -39,6 +39,7 @@ pub struct ScriptedBackend {
     /// embedding row does (numerics guard tests).
     pub non_finite_on: Option<u32>,
     steps: Arc<Mutex<Vec<StepRecord>>>,
+    reserved: Arc<Mutex<Option<StepLimits>>>,
 }
 
 impl ScriptedBackend {
@@ -53,6 +54,7 @@ impl ScriptedBackend {
             fail_poisons: false,
             non_finite_on: None,
             steps: Arc::default(),
+            reserved: Arc::default(),
         }
     }
 
@@ -60,6 +62,11 @@ impl ScriptedBackend {
     /// an engine thread).
     pub fn steps(&self) -> Arc<Mutex<Vec<StepRecord>>> {
         self.steps.clone()
+    }
+
+    /// The limits the worker last reserved memory for ([`InferenceBackend::reserve`]), shared.
+    pub fn reserved(&self) -> Arc<Mutex<Option<StepLimits>>> {
+        self.reserved.clone()
     }
 
     /// Writes the chunk's tokens and reads back its whole history.
@@ -122,6 +129,11 @@ impl InferenceBackend for ScriptedBackend {
 
     fn chunking_invariant(&self) -> bool {
         true
+    }
+
+    fn reserve(&mut self, limits: StepLimits) -> Result<(), BackendError> {
+        *self.reserved.lock().unwrap_or_else(PoisonError::into_inner) = Some(limits);
+        Ok(())
     }
 
     fn step(

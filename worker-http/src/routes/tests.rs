@@ -199,6 +199,21 @@ async fn a_job_streams_started_tokens_and_end() {
     assert_eq!(end["stop_reason"], "MAX_TOKENS");
 }
 
+#[test]
+fn the_backend_reserves_for_the_largest_step_before_the_worker_is_ready() {
+    let backend = counting();
+    let reserved = backend.reserved();
+    let _shared = worker(backend, 4);
+    let got = *reserved
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let limits = worker_common::backend::StepLimits {
+        tokens: 512,
+        sequences: 4,
+    };
+    assert_eq!(got, Some(limits), "--batch-tokens 512, four slots");
+}
+
 #[tokio::test]
 async fn concurrent_jobs_share_steps_and_each_gets_its_own_tokens() {
     let mut backend = counting();
