@@ -4,6 +4,7 @@
 //! parser state: it says which tokens may come next and takes each chosen token.
 
 use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::api::TopLevelGrammar;
@@ -170,32 +171,28 @@ struct Next {
     matcher: Mutex<Option<Box<Matcher>>>,
 }
 
-/// Sets a lost-mask error if the computation ends without a mask (it panicked), so that
-/// nobody waits for it forever.
-struct LostGuard(Arc<Next>);
-
-impl Drop for LostGuard {
-    fn drop(&mut self) {
-        let lost = GrammarError::Step("the mask computation was lost".into());
-        // Ignored when the mask was set: the usual case.
-        let _ = self.0.mask.set(Err(lost));
-    }
-}
-
 impl Next {
-    /// Starts computing `matcher`'s next mask on rayon's pool.
+    /// Starts computing `matcher`'s next mask on rayon's pool. A panic inside llguidance
+    /// (rayon would abort the process on it) becomes this mask's error, and the parser is
+    /// dropped: the job ends with `GrammarError::Step`, nobody waits forever.
     fn compute(mut matcher: Box<Matcher>, end: Arc<[u32]>) -> Arc<Next> {
         let next = Arc::new(Next {
             mask: OnceLock::new(),
             matcher: Mutex::new(None),
         });
-        let guard = LostGuard(next.clone());
+        let slot = next.clone();
         rayon::spawn(move || {
-            let mask = compute(&mut matcher, &end);
-            if let Ok(mut slot) = guard.0.matcher.lock() {
-                *slot = Some(matcher);
-            }
-            let _ = guard.0.mask.set(mask);
+            let computed = catch_unwind(AssertUnwindSafe(|| compute(&mut matcher, &end)));
+            let mask = match computed {
+                Ok(mask) => {
+                    if let Ok(mut parser) = slot.matcher.lock() {
+                        *parser = Some(matcher);
+                    }
+                    mask
+                }
+                Err(_) => Err(GrammarError::Step("the mask computation panicked".into())),
+            };
+            let _ = slot.mask.set(mask);
         });
         next
     }
