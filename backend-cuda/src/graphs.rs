@@ -72,6 +72,11 @@ impl Graphs {
         self.kept.clear();
     }
 
+    /// Graphs held.
+    pub fn len(&self) -> usize {
+        self.kept.len()
+    }
+
     /// The graph of `shape`, if captured.
     pub fn get(&mut self, shape: &PassShape) -> Option<&CudaGraph> {
         self.clock += 1;

@@ -278,6 +278,11 @@ impl InferenceBackend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// Passes captured as CUDA graphs and kept (tests and diagnostics: which passes replay).
+    pub fn captured_passes(&self) -> usize {
+        self.scratch.graphs.len()
+    }
+
     /// [`InferenceBackend::step`] on a usable context.
     fn run_step(
         &mut self,

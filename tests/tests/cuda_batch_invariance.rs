@@ -58,7 +58,13 @@ fn replays(model: Model) {
         let a = prompt(&tokenizer, TEXTS[0], len);
         let b = prompt(&tokenizer, TEXTS[1], len);
         let first = alone(&mut h, &b, Want::Logits);
+        let before = h.backend.captured_passes();
         alone(&mut h, &a, Want::Logits);
+        // The decodes' shapes were captured during b's run: what is new is the prompt's pass.
+        assert!(
+            h.backend.captured_passes() > before,
+            "the {len}-token prompt's pass is captured the second time its shape comes"
+        );
         let replayed = alone(&mut h, &b, Want::Logits);
         assert_same(&[replayed], std::slice::from_ref(&first));
         assert_same(&[alone(&mut h, &b, Want::Logits)], &[first]);
