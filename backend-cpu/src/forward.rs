@@ -212,7 +212,12 @@ impl Model<'_> {
         let rope = &layer_plan.rope;
         let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
         for (t, row) in buf.rows.iter().enumerate() {
-            ops::rope_angles(rope, row.pos, &mut buf.angles);
+            ops::rope_angles(
+                rope,
+                self.plan.rope_factors.as_deref(),
+                row.pos,
+                &mut buf.angles,
+            );
             let q_row = &mut buf.q[t * qw..(t + 1) * qw];
             let k_row = &mut buf.k[t * kw..(t + 1) * kw];
             for head in q_row.chunks_exact_mut(hp.head_dim_k) {

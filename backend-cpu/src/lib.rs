@@ -61,7 +61,7 @@ impl Load for CpuBackend {
             backend: Self::WORKER_TYPE,
             what: e.to_string(),
         })?;
-        let plan = ModelPlan::new(&model.spec, Self::WORKER_TYPE)?;
+        let plan = ModelPlan::new(&model, config.context_length, Self::WORKER_TYPE)?;
         let mut weights = weights::from_file(&model.gguf, &model.spec)?;
         let device = cpu_name();
         let hp = &model.spec.hparams;

@@ -186,13 +186,21 @@ pub fn gelu_tanh(x: f32) -> f32 {
     half::f16::from_f32(y).to_f32()
 }
 
-/// `(cos, sin)` for each of the `rope.dims / 2` pairs at `pos`.
-pub fn rope_angles(rope: &RopePlan, pos: usize, out: &mut Vec<(f32, f32)>) {
+/// `(cos, sin)` for each of the `rope.dims / 2` pairs at `pos`, pair `i`'s angle divided by
+/// `factors[i]` when the model has frequency factors, both scaled by `rope.attn_factor` (ggml's
+/// `rope_yarn` without extrapolation: the same operations in the same order).
+pub fn rope_angles(
+    rope: &RopePlan,
+    factors: Option<&[f32]>,
+    pos: usize,
+    out: &mut Vec<(f32, f32)>,
+) {
     out.clear();
     let mut theta = pos as f32;
-    for _ in 0..rope.dims / 2 {
-        let (sin, cos) = (rope.freq_scale * theta).sin_cos();
-        out.push((cos, sin));
+    for i in 0..rope.dims / 2 {
+        let divided = factors.map_or(theta, |f| theta / f[i]);
+        let (sin, cos) = (rope.freq_scale * divided).sin_cos();
+        out.push((cos * rope.attn_factor, sin * rope.attn_factor));
         theta *= rope.theta_scale;
     }
 }
@@ -272,11 +280,11 @@ mod tests {
             let rope = rope_plan(style, 8);
             let head: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
             let mut angles = Vec::new();
-            rope_angles(&rope, 0, &mut angles);
+            rope_angles(&rope, None, 0, &mut angles);
             let mut rotated = head.clone();
             rope_apply(&rope, &mut rotated, &angles);
             assert_eq!(rotated, head);
-            rope_angles(&rope, 17, &mut angles);
+            rope_angles(&rope, None, 17, &mut angles);
             rope_apply(&rope, &mut rotated, &angles);
             let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>();
             assert!((norm(&rotated) - norm(&head)).abs() < 1e-3);
@@ -290,14 +298,29 @@ mod tests {
             dims,
             theta_scale: 10_000f32.powf(-2.0 / dims as f32),
             freq_scale: 1.0,
+            attn_factor: 1.0,
         }
+    }
+
+    #[test]
+    fn rope_factors_divide_each_pair_and_attn_factor_scales() {
+        let rope = RopePlan {
+            attn_factor: 2.0,
+            ..rope_plan(RopeStyle::Normal, 4)
+        };
+        let (mut plain, mut scaled) = (Vec::new(), Vec::new());
+        rope_angles(&rope_plan(RopeStyle::Normal, 4), None, 3, &mut plain);
+        rope_angles(&rope, Some(&[1.0, 4.0]), 3, &mut scaled);
+        assert_eq!(scaled[0], (2.0 * plain[0].0, 2.0 * plain[0].1));
+        let theta = 3.0 * rope.theta_scale / 4.0;
+        assert_eq!(scaled[1], (2.0 * theta.cos(), 2.0 * theta.sin()));
     }
 
     #[test]
     fn rope_pairs_by_style() {
         let mut angles = Vec::new();
         let normal = rope_plan(RopeStyle::Normal, 4);
-        rope_angles(&normal, 1, &mut angles);
+        rope_angles(&normal, None, 1, &mut angles);
         // Pair 0 rotates by one radian: elements (0, 1) for Normal, (0, 2) for NEOX.
         let mut head = [1.0, 0.0, 0.0, 0.0];
         rope_apply(&normal, &mut head, &angles);

@@ -47,6 +47,8 @@ pub struct Model<'a> {
     pub plan: &'a ModelPlan,
     /// The tensors.
     pub weights: &'a Weights,
+    /// The RoPE frequency factors in VRAM, 0 when the model has none.
+    pub rope_factors: u64,
     /// The KV page pool.
     pub kv: &'a KvPool,
 }
@@ -335,6 +337,7 @@ impl Model<'_> {
             rows: kv.rows,
             k_cache: kv.k,
             v_cache: kv.v,
+            factors: self.rope_factors,
         };
         let outs = [s.ptr(Act::Q), s.ptr(Act::K), s.ptr(Act::V)];
         let parts = [q, k, v]
@@ -397,6 +400,7 @@ impl Model<'_> {
                 n_head_kv: hp.n_head_kv,
                 head_dim: hp.head_dim_k,
                 v_width: hp.v_width(),
+                factors: self.rope_factors,
             };
             gpu.rope_store(&store, &layer_plan.rope)?;
         }

@@ -141,7 +141,7 @@ impl Load for CudaBackend {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, BackendError> {
         check_libraries().map_err(|e| BackendError::Device(e.to_string()))?;
-        let plan = ModelPlan::new(&model.spec, Self::WORKER_TYPE)?;
+        let plan = ModelPlan::new(&model, config.context_length, Self::WORKER_TYPE)?;
         forward::check_supported(&plan)?;
         if config.context_length == 0 || i32::try_from(config.context_length).is_err() {
             return Err(BackendError::InvalidInput(format!(
@@ -160,7 +160,14 @@ impl Load for CudaBackend {
             free_at_load: gpu.memory()?.0,
         };
         sizing.check_fits(sizing.smallest(), kv::MIN_HEADROOM)?;
-        let weights = weights::upload(&gpu, &model.gguf, &model.spec, tensor_bytes, progress)?;
+        let weights = weights::upload(
+            &gpu,
+            &model.gguf,
+            &model.spec,
+            plan.rope_factors.as_deref(),
+            tensor_bytes,
+            progress,
+        )?;
         check_residency(&weights)?;
         let pages = sizing.pages(config.kv_cache_bytes, gpu.memory()?)?;
         let kv = KvPool::new(&gpu, &plan.hp, pages, config.context_length)?;
@@ -317,6 +324,7 @@ impl CudaBackend {
                 gpu: &self.gpu,
                 plan: &self.plan,
                 weights: &self.weights.tensors,
+                rope_factors: self.weights.rope_factors,
                 kv: &self.kv,
             };
             model.forward(&members(pass), chunks.len() == 1, &mut self.scratch)?;

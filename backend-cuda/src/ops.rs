@@ -251,6 +251,8 @@ impl Gpu {
             Arg::I32(int(rope.dims)?),
             Arg::F32(rope.theta_scale),
             Arg::F32(rope.freq_scale),
+            Arg::Ptr(t.factors),
+            Arg::F32(rope.attn_factor),
             Arg::I32(i32::from(rope.style == RopeStyle::Neox)),
             Arg::I32(int(t.v_width)?),
         ];
@@ -516,6 +518,8 @@ pub struct RopeStore {
     pub head_dim: usize,
     /// Value row width.
     pub v_width: usize,
+    /// The model's RoPE frequency factors in VRAM (`rope.dims / 2` f32), 0 when it has none.
+    pub factors: u64,
 }
 
 /// RMSNorm a GEMV applies to its input rows itself (see [`RowNorm::fits`]).

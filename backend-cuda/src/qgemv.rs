@@ -86,6 +86,8 @@ pub struct RopeTarget {
     pub k_cache: u64,
     /// This layer's value pool.
     pub v_cache: u64,
+    /// The model's RoPE frequency factors in VRAM (`rope.dims / 2` f32), 0 when it has none.
+    pub factors: u64,
 }
 
 impl QgemvMode {
@@ -304,6 +306,8 @@ pub(crate) fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), Back
                 Arg::I32(0),
                 Arg::F32(0.0),
                 Arg::F32(0.0),
+                Arg::Ptr(0),
+                Arg::F32(0.0),
                 Arg::I32(0),
             ]);
             return Ok(());
@@ -319,6 +323,8 @@ pub(crate) fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), Back
         Arg::I32(int(rope.dims)?),
         Arg::F32(rope.theta_scale),
         Arg::F32(rope.freq_scale),
+        Arg::Ptr(target.factors),
+        Arg::F32(rope.attn_factor),
         Arg::I32(i32::from(rope.style == RopeStyle::Neox)),
     ]);
     Ok(())

@@ -384,9 +384,14 @@ fn rms_norm_and_rope_match_the_reference() {
     let err = rel_error(&ours, &expected);
     assert!(err < 1e-6, "rms_norm: {err:.2e}");
 
-    // Queries and keys share the rotation; keys and values then land in the f16 cache.
+    // Queries and keys share the rotation; keys and values then land in the f16 cache. The
+    // third case divides each pair's angle by a frequency factor and scales by an attention
+    // factor (Llama 3.1's and Phi-3's long-context RoPE).
     let (n, heads, kv_heads, head_dim, start) = (4, 3, 1, 64, 1000);
-    for neox in [false, true] {
+    let factors: Vec<f32> = (0..head_dim / 2).map(|i| 1.0 + 0.5 * i as f32).collect();
+    let factors_buf = put(&gpu, &to_bytes(&factors));
+    for (neox, scaled) in [(false, false), (true, false), (true, true)] {
+        let attn_factor = if scaled { 1.19 } else { 1.0 };
         let rope = RopePlan {
             style: if neox {
                 RopeStyle::Neox
@@ -396,6 +401,7 @@ fn rms_norm_and_rope_match_the_reference() {
             dims: head_dim,
             theta_scale: 10_000f32.powf(-2.0 / head_dim as f32),
             freq_scale: 1.0,
+            attn_factor,
         };
         let (qw, kw) = (heads * head_dim, kv_heads * head_dim);
         let q = rng.floats(n * qw);
@@ -422,6 +428,7 @@ fn rms_norm_and_rope_match_the_reference() {
             n_head_kv: kv_heads,
             head_dim,
             v_width: kw,
+            factors: if scaled { factors_buf.ptr() } else { 0 },
         };
         gpu.rope_store(&store, &rope).unwrap();
         let rotate = |x: &[f32], heads: usize| -> Vec<f64> {
@@ -429,24 +436,33 @@ fn rms_norm_and_rope_match_the_reference() {
             for t in 0..n {
                 for h in 0..heads {
                     let head = &mut out[(t * heads + h) * head_dim..][..head_dim];
-                    for i in 0..head_dim / 2 {
-                        let theta =
-                            (start + t) as f64 * 10_000f64.powf(-2.0 * i as f64 / head_dim as f64);
+                    for (i, &factor) in factors.iter().enumerate() {
+                        let divisor = if scaled { f64::from(factor) } else { 1.0 };
+                        let theta = (start + t) as f64
+                            * 10_000f64.powf(-2.0 * i as f64 / head_dim as f64)
+                            / divisor;
+                        let (cos, sin) = (
+                            theta.cos() * f64::from(attn_factor),
+                            theta.sin() * f64::from(attn_factor),
+                        );
                         let (a, b) = if neox {
                             (i, i + head_dim / 2)
                         } else {
                             (2 * i, 2 * i + 1)
                         };
                         let (x0, x1) = (head[a], head[b]);
-                        head[a] = x0 * theta.cos() - x1 * theta.sin();
-                        head[b] = x0 * theta.sin() + x1 * theta.cos();
+                        head[a] = x0 * cos - x1 * sin;
+                        head[b] = x0 * sin + x1 * cos;
                     }
                 }
             }
             out
         };
         let err = rel_error(&get(&gpu, &qb, q.len()), &rotate(&q, heads));
-        assert!(err < 1e-3, "rope q (neox {neox}): {err:.2e}");
+        assert!(
+            err < 1e-3,
+            "rope q (neox {neox}, factors {scaled}): {err:.2e}"
+        );
         // The tokens' rows of the pool, in position order.
         let cached = |cache: &Buffer| -> Vec<f32> {
             let mut raw = vec![0.0f32; pages.rows * kw / 2];
@@ -466,7 +482,10 @@ fn rms_norm_and_rope_match_the_reference() {
                 .collect()
         };
         let err = rel_error(&cached(&k_cache), &rotate(&k, kv_heads));
-        assert!(err < 1e-3, "rope k into the cache (neox {neox}): {err:.2e}");
+        assert!(
+            err < 1e-3,
+            "rope k into the cache (neox {neox}, factors {scaled}): {err:.2e}"
+        );
         let want: Vec<f64> = v.iter().map(|&x| f64::from(x)).collect();
         let err = rel_error(&cached(&v_cache), &want);
         assert!(err < 1e-3, "values into the cache: {err:.2e}");

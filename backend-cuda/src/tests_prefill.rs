@@ -14,7 +14,7 @@ use crate::ops::{LayerKv, Projection, RopeStore, RowNorm, StepRows};
 use crate::qgemm::SplitRoom;
 use crate::qgemv::{QgemvMode, RopeTarget, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, f16_bytes, get, gpu, put, rel_error, to_bytes};
-use crate::tests_qgemv::{Case, TYPES, case, products, quantized, rope_plan, tolerance};
+use crate::tests_qgemv::{Case, TYPES, case, products, quantized, scaled_rope, tolerance};
 
 /// `rows` f32 token rows of `cols` at `x` quantized by `quantize_rows` (through `norm`).
 fn quantize(gpu: &Gpu, x: &Buffer, norm: Option<RowNorm>, rows: usize, cols: usize) -> Buffer {
@@ -365,7 +365,8 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
     let chunk = pages.chunk(&gpu, start, n);
     let cache_floats = pages.rows * n_head_kv * head_dim;
     for (neox, dims, large) in [(true, 64, false), (false, 64, true), (true, 32, false)] {
-        let rope = rope_plan(neox, dims);
+        let (rope, factors) = scaled_rope(&gpu, neox, dims, head_dim);
+        let factors = if dims < head_dim { factors.ptr() } else { 0 };
         let outs: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
         for ((c, out), bias) in cases.iter().zip(&outs).zip(&biases) {
             store(c, out, Some(bias.ptr()));
@@ -383,6 +384,7 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
             n_head_kv,
             head_dim,
             v_width: n_head_kv * head_dim,
+            factors,
         };
         gpu.rope_store(&store_rope, &rope).unwrap();
         let fused: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
@@ -393,6 +395,7 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
             rows: chunk.rows,
             k_cache: fused_caches[0].ptr(),
             v_cache: fused_caches[1].ptr(),
+            factors,
         };
         let parts: Vec<Projection<'_>> = cases
             .iter()

@@ -317,7 +317,26 @@ pub(crate) fn rope_plan(neox: bool, dims: usize) -> RopePlan {
         dims,
         theta_scale: 10000f32.powf(-2.0 / dims as f32),
         freq_scale: 1.0,
+        attn_factor: 1.0,
     }
+}
+
+/// The partial rotations (`dims` < the head width) of the fused-RoPE tests also divide each
+/// pair's angle by a frequency factor and scale it (Llama 3.1's and Phi-3's RoPE): the rope
+/// plan and the device factors (0: none) for `dims`.
+pub(crate) fn scaled_rope(
+    gpu: &Gpu,
+    neox: bool,
+    dims: usize,
+    head_dim: usize,
+) -> (RopePlan, Buffer) {
+    let scaled = dims < head_dim;
+    let factors: Vec<f32> = (0..dims / 2).map(|i| 1.0 + 0.25 * i as f32).collect();
+    let rope = RopePlan {
+        attn_factor: if scaled { 1.19 } else { 1.0 },
+        ..rope_plan(neox, dims)
+    };
+    (rope, put(gpu, &to_bytes(&factors)))
 }
 
 #[test]
@@ -342,7 +361,8 @@ fn qgemv_rope_equals_projection_then_rope_store() {
     let zeros = |floats: usize| put(&gpu, &vec![0u8; floats * 4]);
     let cache_floats = |rows: usize| pages.rows * rows / 2;
     for (neox, dims) in [(true, 64), (false, 64), (true, 32), (false, 32)] {
-        let rope = rope_plan(neox, dims);
+        let (rope, factors) = scaled_rope(&gpu, neox, dims, head_dim);
+        let factors = if dims < head_dim { factors.ptr() } else { 0 };
         // Reference: the projections, then rope_store.
         let outs: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
         let caches = [
@@ -381,6 +401,7 @@ fn qgemv_rope_equals_projection_then_rope_store() {
             n_head_kv,
             head_dim,
             v_width: cases[2].matrix.rows,
+            factors,
         };
         gpu.rope_store(&store, &rope).unwrap();
         // One launch.
@@ -395,6 +416,7 @@ fn qgemv_rope_equals_projection_then_rope_store() {
             rows: chunk.rows,
             k_cache: fused_caches[0].ptr(),
             v_cache: fused_caches[1].ptr(),
+            factors,
         };
         qgemv(
             &gpu,

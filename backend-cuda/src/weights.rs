@@ -34,6 +34,8 @@ pub struct DeviceWeights {
     /// Elements of the largest layer matrix in a float format (for the prefill's dequantization
     /// scratch; 0 when every layer matrix is quantized).
     pub max_layer_matrix: usize,
+    /// The model's RoPE frequency factors (f32, [`ModelPlan::rope_factors`]), 0 when none.
+    pub rope_factors: u64,
     /// Every allocation, for accounting and the residency check.
     pub buffers: Vec<Buffer>,
 }
@@ -55,11 +57,13 @@ struct Uploader<'a> {
     max_layer_matrix: usize,
 }
 
-/// Uploads what `spec` describes; `total_bytes` is the progress denominator.
+/// Uploads what `spec` describes and the plan's RoPE factors; `total_bytes` is the progress
+/// denominator.
 pub fn upload(
     gpu: &Gpu,
     gguf: &Gguf,
     spec: &ModelSpec,
+    rope_factors: Option<&[f32]>,
     total_bytes: u64,
     progress: &mut dyn FnMut(LoadProgress),
 ) -> Result<DeviceWeights, BackendError> {
@@ -76,6 +80,13 @@ pub fn upload(
         max_layer_matrix: 0,
     };
     let tensors = Weights::assemble(gguf, spec, &mut uploader)?;
+    let rope_factors = match rope_factors {
+        Some(factors) => {
+            let bytes: Vec<u8> = factors.iter().flat_map(|f| f.to_le_bytes()).collect();
+            uploader.upload_bytes(&bytes)?
+        }
+        None => 0,
+    };
     (uploader.progress)(LoadProgress {
         done_bytes: total_bytes,
         total_bytes,
@@ -84,6 +95,7 @@ pub fn upload(
     Ok(DeviceWeights {
         tensors,
         max_layer_matrix: uploader.max_layer_matrix,
+        rope_factors,
         buffers: uploader.buffers,
     })
 }

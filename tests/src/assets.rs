@@ -81,7 +81,7 @@ pub fn python_sdk() -> PathBuf {
     require(assets_dir().join("python").join("sdk"), "python")
 }
 
-fn require(path: PathBuf, target: &str) -> PathBuf {
+pub(crate) fn require(path: PathBuf, target: &str) -> PathBuf {
     assert!(
         path.exists(),
         "test asset {} is missing; run `scripts/fetch-assets.sh {target}` (cache: LLORCH_ASSETS)",

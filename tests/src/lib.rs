@@ -12,4 +12,5 @@ pub mod http;
 pub mod invariance;
 pub mod pool;
 pub mod stream;
+pub mod synthetic;
 pub mod worker;

@@ -4,6 +4,13 @@ use std::fmt;
 
 use super::ModelError;
 
+/// Llama 3.1's per-pair RoPE frequency divisors.
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+/// Phi-3's divisors when the context is longer than the original one.
+pub const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
+/// Phi-3's divisors otherwise.
+pub const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
+
 /// A supported `general.architecture`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Architecture {
@@ -15,6 +22,8 @@ pub enum Architecture {
     Gemma3,
     /// Phi-3: fused QKV and fused gate-up FFN.
     Phi3,
+    /// Qwen3: per-head RMSNorm of queries and keys before RoPE, NEOX rope, no biases.
+    Qwen3,
 }
 
 /// How RoPE pairs the dimensions of a head.
@@ -28,11 +37,12 @@ pub enum RopeStyle {
 
 impl Architecture {
     /// Every supported architecture.
-    pub const ALL: [Architecture; 4] = [
+    pub const ALL: [Architecture; 5] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Gemma3,
         Architecture::Phi3,
+        Architecture::Qwen3,
     ];
 
     /// Parses a `general.architecture` value.
@@ -53,6 +63,7 @@ impl Architecture {
             Architecture::Qwen2 => "qwen2",
             Architecture::Gemma3 => "gemma3",
             Architecture::Phi3 => "phi3",
+            Architecture::Qwen3 => "qwen3",
         }
     }
 
@@ -60,7 +71,10 @@ impl Architecture {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Architecture::Llama => RopeStyle::Normal,
-            Architecture::Qwen2 | Architecture::Gemma3 | Architecture::Phi3 => RopeStyle::Neox,
+            Architecture::Qwen2
+            | Architecture::Gemma3
+            | Architecture::Phi3
+            | Architecture::Qwen3 => RopeStyle::Neox,
         }
     }
 
@@ -69,9 +83,25 @@ impl Architecture {
         self == Architecture::Phi3
     }
 
-    /// Whether layers carry Gemma's extra norms: q/k norms and post-attention / post-FFN norms.
-    pub fn has_gemma_norms(self) -> bool {
+    /// Whether queries and keys get a per-head RMSNorm (`attn_q_norm`, `attn_k_norm`) between
+    /// their projection and RoPE.
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Architecture::Gemma3 | Architecture::Qwen3)
+    }
+
+    /// Whether layers carry Gemma's post-attention and post-FFN norms.
+    pub fn has_post_norms(self) -> bool {
         self == Architecture::Gemma3
+    }
+
+    /// The per-pair RoPE frequency factors the architecture may carry, as llama.cpp reads them:
+    /// llama's `rope_freqs` (Llama 3.1's scaling), phi3's long and short factors.
+    pub fn rope_factor_tensors(self) -> &'static [&'static str] {
+        match self {
+            Architecture::Llama => &[ROPE_FREQS],
+            Architecture::Phi3 => &[ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT],
+            _ => &[],
+        }
     }
 
     /// Whether `{arch}.attention.sliding_window` is honoured. llama.cpp b11434 reads it for

@@ -19,6 +19,12 @@ pub struct Rope {
     pub scaling_type: String,
     /// `{arch}.rope.scaling.factor` (default 1).
     pub scaling_factor: f32,
+    /// `{arch}.rope.scaling.attn_factor` (default 1): multiplies the rotated dimensions of
+    /// queries and keys (ggml's `mscale`; Phi-3's long-context models carry it).
+    pub attn_factor: f32,
+    /// `{arch}.rope.scaling.original_context_length`: the context the model was trained for
+    /// before its RoPE was stretched; Phi-3 takes its long factors beyond it.
+    pub original_context_length: Option<usize>,
 }
 
 /// Sliding-window attention: which layers see only the last `size` positions.
@@ -273,6 +279,8 @@ fn read_rope<B: AsRef<[u8]>>(
         freq_base_swa: keys.float("rope.freq_base_swa")?.unwrap_or(10_000.0),
         scaling_type,
         scaling_factor: keys.float("rope.scaling.factor")?.unwrap_or(1.0),
+        attn_factor: keys.float("rope.scaling.attn_factor")?.unwrap_or(1.0),
+        original_context_length: keys.count("rope.scaling.original_context_length")?,
     })
 }
 

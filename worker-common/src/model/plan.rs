@@ -2,8 +2,10 @@
 //! every backend: what a layer computes (attention shape, RoPE, activation, scales), never how.
 
 use crate::backend::BackendError;
+use crate::gguf::{GgmlType, Gguf};
 
-use super::{Architecture, HyperParams, ModelSpec, RopeStyle};
+use super::arch::{ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ROPE_FREQS};
+use super::{Architecture, HyperParams, ModelFile, RopeStyle};
 
 /// The activation of the gated FFN: `act(gate) * up`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +28,9 @@ pub struct RopePlan {
     pub theta_scale: f32,
     /// Linear position scaling (1 when none).
     pub freq_scale: f32,
+    /// Multiplies the cosine and sine of every rotated pair (ggml's `mscale`: the file's
+    /// `rope.scaling.attn_factor`, 1 when none).
+    pub attn_factor: f32,
 }
 
 /// Shape of one layer's attention.
@@ -67,12 +72,22 @@ pub struct ModelPlan {
     pub layers: Vec<LayerPlan>,
     /// Whether any projection is fused (QKV or gate-up), needing a buffer for the whole output.
     pub fused: bool,
+    /// Per-pair divisors of the RoPE angle (`rope.dims / 2` of them), the same in every layer:
+    /// pair `i` turns by `freq_scale · (pos · theta_scale^i / factors[i])`, as ggml's
+    /// `rope_ext` with frequency factors. `None`: no factors (every divisor 1).
+    pub rope_factors: Option<Vec<f32>>,
 }
 
 impl ModelPlan {
-    /// Derives the plan of `spec`, refusing RoPE scalings no backend implements; `backend` names
+    /// Derives the plan of `model` for sequences of up to `context_length` positions (Phi-3's
+    /// RoPE factors depend on it), refusing RoPE scalings no backend implements; `backend` names
     /// the backend in that error.
-    pub fn new(spec: &ModelSpec, backend: &'static str) -> Result<Self, BackendError> {
+    pub fn new(
+        model: &ModelFile,
+        context_length: usize,
+        backend: &'static str,
+    ) -> Result<Self, BackendError> {
+        let spec = &model.spec;
         let hp = spec.hparams.clone();
         let rope = &hp.rope;
         let freq_scale = match rope.scaling_type.as_str() {
@@ -98,6 +113,7 @@ impl ModelPlan {
             dims: rope.dimensions,
             theta_scale: base.powf(-2.0 / rope.dimensions as f32),
             freq_scale,
+            attn_factor: rope.attn_factor,
         };
         let global = rope_with(rope.freq_base, freq_scale);
         let sliding = rope_with(rope.freq_base_swa, 1.0);
@@ -130,7 +146,64 @@ impl ModelPlan {
             },
             layers,
             fused: spec.architecture.fused_gate_up() || spec.qkv_layout == super::QkvLayout::Fused,
+            rope_factors: rope_factors(&model.gguf, spec.architecture, &hp, context_length)?,
             hp,
         })
     }
+}
+
+/// The RoPE frequency factors llama.cpp applies (`llama_model::get_rope_factors`): llama's
+/// `rope_freqs`, else phi3's long factors when a sequence may outgrow the original context
+/// (`context_length > rope.scaling.original_context_length`, which defaults to the trained
+/// context), else its short ones; `None` when the file has none of them.
+fn rope_factors(
+    gguf: &Gguf,
+    arch: Architecture,
+    hp: &HyperParams,
+    context_length: usize,
+) -> Result<Option<Vec<f32>>, BackendError> {
+    let name = match arch {
+        Architecture::Llama => ROPE_FREQS,
+        Architecture::Phi3 => {
+            let original = hp.rope.original_context_length.unwrap_or(hp.context_length);
+            if context_length > original {
+                ROPE_FACTORS_LONG
+            } else {
+                ROPE_FACTORS_SHORT
+            }
+        }
+        _ => return Ok(None),
+    };
+    let Some(tensor) = gguf.tensor(name) else {
+        return Ok(None);
+    };
+    let invalid = |what: String| BackendError::InvalidModel(format!("tensor {name}: {what}"));
+    if tensor.ggml_type != GgmlType::F32 {
+        return Err(invalid(format!(
+            "stored as {}; RoPE factors must be F32",
+            tensor.ggml_type
+        )));
+    }
+    let factors: Vec<f32> = tensor
+        .data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    if factors.len() != hp.rope.dimensions / 2 {
+        return Err(invalid(format!(
+            "{} factors for {} rotated pairs",
+            factors.len(),
+            hp.rope.dimensions / 2
+        )));
+    }
+    if let Some((i, v)) = factors
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !v.is_finite() || **v <= 0.0)
+    {
+        return Err(invalid(format!(
+            "factor {i} is {v}; every factor must be a finite positive number"
+        )));
+    }
+    Ok(Some(factors))
 }

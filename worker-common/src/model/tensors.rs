@@ -74,13 +74,8 @@ pub(super) fn expected_tensors(
     if arch == Architecture::Qwen2 {
         expected.optional("output.bias".into(), &[n_vocab]);
     }
-    if matches!(arch, Architecture::Llama | Architecture::Phi3) {
-        let half_rot = hp.rope.dimensions / 2;
-        expected.optional("rope_factors_long.weight".into(), &[half_rot]);
-        expected.optional("rope_factors_short.weight".into(), &[half_rot]);
-    }
-    if arch == Architecture::Llama {
-        expected.optional("rope_freqs.weight".into(), &[hp.rope.dimensions / 2]);
+    for name in arch.rope_factor_tensors() {
+        expected.optional((*name).into(), &[hp.rope.dimensions / 2]);
     }
     for il in 0..hp.n_layers {
         let blk = |suffix: &str| format!("blk.{il}.{suffix}");
@@ -99,7 +94,7 @@ pub(super) fn expected_tensors(
             expected.optional(blk("ffn_up.bias"), &[n_ff]);
             expected.optional(blk("ffn_down.bias"), &[n_embd]);
         }
-        if arch.has_gemma_norms() {
+        if arch.has_post_norms() {
             expected.required(blk("post_attention_norm.weight"), &[n_embd]);
             expected.required(blk("post_ffw_norm.weight"), &[n_embd]);
         }
@@ -134,7 +129,7 @@ fn add_attention(
     if arch == Architecture::Llama {
         expected.optional(blk("attn_output.bias"), &[n_embd]);
     }
-    if arch.has_gemma_norms() {
+    if arch.has_qk_norm() {
         expected.required(blk("attn_q_norm.weight"), &[hp.head_dim_k]);
         expected.required(blk("attn_k_norm.weight"), &[hp.head_dim_k]);
     }

@@ -6,7 +6,7 @@
 use crate::backend::BackendError;
 use crate::gguf::{GgmlType, Gguf};
 
-use super::{Architecture, ModelSpec, QkvLayout};
+use super::{ModelSpec, QkvLayout};
 
 /// A 2-D tensor checked to hold `rows` whole rows of `cols` elements in its block format.
 #[derive(Debug, Clone, Copy)]
@@ -93,7 +93,7 @@ pub struct Layer<M, V> {
     pub qkv: Qkv<M>,
     /// Their biases, when the model has them (laid out as the projections are).
     pub qkv_bias: Option<Qkv<V>>,
-    /// Gemma's per-head RMSNorms of q and k.
+    /// Per-head RMSNorms of q and k (Gemma 3, Qwen3).
     pub qk_norm: Option<(V, V)>,
     /// Output projection.
     pub attn_output: M,
@@ -124,17 +124,14 @@ pub struct Weights<M, V> {
     pub output_bias: Option<V>,
 }
 
-/// Tensors some architectures may carry that no forward pass applies yet (Llama 3.1's frequency
-/// factors, Phi-3's long-context factors, llama's rare biases); refusing them at load is better
-/// than silently computing something else than llama.cpp.
-const UNAPPLIED_OPTIONAL_TENSORS: [&str; 7] = [
+/// Tensors some architectures may carry that no forward pass applies yet (llama's rare
+/// biases); refusing them at load is better than silently computing something else than
+/// llama.cpp. (RoPE factors are applied: [`ModelPlan`](super::ModelPlan) reads them.)
+const UNAPPLIED_OPTIONAL_TENSORS: [&str; 4] = [
     "attn_output.bias",
     "ffn_gate.bias",
     "ffn_up.bias",
     "ffn_down.bias",
-    "rope_freqs.weight",
-    "rope_factors_long.weight",
-    "rope_factors_short.weight",
 ];
 
 impl<M: Clone, V> Weights<M, V> {
@@ -292,8 +289,8 @@ impl<S: TensorSource> Files<'_, S> {
                 up: self.matrix(&name("ffn_up.weight"))?,
             }
         };
-        let gemma = spec.architecture == Architecture::Gemma3;
-        let qk_norm = if gemma {
+        let arch = spec.architecture;
+        let qk_norm = if arch.has_qk_norm() {
             Some((
                 self.vector(&name("attn_q_norm.weight"), hp.head_dim_k)?,
                 self.vector(&name("attn_k_norm.weight"), hp.head_dim_k)?,
@@ -301,15 +298,15 @@ impl<S: TensorSource> Files<'_, S> {
         } else {
             None
         };
-        let mut gemma_norm = |suffix: &str| -> Result<Option<S::Vector>, BackendError> {
-            if gemma {
+        let mut post_norm = |suffix: &str| -> Result<Option<S::Vector>, BackendError> {
+            if arch.has_post_norms() {
                 self.vector(&name(suffix), hp.n_embd).map(Some)
             } else {
                 Ok(None)
             }
         };
-        let post_attn_norm = gemma_norm("post_attention_norm.weight")?;
-        let post_ffn_norm = gemma_norm("post_ffw_norm.weight")?;
+        let post_attn_norm = post_norm("post_attention_norm.weight")?;
+        let post_ffn_norm = post_norm("post_ffw_norm.weight")?;
         Ok(Layer {
             attn_norm: self.vector(&name("attn_norm.weight"), hp.n_embd)?,
             qkv,

@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""Write small random-weight GGUF models of the architectures no real weights of reach our
+machines, so both engines can run them and be compared (as llama.cpp's own CI does).
+
+    python3 scripts/gen-synthetic-models.py --out DIR [--vocab DIR] [arch ...]
+
+One file per architecture, named `synthetic-<arch>.gguf`:
+
+  llama3  `llama` with Llama 3.1's RoPE scaling: a `rope_freqs.weight` tensor of per-pair
+          frequency divisors, computed as llama.cpp's converter does (factor 8, low/high
+          frequency factors 1 and 4, original context 8192); llama-bpe (Llama 3) tokenizer;
+          Q4_K_M-like mix (Q4_K, Q6_K for attn_v, ffn_down and the untied output).
+  qwen3   `qwen3`: per-head RMSNorm of queries and keys before RoPE, head width 128 on a model
+          width of 256 (query width ≠ model width), tied output; Qwen2 tokenizer; all Q8_0.
+  phi3    `phi3` long-context: fused attn_qkv and gate-up, `rope_factors_long/short.weight`,
+          original context 4096 of 131072, attention factor √(1 + ln 32 / ln 4096); Phi-3
+          tokenizer; Q4_K with Q6_K for ffn_down and the output.
+
+Every model: 4 layers, width 256, 4 query heads and 2 key/value heads, FFN 512. Weights are
+random but valid blocks of the format (K-quant blocks drawn byte by byte with their scales set so
+a weight's spread is ≈ 1/√cols; Q8_0 quantized from Gaussian values), norms near 1 but the final
+one near 4. The same seed
+(`--seed`, default 17) gives the same bytes: numpy's PCG64 streams are stable across versions, and
+requirements-synthetic.txt pins numpy and gguf. Tokenizer metadata is copied from llama.cpp's
+vocab-only files (`scripts/fetch-assets.sh vocab`: ${LLORCH_ASSETS:-$HOME/.cache/llorch}/vocab).
+The weights are regenerated wherever they are needed, never committed; the logit fixtures made
+from them (scripts/gen-synthetic-fixtures.py) record each file's sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+ASSETS = Path(os.environ.get("LLORCH_ASSETS", Path.home() / ".cache" / "llorch"))
+
+
+@dataclass
+class Shape:
+    n_layers: int = 4
+    n_embd: int = 256
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ff: int = 512
+    norm_eps: float = 1e-5
+
+
+@dataclass
+class Arch:
+    """One synthetic model: its GGUF architecture, tokenizer source and tensor formats."""
+
+    gguf_arch: str
+    vocab_file: str
+    shape: Shape
+    file_type: int
+    formats: dict[str, Q]
+    tied_output: bool = False
+    metadata: dict[str, object] = field(default_factory=dict)
+
+
+Q4_K_M = {
+    "token_embd": Q.Q4_K,
+    "output": Q.Q6_K,
+    "attn_q": Q.Q4_K,
+    "attn_k": Q.Q4_K,
+    "attn_v": Q.Q6_K,
+    "attn_qkv": Q.Q4_K,
+    "attn_output": Q.Q4_K,
+    "ffn_gate": Q.Q4_K,
+    "ffn_up": Q.Q4_K,
+    "ffn_down": Q.Q6_K,
+}
+ALL_Q8_0 = {name: Q.Q8_0 for name in Q4_K_M}
+
+ARCHS = {
+    "llama3": Arch(
+        gguf_arch="llama",
+        vocab_file="ggml-vocab-llama-bpe.gguf",
+        shape=Shape(),
+        file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M,
+        formats=Q4_K_M,
+        metadata={"context_length": 131072, "rope.freq_base": 500000.0},
+    ),
+    "qwen3": Arch(
+        gguf_arch="qwen3",
+        vocab_file="ggml-vocab-qwen2.gguf",
+        shape=Shape(head_dim=128, norm_eps=1e-6),
+        file_type=gguf.LlamaFileType.MOSTLY_Q8_0,
+        formats=ALL_Q8_0,
+        tied_output=True,
+        metadata={"context_length": 40960, "rope.freq_base": 1000000.0},
+    ),
+    "phi3": Arch(
+        gguf_arch="phi3",
+        vocab_file="ggml-vocab-phi-3.gguf",
+        shape=Shape(),
+        file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M,
+        formats=Q4_K_M,
+        metadata={
+            "context_length": 131072,
+            "rope.freq_base": 10000.0,
+            "rope.scaling.original_context_length": 4096,
+            "rope.scaling.attn_factor": math.sqrt(1 + math.log(32) / math.log(4096)),
+        },
+    ),
+}
+
+# Byte offsets of the f16 super-block scales in a K-quant block: (d, dmin or None).
+KQUANT_SCALES = {Q.Q4_K: (0, 2), Q.Q6_K: (208, None)}
+
+
+def kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q, sigma: float) -> np.ndarray:
+    """Random K-quant blocks whose weights spread ≈ sigma: every byte drawn uniformly, then the
+    f16 super-block scale set per block (a random factor in [0.75, 1.25] around the value that
+    gives sigma), Q4_K's dmin at 7.5 × d so the sub-block offsets centre the weights."""
+    block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // block_elems
+    blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    d_at, dmin_at = KQUANT_SCALES[qtype]
+
+    def set_scales(d: np.ndarray) -> None:
+        blocks[:, d_at : d_at + 2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+        if dmin_at is not None:
+            dmin = (7.5 * d).astype(np.float16)
+            blocks[:, dmin_at : dmin_at + 2] = dmin.view(np.uint8).reshape(-1, 2)
+
+    set_scales(np.full(n_blocks, 1.0 / 1024, dtype=np.float32))
+    sample = gguf.quants.dequantize(blocks[: min(n_blocks, 64)], qtype)
+    unit = float(np.std(sample)) * 1024
+    set_scales(sigma / unit * rng.uniform(0.75, 1.25, n_blocks).astype(np.float32))
+    return blocks.reshape(rows, -1)
+
+
+def matrix(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> np.ndarray:
+    """A `rows` × `cols` matrix in `qtype`, weights spreading ≈ 1/√cols."""
+    sigma = 1.0 / math.sqrt(cols)
+    if qtype in KQUANT_SCALES:
+        return kquant_rows(rng, rows, cols, qtype, sigma)
+    values = rng.standard_normal((rows, cols), dtype=np.float32) * sigma
+    return gguf.quants.quantize(values, qtype)
+
+
+def norm(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.uniform(0.8, 1.2, n).astype(np.float32)
+
+
+def llama3_rope_freqs(head_dim: int, base: float) -> np.ndarray:
+    """Llama 3.1's per-pair frequency divisors (llama.cpp's converter, rope_type llama3)."""
+    factor, low_freq_factor, high_freq_factor, old_context = 8.0, 1.0, 4.0, 8192
+    low_wavelen = old_context / low_freq_factor
+    high_wavelen = old_context / high_freq_factor
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * base ** (i / head_dim)
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path) -> int:
+    """Copies every `tokenizer.*` key of a vocab-only GGUF; returns the vocabulary size."""
+    reader = gguf.GGUFReader(vocab_path)
+    n_vocab = 0
+    for key, fld in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = fld.contents()
+        main = fld.types[0]
+        sub = fld.types[-1] if main == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, value, main, sub_type=sub)
+        if key == "tokenizer.ggml.tokens":
+            n_vocab = len(value)
+    if n_vocab == 0:
+        sys.exit(f"gen-synthetic-models: {vocab_path} has no tokenizer.ggml.tokens")
+    return n_vocab
+
+
+def write_model(name: str, arch: Arch, out: Path, vocab_dir: Path, seed: int) -> Path:
+    vocab_path = vocab_dir / arch.vocab_file
+    if not vocab_path.is_file():
+        sys.exit(f"gen-synthetic-models: {vocab_path} is missing; run scripts/fetch-assets.sh vocab")
+    # One stream per architecture, so adding one never changes the others' bytes.
+    rng = np.random.default_rng([seed, sorted(ARCHS).index(name)])
+    s, a = arch.shape, arch.gguf_arch
+    path = out / f"synthetic-{name}.gguf"
+    tmp = path.with_suffix(".gguf.tmp")
+    writer = gguf.GGUFWriter(tmp, a)
+    writer.add_name(f"synthetic-{name}")
+    writer.add_file_type(arch.file_type)
+    writer.add_block_count(s.n_layers)
+    writer.add_embedding_length(s.n_embd)
+    writer.add_feed_forward_length(s.n_ff)
+    writer.add_head_count(s.n_head)
+    writer.add_head_count_kv(s.n_head_kv)
+    writer.add_key_length(s.head_dim)
+    writer.add_value_length(s.head_dim)
+    writer.add_rope_dimension_count(s.head_dim)
+    writer.add_layer_norm_rms_eps(s.norm_eps)
+    for key, value in arch.metadata.items():
+        vtype = gguf.GGUFValueType.FLOAT32 if isinstance(value, float) else gguf.GGUFValueType.UINT32
+        writer.add_key_value(f"{a}.{key}", value, vtype)
+    n_vocab = copy_tokenizer(writer, vocab_path)
+
+    f = arch.formats
+    q_w, kv_w = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+
+    def add_matrix(tensor: str, kind: str, rows: int, cols: int) -> None:
+        writer.add_tensor(tensor, matrix(rng, rows, cols, f[kind]), raw_dtype=f[kind])
+
+    add_matrix("token_embd.weight", "token_embd", n_vocab, s.n_embd)
+    # A wide final norm spreads the logits as a trained model's are (a few units between the
+    # top candidates), so most positions have a clear greedy choice to compare.
+    writer.add_tensor("output_norm.weight", 4.0 * norm(rng, s.n_embd))
+    if not arch.tied_output:
+        add_matrix("output.weight", "output", n_vocab, s.n_embd)
+    if name == "llama3":
+        base = float(arch.metadata["rope.freq_base"])
+        writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(s.head_dim, base))
+    if name == "phi3":
+        half = s.head_dim // 2
+        writer.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.6, half, dtype=np.float32))
+        writer.add_tensor("rope_factors_long.weight", np.geomspace(1.0, 40.0, half).astype(np.float32))
+    for il in range(s.n_layers):
+        blk = f"blk.{il}."
+        writer.add_tensor(blk + "attn_norm.weight", norm(rng, s.n_embd))
+        if name == "phi3":
+            add_matrix(blk + "attn_qkv.weight", "attn_qkv", q_w + 2 * kv_w, s.n_embd)
+        else:
+            add_matrix(blk + "attn_q.weight", "attn_q", q_w, s.n_embd)
+            add_matrix(blk + "attn_k.weight", "attn_k", kv_w, s.n_embd)
+            add_matrix(blk + "attn_v.weight", "attn_v", kv_w, s.n_embd)
+        if name == "qwen3":
+            writer.add_tensor(blk + "attn_q_norm.weight", norm(rng, s.head_dim))
+            writer.add_tensor(blk + "attn_k_norm.weight", norm(rng, s.head_dim))
+        add_matrix(blk + "attn_output.weight", "attn_output", s.n_embd, q_w)
+        writer.add_tensor(blk + "ffn_norm.weight", norm(rng, s.n_embd))
+        if name == "phi3":
+            add_matrix(blk + "ffn_up.weight", "ffn_up", 2 * s.n_ff, s.n_embd)
+        else:
+            add_matrix(blk + "ffn_gate.weight", "ffn_gate", s.n_ff, s.n_embd)
+            add_matrix(blk + "ffn_up.weight", "ffn_up", s.n_ff, s.n_embd)
+        add_matrix(blk + "ffn_down.weight", "ffn_down", s.n_embd, s.n_ff)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ASSETS / "models" / "synthetic")
+    parser.add_argument("--vocab", type=Path, default=ASSETS / "vocab")
+    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("archs", nargs="*", choices=[[], *sorted(ARCHS)], default=[])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.archs or sorted(ARCHS):
+        path = write_model(name, ARCHS[name], args.out, args.vocab, args.seed)
+        print(f"{path} ({path.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()

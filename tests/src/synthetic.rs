@@ -1,0 +1,182 @@
+//! The synthetic models (`scripts/gen-synthetic-models.py`, generated into the asset cache by
+//! `scripts/fetch-assets.sh synthetic`) and the parity check of a backend against llama.cpp's
+//! fixtures on them (`tests/fixtures/synthetic/`, from `scripts/gen-synthetic-fixtures.py`).
+
+// Test support: a malformed fixture or a failing backend fails the calling test.
+#![allow(clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::Value;
+use worker_common::backend::{InferenceBackend, Load, LoadConfig, SingleSequence};
+use worker_common::model::ModelFile;
+
+use crate::assets::{assets_dir, require};
+
+/// A llama.cpp top-2 margin above which our top-1 must agree.
+pub const CLEAR_MARGIN: f32 = 0.5;
+
+/// An architecture with a synthetic model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synthetic {
+    /// `llama` with Llama 3.1's `rope_freqs`.
+    Llama3,
+    /// `qwen3`: per-head Q/K norms.
+    Qwen3,
+    /// `phi3` long-context: long and short RoPE factors, attention factor.
+    Phi3,
+}
+
+impl Synthetic {
+    /// Its short name, as in file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Synthetic::Llama3 => "llama3",
+            Synthetic::Qwen3 => "qwen3",
+            Synthetic::Phi3 => "phi3",
+        }
+    }
+
+    /// The model's path; fails the test with the command that makes it when it is missing.
+    pub fn path(self) -> PathBuf {
+        let file = format!("synthetic-{}.gguf", self.name());
+        require(
+            assets_dir().join("models/synthetic").join(file),
+            "synthetic",
+        )
+    }
+
+    /// llama.cpp's greedy continuations at context `n_ctx`.
+    pub fn fixture(self, n_ctx: usize) -> Value {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/synthetic")
+            .join(format!("synthetic-{}.ctx{n_ctx}.json", self.name()));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+    }
+}
+
+/// How a backend's logits compared with llama.cpp's over a fixture.
+#[derive(Debug, Default)]
+pub struct Parity {
+    /// Positions compared.
+    pub positions: usize,
+    /// Positions where llama.cpp's top-2 margin exceeds [`CLEAR_MARGIN`].
+    pub clear: usize,
+    /// Positions where our top-1 is llama.cpp's.
+    pub top1_agree: usize,
+    /// Largest |Δlogit − mean Δ| over llama.cpp's top-20 at any position.
+    pub max_centered: f32,
+    /// Clear positions whose top-1 differs, and positions over the bound, described.
+    pub failures: Vec<String>,
+}
+
+impl Parity {
+    /// Compares our logits at one position with llama.cpp's top-20 (id, log-probability):
+    /// log-probabilities are logits shifted by the position's log-sum-exp, so the mean
+    /// difference is removed before bounding the largest.
+    fn check(&mut self, ours: &[f32], top: &[(usize, f32)], max_delta: f32, at: &str) {
+        self.positions += 1;
+        let shift = top.iter().map(|&(id, lp)| ours[id] - lp).sum::<f32>() / top.len() as f32;
+        let centered = top
+            .iter()
+            .map(|&(id, lp)| (ours[id] - lp - shift).abs())
+            .fold(0.0f32, f32::max);
+        self.max_centered = self.max_centered.max(centered);
+        let ours_top = argmax(ours);
+        if ours_top == top[0].0 {
+            self.top1_agree += 1;
+        }
+        let margin = top[0].1 - top[1].1;
+        if margin > CLEAR_MARGIN {
+            self.clear += 1;
+            if ours_top != top[0].0 {
+                self.failures.push(format!(
+                    "{at}: our top-1 {ours_top} vs llama.cpp {} (margin {margin:.3})",
+                    top[0].0
+                ));
+            }
+        }
+        if centered > max_delta {
+            self.failures.push(format!(
+                "{at}: max |Δlogit − mean Δ| {centered:.3} over the top-20"
+            ));
+        }
+    }
+}
+
+/// Loads `model` into backend `B` for `n_ctx` positions and runs every sequence of its
+/// `n_ctx` fixture as llama.cpp did (the prompt in one step, then llama.cpp's greedy tokens one
+/// at a time), comparing each position's logits with llama.cpp's top-20.
+pub fn parity<B: Load + InferenceBackend>(
+    model: Synthetic,
+    options: &B::Options,
+    n_ctx: usize,
+    max_delta: f32,
+) -> Parity {
+    let fixture = model.fixture(n_ctx);
+    let path = model.path();
+    let file = Arc::new(ModelFile::open(&path).unwrap_or_else(|e| panic!("{path:?}: {e}")));
+    let config = LoadConfig {
+        context_length: n_ctx,
+        kv_cache_bytes: None,
+        parallel: None,
+    };
+    let mut backend =
+        B::load(file, options, &config, &mut |_| {}).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let mut report = Parity::default();
+    let sequences = fixture["sequences"].as_array().expect("sequences");
+    assert!(sequences.len() >= 8, "{} sequences", sequences.len());
+    for (s, sequence) in sequences.iter().enumerate() {
+        let prompt = ids(&sequence["prompt"]);
+        let generated = ids(&sequence["generated"]);
+        let tops = sequence["top"].as_array().expect("top");
+        assert_eq!(tops.len(), generated.len(), "sequence {s}");
+        let total = prompt.len() + generated.len();
+        let mut run = SingleSequence::begin(&mut backend, total).expect("pages");
+        let mut ours = run.forward(&prompt, 0).expect("prompt").to_vec();
+        for (i, top) in tops.iter().enumerate() {
+            let at = format!("{} ctx {n_ctx} sequence {s} token {i}", model.name());
+            report.check(&ours, &top_pairs(top), max_delta, &at);
+            let pos = prompt.len() + i;
+            ours = run
+                .forward(&generated[i..=i], pos)
+                .expect("decode")
+                .to_vec();
+        }
+    }
+    report
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|v| v.as_u64().expect("id") as u32)
+        .collect()
+}
+
+fn top_pairs(value: &Value) -> Vec<(usize, f32)> {
+    value
+        .as_array()
+        .expect("top")
+        .iter()
+        .map(|pair| {
+            let id = pair[0].as_u64().expect("id") as usize;
+            (id, pair[1].as_f64().expect("logprob") as f32)
+        })
+        .collect()
+}
+
+fn argmax(logits: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best
+}

@@ -1,0 +1,47 @@
+//! The CPU backend against llama.cpp b11434 on the synthetic models of the architectures no
+//! real weights of reach us (Llama 3.1's RoPE frequency factors, Qwen3's Q/K norms, Phi-3's
+//! long and short RoPE factors): every generated position of 8 prompts, the prompt in one step
+//! and then llama.cpp's greedy tokens one at a time. Top-1 agrees wherever llama.cpp's top-2
+//! margin is > 0.5 and the logits of its top-20 are close.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use backend_cpu::{CpuBackend, CpuOptions};
+use llorch_tests::synthetic::{Synthetic, parity};
+
+/// Largest |Δlogit − mean Δ| accepted over llama.cpp's top-20 (the real models' bound,
+/// tests/tests/cpu_logit_parity.rs).
+const MAX_DELTA: f32 = 1.5;
+
+fn check(model: Synthetic, n_ctx: usize) {
+    let report = parity::<CpuBackend>(model, &CpuOptions { threads: 2 }, n_ctx, MAX_DELTA);
+    println!(
+        "{} ctx {n_ctx}: {} positions, top-1 agrees at {} ({} with margin > 0.5); max |Δlogit − mean Δ| {:.4}",
+        model.name(),
+        report.positions,
+        report.top1_agree,
+        report.clear,
+        report.max_centered
+    );
+    assert!(report.failures.is_empty(), "{}", report.failures.join("\n"));
+}
+
+#[test]
+fn llama3_rope_freqs_match_llama_cpp() {
+    check(Synthetic::Llama3, 512);
+}
+
+#[test]
+fn qwen3_matches_llama_cpp() {
+    check(Synthetic::Qwen3, 512);
+}
+
+#[test]
+fn phi3_short_rope_factors_match_llama_cpp() {
+    check(Synthetic::Phi3, 512);
+}
+
+#[test]
+fn phi3_long_rope_factors_match_llama_cpp_beyond_the_original_context() {
+    check(Synthetic::Phi3, 8192);
+}

@@ -1,0 +1,48 @@
+//! The CUDA backend against llama.cpp b11434 (CPU) on the synthetic models, as
+//! tests/tests/cpu_synthetic_parity.rs does for the CPU backend.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use backend_cuda::{CudaBackend, CudaOptions};
+use llorch_tests::synthetic::{Synthetic, parity};
+
+/// Largest |Δlogit − mean Δ| accepted over llama.cpp's top-20 (the GPU's bound against the
+/// CPU on the real models, tests/tests/cuda_parity.rs: f32 activations against ggml's Q8).
+const MAX_DELTA: f32 = 2.0;
+
+fn check(model: Synthetic, n_ctx: usize) {
+    let report = parity::<CudaBackend>(model, &CudaOptions { device: 0 }, n_ctx, MAX_DELTA);
+    println!(
+        "{} ctx {n_ctx}: {} positions, top-1 agrees at {} ({} with margin > 0.5); max |Δlogit − mean Δ| {:.4}",
+        model.name(),
+        report.positions,
+        report.top1_agree,
+        report.clear,
+        report.max_centered
+    );
+    assert!(report.failures.is_empty(), "{}", report.failures.join("\n"));
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn llama3_rope_freqs_match_llama_cpp() {
+    check(Synthetic::Llama3, 512);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn qwen3_matches_llama_cpp() {
+    check(Synthetic::Qwen3, 512);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn phi3_short_rope_factors_match_llama_cpp() {
+    check(Synthetic::Phi3, 512);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn phi3_long_rope_factors_match_llama_cpp_beyond_the_original_context() {
+    check(Synthetic::Phi3, 8192);
+}
