@@ -265,7 +265,18 @@ fn health_goes_from_loading_to_ready_and_busy_with_true_values() {
     assert_eq!(health["tokenizer_kind"], "gguf-bpe");
     assert_eq!(health["vocab_size"], 151936);
     assert_eq!(health["context_length"], 8192);
-    assert_eq!(health["capabilities"], json!(["text-gen"]));
+    assert_eq!(
+        health["capabilities"],
+        json!([
+            "text-gen",
+            "arch:qwen2",
+            "quant:F32",
+            "quant:Q5_0",
+            "quant:Q8_0",
+            "quant:Q4_K",
+            "quant:Q6_K"
+        ])
+    );
     assert_eq!(health["protocol"], "sse");
     assert_eq!(
         health["worker_type"],
@@ -504,7 +515,16 @@ fn the_ready_callback_reaches_the_pool_which_picks_by_what_workers_advertise() {
     let payload = &registration.payload;
     assert_eq!(payload["worker_id"], "w-cb");
     assert_eq!(payload["uri"], format!("http://{}", worker.addr));
-    assert_eq!(payload["capabilities"], json!(["text-gen"]));
+    assert_eq!(
+        payload["capabilities"],
+        json!([
+            "text-gen",
+            "arch:llama",
+            "quant:F32",
+            "quant:Q4_1",
+            "quant:Q8_0"
+        ])
+    );
     assert_eq!(payload["protocol"], "sse");
     assert_eq!(payload["quant_kind"], "Q4_1");
     assert_eq!(payload["context_length"], 8192);

@@ -19,6 +19,10 @@ fn smollm2_is_a_tied_llama_with_normal_rope() {
     let hp = &spec.hparams;
     assert_eq!(spec.architecture, Architecture::Llama);
     assert_eq!(spec.quant_kind, "Q4_1");
+    assert_eq!(
+        spec.formats,
+        [GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0]
+    );
     assert_eq!((hp.n_layers, hp.n_embd, hp.n_ff), (30, 576, 1536));
     assert_eq!(
         (hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v),
@@ -173,7 +177,7 @@ fn an_unsupported_architecture_lists_the_supported_ones() {
     .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "unsupported architecture gpt2, supported: llama, qwen2, gemma3, phi3"
+        "unsupported architecture gpt2, supported: llama, qwen2, gemma3, phi3, qwen3"
     );
 }
 

@@ -150,6 +150,7 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), L
         grammars: GrammarCell::default(),
         model_name: spec.name.clone(),
         quant_kind: spec.quant_kind.clone(),
+        capabilities: crate::state::model_capabilities(spec),
         tokenizer_kind: tokenizer.kind().as_str(),
         vocab_size: spec.hparams.vocab_size,
         context_length,

@@ -245,7 +245,7 @@ fn callback_payload(shared: &Shared, uri: &str) -> serde_json::Value {
         "memory_architecture": settings.memory_architecture,
         "memory_bytes": memory_bytes,
         "vram_bytes": if settings.memory_architecture == "vram-only" { memory_bytes } else { 0 },
-        "capabilities": ["text-gen"],
+        "capabilities": crate::state::advertised_capabilities(loaded.map(Arc::as_ref)),
         "protocol": "sse",
         "quant_kind": loaded.map(|m| m.quant_kind.clone()),
         "context_length": loaded.map(|m| m.context_length),

@@ -56,6 +56,8 @@ pub struct Loaded {
     pub model_name: String,
     /// File type label, e.g. `Q4_K_M`.
     pub quant_kind: String,
+    /// What the worker advertises once loaded ([`model_capabilities`]).
+    pub capabilities: Vec<String>,
     /// `gguf-bpe`, `gguf-spm` or `hf-json`.
     pub tokenizer_kind: &'static str,
     /// Tokens in the vocabulary.
@@ -237,4 +239,25 @@ impl Shared {
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()
     }
+}
+
+/// The one capability every worker has, advertised also before the model is loaded.
+pub const TEXT_GEN: &str = "text-gen";
+
+/// The capabilities of a worker serving `spec`: `text-gen`, `arch:<general.architecture>`,
+/// then `quant:<format>` for each block format its tensors are stored in (so a pool manager can
+/// pick workers by architecture and quantization as it picks them by capability).
+pub fn model_capabilities(spec: &worker_common::model::ModelSpec) -> Vec<String> {
+    let arch = format!("arch:{}", spec.architecture);
+    let formats = spec.formats.iter().map(|f| format!("quant:{f}"));
+    [TEXT_GEN.to_owned(), arch]
+        .into_iter()
+        .chain(formats)
+        .collect()
+}
+
+/// The `capabilities` of /health, the ready callback and /v1/models: the model's once it is
+/// loaded, `["text-gen"]` before.
+pub fn advertised_capabilities(loaded: Option<&Loaded>) -> Vec<String> {
+    loaded.map_or_else(|| vec![TEXT_GEN.to_owned()], |m| m.capabilities.clone())
 }

@@ -14,7 +14,7 @@ mod weights;
 use std::fmt;
 use std::path::Path;
 
-use crate::gguf::{Gguf, GgufError, file_type_label};
+use crate::gguf::{GgmlType, Gguf, GgufError, file_type_label};
 
 pub use arch::{Architecture, RopeStyle};
 pub use hparams::{HyperParams, MAX_COUNT, Rope, SlidingWindow};
@@ -156,6 +156,8 @@ pub struct ModelSpec {
     pub tied_output: bool,
     /// Every tensor the model reads, checked against the file.
     pub tensors: Vec<TensorSpec>,
+    /// The block formats its tensors are stored in, each once, in GGML type-id order.
+    pub formats: Vec<GgmlType>,
 }
 
 impl ModelSpec {
@@ -172,6 +174,9 @@ impl ModelSpec {
         tensors::check_tensors(gguf, architecture, &tensors)?;
         checks::check_vectors(gguf, &tensors)?;
         let qkv_bias = uniform_qkv_bias(gguf, hparams.n_layers, qkv_layout)?;
+        let mut formats: Vec<GgmlType> = gguf.tensors().map(|t| t.ggml_type).collect();
+        formats.sort_unstable();
+        formats.dedup();
         Ok(Self {
             architecture,
             name: gguf
@@ -184,6 +189,7 @@ impl ModelSpec {
             qkv_bias,
             tied_output: gguf.tensor("output.weight").is_none(),
             tensors,
+            formats,
         })
     }
 }

@@ -75,7 +75,7 @@ pub async fn models(
             "chat_template": loaded.formatter.has_template(),
             "slots": loaded.slots,
             "max_tokens_out": settings.max_tokens_out,
-            "capabilities": ["text-gen"],
+            "capabilities": loaded.capabilities,
         },
     });
     Ok(Json(json!({"object": "list", "data": [model]})))

@@ -45,7 +45,7 @@ pub async fn health(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Valu
         "tokenizer_kind": loaded.map(|m| m.tokenizer_kind),
         "vocab_size": loaded.map(|m| m.vocab_size),
         "context_length": loaded.map(|m| m.context_length),
-        "capabilities": ["text-gen"],
+        "capabilities": crate::state::advertised_capabilities(loaded.map(Arc::as_ref)),
         "protocol": "sse",
         "worker_type": settings.worker_type,
         "memory_architecture": settings.memory_architecture,

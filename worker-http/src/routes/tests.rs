@@ -97,6 +97,7 @@ pub(super) fn start_with_formatter(
         grammars,
         model_name: "scripted".into(),
         quant_kind: "F32".into(),
+        capabilities: vec!["text-gen".into(), "arch:llama".into(), "quant:F32".into()],
         tokenizer_kind: "gguf-bpe",
         vocab_size: 10,
         context_length: 256,
@@ -250,6 +251,10 @@ async fn concurrent_jobs_share_steps_and_each_gets_its_own_tokens() {
     assert_eq!(
         (health["cpu_isa"].as_str(), health["device_name"].as_str()),
         (Some("avx2"), Some("scripted"))
+    );
+    assert_eq!(
+        health["capabilities"],
+        serde_json::json!(["text-gen", "arch:llama", "quant:F32"])
     );
 }
 
