@@ -137,10 +137,22 @@ pub fn vocab_vectors(name: &str) -> VocabVectors {
     }
 }
 
+/// A model file the tests load: a real model of ASSETS.md or a synthetic one.
+pub trait Asset {
+    /// Its path in the asset cache; fails the test with the fetch command when it is missing.
+    fn path(&self) -> PathBuf;
+}
+
+impl Asset for Model {
+    fn path(&self) -> PathBuf {
+        Model::path(*self)
+    }
+}
+
 /// `model` loaded into backend `B` for `context_length` positions (default KV pool), with its
 /// tokenizer: how the in-process backend tests start. Fails the test on any error.
 pub fn load<B: worker_common::backend::Load>(
-    model: Model,
+    model: impl Asset,
     options: &B::Options,
     context_length: usize,
     parallel: Option<usize>,

@@ -12,7 +12,7 @@ use serde_json::Value;
 use worker_common::backend::{InferenceBackend, Load, LoadConfig, SingleSequence};
 use worker_common::model::ModelFile;
 
-use crate::assets::{assets_dir, require};
+use crate::assets::{Asset, assets_dir, require};
 
 /// A llama.cpp top-2 margin above which our top-1 must agree.
 pub const CLEAR_MARGIN: f32 = 0.5;
@@ -55,6 +55,12 @@ impl Synthetic {
         let text = std::fs::read_to_string(&path)
             .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
         serde_json::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+    }
+}
+
+impl Asset for Synthetic {
+    fn path(&self) -> PathBuf {
+        Synthetic::path(*self)
     }
 }
 

@@ -1,4 +1,5 @@
-//! Batch invariance of the CPU backend on real models (SmolLM2 and Qwen2.5 0.5B): a chunk's
+//! Batch invariance of the CPU backend on real models (SmolLM2 and Qwen2.5 0.5B) and the
+//! synthetic Llama 3.1, Qwen3 and Phi-3 models (RoPE factors, Q/K norms): a chunk's
 //! logits, and the keys and values it stores, are bit-identical whatever else is in the step,
 //! however its sequence's positions were split into chunks, and whether its prefix was computed
 //! by itself or shared by page reference.
@@ -6,10 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use backend_cpu::{CpuBackend, CpuOptions};
-use llorch_tests::assets::{self, Model};
+use llorch_tests::assets::{self, Asset, Model};
 use llorch_tests::invariance::{
     Got, Harness, TEXTS, alone, assert_same, chunk, pages, prompt, together,
 };
+use llorch_tests::synthetic::Synthetic;
 use worker_common::backend::{PAGE_SIZE, Want};
 
 struct Fixture {
@@ -19,7 +21,7 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn new(model: Model) -> Self {
+    fn new(model: impl Asset) -> Self {
         let (backend, tokenizer) =
             assets::load::<CpuBackend>(model, &CpuOptions { threads: 2 }, 256, None);
         Self {
@@ -89,7 +91,7 @@ fn shared_prefix_matches_own_prefill(fixture: &mut Fixture) {
     );
 }
 
-fn invariance(model: Model) {
+fn invariance(model: impl Asset) {
     let mut fixture = Fixture::new(model);
     mixed_steps_match_alone(&mut fixture);
     split_prefill_matches_one_chunk(&mut fixture);
@@ -104,4 +106,11 @@ fn smollm2_is_batch_invariant() {
 #[test]
 fn qwen05_is_batch_invariant() {
     invariance(Model::Qwen05);
+}
+
+#[test]
+fn synthetic_llama3_qwen3_and_phi3_are_batch_invariant() {
+    for model in [Synthetic::Llama3, Synthetic::Qwen3, Synthetic::Phi3] {
+        invariance(model);
+    }
 }

@@ -1,19 +1,21 @@
-//! Batch invariance of the CUDA backend on real models: a sequence's logits and greedy choices
-//! are bit-identical whatever else is in the step, for prompts prefilled in a pass of their own
-//! (the tensor-core GEMM) and for short prompts and decodes batched into one pass with up to 16
-//! other sequences, launched kernel by kernel or replayed from a captured graph. (Unlike the CPU backend, the CUDA backend's numerics depend on a chunk's length,
-//! so how a prompt is cut into chunks is not tested here: `chunking_invariant` is false.) Needs
-//! an NVIDIA GPU: `--ignored`.
+//! Batch invariance of the CUDA backend on real models and the synthetic ones (Llama 3.1, Qwen3,
+//! Phi-3): a sequence's logits and greedy choices are bit-identical whatever else is in the
+//! step, for prompts prefilled in a pass of their own (the tensor-core GEMM) and for short
+//! prompts and decodes batched into one pass with up to 16 other sequences, launched kernel by
+//! kernel or replayed from a captured graph. (Unlike the CPU backend, the CUDA backend's
+//! numerics depend on a chunk's length, so how a prompt is cut into chunks is not tested here:
+//! `chunking_invariant` is false.) Needs an NVIDIA GPU: `--ignored`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use backend_cuda::{CudaBackend, CudaOptions};
-use llorch_tests::assets::{self, Model};
+use llorch_tests::assets::{self, Asset, Model};
 use llorch_tests::invariance::{Got, Harness, TEXTS, alone, assert_same, prompt, together};
+use llorch_tests::synthetic::Synthetic;
 use worker_common::backend::Want;
 use worker_common::tokenizer::Tokenizer;
 
-fn load(model: Model) -> (Harness<CudaBackend>, Tokenizer) {
+fn load(model: impl Asset) -> (Harness<CudaBackend>, Tokenizer) {
     let (backend, tokenizer) = assets::load(model, &CudaOptions { device: 0 }, 256, Some(16));
     (Harness::new(backend), tokenizer)
 }
@@ -34,7 +36,7 @@ fn prompts(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn invariance(model: Model) {
+fn invariance(model: impl Asset) {
     let (mut h, tokenizer) = load(model);
     let prompts = prompts(&tokenizer);
     for want in [Want::Logits, Want::Greedy] {
@@ -99,4 +101,12 @@ fn qwen05_is_batch_invariant_on_the_gpu() {
 #[ignore = "needs an NVIDIA GPU"]
 fn gemma3_is_batch_invariant_on_the_gpu() {
     invariance(Model::Gemma3);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn synthetic_llama3_qwen3_and_phi3_are_batch_invariant_on_the_gpu() {
+    for model in [Synthetic::Llama3, Synthetic::Qwen3, Synthetic::Phi3] {
+        invariance(model);
+    }
 }
