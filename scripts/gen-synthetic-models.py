@@ -15,6 +15,8 @@ One file per architecture, named `synthetic-<arch>.gguf`:
   phi3    `phi3` long-context: fused attn_qkv and gate-up, `rope_factors_long/short.weight`,
           original context 4096 of 131072, attention factor √(1 + ln 32 / ln 4096); Phi-3
           tokenizer; Q4_K with Q6_K for ffn_down and the output.
+  mxfp4   `llama` whose embeddings (tied to the output) and FFN matrices are MXFP4 (gpt-oss's
+          expert format; attention Q8_0); Phi-3's (SentencePiece) tokenizer.
 
 Every model: 4 layers, width 256, 4 query heads and 2 key/value heads, FFN 512. Weights are
 random but valid blocks of the format (K-quant blocks drawn byte by byte with their scales set so
@@ -33,6 +35,7 @@ import argparse
 import math
 import os
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +83,13 @@ Q4_K_M = {
     "ffn_down": Q.Q6_K,
 }
 ALL_Q8_0 = {name: Q.Q8_0 for name in Q4_K_M}
+MXFP4_FFN = {
+    **ALL_Q8_0,
+    "token_embd": Q.MXFP4,
+    "ffn_gate": Q.MXFP4,
+    "ffn_up": Q.MXFP4,
+    "ffn_down": Q.MXFP4,
+}
 
 ARCHS = {
     "llama3": Arch(
@@ -98,6 +108,15 @@ ARCHS = {
         formats=ALL_Q8_0,
         tied_output=True,
         metadata={"context_length": 40960, "rope.freq_base": 1000000.0},
+    ),
+    "mxfp4": Arch(
+        gguf_arch="llama",
+        vocab_file="ggml-vocab-phi-3.gguf",
+        shape=Shape(),
+        file_type=gguf.LlamaFileType.MOSTLY_MXFP4_MOE,
+        formats=MXFP4_FFN,
+        tied_output=True,
+        metadata={"context_length": 4096, "rope.freq_base": 10000.0},
     ),
     "phi3": Arch(
         gguf_arch="phi3",
@@ -193,8 +212,8 @@ def write_model(name: str, arch: Arch, out: Path, vocab_dir: Path, seed: int) ->
     vocab_path = vocab_dir / arch.vocab_file
     if not vocab_path.is_file():
         sys.exit(f"gen-synthetic-models: {vocab_path} is missing; run scripts/fetch-assets.sh vocab")
-    # One stream per architecture, so adding one never changes the others' bytes.
-    rng = np.random.default_rng([seed, sorted(ARCHS).index(name)])
+    # One stream per architecture, keyed by its name, so adding one never changes the others.
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     s, a = arch.shape, arch.gguf_arch
     path = out / f"synthetic-{name}.gguf"
     tmp = path.with_suffix(".gguf.tmp")

@@ -153,8 +153,12 @@ impl Model<'_> {
                     table.rows
                 )));
             }
-            let start = table.range.start + id * table.row_bytes;
-            let bytes = &self.file[start..start + table.row_bytes];
+            let bytes = table
+                .rows_data(self.file)
+                .and_then(|rows| rows.get(id * table.row_bytes..(id + 1) * table.row_bytes))
+                .ok_or_else(|| {
+                    BackendError::InvalidModel(format!("{}: row {id} is not held", table.name))
+                })?;
             quant::dequantize(table.ggml_type, bytes, row)
                 .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", table.name)))?;
             if let Some(scale) = self.plan.embedding_scale {

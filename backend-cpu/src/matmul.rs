@@ -101,18 +101,17 @@ pub fn matmul_group(
                 w.cols
             )));
         }
-        let data = file
-            .get(w.range.clone())
-            .ok_or_else(|| BackendError::InvalidModel(format!("{}: outside the file", w.name)))?;
-        if Some(data.len()) != w.rows.checked_mul(w.row_bytes) {
-            return Err(BackendError::InvalidModel(format!(
-                "{}: {} bytes for {} rows of {}",
-                w.name,
-                data.len(),
-                w.rows,
-                w.row_bytes
-            )));
-        }
+        // Repacked rows are read from the packing; the others from the file or a copy.
+        let data = match (&w.packed, w.rows_data(file)) {
+            (Some(_), _) => &[][..],
+            (None, Some(data)) => data,
+            (None, None) => {
+                return Err(BackendError::InvalidModel(format!(
+                    "{}: {} rows of {} bytes are not in the file",
+                    w.name, w.rows, w.row_bytes
+                )));
+            }
+        };
         let kernel = kernel(w.ggml_type).ok_or_else(|| BackendError::Unsupported {
             backend: "cpu",
             what: format!("{}: matrix type {}", w.name, w.ggml_type),
@@ -199,9 +198,9 @@ pub fn matmul_group(
         })
 }
 
-/// Rows `rows` of `w` (whose file bytes are `data`) against every token, token-major:
-/// `out[t * rows.len() + (r − rows.start)] = dot(W[r], x[t])`. `rows.start` is a multiple of
-/// `GROUP`.
+/// Rows `rows` of `w` (whose rows are `data` unless it is repacked) against every token,
+/// token-major: `out[t * rows.len() + (r − rows.start)] = dot(W[r], x[t])`. `rows.start` is a
+/// multiple of `GROUP`.
 fn dot_chunk(
     w: &Matrix,
     data: &[u8],
@@ -210,7 +209,6 @@ fn dot_chunk(
     n: usize,
     out: &mut [f32],
 ) -> Result<(), String> {
-    let raw = &data[rows.start * w.row_bytes..rows.end * w.row_bytes];
     let groups = rows.start / GROUP..rows.end.div_ceil(GROUP);
     match (activations, w.packed.as_deref()) {
         (Activations::Legacy(_, a, meta), Some(Packed::Legacy(packed))) => {
@@ -224,6 +222,9 @@ fn dot_chunk(
         }
         _ => {}
     }
+    let raw = data
+        .get(rows.start * w.row_bytes..rows.end * w.row_bytes)
+        .ok_or_else(|| format!("rows {rows:?} of {} bytes each", w.row_bytes))?;
     // The other kernels write row-major: transposed here, in this task's small block.
     ROW_MAJOR.with_borrow_mut(|row_major| {
         row_major.clear();

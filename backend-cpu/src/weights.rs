@@ -36,8 +36,11 @@ pub struct Matrix {
     pub cols: usize,
     /// Bytes per row.
     pub row_bytes: usize,
-    /// Byte range of the data in the file.
+    /// Byte range of the data in the file (empty for a [`copy`](Self::copy)).
     pub range: Range<usize>,
+    /// The rows in memory of our own when they are not in the file as the kernels read them
+    /// (MXFP4 rewritten as Q8_0 at load); dropped once [`pack`] has repacked them.
+    pub copy: Option<Arc<[u8]>>,
     /// The rows repacked for the SIMD kernels ([`pack`]); the matmul reads these instead of
     /// the file.
     pub packed: Option<Arc<Packed>>,
@@ -101,9 +104,20 @@ impl Packed {
 }
 
 impl Matrix {
-    /// Bytes of the whole matrix.
+    /// Bytes of the whole matrix, in its block format.
     pub fn bytes(&self) -> usize {
-        self.range.len()
+        self.rows * self.row_bytes
+    }
+
+    /// The rows in their block format: the copy, else the range of the mapping `file`;
+    /// `None` when neither holds them (a repacked copy, whose rows only the packing has).
+    pub fn rows_data<'a>(&'a self, file: &'a [u8]) -> Option<&'a [u8]> {
+        match &self.copy {
+            Some(copy) => Some(copy),
+            None => file
+                .get(self.range.clone())
+                .filter(|data| data.len() == self.bytes()),
+        }
     }
 }
 
@@ -130,18 +144,23 @@ impl TensorSource for Mapping<'_> {
                 what: format!("{name}: matrix type {}", tensor.ggml_type),
             });
         }
-        // The reader hands out slices of the mapping; their position is the byte range.
+        // The reader hands out slices of the mapping; their position is the byte range. Rows
+        // from elsewhere (rewritten at load) are copied.
         let start = (tensor.data.as_ptr() as usize)
             .checked_sub(self.file.as_ptr() as usize)
-            .filter(|start| start + tensor.data.len() <= self.file.len())
-            .ok_or_else(|| BackendError::InvalidModel(format!("{name}: data outside the file")))?;
+            .filter(|start| start + tensor.data.len() <= self.file.len());
+        let (range, copy) = match start {
+            Some(start) => (start..start + tensor.data.len(), None),
+            None => (0..0, Some(Arc::from(tensor.data))),
+        };
         Ok(Matrix {
             name: name.to_owned(),
             ggml_type: tensor.ggml_type,
             rows: tensor.rows,
             cols: tensor.cols,
             row_bytes: tensor.row_bytes,
-            range: start..start + tensor.data.len(),
+            range,
+            copy,
             packed: None,
         })
     }
@@ -205,15 +224,17 @@ pub fn pack(weights: &mut Weights, file: &[u8]) -> Result<Vec<Range<usize>>, Bac
         bytes: reserve as u64,
     })?;
     let repacked = matrices.into_par_iter().map(|m| {
-        let raw = file
-            .get(m.range.clone())
+        let raw = m
+            .rows_data(file)
             .ok_or_else(|| BackendError::InvalidModel(format!("{}: outside the file", m.name)))?;
         match Packed::of(&arena, m.ggml_type, raw, m.rows) {
             None => Ok(None),
             Some(Err(e)) => Err(BackendError::InvalidModel(format!("{}: {e}", m.name))),
             Some(Ok(packed)) => {
                 m.packed = Some(Arc::new(packed));
-                Ok(Some(m.range.clone()))
+                // A copy is not read again either: only its packed rows are.
+                m.copy = None;
+                Ok(Some(m.range.clone()).filter(|range| !range.is_empty()))
             }
         }
     });
@@ -223,7 +244,13 @@ pub fn pack(weights: &mut Weights, file: &[u8]) -> Result<Vec<Range<usize>>, Bac
 /// Bytes of the matrices the forward pass reads in the mapping (the tied head counted once;
 /// the repacked ones are counted by [`packed_bytes`]).
 pub fn mapped_bytes(weights: &Weights) -> usize {
-    let in_file = |m: &Matrix| if m.packed.is_some() { 0 } else { m.bytes() };
+    let in_file = |m: &Matrix| {
+        if m.packed.is_some() || m.copy.is_some() {
+            0
+        } else {
+            m.bytes()
+        }
+    };
     let layers: usize = weights
         .layers
         .iter()
@@ -240,7 +267,7 @@ pub fn mapped_bytes(weights: &Weights) -> usize {
         } else {
             in_file(&weights.output)
         };
-    weights.token_embd.bytes() + output + layers
+    in_file(&weights.token_embd) + output + layers
 }
 
 /// Bytes of the repacked matrices.
@@ -254,8 +281,24 @@ pub fn packed_bytes(weights: &Weights) -> usize {
     layers + packed(&weights.output)
 }
 
-/// Bytes of the f32 copies (norms and biases).
+/// Bytes of the f32 copies (norms and biases) and of the matrices' own copies that were not
+/// repacked (the embeddings, when rewritten at load).
 pub fn copied_bytes(weights: &Weights) -> usize {
+    let copy = |m: &Matrix| m.copy.as_ref().map_or(0, |c| c.len());
+    let matrices: usize = weights
+        .layers
+        .iter()
+        .flat_map(layer_matrices)
+        .map(copy)
+        .sum::<usize>()
+        + copy(&weights.token_embd)
+        + if weights.output.copy.as_ref().map(Arc::as_ptr)
+            == weights.token_embd.copy.as_ref().map(Arc::as_ptr)
+        {
+            0
+        } else {
+            copy(&weights.output)
+        };
     let floats: usize = weights
         .layers
         .iter()
@@ -263,7 +306,7 @@ pub fn copied_bytes(weights: &Weights) -> usize {
         .sum::<usize>()
         + weights.output_norm.len()
         + weights.output_bias.as_ref().map_or(0, Vec::len);
-    floats * size_of::<f32>()
+    floats * size_of::<f32>() + matrices
 }
 
 fn layer_matrices(layer: &Layer) -> Vec<&Matrix> {

@@ -26,6 +26,8 @@ pub enum Synthetic {
     Qwen3,
     /// `phi3` long-context: long and short RoPE factors, attention factor.
     Phi3,
+    /// `llama` with MXFP4 embeddings (tied output) and FFN matrices.
+    Mxfp4,
 }
 
 impl Synthetic {
@@ -35,6 +37,7 @@ impl Synthetic {
             Synthetic::Llama3 => "llama3",
             Synthetic::Qwen3 => "qwen3",
             Synthetic::Phi3 => "phi3",
+            Synthetic::Mxfp4 => "mxfp4",
         }
     }
 

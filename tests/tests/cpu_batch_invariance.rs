@@ -1,5 +1,5 @@
 //! Batch invariance of the CPU backend on real models (SmolLM2 and Qwen2.5 0.5B) and the
-//! synthetic Llama 3.1, Qwen3 and Phi-3 models (RoPE factors, Q/K norms): a chunk's
+//! synthetic Llama 3.1, Qwen3, Phi-3 and MXFP4 models (RoPE factors, Q/K norms): a chunk's
 //! logits, and the keys and values it stores, are bit-identical whatever else is in the step,
 //! however its sequence's positions were split into chunks, and whether its prefix was computed
 //! by itself or shared by page reference.
@@ -109,8 +109,13 @@ fn qwen05_is_batch_invariant() {
 }
 
 #[test]
-fn synthetic_llama3_qwen3_and_phi3_are_batch_invariant() {
-    for model in [Synthetic::Llama3, Synthetic::Qwen3, Synthetic::Phi3] {
+fn synthetic_models_are_batch_invariant() {
+    for model in [
+        Synthetic::Llama3,
+        Synthetic::Qwen3,
+        Synthetic::Phi3,
+        Synthetic::Mxfp4,
+    ] {
         invariance(model);
     }
 }

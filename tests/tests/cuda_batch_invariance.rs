@@ -1,5 +1,5 @@
 //! Batch invariance of the CUDA backend on real models and the synthetic ones (Llama 3.1, Qwen3,
-//! Phi-3): a sequence's logits and greedy choices are bit-identical whatever else is in the
+//! Phi-3, MXFP4): a sequence's logits and greedy choices are bit-identical whatever else is in the
 //! step, for prompts prefilled in a pass of their own (the tensor-core GEMM) and for short
 //! prompts and decodes batched into one pass with up to 16 other sequences, launched kernel by
 //! kernel or replayed from a captured graph. (Unlike the CPU backend, the CUDA backend's
@@ -105,8 +105,13 @@ fn gemma3_is_batch_invariant_on_the_gpu() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn synthetic_llama3_qwen3_and_phi3_are_batch_invariant_on_the_gpu() {
-    for model in [Synthetic::Llama3, Synthetic::Qwen3, Synthetic::Phi3] {
+fn synthetic_models_are_batch_invariant_on_the_gpu() {
+    for model in [
+        Synthetic::Llama3,
+        Synthetic::Qwen3,
+        Synthetic::Phi3,
+        Synthetic::Mxfp4,
+    ] {
         invariance(model);
     }
 }

@@ -46,3 +46,9 @@ fn phi3_short_rope_factors_match_llama_cpp() {
 fn phi3_long_rope_factors_match_llama_cpp_beyond_the_original_context() {
     check(Synthetic::Phi3, 8192);
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn mxfp4_matrices_match_llama_cpp() {
+    check(Synthetic::Mxfp4, 512);
+}

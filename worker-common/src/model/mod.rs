@@ -7,6 +7,7 @@
 mod arch;
 mod checks;
 mod hparams;
+mod mxfp4;
 mod plan;
 mod tensors;
 mod weights;

@@ -21,7 +21,8 @@ pub struct MatrixTensor<'a> {
     pub cols: usize,
     /// Bytes per row.
     pub row_bytes: usize,
-    /// The rows, in the file mapping.
+    /// The rows: in the file mapping, or (MXFP4 rewritten as Q8_0) in a buffer that lives
+    /// only for the [`TensorSource::matrix`] call.
     pub data: &'a [u8],
 }
 
@@ -190,6 +191,16 @@ fn missing(name: &str) -> BackendError {
 impl<S: TensorSource> Files<'_, S> {
     fn matrix(&mut self, name: &str) -> Result<S::Matrix, BackendError> {
         let tensor = self.gguf.tensor(name).ok_or_else(|| missing(name))?;
+        // MXFP4 reaches the backends as the Q8_0 blocks it equals (super::mxfp4); the
+        // rewritten bytes live only for this call, so a backend keeping them copies them.
+        let rewritten;
+        let (ggml_type, data) = if tensor.ggml_type == GgmlType::MXFP4 {
+            rewritten = super::mxfp4::mxfp4_to_q8_0(tensor.data)
+                .map_err(|e| BackendError::InvalidModel(format!("{name}: {e}")))?;
+            (GgmlType::Q8_0, rewritten.as_slice())
+        } else {
+            (tensor.ggml_type, tensor.data)
+        };
         let (cols, rows) = match tensor.shape {
             [cols, rows] => (*cols as usize, *rows as usize),
             [cols] => (*cols as usize, 1),
@@ -199,23 +210,22 @@ impl<S: TensorSource> Files<'_, S> {
                 )));
             }
         };
-        let block_size = tensor.ggml_type.block_size() as usize;
-        let block_bytes = tensor.ggml_type.block_bytes() as usize;
+        let block_size = ggml_type.block_size() as usize;
+        let block_bytes = ggml_type.block_bytes() as usize;
         let row_bytes = (cols / block_size) * block_bytes;
-        if cols % block_size != 0 || rows.checked_mul(row_bytes) != Some(tensor.data.len()) {
+        if cols % block_size != 0 || rows.checked_mul(row_bytes) != Some(data.len()) {
             return Err(BackendError::InvalidModel(format!(
-                "{name}: {} bytes of {} do not hold {rows} rows of {cols}",
-                tensor.data.len(),
-                tensor.ggml_type
+                "{name}: {} bytes of {ggml_type} do not hold {rows} rows of {cols}",
+                data.len(),
             )));
         }
         self.source.matrix(MatrixTensor {
             name,
-            ggml_type: tensor.ggml_type,
+            ggml_type,
             rows,
             cols,
             row_bytes,
-            data: tensor.data,
+            data,
         })
     }
 
