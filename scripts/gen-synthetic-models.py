@@ -11,7 +11,9 @@ One file per architecture, named `synthetic-<arch>.gguf`:
           frequency factors 1 and 4, original context 8192); llama-bpe (Llama 3) tokenizer;
           Q4_K_M-like mix (Q4_K, Q6_K for attn_v, ffn_down and the untied output).
   qwen3   `qwen3`: per-head RMSNorm of queries and keys before RoPE, head width 128 on a model
-          width of 256 (query width ≠ model width), tied output; Qwen2 tokenizer; all Q8_0.
+          width of 256 (query width ≠ model width), tied output, YaRN RoPE scaling (factor 4 of
+          an original context of 32768, as Qwen3's long-context files); Qwen2 tokenizer; all
+          Q8_0.
   phi3    `phi3` long-context: fused attn_qkv and gate-up, `rope_factors_long/short.weight`,
           original context 4096 of 131072, attention factor √(1 + ln 32 / ln 4096); Phi-3
           tokenizer; Q4_K with Q6_K for ffn_down and the output.
@@ -107,7 +109,13 @@ ARCHS = {
         file_type=gguf.LlamaFileType.MOSTLY_Q8_0,
         formats=ALL_Q8_0,
         tied_output=True,
-        metadata={"context_length": 40960, "rope.freq_base": 1000000.0},
+        metadata={
+            "context_length": 131072,
+            "rope.freq_base": 1000000.0,
+            "rope.scaling.type": "yarn",
+            "rope.scaling.factor": 4.0,
+            "rope.scaling.original_context_length": 32768,
+        },
     ),
     "mxfp4": Arch(
         gguf_arch="llama",
@@ -230,8 +238,8 @@ def write_model(name: str, arch: Arch, out: Path, vocab_dir: Path, seed: int) ->
     writer.add_rope_dimension_count(s.head_dim)
     writer.add_layer_norm_rms_eps(s.norm_eps)
     for key, value in arch.metadata.items():
-        vtype = gguf.GGUFValueType.FLOAT32 if isinstance(value, float) else gguf.GGUFValueType.UINT32
-        writer.add_key_value(f"{a}.{key}", value, vtype)
+        vtype = {float: gguf.GGUFValueType.FLOAT32, int: gguf.GGUFValueType.UINT32, str: gguf.GGUFValueType.STRING}
+        writer.add_key_value(f"{a}.{key}", value, vtype[type(value)])
     n_vocab = copy_tokenizer(writer, vocab_path)
 
     f = arch.formats

@@ -187,8 +187,9 @@ pub fn gelu_tanh(x: f32) -> f32 {
 }
 
 /// `(cos, sin)` for each of the `rope.dims / 2` pairs at `pos`, pair `i`'s angle divided by
-/// `factors[i]` when the model has frequency factors, both scaled by `rope.attn_factor` (ggml's
-/// `rope_yarn` without extrapolation: the same operations in the same order).
+/// `factors[i]` when the model has frequency factors, blended by YaRN's ramp when it has one,
+/// both scaled by `rope.attn_factor` (ggml's `rope_yarn`: the same operations in the same
+/// order).
 pub fn rope_angles(
     rope: &RopePlan,
     factors: Option<&[f32]>,
@@ -198,8 +199,16 @@ pub fn rope_angles(
     out.clear();
     let mut theta = pos as f32;
     for i in 0..rope.dims / 2 {
-        let divided = factors.map_or(theta, |f| theta / f[i]);
-        let (sin, cos) = (rope.freq_scale * divided).sin_cos();
+        let extrapolated = factors.map_or(theta, |f| theta / f[i]);
+        let interpolated = rope.freq_scale * extrapolated;
+        let angle = match rope.yarn {
+            Some(ramp) => {
+                let mix = ramp.mix(i);
+                interpolated * (1.0 - mix) + extrapolated * mix
+            }
+            None => interpolated,
+        };
+        let (sin, cos) = angle.sin_cos();
         out.push((cos * rope.attn_factor, sin * rope.attn_factor));
         theta *= rope.theta_scale;
     }
@@ -299,6 +308,7 @@ mod tests {
             theta_scale: 10_000f32.powf(-2.0 / dims as f32),
             freq_scale: 1.0,
             attn_factor: 1.0,
+            yarn: None,
         }
     }
 

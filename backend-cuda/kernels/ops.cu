@@ -30,23 +30,21 @@ rms_norm(const float* x, const float* w, float* out, int width, float eps) {
 // its n_head query heads (rows of q) and n_head_kv key heads (rows of k) in place, then appends
 // its keys and values to one layer's f16 pool at the rows its page table gives. One
 // thread per (head, pair); the angle of pair i is multiplied up i times in f32 as the CPU does,
-// divided by factors[i] when the model has frequency factors (null otherwise), and its cosine
-// and sine scaled by attn_factor. `neox` pairs (i, i + dims/2), otherwise (2i, 2i + 1).
+// divided by factors[i] when the model has frequency factors (null otherwise), blended by YaRN's
+// ramp when yarn_high ≥ 0 (rope_angle), and its cosine and sine scaled by attn_factor. `neox`
+// pairs (i, i + dims/2), otherwise (2i, 2i + 1).
 extern "C" __global__ void __launch_bounds__(256)
 rope_store(float* q, float* k, const float* v, u16* k_cache, u16* v_cache, const int* pos,
            const int* tables, const int* pages, int n_head, int n_head_kv, int head_dim, int dims,
-           float theta_scale, float freq_scale, const float* factors, float attn_factor, int neox,
-           int v_width) {
+           float theta_scale, float freq_scale, const float* factors, float attn_factor,
+           float yarn_low, float yarn_high, int neox, int v_width) {
     StepRows rows = {pos, tables, pages};
     int t = blockIdx.x, p = pos[t], half_dims = dims / 2, k_width = n_head_kv * head_dim;
     float* qt = q + (long long)t * n_head * head_dim;
     float* kt = k + (long long)t * k_width;
     for (int w = threadIdx.x; w < (n_head + n_head_kv) * half_dims; w += blockDim.x) {
         int h = w / half_dims, i = w - h * half_dims;
-        float theta = (float)p;
-        for (int j = 0; j < i; ++j) theta *= theta_scale;
-        if (factors) theta = theta / factors[i];
-        float angle = freq_scale * theta;
+        float angle = rope_angle(p, i, theta_scale, freq_scale, factors, yarn_low, yarn_high);
         float s = sinf(angle) * attn_factor, c = cosf(angle) * attn_factor;
         int a = neox ? i : 2 * i, b = neox ? i + half_dims : 2 * i + 1;
         float* head = h < n_head ? qt + h * head_dim : kt + (h - n_head) * head_dim;

@@ -85,3 +85,20 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     float y = 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + COEF_A * x * x)));
     return h2f(f2h(y));
 }
+
+// The angle of RoPE pair i at position p, as the CPU backend's rope_angles: the power of
+// theta_scale multiplied up i times in f32, divided by factors[i] (when not null), times
+// freq_scale; with YaRN (yarn_high >= 0) blended with the undivided-by-freq_scale angle by the
+// ramp mix = 1 - clamp((i - low) / max(0.001, high - low), 0, 1).
+__device__ __forceinline__ float rope_angle(int p, int i, float theta_scale, float freq_scale,
+                                            const float* factors, float yarn_low,
+                                            float yarn_high) {
+    float theta = (float)p;
+    for (int j = 0; j < i; ++j) theta *= theta_scale;
+    if (factors) theta = theta / factors[i];
+    float interpolated = freq_scale * theta;
+    if (yarn_high < 0.0f) return interpolated;
+    float y = ((float)i - yarn_low) / fmaxf(yarn_high - yarn_low, 0.001f);
+    float mix = 1.0f - fminf(fmaxf(y, 0.0f), 1.0f);
+    return interpolated * (1.0f - mix) + theta * mix;
+}

@@ -476,11 +476,13 @@ __device__ void qgemm(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
         int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int n, const u8* pre,   \
         int mode, const int* pos, const int* tables, const int* pages, u16* k_cache,               \
         u16* v_cache, int head_dim, int rope_dims, float theta_scale, float freq_scale,            \
-        const float* factors, float attn_factor, int neox, float* partial, u32* counters) {        \
+        const float* factors, float attn_factor, float yarn_low, float yarn_high, int neox,        \
+        float* partial, u32* counters) {                                                           \
         QMatrix m0 = {w0, rb0, b0, y0, rows0, f0}, m1 = {w1, rb1, b1, y1, rows1, f1},              \
                 m2 = {w2, rb2, b2, y2, rows2, f2};                                                 \
-        QRope rope = {{pos, tables, pages}, k_cache, v_cache, head_dim, rope_dims, neox,           \
-                      theta_scale, freq_scale, factors, attn_factor};                              \
+        QRope rope = {{pos, tables, pages}, k_cache,     v_cache,   head_dim, rope_dims,           \
+                      neox,                 theta_scale, freq_scale, factors, attn_factor,         \
+                      yarn_low,             yarn_high};                                            \
         qgemm<SHAPE>(m0, m1, m2, rope, cols, n, pre, mode, partial, counters);                     \
     }
 

@@ -413,6 +413,7 @@ struct QRope {
     float theta_scale, freq_scale;
     const float* factors;  // per-pair divisors of the angle, or null
     float attn_factor;     // multiplies cos and sin (ggml's mscale)
+    float yarn_low, yarn_high;  // YaRN's ramp (rope_angle); yarn_high < 0: no YaRN
 };
 
 // Pair `pair` of a RoPE launch: its matrix (0 Q, 1 K, 2 V), its two rows and the rotation
@@ -445,10 +446,8 @@ __device__ __forceinline__ int rope_pair(const QMatrix& m0, const QMatrix& m1, c
 
 // Rotates (x0, x1) by pair i's angle at position p, as rope_store.
 __device__ __forceinline__ void rotate(float* x0, float* x1, int p, int i, const QRope& rope) {
-    float theta = (float)p;
-    for (int j = 0; j < i; ++j) theta *= rope.theta_scale;
-    if (rope.factors) theta = theta / rope.factors[i];
-    float angle = rope.freq_scale * theta;
+    float angle = rope_angle(p, i, rope.theta_scale, rope.freq_scale, rope.factors,
+                             rope.yarn_low, rope.yarn_high);
     float s = sinf(angle) * rope.attn_factor, c = cosf(angle) * rope.attn_factor;
     float v0 = *x0, v1 = *x1;
     *x0 = v0 * c - v1 * s;
@@ -636,11 +635,12 @@ __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
         const float* x, const u8* pre, const float* norm, float eps, int mode, const int* pos,     \
         const int* tables, const int* pages, u16* k_cache, u16* v_cache, int head_dim,             \
         int rope_dims, float theta_scale, float freq_scale, const float* factors,                  \
-        float attn_factor, int neox) {                                                             \
+        float attn_factor, float yarn_low, float yarn_high, int neox) {                            \
         QMatrix m0 = {w0, rb0, b0, y0, rows0, f0}, m1 = {w1, rb1, b1, y1, rows1, f1},              \
                 m2 = {w2, rb2, b2, y2, rows2, f2};                                                 \
-        QRope rope = {{pos, tables, pages}, k_cache, v_cache, head_dim, rope_dims, neox,           \
-                      theta_scale, freq_scale, factors, attn_factor};                              \
+        QRope rope = {{pos, tables, pages}, k_cache,     v_cache,   head_dim, rope_dims,           \
+                      neox,                 theta_scale, freq_scale, factors, attn_factor,         \
+                      yarn_low,             yarn_high};                                            \
         qgemv<R, T, G>(m0, m1, m2, rope, cols, parts, n, x, pre, norm, eps, mode);                 \
     }
 

@@ -236,6 +236,7 @@ impl Gpu {
     /// RoPE of `n` token rows' query and key heads, each at its position (`t.rows`), then their
     /// keys and values (f32) into one layer's f16 pool through their page tables.
     pub fn rope_store(&self, t: &RopeStore, rope: &RopePlan) -> Result<(), BackendError> {
+        let [yarn_low, yarn_high] = crate::qgemv::yarn_args(rope);
         let args = [
             Arg::Ptr(t.q),
             Arg::Ptr(t.k),
@@ -253,6 +254,8 @@ impl Gpu {
             Arg::F32(rope.freq_scale),
             Arg::Ptr(t.factors),
             Arg::F32(rope.attn_factor),
+            yarn_low,
+            yarn_high,
             Arg::I32(i32::from(rope.style == RopeStyle::Neox)),
             Arg::I32(int(t.v_width)?),
         ];

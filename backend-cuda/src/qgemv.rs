@@ -308,6 +308,8 @@ pub(crate) fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), Back
                 Arg::F32(0.0),
                 Arg::Ptr(0),
                 Arg::F32(0.0),
+                Arg::F32(0.0),
+                Arg::F32(-1.0),
                 Arg::I32(0),
             ]);
             return Ok(());
@@ -325,9 +327,16 @@ pub(crate) fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), Back
         Arg::F32(rope.freq_scale),
         Arg::Ptr(target.factors),
         Arg::F32(rope.attn_factor),
-        Arg::I32(i32::from(rope.style == RopeStyle::Neox)),
     ]);
+    args.extend(yarn_args(&rope));
+    args.push(Arg::I32(i32::from(rope.style == RopeStyle::Neox)));
     Ok(())
+}
+
+/// The kernels' `yarn_low, yarn_high` arguments: YaRN's ramp, or `(0, -1)` without YaRN.
+pub(crate) fn yarn_args(rope: &RopePlan) -> [Arg; 2] {
+    let (low, high) = rope.yarn.map_or((0.0, -1.0), |ramp| (ramp.low, ramp.high));
+    [Arg::F32(low), Arg::F32(high)]
 }
 
 /// The first arguments of a qgemv or qgemm launch, for up to three matrices (zeros for absent

@@ -6,7 +6,7 @@
 use backend_cpu::quant;
 use worker_common::backend::PAGE_SIZE;
 use worker_common::gguf::GgmlType;
-use worker_common::model::{AttentionShape, RopePlan, RopeStyle};
+use worker_common::model::{AttentionShape, RopePlan, RopeStyle, YarnRamp};
 
 use crate::device::{Buffer, Gpu};
 use crate::module::{self, WEIGHT_TYPES};
@@ -385,8 +385,8 @@ fn rms_norm_and_rope_match_the_reference() {
     assert!(err < 1e-6, "rms_norm: {err:.2e}");
 
     // Queries and keys share the rotation; keys and values then land in the f16 cache. The
-    // third case divides each pair's angle by a frequency factor and scales by an attention
-    // factor (Llama 3.1's and Phi-3's long-context RoPE).
+    // third case divides each pair's angle by a frequency factor, blends it by a YaRN ramp
+    // (a quarter of the speed for the slow pairs) and scales by an attention factor.
     let (n, heads, kv_heads, head_dim, start) = (4, 3, 1, 64, 1000);
     let factors: Vec<f32> = (0..head_dim / 2).map(|i| 1.0 + 0.5 * i as f32).collect();
     let factors_buf = put(&gpu, &to_bytes(&factors));
@@ -400,8 +400,12 @@ fn rms_norm_and_rope_match_the_reference() {
             },
             dims: head_dim,
             theta_scale: 10_000f32.powf(-2.0 / head_dim as f32),
-            freq_scale: 1.0,
+            freq_scale: if scaled { 0.25 } else { 1.0 },
             attn_factor,
+            yarn: scaled.then_some(YarnRamp {
+                low: 4.0,
+                high: 20.0,
+            }),
         };
         let (qw, kw) = (heads * head_dim, kv_heads * head_dim);
         let q = rng.floats(n * qw);
@@ -438,9 +442,16 @@ fn rms_norm_and_rope_match_the_reference() {
                     let head = &mut out[(t * heads + h) * head_dim..][..head_dim];
                     for (i, &factor) in factors.iter().enumerate() {
                         let divisor = if scaled { f64::from(factor) } else { 1.0 };
-                        let theta = (start + t) as f64
+                        let extrapolated = (start + t) as f64
                             * 10_000f64.powf(-2.0 * i as f64 / head_dim as f64)
                             / divisor;
+                        let mix = if scaled {
+                            1.0 - ((i as f64 - 4.0) / 16.0).clamp(0.0, 1.0)
+                        } else {
+                            0.0
+                        };
+                        let freq_scale = if scaled { 0.25 } else { 1.0 };
+                        let theta = freq_scale * extrapolated * (1.0 - mix) + extrapolated * mix;
                         let (cos, sin) = (
                             theta.cos() * f64::from(attn_factor),
                             theta.sin() * f64::from(attn_factor),

@@ -6,7 +6,7 @@
 
 use backend_cpu::quant::{self, activation};
 use worker_common::gguf::GgmlType;
-use worker_common::model::{RopePlan, RopeStyle};
+use worker_common::model::{RopePlan, RopeStyle, YarnRamp};
 
 use worker_common::backend::BackendError;
 
@@ -318,12 +318,13 @@ pub(crate) fn rope_plan(neox: bool, dims: usize) -> RopePlan {
         theta_scale: 10000f32.powf(-2.0 / dims as f32),
         freq_scale: 1.0,
         attn_factor: 1.0,
+        yarn: None,
     }
 }
 
 /// The partial rotations (`dims` < the head width) of the fused-RoPE tests also divide each
-/// pair's angle by a frequency factor and scale it (Llama 3.1's and Phi-3's RoPE): the rope
-/// plan and the device factors (0: none) for `dims`.
+/// pair's angle by a frequency factor, blend it by a YaRN ramp and scale it (Llama 3.1's,
+/// Phi-3's and YaRN's RoPE): the rope plan and the device factors (0: none) for `dims`.
 pub(crate) fn scaled_rope(
     gpu: &Gpu,
     neox: bool,
@@ -334,6 +335,11 @@ pub(crate) fn scaled_rope(
     let factors: Vec<f32> = (0..dims / 2).map(|i| 1.0 + 0.25 * i as f32).collect();
     let rope = RopePlan {
         attn_factor: if scaled { 1.19 } else { 1.0 },
+        freq_scale: if scaled { 0.25 } else { 1.0 },
+        yarn: scaled.then_some(YarnRamp {
+            low: 2.0,
+            high: 9.0,
+        }),
         ..rope_plan(neox, dims)
     };
     (rope, put(gpu, &to_bytes(&factors)))

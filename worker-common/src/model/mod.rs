@@ -19,7 +19,7 @@ use crate::gguf::{GgmlType, Gguf, GgufError, file_type_label};
 
 pub use arch::{Architecture, RopeStyle};
 pub use hparams::{HyperParams, MAX_COUNT, Rope, SlidingWindow};
-pub use plan::{Activation, AttentionShape, LayerPlan, ModelPlan, RopePlan};
+pub use plan::{Activation, AttentionShape, LayerPlan, ModelPlan, RopePlan, YarnRamp};
 pub use tensors::{Presence, QkvLayout, TensorSpec};
 pub use weights::{GateUp, Layer, MatrixTensor, Qkv, TensorSource, VectorTensor, Weights};
 

@@ -29,8 +29,47 @@ pub struct RopePlan {
     /// Linear position scaling (1 when none).
     pub freq_scale: f32,
     /// Multiplies the cosine and sine of every rotated pair (ggml's `mscale`: the file's
-    /// `rope.scaling.attn_factor`, 1 when none).
+    /// `rope.scaling.attn_factor`, 1 when none, times YaRN's magnitude correction).
     pub attn_factor: f32,
+    /// YaRN's blend of interpolated and extrapolated angles, when the model uses it.
+    pub yarn: Option<YarnRamp>,
+}
+
+/// YaRN (ggml's `rope_yarn` with `ext_factor` 1): pair `i`'s angle is
+/// `interp · (1 − mix) + extrap · mix` with `extrap = pos · theta_scale^i / factor[i]`,
+/// `interp = freq_scale · extrap` and `mix = 1 − clamp((i − low) / max(0.001, high − low), 0, 1)`:
+/// the fast-turning pairs keep their angle, the slow ones are interpolated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnRamp {
+    /// The last pair kept whole (ggml's `corr_dims[0]`).
+    pub low: f32,
+    /// The first pair fully interpolated (ggml's `corr_dims[1]`).
+    pub high: f32,
+}
+
+impl YarnRamp {
+    /// The ramp of a model rotating `dims` dimensions with base `freq_base`, trained for
+    /// `original_context` positions, with ggml's default betas (32 and 1: no architecture we
+    /// run reads others from its file).
+    pub fn new(dims: usize, original_context: usize, freq_base: f32) -> Self {
+        const BETA_FAST: f32 = 32.0;
+        const BETA_SLOW: f32 = 1.0;
+        // ggml_rope_yarn_corr_dim, in f32 as ggml computes it.
+        let corr_dim = |rotations: f32| {
+            dims as f32 * (original_context as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * freq_base.ln())
+        };
+        Self {
+            low: corr_dim(BETA_FAST).floor().max(0.0),
+            high: corr_dim(BETA_SLOW).ceil().min(dims as f32 - 1.0),
+        }
+    }
+
+    /// Pair `pair`'s weight of the extrapolated angle.
+    pub fn mix(&self, pair: usize) -> f32 {
+        let y = (pair as f32 - self.low) / (self.high - self.low).max(0.001);
+        1.0 - y.clamp(0.0, 1.0)
+    }
 }
 
 /// Shape of one layer's attention.
@@ -90,16 +129,26 @@ impl ModelPlan {
         let spec = &model.spec;
         let hp = spec.hparams.clone();
         let rope = &hp.rope;
-        let freq_scale = match rope.scaling_type.as_str() {
-            "linear" => 1.0 / rope.scaling_factor,
-            "none" => 1.0,
-            _ if rope.scaling_factor == 1.0 => 1.0,
-            other => {
-                return Err(BackendError::Unsupported {
-                    backend,
-                    what: format!("RoPE scaling {other:?}"),
-                });
+        let unsupported = |what: String| BackendError::Unsupported { backend, what };
+        let (freq_scale, yarn) = match rope.scaling_type.as_str() {
+            "linear" => (1.0 / rope.scaling_factor, None),
+            "none" => (1.0, None),
+            "yarn" if hp.sliding_window.is_some() => {
+                return Err(unsupported(
+                    "YaRN RoPE scaling with sliding-window layers".to_owned(),
+                ));
             }
+            "yarn" => {
+                let original = rope.original_context_length.unwrap_or(hp.context_length);
+                let ramp = YarnRamp::new(rope.dimensions, original, rope.freq_base);
+                (1.0 / rope.scaling_factor, Some(ramp))
+            }
+            _ if rope.scaling_factor == 1.0 => (1.0, None),
+            other => return Err(unsupported(format!("RoPE scaling {other:?}"))),
+        };
+        let attn_factor = match yarn {
+            Some(_) => yarn_attn_factor(freq_scale, rope.attn_factor),
+            None => rope.attn_factor,
         };
         let gemma = spec.architecture == Architecture::Gemma3;
         // Gemma 3 27B scales queries by the model width per head, the others by the head width.
@@ -113,7 +162,8 @@ impl ModelPlan {
             dims: rope.dimensions,
             theta_scale: base.powf(-2.0 / rope.dimensions as f32),
             freq_scale,
-            attn_factor: rope.attn_factor,
+            attn_factor,
+            yarn,
         };
         let global = rope_with(rope.freq_base, freq_scale);
         let sliding = rope_with(rope.freq_base_swa, 1.0);
@@ -150,6 +200,20 @@ impl ModelPlan {
             hp,
         })
     }
+}
+
+/// YaRN's magnitude correction as llama.cpp computes it: the context's `yarn_attn_factor`
+/// (`get_mscale(s) / (1 + 0.1 ln s)`, 1 up to rounding, times the file's attention factor),
+/// then `rope_yarn`'s `· (1 + 0.1 ln(1 / freq_scale))`, each step in f32.
+fn yarn_attn_factor(freq_scale: f32, file_attn_factor: f32) -> f32 {
+    let factor = 1.0 / freq_scale;
+    let mscale = if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
+    };
+    let context = mscale * (1.0 / (1.0 + 0.1 * factor.ln())) * file_attn_factor;
+    context * (1.0 + 0.1 * (1.0 / freq_scale).ln())
 }
 
 /// The RoPE frequency factors llama.cpp applies (`llama_model::get_rope_factors`): llama's
