@@ -162,25 +162,32 @@ fetch_vocab() {
   log "ok vocab: $(find "$VOCAB" -maxdepth 1 -name '*.gguf' | wc -l) vocab files"
 }
 
+# pip-installs the pinned packages of REQUIREMENTS (wheels only, --no-deps: the file lists
+# every module needed) into DEST, unless DEST was installed from the same requirements.
+#   pip_install_pinned WHAT REQUIREMENTS DEST
+pip_install_pinned() {
+  local what=$1 requirements=$2 dest=$3
+  [[ -f "$requirements" ]] || die "$requirements is missing"
+  if [[ -f "$dest/.requirements" ]] && cmp -s "$requirements" "$dest/.requirements"; then
+    log "have $what"; return
+  fi
+  local work; new_work_dir; work=$WORK_DIR
+  log "$what: installing $(grep -c '==' "$requirements") pinned packages"
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --only-binary :all: \
+    --target "$work/py" --requirement "$requirements" >&2 ||
+    die "pip install -r $requirements failed (is PyPI reachable? check proxy and pip config)"
+  cp "$requirements" "$work/py/.requirements"
+  mkdir -p "$(dirname "$dest")"
+  rm -rf "$dest"
+  mv "$work/py" "$dest"
+  log "ok $what ($dest)"
+}
+
 # The client libraries of the black-box tests (scripts/requirements-sdk.txt), installed with pip
 # into $ASSETS/python/sdk; reinstalled when the requirements change.
 fetch_python() {
-  local requirements dest="$ASSETS/python/sdk"
-  requirements="$(dirname "$0")/requirements-sdk.txt"
-  [[ -f "$requirements" ]] || die "$requirements is missing"
-  if [[ -f "$dest/.requirements" ]] && cmp -s "$requirements" "$dest/.requirements"; then
-    log "have python client libraries"; return
-  fi
-  local work; new_work_dir; work=$WORK_DIR
-  log "python: installing $(grep -c '==' "$requirements") pinned packages"
-  "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --only-binary :all: \
-    --target "$work/sdk" --requirement "$requirements" >&2 ||
-    die "pip install -r $requirements failed (is PyPI reachable? check proxy and pip config)"
-  cp "$requirements" "$work/sdk/.requirements"
-  mkdir -p "$ASSETS/python"
-  rm -rf "$dest"
-  mv "$work/sdk" "$dest"
-  log "ok python client libraries ($dest)"
+  pip_install_pinned "python client libraries" "$(dirname "$0")/requirements-sdk.txt" \
+    "$ASSETS/python/sdk"
 }
 
 # The synthetic models (scripts/gen-synthetic-models.py) in $MODELS/synthetic, generated with the
@@ -191,17 +198,7 @@ fetch_synthetic() {
   local root requirements pydir="$ASSETS/python/synthetic" out="$MODELS/synthetic"
   root="$(cd "$(dirname "$0")/.." && pwd)"
   requirements="$root/scripts/requirements-synthetic.txt"
-  if ! [[ -f "$pydir/.requirements" ]] || ! cmp -s "$requirements" "$pydir/.requirements"; then
-    local work; new_work_dir; work=$WORK_DIR
-    log "synthetic: installing $(grep -c '==' "$requirements") pinned packages"
-    "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --only-binary :all: \
-      --target "$work/py" --requirement "$requirements" >&2 ||
-      die "pip install -r $requirements failed (is PyPI reachable? check proxy and pip config)"
-    cp "$requirements" "$work/py/.requirements"
-    mkdir -p "$ASSETS/python"
-    rm -rf "$pydir"
-    mv "$work/py" "$pydir"
-  fi
+  pip_install_pinned "synthetic model generator" "$requirements" "$pydir"
   # name sha256, one line per model, from the fixtures.
   local expected
   expected=$("$PYTHON" - "$root/tests/fixtures/synthetic" <<'PY'

@@ -70,3 +70,26 @@ pub fn fixture_pieces(sample: &Value) -> Vec<Vec<u8>> {
         .map(|piece| unhex(piece.as_str().unwrap_or_default()))
         .collect()
 }
+
+/// A fixture's top-k at one position: `[[id, logit or log-probability], …]`.
+pub fn top_pairs(value: &Value) -> Vec<(usize, f32)> {
+    let pairs = value.as_array().unwrap_or_else(|| panic!("top-k {value}"));
+    pairs
+        .iter()
+        .map(|pair| match (pair[0].as_u64(), pair[1].as_f64()) {
+            (Some(id), Some(score)) => (id as usize, score as f32),
+            _ => panic!("top-k pair {pair}"),
+        })
+        .collect()
+}
+
+/// The index of the largest logit (the first of equals).
+pub fn argmax(logits: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best
+}

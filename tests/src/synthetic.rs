@@ -13,6 +13,7 @@ use worker_common::backend::{InferenceBackend, Load, LoadConfig, SingleSequence}
 use worker_common::model::ModelFile;
 
 use crate::assets::{Asset, assets_dir, require};
+use crate::fixtures::{argmax, fixture_ids, top_pairs};
 
 /// A llama.cpp top-2 margin above which our top-1 must agree.
 pub const CLEAR_MARGIN: f32 = 0.5;
@@ -31,6 +32,14 @@ pub enum Synthetic {
 }
 
 impl Synthetic {
+    /// Every synthetic model.
+    pub const ALL: [Synthetic; 4] = [
+        Synthetic::Llama3,
+        Synthetic::Qwen3,
+        Synthetic::Phi3,
+        Synthetic::Mxfp4,
+    ];
+
     /// Its short name, as in file names.
     pub fn name(self) -> &'static str {
         match self {
@@ -139,8 +148,8 @@ pub fn parity<B: Load + InferenceBackend>(
     let sequences = fixture["sequences"].as_array().expect("sequences");
     assert!(sequences.len() >= 8, "{} sequences", sequences.len());
     for (s, sequence) in sequences.iter().enumerate() {
-        let prompt = ids(&sequence["prompt"]);
-        let generated = ids(&sequence["generated"]);
+        let prompt = fixture_ids(&sequence["prompt"]);
+        let generated = fixture_ids(&sequence["generated"]);
         let tops = sequence["top"].as_array().expect("top");
         assert_eq!(tops.len(), generated.len(), "sequence {s}");
         let total = prompt.len() + generated.len();
@@ -159,33 +168,21 @@ pub fn parity<B: Load + InferenceBackend>(
     report
 }
 
-fn ids(value: &Value) -> Vec<u32> {
-    value
-        .as_array()
-        .expect("ids")
-        .iter()
-        .map(|v| v.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn top_pairs(value: &Value) -> Vec<(usize, f32)> {
-    value
-        .as_array()
-        .expect("top")
-        .iter()
-        .map(|pair| {
-            let id = pair[0].as_u64().expect("id") as usize;
-            (id, pair[1].as_f64().expect("logprob") as f32)
-        })
-        .collect()
-}
-
-fn argmax(logits: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best
+/// [`parity`], printed, failing the test on any failure.
+pub fn assert_parity<B: Load + InferenceBackend>(
+    model: Synthetic,
+    options: &B::Options,
+    n_ctx: usize,
+    max_delta: f32,
+) {
+    let report = parity::<B>(model, options, n_ctx, max_delta);
+    println!(
+        "{} ctx {n_ctx}: {} positions, top-1 agrees at {} ({} with margin > {CLEAR_MARGIN}); max |Δlogit − mean Δ| {:.4}",
+        model.name(),
+        report.positions,
+        report.top1_agree,
+        report.clear,
+        report.max_centered
+    );
+    assert!(report.failures.is_empty(), "{}", report.failures.join("\n"));
 }

@@ -110,12 +110,7 @@ fn qwen05_is_batch_invariant() {
 
 #[test]
 fn synthetic_models_are_batch_invariant() {
-    for model in [
-        Synthetic::Llama3,
-        Synthetic::Qwen3,
-        Synthetic::Phi3,
-        Synthetic::Mxfp4,
-    ] {
+    for model in Synthetic::ALL {
         invariance(model);
     }
 }

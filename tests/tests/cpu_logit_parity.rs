@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use backend_cpu::{CpuBackend, CpuOptions};
 use llorch_tests::assets::Model;
-use llorch_tests::fixtures::{fixture_ids, logit_fixture};
+use llorch_tests::fixtures::{argmax, fixture_ids, logit_fixture, top_pairs};
 use serde_json::Value;
 use worker_common::backend::{Load, LoadConfig, PAGE_SIZE, PageId, SingleSequence};
 use worker_common::model::ModelFile;
@@ -34,29 +34,6 @@ fn load(model: Model, threads: usize) -> CpuBackend {
         parallel: None,
     };
     CpuBackend::load(file, &CpuOptions { threads }, &config, &mut |_| {}).unwrap()
-}
-
-/// Llama.cpp's top-20 `(id, logit)` at one position.
-fn reference_top(position: &Value) -> Vec<(usize, f32)> {
-    position
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|pair| {
-            let id = pair[0].as_u64().unwrap() as usize;
-            (id, pair[1].as_f64().unwrap() as f32)
-        })
-        .collect()
-}
-
-fn argmax(logits: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 #[derive(Default)]
@@ -134,7 +111,7 @@ fn parity(model: Model) {
         for (p, top) in tops.iter().enumerate() {
             let ours = &logits[p * vocab..(p + 1) * vocab];
             let at = format!("{name} position {p} (batched)");
-            failures.extend(tally.check(ours, &reference_top(top), max_delta, &at));
+            failures.extend(tally.check(ours, &top_pairs(top), max_delta, &at));
         }
     }
     let first = &sequences[0];
@@ -144,7 +121,7 @@ fn parity(model: Model) {
     sequence.forward(&tokens[..prompt_len], 0).unwrap();
     for p in prompt_len..tokens.len() {
         let ours = sequence.forward(&tokens[p..=p], p).unwrap().to_vec();
-        let top = reference_top(&first["top"][p]);
+        let top = top_pairs(&first["top"][p]);
         let at = format!("position {p} (decode)");
         failures.extend(tally.check(&ours, &top, max_delta, &at));
     }

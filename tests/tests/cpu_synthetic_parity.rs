@@ -7,23 +7,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use backend_cpu::{CpuBackend, CpuOptions};
-use llorch_tests::synthetic::{Synthetic, parity};
+use llorch_tests::synthetic::{Synthetic, assert_parity};
 
 /// Largest |Δlogit − mean Δ| accepted over llama.cpp's top-20 (the real models' bound,
 /// tests/tests/cpu_logit_parity.rs).
 const MAX_DELTA: f32 = 1.5;
 
 fn check(model: Synthetic, n_ctx: usize) {
-    let report = parity::<CpuBackend>(model, &CpuOptions { threads: 2 }, n_ctx, MAX_DELTA);
-    println!(
-        "{} ctx {n_ctx}: {} positions, top-1 agrees at {} ({} with margin > 0.5); max |Δlogit − mean Δ| {:.4}",
-        model.name(),
-        report.positions,
-        report.top1_agree,
-        report.clear,
-        report.max_centered
-    );
-    assert!(report.failures.is_empty(), "{}", report.failures.join("\n"));
+    assert_parity::<CpuBackend>(model, &CpuOptions { threads: 2 }, n_ctx, MAX_DELTA);
 }
 
 #[test]

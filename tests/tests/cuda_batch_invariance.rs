@@ -106,12 +106,7 @@ fn gemma3_is_batch_invariant_on_the_gpu() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn synthetic_models_are_batch_invariant_on_the_gpu() {
-    for model in [
-        Synthetic::Llama3,
-        Synthetic::Qwen3,
-        Synthetic::Phi3,
-        Synthetic::Mxfp4,
-    ] {
+    for model in Synthetic::ALL {
         invariance(model);
     }
 }

@@ -4,23 +4,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use backend_cuda::{CudaBackend, CudaOptions};
-use llorch_tests::synthetic::{Synthetic, parity};
+use llorch_tests::synthetic::{Synthetic, assert_parity};
 
 /// Largest |Δlogit − mean Δ| accepted over llama.cpp's top-20 (the GPU's bound against the
 /// CPU on the real models, tests/tests/cuda_parity.rs: f32 activations against ggml's Q8).
 const MAX_DELTA: f32 = 2.0;
 
 fn check(model: Synthetic, n_ctx: usize) {
-    let report = parity::<CudaBackend>(model, &CudaOptions { device: 0 }, n_ctx, MAX_DELTA);
-    println!(
-        "{} ctx {n_ctx}: {} positions, top-1 agrees at {} ({} with margin > 0.5); max |Δlogit − mean Δ| {:.4}",
-        model.name(),
-        report.positions,
-        report.top1_agree,
-        report.clear,
-        report.max_centered
-    );
-    assert!(report.failures.is_empty(), "{}", report.failures.join("\n"));
+    assert_parity::<CudaBackend>(model, &CudaOptions { device: 0 }, n_ctx, MAX_DELTA);
 }
 
 #[test]
