@@ -20,7 +20,8 @@ between them are differences of logits.
 
 File layout: generator, llama_cpp ("b11434"), server_args, model, model_sha256, n_ctx,
 n_predict, top_k, sequences: [{text, prompt (ids), generated (ids), top ([[id, logprob] x 20]
-per generated token, most likely first)}].
+per generated token, most likely first)}], tokenized: [{text, plain (ids: no BOS/EOS added, no
+special token parsed), special (ids: both)}] for a fixed corpus of tokenizer corner cases.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = Path(os.environ.get("LLORCH_ASSETS", Path.home() / ".cache" / "llorch"))
-CONTEXTS = {"llama3": [512], "mxfp4": [512], "qwen3": [512], "phi3": [512, 8192]}
+CONTEXTS = {"llama3": [512], "mxfp4": [512], "qwen3": [512], "phi3": [512, 8192], "gpt-oss": [512]}
 N_PREDICT = 24
 TOP_K = 20
 PROMPTS = [
@@ -59,6 +60,25 @@ PROMPTS = [
     "Dear Sir or Madam, I am writing to",
 ]
 SEQUENCES = 8
+# Texts whose ids under the model's tokenizer are recorded too (`tokenized`): case runs, marks,
+# contractions, digits, whitespace and newline runs, slashes, non-Latin scripts, specials.
+TOKENIZER_SAMPLES = [
+    "Hello World",
+    "HELLOworld helloWorld CamelCaseWords snake_case",
+    "ÉCOLE normale, naïve café, Ünïcödé ÀBC",
+    "I'm you're they'LL we'VE it's 'S 'Re don't STOP",
+    "   leading spaces and trailing space ",
+    "tabs\tand\nnewlines\n\n  \n  indented",
+    "1234567 89 3.14159 1,000,000",
+    "path/to/file.txt\n/ // comment\r\n!!!\n\n",
+    "x = a+b; y -= 2*x;",
+    "中文字符测试 日本語のテキスト 한국어",
+    "ΑΒΓ αβγ Ωmega ǅungla",
+    "e\u0301 combining, अनुच्छेद",
+    "emoji 😀👍 test",
+    "\u00a0nbsp\u3000ideographic\u2003em",
+    "<|start|>user<|message|>hi<|end|><|start|>assistant",
+]
 
 
 def free_port() -> int:
@@ -117,6 +137,16 @@ def sequence(port: int, text: str) -> dict | None:
     return {"text": text, "prompt": prompt, "generated": generated, "top": top}
 
 
+def tokenized(port: int) -> list[dict]:
+    """The ids of each tokenizer sample without specials (`plain`: none added, none parsed)
+    and with them (`special`: BOS/EOS as the vocabulary adds them, special tokens parsed)."""
+    def ids(text: str, special: bool) -> list[int]:
+        body = {"content": text, "add_special": special, "parse_special": special}
+        return post(port, "/tokenize", body)["tokens"]
+
+    return [{"text": t, "plain": ids(t, False), "special": ids(t, True)} for t in TOKENIZER_SAMPLES]
+
+
 def fixture(server_bin: Path, model: Path, n_ctx: int) -> dict:
     port = free_port()
     args = ["-np", "1", "-c", str(n_ctx), "-t", "2"]
@@ -130,6 +160,7 @@ def fixture(server_bin: Path, model: Path, n_ctx: int) -> dict:
                 sequences.append(seq)
         if len(sequences) < SEQUENCES:
             sys.exit(f"gen-synthetic-fixtures: {model.name}: only {len(sequences)} usable prompts")
+        samples = tokenized(port)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -144,6 +175,7 @@ def fixture(server_bin: Path, model: Path, n_ctx: int) -> dict:
         "n_predict": N_PREDICT,
         "top_k": TOP_K,
         "sequences": sequences,
+        "tokenized": samples,
     }
 
 
@@ -153,6 +185,12 @@ def write(path: Path, data: dict) -> None:
     items = sorted(data.items())
     for i, (key, value) in enumerate(items):
         comma = "," if i + 1 < len(items) else ""
+        if key == "tokenized":
+            lines.append('  "tokenized": [')
+            samples = [f"    {json.dumps(sample, ensure_ascii=False)}" for sample in value]
+            lines.append(",\n".join(samples))
+            lines.append("  ]" + comma)
+            continue
         if key != "sequences":
             lines.append(f"  {json.dumps(key)}: {json.dumps(value)}{comma}")
             continue
@@ -168,7 +206,7 @@ def write(path: Path, data: dict) -> None:
             lines.append("    }" + ("," if j + 1 < len(value) else ""))
         lines.append("  ]" + comma)
     lines.append("}")
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def main() -> None:

@@ -19,8 +19,18 @@ One file per architecture, named `synthetic-<arch>.gguf`:
           tokenizer; Q4_K with Q6_K for ffn_down and the output.
   mxfp4   `llama` whose embeddings (tied to the output) and FFN matrices are MXFP4 (gpt-oss's
           expert format; attention Q8_0); Phi-3's (SentencePiece) tokenizer.
+  gpt-oss `gpt-oss` as OpenAI's files are laid out: 8 experts of which each token uses 4 (top-k
+          router with bias, softmax over the chosen), MXFP4 experts with biases, clamped
+          SwiGLU, Q/K/V and output biases, per-head attention sinks, every other layer
+          sliding-window (a window of 8 here, so the prompts outgrow it), YaRN (factor 32 of an
+          original context of 4096) on all layers; attention, embeddings and output Q8_0,
+          router F32. No o200k vocabulary reaches our machines: GPT-2's byte-level BPE with
+          gpt-oss's pre-tokenizer (`gpt-4o`), harmony's special tokens appended, and the
+          harmony chat template llama.cpp ships (scripts/synthetic/gpt-oss.jinja, from
+          llama.cpp's models/templates/openai-gpt-oss-120b.jinja).
 
-Every model: 4 layers, width 256, 4 query heads and 2 key/value heads, FFN 512. Weights are
+Every model: 4 layers, width 256, 4 query heads and 2 key/value heads, FFN 512 (gpt-oss: 256
+per expert). Weights are
 random but valid blocks of the format (K-quant blocks drawn byte by byte with their scales set so
 a weight's spread is ≈ 1/√cols; Q8_0 quantized from Gaussian values), norms near 1 but the final
 one near 4. The same seed
@@ -93,6 +103,16 @@ MXFP4_FFN = {
     "ffn_down": Q.MXFP4,
 }
 
+MOE = {
+    **ALL_Q8_0,
+    "router": Q.F32,
+    "experts": Q.MXFP4,
+}
+# Harmony's special tokens (o200k_harmony), appended to the borrowed vocabulary as control tokens.
+HARMONY_TOKENS = ["<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>",
+                  "<|end|>", "<|message|>", "<|call|>"]
+TEMPLATES = Path(__file__).resolve().parent / "synthetic"
+
 ARCHS = {
     "llama3": Arch(
         gguf_arch="llama",
@@ -125,6 +145,24 @@ ARCHS = {
         formats=MXFP4_FFN,
         tied_output=True,
         metadata={"context_length": 4096, "rope.freq_base": 10000.0},
+    ),
+    "gpt-oss": Arch(
+        gguf_arch="gpt-oss",
+        vocab_file="ggml-vocab-gpt-2.gguf",
+        shape=Shape(n_ff=256),
+        file_type=gguf.LlamaFileType.MOSTLY_MXFP4_MOE,
+        formats=MOE,
+        metadata={
+            "context_length": 131072,
+            "rope.freq_base": 150000.0,
+            "rope.scaling.type": "yarn",
+            "rope.scaling.factor": 32.0,
+            "rope.scaling.original_context_length": 4096,
+            "expert_count": 8,
+            "expert_used_count": 4,
+            "expert_feed_forward_length": 256,
+            "attention.sliding_window": 8,
+        },
     ),
     "phi3": Arch(
         gguf_arch="phi3",
@@ -198,22 +236,60 @@ def llama3_rope_freqs(head_dim: int, base: float) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path) -> int:
-    """Copies every `tokenizer.*` key of a vocab-only GGUF; returns the vocabulary size."""
+def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, harmony: bool = False) -> int:
+    """Copies every `tokenizer.*` key of a vocab-only GGUF; returns the vocabulary size. With
+    `harmony`, the vocabulary becomes gpt-oss's: its pre-tokenizer, harmony's special tokens
+    appended (BOS `<|startoftext|>`, EOS `<|return|>`, no BOS added) and its chat template."""
     reader = gguf.GGUFReader(vocab_path)
-    n_vocab = 0
+    fields = {}
     for key, fld in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        value = fld.contents()
-        main = fld.types[0]
-        sub = fld.types[-1] if main == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, value, main, sub_type=sub)
-        if key == "tokenizer.ggml.tokens":
-            n_vocab = len(value)
-    if n_vocab == 0:
+        if key.startswith("tokenizer."):
+            main = fld.types[0]
+            sub = fld.types[-1] if main == gguf.GGUFValueType.ARRAY else None
+            fields[key] = [fld.contents(), main, sub]
+    if "tokenizer.ggml.tokens" not in fields:
         sys.exit(f"gen-synthetic-models: {vocab_path} has no tokenizer.ggml.tokens")
-    return n_vocab
+    if harmony:
+        tokens = fields["tokenizer.ggml.tokens"][0]
+        first = len(tokens)
+        tokens.extend(HARMONY_TOKENS)
+        fields["tokenizer.ggml.token_type"][0].extend([gguf.TokenType.CONTROL] * len(HARMONY_TOKENS))
+        u32, boolean, string = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.BOOL, gguf.GGUFValueType.STRING
+        fields["tokenizer.ggml.pre"] = ["gpt-4o", string, None]
+        fields["tokenizer.ggml.bos_token_id"] = [first + HARMONY_TOKENS.index("<|startoftext|>"), u32, None]
+        fields["tokenizer.ggml.eos_token_id"] = [first + HARMONY_TOKENS.index("<|return|>"), u32, None]
+        fields["tokenizer.ggml.add_bos_token"] = [False, boolean, None]
+        template = (TEMPLATES / "gpt-oss.jinja").read_text(encoding="utf-8")
+        fields["tokenizer.chat_template"] = [template, string, None]
+    for key, (value, main, sub) in fields.items():
+        writer.add_key_value(key, value, main, sub_type=sub)
+    return len(fields["tokenizer.ggml.tokens"][0])
+
+
+def add_moe_layer(writer: gguf.GGUFWriter, rng: np.random.Generator, blk: str, s: Shape, arch: Arch) -> None:
+    """gpt-oss's block beyond Q/K/V and the output projection: their biases, the sinks, the
+    FFN's norm (named as the attention's post-norm) and the experts with their router."""
+    q_w, kv_w = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    count = int(arch.metadata["expert_count"])
+    sigma_in = 1.0 / math.sqrt(s.n_embd)
+
+    def vector(*shape: int, sigma: float) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32) * sigma
+
+    for tensor, width in [("attn_q", q_w), ("attn_k", kv_w), ("attn_v", kv_w), ("attn_output", s.n_embd)]:
+        writer.add_tensor(blk + tensor + ".bias", vector(width, sigma=0.1))
+    # Sinks of the size trained ones have: some heads mostly attend, others mostly rest.
+    writer.add_tensor(blk + "attn_sinks.weight", vector(s.n_head, sigma=1.0))
+    writer.add_tensor(blk + "post_attention_norm.weight", norm(rng, s.n_embd))
+    # Router logits a few units apart, so near-ties between chosen experts are rare.
+    writer.add_tensor(blk + "ffn_gate_inp.weight", vector(count, s.n_embd, sigma=2.0 * sigma_in))
+    writer.add_tensor(blk + "ffn_gate_inp.bias", vector(count, sigma=0.5))
+    experts = arch.formats["experts"]
+    for tensor, rows, cols in [("ffn_gate_exps", s.n_ff, s.n_embd), ("ffn_up_exps", s.n_ff, s.n_embd),
+                               ("ffn_down_exps", s.n_embd, s.n_ff)]:
+        stacked = np.stack([matrix(rng, rows, cols, experts) for _ in range(count)])
+        writer.add_tensor(blk + tensor + ".weight", stacked, raw_dtype=experts)
+        writer.add_tensor(blk + tensor + ".bias", vector(count, rows, sigma=0.1))
 
 
 def write_model(name: str, arch: Arch, out: Path, vocab_dir: Path, seed: int) -> Path:
@@ -240,7 +316,7 @@ def write_model(name: str, arch: Arch, out: Path, vocab_dir: Path, seed: int) ->
     for key, value in arch.metadata.items():
         vtype = {float: gguf.GGUFValueType.FLOAT32, int: gguf.GGUFValueType.UINT32, str: gguf.GGUFValueType.STRING}
         writer.add_key_value(f"{a}.{key}", value, vtype[type(value)])
-    n_vocab = copy_tokenizer(writer, vocab_path)
+    n_vocab = copy_tokenizer(writer, vocab_path, harmony=name == "gpt-oss")
 
     f = arch.formats
     q_w, kv_w = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
@@ -274,6 +350,9 @@ def write_model(name: str, arch: Arch, out: Path, vocab_dir: Path, seed: int) ->
             writer.add_tensor(blk + "attn_q_norm.weight", norm(rng, s.head_dim))
             writer.add_tensor(blk + "attn_k_norm.weight", norm(rng, s.head_dim))
         add_matrix(blk + "attn_output.weight", "attn_output", s.n_embd, q_w)
+        if name == "gpt-oss":
+            add_moe_layer(writer, rng, blk, s, arch)
+            continue
         writer.add_tensor(blk + "ffn_norm.weight", norm(rng, s.n_embd))
         if name == "phi3":
             add_matrix(blk + "ffn_up.weight", "ffn_up", 2 * s.n_ff, s.n_embd)

@@ -1,14 +1,15 @@
-//! The transformer forward pass for `llama`, `qwen2`, `gemma3` and `phi3`: one code path whose
-//! per-architecture differences (biases, fused projections, Gemma's norms and scales, sliding
-//! windows) come from the loaded [`Weights`] and the [`ModelPlan`].
+//! The transformer forward pass of every architecture: one code path whose per-architecture
+//! differences (biases, fused projections, Gemma's norms and scales, sliding windows, sinks,
+//! routed experts) come from the loaded [`Weights`] and the [`ModelPlan`].
 
 use rayon::prelude::*;
 use worker_common::backend::{BackendError, Chunk};
-use worker_common::model::{GateUp, ModelPlan, Qkv};
+use worker_common::model::{Ffn, GateUp, ModelPlan, Qkv};
 
-use crate::attention::{Row, attention};
+use crate::attention::{Query, Row, attention};
 use crate::kv::{KvPool, pool_row};
 use crate::matmul::{MatmulScratch, matmul, matmul_group};
+use crate::moe::MoeBuffers;
 use crate::ops;
 use crate::quant;
 use crate::weights::{Layer, Matrix, Weights};
@@ -34,6 +35,7 @@ pub struct Buffers {
     /// The logits of the output rows, row-major.
     pub logits: Vec<f32>,
     matmul: MatmulScratch,
+    moe: MoeBuffers,
 }
 
 impl Buffers {
@@ -59,6 +61,7 @@ impl Buffers {
             + self.rows.capacity() * size_of::<Row>()
             + self.output_rows.capacity() * size_of::<usize>()
             + self.matmul.bytes()
+            + self.moe.bytes()
     }
 }
 
@@ -236,15 +239,15 @@ impl Model<'_> {
             kv.store(il, slot, k_row, &buf.v[t * vw..(t + 1) * vw]);
         }
         buf.attn.resize(n * hp.attn_out_width(), 0.0);
-        let layer_kv = kv.layer(il);
-        attention(
-            &layer_plan.attention,
-            &buf.q,
-            layer_kv,
-            &buf.rows,
+        let query = Query {
+            shape: &layer_plan.attention,
+            q: &buf.q,
+            kv: kv.layer(il),
+            rows: &buf.rows,
             chunks,
-            &mut buf.attn,
-        );
+            sinks: layer.attn_sinks.as_deref(),
+        };
+        attention(query, &mut buf.attn);
         let attn = std::mem::take(&mut buf.attn);
         let result = self.project(
             &layer.attn_output,
@@ -255,6 +258,9 @@ impl Model<'_> {
         );
         buf.attn = attn;
         result?;
+        if let Some(bias) = &layer.attn_output_bias {
+            ops::add_bias(&mut buf.projected, bias);
+        }
         if let Some(norm) = &layer.post_attn_norm {
             ops::rms_norm(&mut buf.projected, norm, hp.norm_eps);
         }
@@ -291,7 +297,29 @@ impl Model<'_> {
     fn ffn_block(&self, layer: &Layer, n: usize, buf: &mut Buffers) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         ops::rms_norm_into(&buf.x, &layer.ffn_norm, hp.norm_eps, &mut buf.normed);
-        match &layer.gate_up {
+        match &layer.ffn {
+            Ffn::Dense { gate_up, down } => self.dense_ffn(gate_up, down, n, buf)?,
+            Ffn::Experts(moe) => {
+                let (normed, projected) = (&buf.normed, &mut buf.projected);
+                self.experts_ffn(moe, normed, n, &mut buf.moe, &mut buf.matmul, projected)?;
+            }
+        }
+        if let Some(norm) = &layer.post_ffn_norm {
+            ops::rms_norm(&mut buf.projected, norm, hp.norm_eps);
+        }
+        ops::add_in_place(&mut buf.x, &buf.projected);
+        Ok(())
+    }
+
+    /// `buf.projected` = `down(act(gate) · up)` of `buf.normed`.
+    fn dense_ffn(
+        &self,
+        gate_up: &GateUp<Matrix>,
+        down: &Matrix,
+        n: usize,
+        buf: &mut Buffers,
+    ) -> Result<(), BackendError> {
+        match gate_up {
             GateUp::Separate { gate, up } => {
                 let outs = [&mut buf.gate, &mut buf.up];
                 self.project_group(&[gate, up], &buf.normed, n, outs, &mut buf.matmul)?;
@@ -317,20 +345,9 @@ impl Model<'_> {
             gated((&mut buf.gate, &buf.up));
         }
         let gate = std::mem::take(&mut buf.gate);
-        let result = self.project(
-            &layer.ffn_down,
-            &gate,
-            n,
-            &mut buf.projected,
-            &mut buf.matmul,
-        );
+        let result = self.project(down, &gate, n, &mut buf.projected, &mut buf.matmul);
         buf.gate = gate;
-        result?;
-        if let Some(norm) = &layer.post_ffn_norm {
-            ops::rms_norm(&mut buf.projected, norm, hp.norm_eps);
-        }
-        ops::add_in_place(&mut buf.x, &buf.projected);
-        Ok(())
+        result
     }
 }
 

@@ -12,6 +12,7 @@ pub mod isa;
 pub mod kernels;
 mod kv;
 mod matmul;
+mod moe;
 mod ops;
 pub mod quant;
 mod weights;

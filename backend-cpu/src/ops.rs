@@ -165,8 +165,21 @@ vectorized! {
         match activation {
             Activation::Silu => apply(gate, up, silu),
             Activation::GeluTanh => apply(gate, up, gelu_tanh),
+            Activation::SwigluOai { alpha, limit } => {
+                for (g, u) in gate.iter_mut().zip(up) {
+                    *g = swiglu_oai(*g, *u, alpha, limit);
+                }
+            }
         }
     }
+}
+
+/// gpt-oss's clamped SwiGLU of one gate and up value, as ggml's CPU `swiglu_oai` computes it.
+pub fn swiglu_oai(gate: f32, up: f32, alpha: f32, limit: f32) -> f32 {
+    let x = gate.min(limit);
+    let y = up.clamp(-limit, limit);
+    let glu = x / (1.0 + exp(alpha * -x));
+    glu * (y + 1.0)
 }
 
 /// GELU with the tanh approximation, evaluated as llama.cpp's CPU backend does: 0 below −10,

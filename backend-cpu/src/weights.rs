@@ -11,9 +11,7 @@ use rayon::prelude::*;
 
 use worker_common::backend::BackendError;
 use worker_common::gguf::{GgmlType, Gguf};
-use worker_common::model::{
-    self, GateUp, MatrixTensor, ModelSpec, Qkv, TensorSource, VectorTensor,
-};
+use worker_common::model::{self, MatrixTensor, ModelSpec, TensorSource, VectorTensor};
 
 use crate::kernels::formats::{Q4K, Q6K};
 use crate::kernels::rows::{Q4_K_BYTES, Q6_K_BYTES};
@@ -183,15 +181,7 @@ pub fn from_file(gguf: &Gguf, spec: &ModelSpec) -> Result<Weights, BackendError>
 fn matmul_matrices(weights: &mut Weights) -> Vec<&mut Matrix> {
     let mut matrices = vec![&mut weights.output];
     for layer in &mut weights.layers {
-        match &mut layer.qkv {
-            Qkv::Separate { q, k, v } => matrices.extend([q, k, v]),
-            Qkv::Fused(m) => matrices.push(m),
-        }
-        match &mut layer.gate_up {
-            GateUp::Separate { gate, up } => matrices.extend([gate, up]),
-            GateUp::Fused(m) => matrices.push(m),
-        }
-        matrices.extend([&mut layer.attn_output, &mut layer.ffn_down]);
+        matrices.extend(layer.matrices_mut());
     }
     matrices
 }
@@ -310,31 +300,11 @@ pub fn copied_bytes(weights: &Weights) -> usize {
 }
 
 fn layer_matrices(layer: &Layer) -> Vec<&Matrix> {
-    let mut matrices = match &layer.qkv {
-        Qkv::Separate { q, k, v } => vec![q, k, v],
-        Qkv::Fused(m) => vec![m],
-    };
-    match &layer.gate_up {
-        GateUp::Separate { gate, up } => matrices.extend([gate, up]),
-        GateUp::Fused(m) => matrices.push(m),
-    }
-    matrices.extend([&layer.attn_output, &layer.ffn_down]);
-    matrices
+    layer.matrices()
 }
 
 fn layer_copied_floats(layer: &Layer) -> usize {
-    let len = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, Vec::len);
-    let bias = match &layer.qkv_bias {
-        Some(Qkv::Separate { q, k, v }) => q.len() + k.len() + v.len(),
-        Some(Qkv::Fused(b)) => b.len(),
-        None => 0,
-    };
-    layer.attn_norm.len()
-        + layer.ffn_norm.len()
-        + bias
-        + layer.qk_norm.as_ref().map_or(0, |(q, k)| q.len() + k.len())
-        + len(&layer.post_attn_norm)
-        + len(&layer.post_ffn_norm)
+    layer.vectors().into_iter().map(Vec::len).sum()
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! coming from the loaded [`Weights`] and the [`ModelPlan`].
 
 use worker_common::backend::{BackendError, Chunk};
-use worker_common::model::{Activation, GateUp, ModelPlan, Qkv, RopePlan};
+use worker_common::model::{Activation, Ffn, GateUp, ModelPlan, Qkv, RopePlan};
 
 use crate::device::{Gpu, device_error};
 use crate::graphs::{MAX_GRAPH_ROWS, PassShape};
@@ -31,6 +31,9 @@ pub fn check_supported(plan: &ModelPlan) -> Result<(), BackendError> {
                 "{what} head width {dim} (must be a multiple of 32 up to {MAX_HEAD_DIM})"
             )));
         }
+    }
+    if hp.experts.is_some() {
+        return Err(unsupported("routed experts (gpt-oss)".to_owned()));
     }
     let rope_dims = hp.rope.dimensions;
     if !rope_dims.is_multiple_of(2) || rope_dims > hp.head_dim_k {
@@ -428,7 +431,17 @@ impl Model<'_> {
         let (ff, gelu) = (hp.n_ff, self.plan.activation == Activation::GeluTanh);
         let (input, norm) = self.normalized(s.ptr(Act::X), &layer.ffn_norm, pass, s)?;
         let (n, gemv) = (pass.rows, pass.gemv());
-        match &layer.gate_up {
+        let Ffn::Dense {
+            gate_up,
+            down: ffn_down,
+        } = &layer.ffn
+        else {
+            return Err(BackendError::Unsupported {
+                backend: "bespoke-cuda",
+                what: "routed experts".to_owned(),
+            });
+        };
+        match gate_up {
             GateUp::Separate { gate: wg, up: wu } if Self::gates_in_one_launch(wg, wu, gemv) => {
                 self.gated_projection(wg, wu, input, norm, n, gemv, gate, s)?;
             }
@@ -470,7 +483,7 @@ impl Model<'_> {
                 gpu.gated(fused, fused + (ff * 4) as u64, gate, ff, 2 * ff, n, gelu)?;
             }
         }
-        self.residual(&layer.ffn_down, gate, pass, layer.post_ffn_norm.as_ref(), s)
+        self.residual(ffn_down, gate, pass, layer.post_ffn_norm.as_ref(), s)
     }
 }
 

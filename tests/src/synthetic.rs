@@ -23,21 +23,24 @@ pub const CLEAR_MARGIN: f32 = 0.5;
 pub enum Synthetic {
     /// `llama` with Llama 3.1's `rope_freqs`.
     Llama3,
-    /// `qwen3`: per-head Q/K norms.
+    /// `qwen3`: per-head Q/K norms, YaRN.
     Qwen3,
     /// `phi3` long-context: long and short RoPE factors, attention factor.
     Phi3,
     /// `llama` with MXFP4 embeddings (tied output) and FFN matrices.
     Mxfp4,
+    /// `gpt-oss`: routed MXFP4 experts, sinks, biases, sliding-window layers, YaRN.
+    GptOss,
 }
 
 impl Synthetic {
     /// Every synthetic model.
-    pub const ALL: [Synthetic; 4] = [
+    pub const ALL: [Synthetic; 5] = [
         Synthetic::Llama3,
         Synthetic::Qwen3,
         Synthetic::Phi3,
         Synthetic::Mxfp4,
+        Synthetic::GptOss,
     ];
 
     /// Its short name, as in file names.
@@ -47,6 +50,7 @@ impl Synthetic {
             Synthetic::Qwen3 => "qwen3",
             Synthetic::Phi3 => "phi3",
             Synthetic::Mxfp4 => "mxfp4",
+            Synthetic::GptOss => "gpt-oss",
         }
     }
 

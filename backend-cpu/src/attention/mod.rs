@@ -27,17 +27,33 @@ pub struct Row {
 /// per row, which is what long prompts spend their time on.
 const TILE_ROWS: usize = 16;
 
-/// Attention of the query rows `q` (`[row][head][head_dim_k]`) of `rows` over `kv`, each row
-/// seeing positions up to its own of its chunk's sequence, writing `out` as
-/// `[row][head][head_dim_v]`.
-pub fn attention(
-    shape: &AttentionShape,
-    q: &[f32],
-    kv: LayerKv<'_>,
-    rows: &[Row],
-    chunks: &[Chunk<'_>],
-    out: &mut [f32],
-) {
+/// The query rows of one step and the keys and values they attend.
+pub struct Query<'a> {
+    /// The layer's attention.
+    pub shape: &'a AttentionShape,
+    /// `[row][head][head_dim_k]`.
+    pub q: &'a [f32],
+    /// The layer's page pool.
+    pub kv: LayerKv<'a>,
+    /// Where each row sits.
+    pub rows: &'a [Row],
+    /// The step's chunks (their page tables).
+    pub chunks: &'a [Chunk<'a>],
+    /// Per query head, a logit that joins the softmax without a value (gpt-oss's sinks).
+    pub sinks: Option<&'a [f32]>,
+}
+
+/// Attention of `query`'s rows, each row seeing positions up to its own of its chunk's
+/// sequence, writing `out` as `[row][head][head_dim_v]`.
+pub fn attention(query: Query<'_>, out: &mut [f32]) {
+    let Query {
+        shape,
+        q,
+        kv,
+        rows,
+        chunks,
+        sinks,
+    } = query;
     assert_eq!(out.len(), rows.len() * shape.n_head * shape.head_dim_v);
     let inputs = Inputs {
         shape,
@@ -45,6 +61,7 @@ pub fn attention(
         kv,
         rows,
         chunks,
+        sinks,
     };
     let out = Output(out.as_mut_ptr());
     TASKS.with_borrow_mut(|tasks| {
@@ -109,6 +126,7 @@ struct Inputs<'a> {
     kv: LayerKv<'a>,
     rows: &'a [Row],
     chunks: &'a [Chunk<'a>],
+    sinks: Option<&'a [f32]>,
 }
 
 /// Where a tile row's scores live and which positions it sees.
@@ -175,8 +193,11 @@ unsafe fn tile_task<W: Widen>(
             scratch.scores[span.offset..][..tile.group * span.len()].chunks_exact_mut(span.len());
         // A loop, not `map(softmax_numerators)`: a function passed by name is not inlined
         // into the SIMD bodies of `simd::tile_task`, and would run as baseline code.
-        for scores in head_scores {
-            scratch.inv_sums.push(softmax_numerators(scores));
+        for (j, scores) in head_scores.enumerate() {
+            let sink = inputs
+                .sinks
+                .map(|sinks| sinks[task.kv_head * tile.group + j]);
+            scratch.inv_sums.push(softmax_numerators(scores, sink));
         }
     }
     let dv = tile.inputs.shape.head_dim_v;
@@ -503,10 +524,10 @@ struct Scratch {
 }
 
 /// Replaces `scores` by `exp(score − max)` and returns the inverse of their sum (summed in f64
-/// over four lanes). Lane-wise operations in a fixed order, so they vectorise and give the same
-/// bits at any vector width.
+/// over four lanes), a `sink` logit joining the max and the sum. Lane-wise operations in a
+/// fixed order, so they vectorise and give the same bits at any vector width.
 #[inline(always)]
-fn softmax_numerators(scores: &mut [f32]) -> f32 {
+fn softmax_numerators(scores: &mut [f32], sink: Option<f32>) -> f32 {
     let mut maxima = [f32::NEG_INFINITY; 8];
     let mut chunks = scores.chunks_exact(8);
     for chunk in &mut chunks {
@@ -518,6 +539,7 @@ fn softmax_numerators(scores: &mut [f32]) -> f32 {
         .remainder()
         .iter()
         .chain(&maxima)
+        .chain(&sink)
         .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     for s in scores.iter_mut() {
         *s = crate::ops::exp(*s - max);
@@ -530,7 +552,8 @@ fn softmax_numerators(scores: &mut [f32]) -> f32 {
         }
     }
     let tail: f64 = chunks.remainder().iter().map(|&s| f64::from(s)).sum();
-    let sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + tail;
+    let sink = sink.map_or(0.0, |s| f64::from(crate::ops::exp(s - max)));
+    let sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + tail + sink;
     (1.0 / sum) as f32
 }
 

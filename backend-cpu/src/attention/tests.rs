@@ -66,13 +66,31 @@ fn rows_of(chunks: &[Chunk<'_>]) -> Vec<Row> {
 }
 
 fn run(shape: &AttentionShape, q: &[f32], kv: (&[f16], &[f16]), chunks: &[Chunk<'_>]) -> Vec<f32> {
+    run_with_sinks(shape, q, kv, chunks, None)
+}
+
+fn run_with_sinks(
+    shape: &AttentionShape,
+    q: &[f32],
+    kv: (&[f16], &[f16]),
+    chunks: &[Chunk<'_>],
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
     let rows = rows_of(chunks);
     let mut out = vec![0.0; rows.len() * shape.n_head * shape.head_dim_v];
     let kv = LayerKv {
         keys: kv.0,
         values: kv.1,
     };
-    attention(shape, q, kv, &rows, chunks, &mut out);
+    let query = Query {
+        shape,
+        q,
+        kv,
+        rows: &rows,
+        chunks,
+        sinks,
+    };
+    attention(query, &mut out);
     out
 }
 
@@ -172,6 +190,7 @@ fn simd_tasks_equal_the_plain_build() {
         },
         rows: &rows,
         chunks: &chunks,
+        sinks: None,
     };
     let mut scratch = Scratch::default();
     let mut plain = vec![0.0; fast.len()];
@@ -272,4 +291,22 @@ fn equal_scores_average_and_window_limits() {
     assert_eq!(out, vec![3.0, 1.0, 3.0, 1.0]);
     let out = run(&small(Some(1)), &[1.0; 4], (&keys, &values), &chunks);
     assert_eq!(out, vec![4.0, 2.0, 4.0, 2.0]);
+}
+
+/// A sink joins each head's softmax without a value: two equal scores beside a sink of equal
+/// logit weigh 1/3 each, and a sink far below every score changes nothing.
+#[test]
+fn sinks_take_weight_without_a_value() {
+    let k = halves(&[0.0; 4]);
+    let v = halves(&[3.0, 0.0, 6.0, 3.0]);
+    let (keys, values) = pool(1, (2, 2), &[(&[PageId(0)], &k, &v)]);
+    let chunks = [chunk(&[0], 1, &[PageId(0)])];
+    let shape = small(None);
+    let q = [1.0; 4];
+    let out = run_with_sinks(&shape, &q, (&keys, &values), &chunks, Some(&[0.0, -100.0]));
+    assert!(
+        (out[0] - 3.0).abs() < 1e-6 && (out[1] - 1.0).abs() < 1e-6,
+        "{out:?}"
+    );
+    assert_eq!(&out[2..], &[4.5, 1.5]);
 }

@@ -24,6 +24,9 @@ pub enum Architecture {
     Phi3,
     /// Qwen3: per-head RMSNorm of queries and keys before RoPE, NEOX rope, no biases.
     Qwen3,
+    /// gpt-oss: routed experts (top-k, softmax over the chosen), clamped SwiGLU, attention
+    /// sinks, biases everywhere, every other layer sliding-window, YaRN on all layers.
+    GptOss,
 }
 
 /// How RoPE pairs the dimensions of a head.
@@ -37,12 +40,13 @@ pub enum RopeStyle {
 
 impl Architecture {
     /// Every supported architecture.
-    pub const ALL: [Architecture; 5] = [
+    pub const ALL: [Architecture; 6] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Gemma3,
         Architecture::Phi3,
         Architecture::Qwen3,
+        Architecture::GptOss,
     ];
 
     /// Parses a `general.architecture` value.
@@ -64,6 +68,7 @@ impl Architecture {
             Architecture::Gemma3 => "gemma3",
             Architecture::Phi3 => "phi3",
             Architecture::Qwen3 => "qwen3",
+            Architecture::GptOss => "gpt-oss",
         }
     }
 
@@ -74,7 +79,8 @@ impl Architecture {
             Architecture::Qwen2
             | Architecture::Gemma3
             | Architecture::Phi3
-            | Architecture::Qwen3 => RopeStyle::Neox,
+            | Architecture::Qwen3
+            | Architecture::GptOss => RopeStyle::Neox,
         }
     }
 
@@ -105,16 +111,49 @@ impl Architecture {
     }
 
     /// Whether `{arch}.attention.sliding_window` is honoured. llama.cpp b11434 reads it for
-    /// gemma3 only and deliberately disables it for phi3; we match the reference.
+    /// gemma3 and gpt-oss and deliberately disables it for phi3; we match the reference.
     pub fn uses_sliding_window(self) -> bool {
-        self == Architecture::Gemma3
+        matches!(self, Architecture::Gemma3 | Architecture::GptOss)
     }
 
     /// The sliding-window layer pattern when the file gives none: every n-th layer is global.
     pub fn default_swa_pattern(self) -> u32 {
         match self {
             Architecture::Gemma3 => 6,
+            Architecture::GptOss => 2,
             _ => 0,
+        }
+    }
+
+    /// Whether sliding-window layers rotate as the global ones do (the file's base and
+    /// scaling, YaRN included: gpt-oss) rather than with their own unscaled base (Gemma 3's
+    /// `rope.freq_base_swa`, default 10000).
+    pub fn sliding_rope_is_global(self) -> bool {
+        self == Architecture::GptOss
+    }
+
+    /// Whether the FFN is routed experts (`ffn_*_exps`) instead of one dense FFN.
+    pub fn has_experts(self) -> bool {
+        self == Architecture::GptOss
+    }
+
+    /// Whether layers carry per-head attention sinks (`attn_sinks`): a logit per head that
+    /// joins every softmax without a value.
+    pub fn has_attention_sinks(self) -> bool {
+        self == Architecture::GptOss
+    }
+
+    /// Whether the attention output projection has a bias (required when true).
+    pub fn has_attn_output_bias(self) -> bool {
+        self == Architecture::GptOss
+    }
+
+    /// The name (after `blk.N.`) of the norm before the FFN: gpt-oss calls it the attention's
+    /// post-norm.
+    pub fn ffn_norm_tensor(self) -> &'static str {
+        match self {
+            Architecture::GptOss => "post_attention_norm.weight",
+            _ => "ffn_norm.weight",
         }
     }
 }

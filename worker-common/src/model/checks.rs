@@ -43,7 +43,8 @@ pub(super) fn check_vectors<B: AsRef<[u8]>>(
     gguf: &Gguf<B>,
     specs: &[TensorSpec],
 ) -> Result<(), ModelError> {
-    for spec in specs.iter().filter(|s| s.shape.len() == 1) {
+    let vector = |s: &TensorSpec| s.shape.len() == 1 || s.name.ends_with(".bias");
+    for spec in specs.iter().filter(|s| vector(s)) {
         let Some(tensor) = gguf.tensor(&spec.name) else {
             continue;
         };

@@ -13,7 +13,8 @@ pub struct Rope {
     pub dimensions: usize,
     /// Frequency base of global layers (`{arch}.rope.freq_base`, default 10000).
     pub freq_base: f32,
-    /// Frequency base of sliding-window layers (`{arch}.rope.freq_base_swa`, default 10000).
+    /// Frequency base of sliding-window layers (`{arch}.rope.freq_base_swa`, default 10000, or
+    /// the global base where sliding layers rotate as global ones).
     pub freq_base_swa: f32,
     /// `{arch}.rope.scaling.type` (default `linear`, which with factor 1 is no scaling).
     pub scaling_type: String,
@@ -36,6 +37,15 @@ pub struct SlidingWindow {
     pub layers: Vec<bool>,
 }
 
+/// A mixture-of-experts FFN's routing: each token goes through `used` of `count` experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertCounts {
+    /// Experts per layer (`{arch}.expert_count`).
+    pub count: usize,
+    /// Experts each token is routed to (`{arch}.expert_used_count`).
+    pub used: usize,
+}
+
 /// The architecture's shape numbers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HyperParams {
@@ -43,8 +53,10 @@ pub struct HyperParams {
     pub n_layers: usize,
     /// Width of the residual stream.
     pub n_embd: usize,
-    /// Hidden width of the FFN.
+    /// Hidden width of the FFN (of each expert's, for a mixture of experts).
     pub n_ff: usize,
+    /// The experts, for an architecture whose FFN is a mixture of them.
+    pub experts: Option<ExpertCounts>,
     /// Query heads.
     pub n_head: usize,
     /// Key/value heads (grouped-query attention when fewer than `n_head`).
@@ -158,10 +170,21 @@ impl HyperParams {
         let head_dim_v = keys
             .count("attention.value_length")?
             .unwrap_or(n_embd / n_head);
+        let experts = if arch.has_experts() {
+            Some(read_experts(&keys)?)
+        } else {
+            None
+        };
+        // An expert's width is its own key; the dense width, if the file has one, is unused.
+        let n_ff = match experts {
+            Some(_) => keys.required_count("expert_feed_forward_length")?,
+            None => keys.required_count("feed_forward_length")?,
+        };
         Ok(Self {
             n_layers,
             n_embd,
-            n_ff: keys.required_count("feed_forward_length")?,
+            n_ff,
+            experts,
             n_head,
             n_head_kv,
             head_dim_k,
@@ -253,6 +276,28 @@ fn vocab_size<B: AsRef<[u8]>>(gguf: &Gguf<B>, keys: &Keys<'_, B>) -> Result<usiz
     }
 }
 
+/// The expert counts, checked as llama.cpp does (`0 < used ≤ count`, at most 1024 experts: `LLAMA_MAX_EXPERTS`).
+fn read_experts<B: AsRef<[u8]>>(keys: &Keys<'_, B>) -> Result<ExpertCounts, ModelError> {
+    const MAX_EXPERTS: usize = 1024;
+    let count = keys.required_count("expert_count")?;
+    if count > MAX_EXPERTS {
+        return Err(ModelError::invalid(
+            &keys.key("expert_count"),
+            count,
+            &format!("expected at most {MAX_EXPERTS} experts"),
+        ));
+    }
+    let used = keys.required_count("expert_used_count")?;
+    if used > count {
+        return Err(ModelError::invalid(
+            &keys.key("expert_used_count"),
+            used,
+            &format!("expected at most expert_count = {count}"),
+        ));
+    }
+    Ok(ExpertCounts { count, used })
+}
+
 fn read_rope<B: AsRef<[u8]>>(
     keys: &Keys<'_, B>,
     arch: Architecture,
@@ -266,6 +311,12 @@ fn read_rope<B: AsRef<[u8]>>(
             &format!("expected an even number ≤ the head dimension {head_dim_k}"),
         ));
     }
+    let freq_base = keys.float("rope.freq_base")?.unwrap_or(10_000.0);
+    let default_base_swa = if arch.sliding_rope_is_global() {
+        freq_base
+    } else {
+        10_000.0
+    };
     let scaling_key = keys.key("rope.scaling.type");
     let scaling_type = keys
         .gguf
@@ -275,8 +326,10 @@ fn read_rope<B: AsRef<[u8]>>(
     Ok(Rope {
         style: arch.rope_style(),
         dimensions,
-        freq_base: keys.float("rope.freq_base")?.unwrap_or(10_000.0),
-        freq_base_swa: keys.float("rope.freq_base_swa")?.unwrap_or(10_000.0),
+        freq_base,
+        freq_base_swa: keys
+            .float("rope.freq_base_swa")?
+            .unwrap_or(default_base_swa),
         scaling_type,
         scaling_factor: keys.float("rope.scaling.factor")?.unwrap_or(1.0),
         attn_factor: keys.float("rope.scaling.attn_factor")?.unwrap_or(1.0),

@@ -18,10 +18,12 @@ use std::path::Path;
 use crate::gguf::{GgmlType, Gguf, GgufError, file_type_label};
 
 pub use arch::{Architecture, RopeStyle};
-pub use hparams::{HyperParams, MAX_COUNT, Rope, SlidingWindow};
+pub use hparams::{ExpertCounts, HyperParams, MAX_COUNT, Rope, SlidingWindow};
 pub use plan::{Activation, AttentionShape, LayerPlan, ModelPlan, RopePlan, YarnRamp};
 pub use tensors::{Presence, QkvLayout, TensorSpec};
-pub use weights::{GateUp, Layer, MatrixTensor, Qkv, TensorSource, VectorTensor, Weights};
+pub use weights::{
+    Expert, Experts, Ffn, GateUp, Layer, MatrixTensor, Qkv, TensorSource, VectorTensor, Weights,
+};
 
 /// Why a GGUF file is not a model we can run.
 #[derive(Debug, thiserror::Error)]

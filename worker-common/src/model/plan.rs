@@ -8,12 +8,20 @@ use super::arch::{ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ROPE_FREQS};
 use super::{Architecture, HyperParams, ModelFile, RopeStyle};
 
 /// The activation of the gated FFN: `act(gate) * up`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     /// `x * sigmoid(x)` (llama, qwen2, phi3).
     Silu,
     /// GELU, tanh approximation (gemma3).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`): with `g = min(gate, limit)` and
+    /// `u = clamp(up, −limit, limit)`, `g · sigmoid(alpha · g) · (u + 1)`.
+    SwigluOai {
+        /// Slope inside the sigmoid (1.702).
+        alpha: f32,
+        /// Clamp of both inputs (7).
+        limit: f32,
+    },
 }
 
 /// Rotary embedding of one layer's queries and keys.
@@ -130,23 +138,25 @@ impl ModelPlan {
         let hp = spec.hparams.clone();
         let rope = &hp.rope;
         let unsupported = |what: String| BackendError::Unsupported { backend, what };
-        let (freq_scale, yarn) = match rope.scaling_type.as_str() {
+        // YaRN's original context; its ramp depends on each layer's base, so is built per base.
+        let (freq_scale, yarn_original) = match rope.scaling_type.as_str() {
             "linear" => (1.0 / rope.scaling_factor, None),
             "none" => (1.0, None),
-            "yarn" if hp.sliding_window.is_some() => {
+            "yarn"
+                if hp.sliding_window.is_some() && !spec.architecture.sliding_rope_is_global() =>
+            {
                 return Err(unsupported(
                     "YaRN RoPE scaling with sliding-window layers".to_owned(),
                 ));
             }
-            "yarn" => {
-                let original = rope.original_context_length.unwrap_or(hp.context_length);
-                let ramp = YarnRamp::new(rope.dimensions, original, rope.freq_base);
-                (1.0 / rope.scaling_factor, Some(ramp))
-            }
+            "yarn" => (
+                1.0 / rope.scaling_factor,
+                rope.original_context_length.or(Some(hp.context_length)),
+            ),
             _ if rope.scaling_factor == 1.0 => (1.0, None),
             other => return Err(unsupported(format!("RoPE scaling {other:?}"))),
         };
-        let attn_factor = match yarn {
+        let attn_factor = match yarn_original {
             Some(_) => yarn_attn_factor(freq_scale, rope.attn_factor),
             None => rope.attn_factor,
         };
@@ -163,10 +173,14 @@ impl ModelPlan {
             theta_scale: base.powf(-2.0 / rope.dimensions as f32),
             freq_scale,
             attn_factor,
-            yarn,
+            yarn: yarn_original.map(|original| YarnRamp::new(rope.dimensions, original, base)),
         };
         let global = rope_with(rope.freq_base, freq_scale);
-        let sliding = rope_with(rope.freq_base_swa, 1.0);
+        let sliding_scale = match spec.architecture.sliding_rope_is_global() {
+            true => freq_scale,
+            false => 1.0,
+        };
+        let sliding = rope_with(rope.freq_base_swa, sliding_scale);
         let layers = (0..hp.n_layers)
             .map(|il| {
                 let window = hp
@@ -189,10 +203,13 @@ impl ModelPlan {
             .collect();
         Ok(Self {
             embedding_scale: gemma.then(|| (hp.n_embd as f32).sqrt()),
-            activation: if gemma {
-                Activation::GeluTanh
-            } else {
-                Activation::Silu
+            activation: match spec.architecture {
+                Architecture::Gemma3 => Activation::GeluTanh,
+                Architecture::GptOss => Activation::SwigluOai {
+                    alpha: 1.702,
+                    limit: 7.0,
+                },
+                _ => Activation::Silu,
             },
             layers,
             fused: spec.architecture.fused_gate_up() || spec.qkv_layout == super::QkvLayout::Fused,

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use crate::gguf::Gguf;
 
-use super::{Architecture, HyperParams, ModelError};
+use super::{Architecture, ExpertCounts, HyperParams, ModelError};
 
 /// Whether a tensor must be in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,7 @@ pub(super) fn expected_tensors(
     let mut expected = Expected {
         specs: Vec::with_capacity(16 * hp.n_layers + 8),
     };
-    let (n_embd, n_vocab, n_ff) = (hp.n_embd, hp.vocab_size, hp.n_ff);
+    let (n_embd, n_vocab) = (hp.n_embd, hp.vocab_size);
     expected.required("token_embd.weight".into(), &[n_embd, n_vocab]);
     expected.required("output_norm.weight".into(), &[n_embd]);
     expected.optional("output.weight".into(), &[n_embd, n_vocab]);
@@ -81,18 +81,10 @@ pub(super) fn expected_tensors(
         let blk = |suffix: &str| format!("blk.{il}.{suffix}");
         expected.required(blk("attn_norm.weight"), &[n_embd]);
         add_attention(&mut expected, &blk, arch, hp, qkv);
-        expected.required(blk("ffn_norm.weight"), &[n_embd]);
-        if arch.fused_gate_up() {
-            expected.required(blk("ffn_up.weight"), &[n_embd, 2 * n_ff]);
-        } else {
-            expected.required(blk("ffn_gate.weight"), &[n_embd, n_ff]);
-            expected.required(blk("ffn_up.weight"), &[n_embd, n_ff]);
-        }
-        expected.required(blk("ffn_down.weight"), &[n_ff, n_embd]);
-        if arch == Architecture::Llama {
-            expected.optional(blk("ffn_gate.bias"), &[n_ff]);
-            expected.optional(blk("ffn_up.bias"), &[n_ff]);
-            expected.optional(blk("ffn_down.bias"), &[n_embd]);
+        expected.required(blk(arch.ffn_norm_tensor()), &[n_embd]);
+        match hp.experts {
+            Some(experts) => add_experts(&mut expected, &blk, hp, experts),
+            None => add_dense_ffn(&mut expected, &blk, arch, hp),
         }
         if arch.has_post_norms() {
             expected.required(blk("post_attention_norm.weight"), &[n_embd]);
@@ -100,6 +92,46 @@ pub(super) fn expected_tensors(
         }
     }
     expected.specs
+}
+
+fn add_dense_ffn(
+    expected: &mut Expected,
+    blk: &dyn Fn(&str) -> String,
+    arch: Architecture,
+    hp: &HyperParams,
+) {
+    let (n_embd, n_ff) = (hp.n_embd, hp.n_ff);
+    if arch.fused_gate_up() {
+        expected.required(blk("ffn_up.weight"), &[n_embd, 2 * n_ff]);
+    } else {
+        expected.required(blk("ffn_gate.weight"), &[n_embd, n_ff]);
+        expected.required(blk("ffn_up.weight"), &[n_embd, n_ff]);
+    }
+    expected.required(blk("ffn_down.weight"), &[n_ff, n_embd]);
+    if arch == Architecture::Llama {
+        expected.optional(blk("ffn_gate.bias"), &[n_ff]);
+        expected.optional(blk("ffn_up.bias"), &[n_ff]);
+        expected.optional(blk("ffn_down.bias"), &[n_embd]);
+    }
+}
+
+/// The router and the experts' stacked projections (ggml's 3-D `[cols, rows, expert]`), each
+/// with its biases: gpt-oss, the one mixture of experts we run, requires them all.
+fn add_experts(
+    expected: &mut Expected,
+    blk: &dyn Fn(&str) -> String,
+    hp: &HyperParams,
+    experts: ExpertCounts,
+) {
+    let (n_embd, n_ff, count) = (hp.n_embd, hp.n_ff, experts.count);
+    expected.required(blk("ffn_gate_inp.weight"), &[n_embd, count]);
+    expected.required(blk("ffn_gate_inp.bias"), &[count]);
+    for name in ["ffn_gate_exps", "ffn_up_exps"] {
+        expected.required(blk(&format!("{name}.weight")), &[n_embd, n_ff, count]);
+        expected.required(blk(&format!("{name}.bias")), &[n_ff, count]);
+    }
+    expected.required(blk("ffn_down_exps.weight"), &[n_ff, n_embd, count]);
+    expected.required(blk("ffn_down_exps.bias"), &[n_embd, count]);
 }
 
 fn add_attention(
@@ -126,8 +158,13 @@ fn add_attention(
         }
     }
     expected.required(blk("attn_output.weight"), &[hp.attn_out_width(), n_embd]);
-    if arch == Architecture::Llama {
+    if arch.has_attn_output_bias() {
+        expected.required(blk("attn_output.bias"), &[n_embd]);
+    } else if arch == Architecture::Llama {
         expected.optional(blk("attn_output.bias"), &[n_embd]);
+    }
+    if arch.has_attention_sinks() {
+        expected.required(blk("attn_sinks.weight"), &[hp.n_head]);
     }
     if arch.has_qk_norm() {
         expected.required(blk("attn_q_norm.weight"), &[hp.head_dim_k]);

@@ -85,6 +85,49 @@ pub enum GateUp<M> {
     Fused(M),
 }
 
+/// One expert of a mixture: a gated FFN with biases.
+#[derive(Debug)]
+pub struct Expert<M, V> {
+    /// Gate projection (activation applied).
+    pub gate: M,
+    /// Up projection.
+    pub up: M,
+    /// Down projection.
+    pub down: M,
+    /// Gate bias.
+    pub gate_bias: V,
+    /// Up bias.
+    pub up_bias: V,
+    /// Down bias.
+    pub down_bias: V,
+}
+
+/// A mixture of experts: the router scores every expert, each token goes through the
+/// [`ExpertCounts::used`](super::ExpertCounts) best.
+#[derive(Debug)]
+pub struct Experts<M, V> {
+    /// The router: one row of logits per expert.
+    pub router: M,
+    /// Its bias.
+    pub router_bias: V,
+    /// The experts, in the file's order (the router's row `e` scores `experts[e]`).
+    pub experts: Vec<Expert<M, V>>,
+}
+
+/// A block's FFN.
+#[derive(Debug)]
+pub enum Ffn<M, V> {
+    /// One gated FFN every token goes through.
+    Dense {
+        /// Gate and up projections.
+        gate_up: GateUp<M>,
+        /// Down projection.
+        down: M,
+    },
+    /// Routed experts.
+    Experts(Experts<M, V>),
+}
+
 /// The tensors of one transformer block.
 #[derive(Debug)]
 pub struct Layer<M, V> {
@@ -98,16 +141,97 @@ pub struct Layer<M, V> {
     pub qk_norm: Option<(V, V)>,
     /// Output projection.
     pub attn_output: M,
+    /// Its bias (gpt-oss).
+    pub attn_output_bias: Option<V>,
+    /// One logit per query head joining its softmax without a value (gpt-oss).
+    pub attn_sinks: Option<V>,
     /// Gemma's norm of the attention output.
     pub post_attn_norm: Option<V>,
     /// RMSNorm before the FFN.
     pub ffn_norm: V,
-    /// Gate and up projections.
-    pub gate_up: GateUp<M>,
-    /// Down projection.
-    pub ffn_down: M,
+    /// The FFN.
+    pub ffn: Ffn<M, V>,
     /// Gemma's norm of the FFN output.
     pub post_ffn_norm: Option<V>,
+}
+
+impl<M, V> Layer<M, V> {
+    /// Every matrix of the block, each once.
+    pub fn matrices(&self) -> Vec<&M> {
+        let mut matrices = match &self.qkv {
+            Qkv::Separate { q, k, v } => vec![q, k, v],
+            Qkv::Fused(m) => vec![m],
+        };
+        matrices.push(&self.attn_output);
+        match &self.ffn {
+            Ffn::Dense { gate_up, down } => {
+                match gate_up {
+                    GateUp::Separate { gate, up } => matrices.extend([gate, up]),
+                    GateUp::Fused(m) => matrices.push(m),
+                }
+                matrices.push(down);
+            }
+            Ffn::Experts(moe) => {
+                matrices.push(&moe.router);
+                for e in &moe.experts {
+                    matrices.extend([&e.gate, &e.up, &e.down]);
+                }
+            }
+        }
+        matrices
+    }
+
+    /// [`Self::matrices`], mutable.
+    pub fn matrices_mut(&mut self) -> Vec<&mut M> {
+        let mut matrices = match &mut self.qkv {
+            Qkv::Separate { q, k, v } => vec![q, k, v],
+            Qkv::Fused(m) => vec![m],
+        };
+        matrices.push(&mut self.attn_output);
+        match &mut self.ffn {
+            Ffn::Dense { gate_up, down } => {
+                match gate_up {
+                    GateUp::Separate { gate, up } => matrices.extend([gate, up]),
+                    GateUp::Fused(m) => matrices.push(m),
+                }
+                matrices.push(down);
+            }
+            Ffn::Experts(moe) => {
+                matrices.push(&mut moe.router);
+                for e in &mut moe.experts {
+                    matrices.extend([&mut e.gate, &mut e.up, &mut e.down]);
+                }
+            }
+        }
+        matrices
+    }
+
+    /// Every vector of the block (norms, biases, sinks), each once.
+    pub fn vectors(&self) -> Vec<&V> {
+        let mut vectors = vec![&self.attn_norm, &self.ffn_norm];
+        match &self.qkv_bias {
+            Some(Qkv::Separate { q, k, v }) => vectors.extend([q, k, v]),
+            Some(Qkv::Fused(b)) => vectors.push(b),
+            None => {}
+        }
+        if let Some((q, k)) = &self.qk_norm {
+            vectors.extend([q, k]);
+        }
+        let optional = [
+            &self.attn_output_bias,
+            &self.attn_sinks,
+            &self.post_attn_norm,
+            &self.post_ffn_norm,
+        ];
+        vectors.extend(optional.into_iter().flatten());
+        if let Ffn::Experts(moe) = &self.ffn {
+            vectors.push(&moe.router_bias);
+            for e in &moe.experts {
+                vectors.extend([&e.gate_bias, &e.up_bias, &e.down_bias]);
+            }
+        }
+        vectors
+    }
 }
 
 /// Every tensor of the model, as the backend holds them.
@@ -142,7 +266,7 @@ impl<M: Clone, V> Weights<M, V> {
     where
         S: TensorSource<Matrix = M, Vector = V>,
     {
-        refuse_unapplied::<S>(gguf)?;
+        refuse_unapplied::<S>(gguf, spec)?;
         let hp = &spec.hparams;
         let mut files = Files { gguf, source };
         let token_embd = files.matrix("token_embd.weight")?;
@@ -163,11 +287,13 @@ impl<M: Clone, V> Weights<M, V> {
     }
 }
 
-fn refuse_unapplied<S: TensorSource>(gguf: &Gguf) -> Result<(), BackendError> {
+fn refuse_unapplied<S: TensorSource>(gguf: &Gguf, spec: &ModelSpec) -> Result<(), BackendError> {
+    let applied =
+        |suffix: &str| suffix == "attn_output.bias" && spec.architecture.has_attn_output_bias();
     let unapplied = gguf.tensors().find(|tensor| {
         UNAPPLIED_OPTIONAL_TENSORS
             .iter()
-            .any(|suffix| tensor.name.ends_with(suffix))
+            .any(|suffix| tensor.name.ends_with(suffix) && !applied(suffix))
     });
     match unapplied {
         Some(tensor) => Err(BackendError::Unsupported {
@@ -191,16 +317,6 @@ fn missing(name: &str) -> BackendError {
 impl<S: TensorSource> Files<'_, S> {
     fn matrix(&mut self, name: &str) -> Result<S::Matrix, BackendError> {
         let tensor = self.gguf.tensor(name).ok_or_else(|| missing(name))?;
-        // MXFP4 reaches the backends as the Q8_0 blocks it equals (super::mxfp4); the
-        // rewritten bytes live only for this call, so a backend keeping them copies them.
-        let rewritten;
-        let (ggml_type, data) = if tensor.ggml_type == GgmlType::MXFP4 {
-            rewritten = super::mxfp4::mxfp4_to_q8_0(tensor.data)
-                .map_err(|e| BackendError::InvalidModel(format!("{name}: {e}")))?;
-            (GgmlType::Q8_0, rewritten.as_slice())
-        } else {
-            (tensor.ggml_type, tensor.data)
-        };
         let (cols, rows) = match tensor.shape {
             [cols, rows] => (*cols as usize, *rows as usize),
             [cols] => (*cols as usize, 1),
@@ -210,10 +326,61 @@ impl<S: TensorSource> Files<'_, S> {
                 )));
             }
         };
+        self.matrix_rows(name, tensor.ggml_type, tensor.data, rows, cols)
+    }
+
+    /// The `count` matrices stacked in the 3-D tensor `name` (ggml's `[cols, rows, count]`),
+    /// matrix `e` handed over as `name[e]`.
+    fn stacked(&mut self, name: &str, count: usize) -> Result<Vec<S::Matrix>, BackendError> {
+        let tensor = self.gguf.tensor(name).ok_or_else(|| missing(name))?;
+        let &[cols, rows, n] = tensor.shape else {
+            return Err(BackendError::InvalidModel(format!(
+                "{name}: expected {count} stacked matrices, found shape {:?}",
+                tensor.shape
+            )));
+        };
+        let bytes = tensor.data.len() / count.max(1);
+        if n as usize != count || bytes * count != tensor.data.len() {
+            return Err(BackendError::InvalidModel(format!(
+                "{name}: {} bytes do not hold {count} matrices",
+                tensor.data.len()
+            )));
+        }
+        tensor
+            .data
+            .chunks_exact(bytes)
+            .enumerate()
+            .map(|(e, data)| {
+                let part = format!("{name}[{e}]");
+                self.matrix_rows(&part, tensor.ggml_type, data, rows as usize, cols as usize)
+            })
+            .collect()
+    }
+
+    /// Checks that `data` holds `rows` rows of `cols` elements of `ggml_type` and hands them to
+    /// the backend.
+    fn matrix_rows(
+        &mut self,
+        name: &str,
+        ggml_type: GgmlType,
+        data: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<S::Matrix, BackendError> {
+        // MXFP4 reaches the backends as the Q8_0 blocks it equals (super::mxfp4); the
+        // rewritten bytes live only for this call, so a backend keeping them copies them.
+        let rewritten;
+        let (ggml_type, data) = if ggml_type == GgmlType::MXFP4 {
+            rewritten = super::mxfp4::mxfp4_to_q8_0(data)
+                .map_err(|e| BackendError::InvalidModel(format!("{name}: {e}")))?;
+            (GgmlType::Q8_0, rewritten.as_slice())
+        } else {
+            (ggml_type, data)
+        };
         let block_size = ggml_type.block_size() as usize;
         let block_bytes = ggml_type.block_bytes() as usize;
         let row_bytes = (cols / block_size) * block_bytes;
-        if cols % block_size != 0 || rows.checked_mul(row_bytes) != Some(data.len()) {
+        if !cols.is_multiple_of(block_size) || rows.checked_mul(row_bytes) != Some(data.len()) {
             return Err(BackendError::InvalidModel(format!(
                 "{name}: {} bytes of {ggml_type} do not hold {rows} rows of {cols}",
                 data.len(),
@@ -227,6 +394,40 @@ impl<S: TensorSource> Files<'_, S> {
             row_bytes,
             data,
         })
+    }
+
+    /// The `count` vectors of `len` elements stacked in the 2-D tensor `name` (the experts'
+    /// biases), vector `e` handed over as `name[e]`.
+    fn stacked_vectors(
+        &mut self,
+        name: &str,
+        len: usize,
+        count: usize,
+    ) -> Result<Vec<S::Vector>, BackendError> {
+        let tensor = self.gguf.tensor(name).ok_or_else(|| missing(name))?;
+        let bytes = tensor.ggml_type.bytes_for(len as u64).map(|b| b as usize);
+        let fits = bytes.filter(|&b| {
+            tensor.shape == [len as u64, count as u64] && b * count == tensor.data.len()
+        });
+        let Some(bytes) = fits else {
+            return Err(BackendError::InvalidModel(format!(
+                "{name}: expected {count} vectors of {len}, found shape {:?} of {}",
+                tensor.shape, tensor.ggml_type
+            )));
+        };
+        tensor
+            .data
+            .chunks_exact(bytes.max(1))
+            .enumerate()
+            .map(|(e, data)| {
+                self.source.vector(VectorTensor {
+                    name: &format!("{name}[{e}]"),
+                    ggml_type: tensor.ggml_type,
+                    len,
+                    data,
+                })
+            })
+            .collect()
     }
 
     fn vector(&mut self, name: &str, len: usize) -> Result<S::Vector, BackendError> {
@@ -291,14 +492,6 @@ impl<S: TensorSource> Files<'_, S> {
                 )
             }
         };
-        let gate_up = if spec.architecture.fused_gate_up() {
-            GateUp::Fused(self.matrix(&name("ffn_up.weight"))?)
-        } else {
-            GateUp::Separate {
-                gate: self.matrix(&name("ffn_gate.weight"))?,
-                up: self.matrix(&name("ffn_up.weight"))?,
-            }
-        };
         let arch = spec.architecture;
         let qk_norm = if arch.has_qk_norm() {
             Some((
@@ -317,17 +510,77 @@ impl<S: TensorSource> Files<'_, S> {
         };
         let post_attn_norm = post_norm("post_attention_norm.weight")?;
         let post_ffn_norm = post_norm("post_ffw_norm.weight")?;
+        let attn_output_bias = match arch.has_attn_output_bias() {
+            true => Some(self.vector(&name("attn_output.bias"), hp.n_embd)?),
+            false => None,
+        };
+        let attn_sinks = match arch.has_attention_sinks() {
+            true => Some(self.vector(&name("attn_sinks.weight"), hp.n_head)?),
+            false => None,
+        };
         Ok(Layer {
             attn_norm: self.vector(&name("attn_norm.weight"), hp.n_embd)?,
             qkv,
             qkv_bias,
             qk_norm,
             attn_output: self.matrix(&name("attn_output.weight"))?,
+            attn_output_bias,
+            attn_sinks,
             post_attn_norm,
-            ffn_norm: self.vector(&name("ffn_norm.weight"), hp.n_embd)?,
-            gate_up,
-            ffn_down: self.matrix(&name("ffn_down.weight"))?,
+            ffn_norm: self.vector(&name(arch.ffn_norm_tensor()), hp.n_embd)?,
+            ffn: self.ffn(spec, il)?,
             post_ffn_norm,
         })
+    }
+
+    fn ffn(
+        &mut self,
+        spec: &ModelSpec,
+        il: usize,
+    ) -> Result<Ffn<S::Matrix, S::Vector>, BackendError> {
+        let hp = &spec.hparams;
+        let name = |suffix: &str| format!("blk.{il}.{suffix}");
+        let Some(counts) = hp.experts else {
+            let gate_up = if spec.architecture.fused_gate_up() {
+                GateUp::Fused(self.matrix(&name("ffn_up.weight"))?)
+            } else {
+                GateUp::Separate {
+                    gate: self.matrix(&name("ffn_gate.weight"))?,
+                    up: self.matrix(&name("ffn_up.weight"))?,
+                }
+            };
+            let down = self.matrix(&name("ffn_down.weight"))?;
+            return Ok(Ffn::Dense { gate_up, down });
+        };
+        let count = counts.count;
+        let router = self.matrix(&name("ffn_gate_inp.weight"))?;
+        let router_bias = self.vector(&name("ffn_gate_inp.bias"), count)?;
+        let gates = self.stacked(&name("ffn_gate_exps.weight"), count)?;
+        let ups = self.stacked(&name("ffn_up_exps.weight"), count)?;
+        let downs = self.stacked(&name("ffn_down_exps.weight"), count)?;
+        let gate_biases = self.stacked_vectors(&name("ffn_gate_exps.bias"), hp.n_ff, count)?;
+        let up_biases = self.stacked_vectors(&name("ffn_up_exps.bias"), hp.n_ff, count)?;
+        let down_biases = self.stacked_vectors(&name("ffn_down_exps.bias"), hp.n_embd, count)?;
+        let experts = gates
+            .into_iter()
+            .zip(ups)
+            .zip(downs)
+            .zip(gate_biases.into_iter().zip(up_biases).zip(down_biases))
+            .map(
+                |(((gate, up), down), ((gate_bias, up_bias), down_bias))| Expert {
+                    gate,
+                    up,
+                    down,
+                    gate_bias,
+                    up_bias,
+                    down_bias,
+                },
+            )
+            .collect();
+        Ok(Ffn::Experts(Experts {
+            router,
+            router_bias,
+            experts,
+        }))
     }
 }

@@ -96,6 +96,7 @@ enum Regexes {
     DeepseekLlm,
     DeepseekCoder,
     Falcon,
+    Gpt4o,
 }
 
 /// `tokenizer.ggml.pre` values, their regexes, and whether llama.cpp emits a word that is
@@ -152,6 +153,10 @@ const PRE_TOKENIZERS: &[(&str, Regexes, bool)] = &[
     ("deepseek-llm", Regexes::DeepseekLlm, false),
     ("deepseek-coder", Regexes::DeepseekCoder, false),
     ("falcon", Regexes::Falcon, false),
+    ("gpt-4o", Regexes::Gpt4o, false),
+    ("llama4", Regexes::Gpt4o, false),
+    ("kanana2", Regexes::Gpt4o, false),
+    ("talkie", Regexes::Gpt4o, false),
 ];
 
 /// DeepSeek LLM's letters (`\s?[A-Za-zµÀ-ÖØ-ö…]+`), as written in its tokenizer. Six characters
@@ -236,6 +241,8 @@ enum Pass {
     Run { class: Class, space_prefix: bool },
     /// `C{count}`.
     Repeat { class: Class, count: usize },
+    /// GPT-4o's (o200k) regex, which llama.cpp runs through `std::regex`.
+    Gpt4o,
     /// `\s+$`.
     TrailingSpace,
 }
@@ -344,6 +351,7 @@ fn passes(regexes: Regexes) -> Vec<Pass> {
             Pass::Gpt2,
             repeat(Class::ranges("0-9"), 3), // [0-9][0-9][0-9]
         ],
+        Regexes::Gpt4o => vec![Pass::Gpt4o],
     }
 }
 
@@ -352,6 +360,7 @@ impl Pass {
     fn split(&self, cps: &[Cp], out: &mut Vec<usize>) {
         match self {
             Pass::Gpt2 => tokens(cps, out, gpt2_token),
+            Pass::Gpt4o => tokens(cps, out, gpt4o_token),
             Pass::Llama3 { max_digits, marks } => {
                 tokens(cps, out, |cps, pos| {
                     llama3_token(cps, pos, *max_digits, *marks)
@@ -518,6 +527,57 @@ fn llama3_token(cps: &[Cp], pos: usize, max_digits: usize, marks: bool) -> usize
         let symbols = count_while(cps, pos + lead, other);
         let newlines = count_while(cps, pos + lead + symbols, Cp::newline);
         return lead + symbols + newlines;
+    }
+    let run = count_while(cps, pos, |c| c.space);
+    // `\s*[\r\n]+`: the run up to and including its last newline.
+    if let Some(last_newline) = cps[pos..pos + run].iter().rposition(|c| c.newline()) {
+        return last_newline + 1;
+    }
+    whitespace_run(cps, pos)
+}
+
+/// The length of the word at `pos` under GPT-4o's regex as llama.cpp writes it for
+/// `std::regex` (every alternative ends in `(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?`,
+/// written `C?` here):
+/// `[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+C?`
+/// `|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*C?`
+/// `|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
+/// A non-ASCII letter, collapsed to one byte that is neither `a-z` nor `A-Z`, is both an
+/// upper-case letter (`U`) and a lower-case one (`L`); the backtracking engine takes the first
+/// alternative that matches: `U*L+` with the longest `U*` that leaves an `L` after it, else
+/// `U+L*`.
+fn gpt4o_token(cps: &[Cp], pos: usize) -> usize {
+    let c = cps[pos];
+    let prefix = usize::from(!c.newline() && !c.letter() && !c.number());
+    let start = pos + prefix;
+    if cps.get(start).is_some_and(|c| c.letter()) {
+        let upper = |c: Cp| c.letter() && !(u32::from('a')..=u32::from('z')).contains(&c.cp);
+        let lower = |c: Cp| c.letter() && !(u32::from('A')..=u32::from('Z')).contains(&c.cp);
+        let uppers = count_while(cps, start, upper);
+        let lower_at = (0..=uppers)
+            .rev()
+            .find(|&k| cps.get(start + k).is_some_and(|&c| lower(c)));
+        // `U*L+`: the longest `U*` followed by an `L`; else `U+L*`, which takes every `U`.
+        let end = match lower_at {
+            Some(k) => start + k + count_while(cps, start + k, lower),
+            None => start + uppers,
+        };
+        let contraction = if end < cps.len() {
+            contraction(cps, end, true).unwrap_or(0)
+        } else {
+            0
+        };
+        return end + contraction - pos;
+    }
+    if c.number() {
+        return cps[pos..].iter().take(3).take_while(|c| c.number()).count();
+    }
+    let other = |c: Cp| !(c.space || c.letter() || c.number());
+    let lead = usize::from(c.is(' '));
+    if cps.get(pos + lead).is_some_and(|&p| other(p)) {
+        let symbols = count_while(cps, pos + lead, other);
+        let tail = count_while(cps, pos + lead + symbols, |c| c.newline() || c.is('/'));
+        return lead + symbols + tail;
     }
     let run = count_while(cps, pos, |c| c.space);
     // `\s*[\r\n]+`: the run up to and including its last newline.

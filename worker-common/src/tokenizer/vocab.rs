@@ -387,6 +387,18 @@ impl Vocab {
             }
         }
         self.apply_eog_exceptions();
+        self.render_harmony_markers();
+    }
+
+    /// llama.cpp makes harmony's structural markers user-defined in any vocabulary that has
+    /// them, so they are matched in text even without special parsing and always rendered
+    /// (gpt-oss's output is parsed for its channels).
+    fn render_harmony_markers(&mut self) {
+        for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+            if let Some(id) = self.id(text) {
+                self.types[id as usize] = TokenType::UserDefined;
+            }
+        }
     }
 
     /// llama.cpp's two exceptions to text-based detection: o200k_harmony-style vocabularies use

@@ -138,3 +138,25 @@ fn long_runs_split_in_linear_time() {
     let newlines = "\n ".repeat(50_000);
     assert_eq!(words("deepseek-llm", &newlines).len(), 100_000);
 }
+
+/// GPT-4o's case-aware words (a non-ASCII letter counts as both cases), contractions kept with
+/// their word, three-digit groups, symbols taking trailing newlines and slashes.
+#[test]
+fn gpt4o_splits_case_runs_digits_and_symbols() {
+    assert_eq!(
+        words("gpt-4o", "ÉCOLE HELLOworld helloWorld they'LL 12345 !!\n/x"),
+        [
+            "É",
+            "COLE",
+            " HELLOworld",
+            " hello",
+            "World",
+            " they'LL",
+            " ",
+            "123",
+            "45",
+            " !!\n/",
+            "x"
+        ]
+    );
+}
