@@ -80,6 +80,10 @@ class Arch:
     formats: dict[str, Q]
     tied_output: bool = False
     metadata: dict[str, object] = field(default_factory=dict)
+    # Full-size shapes: matrices drawn as random blocks (no quantization pass), the vocabulary
+    # padded with reserved control tokens to `n_vocab`.
+    full_size: bool = False
+    n_vocab: int = 0
 
 
 Q4_K_M = {
@@ -164,6 +168,28 @@ ARCHS = {
             "attention.sliding_window": 8,
         },
     ),
+    # Not a fixture model: gpt-oss-20b's shapes for speed and memory measurements, generated where
+    # they are measured (12 GiB).
+    "gpt-oss-20b": Arch(
+        gguf_arch="gpt-oss",
+        vocab_file="ggml-vocab-gpt-2.gguf",
+        shape=Shape(n_layers=24, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_ff=2880),
+        file_type=gguf.LlamaFileType.MOSTLY_MXFP4_MOE,
+        formats=MOE,
+        metadata={
+            "context_length": 131072,
+            "rope.freq_base": 150000.0,
+            "rope.scaling.type": "yarn",
+            "rope.scaling.factor": 32.0,
+            "rope.scaling.original_context_length": 4096,
+            "expert_count": 32,
+            "expert_used_count": 4,
+            "expert_feed_forward_length": 2880,
+            "attention.sliding_window": 128,
+        },
+        full_size=True,
+        n_vocab=201088,
+    ),
     "phi3": Arch(
         gguf_arch="phi3",
         vocab_file="ggml-vocab-phi-3.gguf",
@@ -205,8 +231,27 @@ def kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q, sigma:
     return blocks.reshape(rows, -1)
 
 
-def matrix(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> np.ndarray:
+def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> np.ndarray:
+    """A `rows` × `cols` Q8_0 or MXFP4 matrix of uniformly random quants, its block scales set
+    so that weights spread ≈ 1/√cols (uniform int8 quants have an RMS of ≈ 74, uniform MXFP4
+    ones ≈ 5.9 units of 2^(e − 128)): fast enough for full-size models."""
+    block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // block_elems
+    blocks = np.frombuffer(rng.bytes(n_blocks * block_bytes), dtype=np.uint8).reshape(n_blocks, block_bytes).copy()
+    sigma = 1.0 / math.sqrt(cols)
+    if qtype == Q.Q8_0:
+        blocks[:, 0:2] = np.full(n_blocks, sigma / 74.0, dtype=np.float16).view(np.uint8).reshape(-1, 2)
+    elif qtype == Q.MXFP4:
+        blocks[:, 0] = 128 + round(math.log2(sigma / 5.9))
+    else:
+        sys.exit(f"gen-synthetic-models: no random blocks of {qtype.name}")
+    return blocks.reshape(rows, -1)
+
+
+def matrix(rng: np.random.Generator, rows: int, cols: int, qtype: Q, full_size: bool = False) -> np.ndarray:
     """A `rows` × `cols` matrix in `qtype`, weights spreading ≈ 1/√cols."""
+    if full_size and qtype != Q.F32:
+        return random_blocks(rng, rows, cols, qtype)
     sigma = 1.0 / math.sqrt(cols)
     if qtype in KQUANT_SCALES:
         return kquant_rows(rng, rows, cols, qtype, sigma)
@@ -236,7 +281,7 @@ def llama3_rope_freqs(head_dim: int, base: float) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, harmony: bool = False) -> int:
+def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, harmony: bool = False, pad_to: int = 0) -> int:
     """Copies every `tokenizer.*` key of a vocab-only GGUF; returns the vocabulary size. With
     `harmony`, the vocabulary becomes gpt-oss's: its pre-tokenizer, harmony's special tokens
     appended (BOS `<|startoftext|>`, EOS `<|return|>`, no BOS added) and its chat template."""
@@ -261,6 +306,10 @@ def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, harmony: bool = Fa
         fields["tokenizer.ggml.add_bos_token"] = [False, boolean, None]
         template = (TEMPLATES / "gpt-oss.jinja").read_text(encoding="utf-8")
         fields["tokenizer.chat_template"] = [template, string, None]
+    tokens = fields["tokenizer.ggml.tokens"][0]
+    reserved = [f"<|reserved_{i}|>" for i in range(max(0, pad_to - len(tokens)))]
+    tokens.extend(reserved)
+    fields["tokenizer.ggml.token_type"][0].extend([gguf.TokenType.CONTROL] * len(reserved))
     for key, (value, main, sub) in fields.items():
         writer.add_key_value(key, value, main, sub_type=sub)
     return len(fields["tokenizer.ggml.tokens"][0])
@@ -287,7 +336,7 @@ def add_moe_layer(writer: gguf.GGUFWriter, rng: np.random.Generator, blk: str, s
     experts = arch.formats["experts"]
     for tensor, rows, cols in [("ffn_gate_exps", s.n_ff, s.n_embd), ("ffn_up_exps", s.n_ff, s.n_embd),
                                ("ffn_down_exps", s.n_embd, s.n_ff)]:
-        stacked = np.stack([matrix(rng, rows, cols, experts) for _ in range(count)])
+        stacked = np.stack([matrix(rng, rows, cols, experts, arch.full_size) for _ in range(count)])
         writer.add_tensor(blk + tensor + ".weight", stacked, raw_dtype=experts)
         writer.add_tensor(blk + tensor + ".bias", vector(count, rows, sigma=0.1))
 
@@ -316,13 +365,13 @@ def write_model(name: str, arch: Arch, out: Path, vocab_dir: Path, seed: int) ->
     for key, value in arch.metadata.items():
         vtype = {float: gguf.GGUFValueType.FLOAT32, int: gguf.GGUFValueType.UINT32, str: gguf.GGUFValueType.STRING}
         writer.add_key_value(f"{a}.{key}", value, vtype[type(value)])
-    n_vocab = copy_tokenizer(writer, vocab_path, harmony=name == "gpt-oss")
+    n_vocab = copy_tokenizer(writer, vocab_path, harmony=a == "gpt-oss", pad_to=arch.n_vocab)
 
     f = arch.formats
     q_w, kv_w = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
 
     def add_matrix(tensor: str, kind: str, rows: int, cols: int) -> None:
-        writer.add_tensor(tensor, matrix(rng, rows, cols, f[kind]), raw_dtype=f[kind])
+        writer.add_tensor(tensor, matrix(rng, rows, cols, f[kind], arch.full_size), raw_dtype=f[kind])
 
     add_matrix("token_embd.weight", "token_embd", n_vocab, s.n_embd)
     # A wide final norm spreads the logits as a trained model's are (a few units between the
@@ -350,7 +399,7 @@ def write_model(name: str, arch: Arch, out: Path, vocab_dir: Path, seed: int) ->
             writer.add_tensor(blk + "attn_q_norm.weight", norm(rng, s.head_dim))
             writer.add_tensor(blk + "attn_k_norm.weight", norm(rng, s.head_dim))
         add_matrix(blk + "attn_output.weight", "attn_output", s.n_embd, q_w)
-        if name == "gpt-oss":
+        if a == "gpt-oss":
             add_moe_layer(writer, rng, blk, s, arch)
             continue
         writer.add_tensor(blk + "ffn_norm.weight", norm(rng, s.n_embd))
@@ -374,10 +423,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ASSETS / "models" / "synthetic")
     parser.add_argument("--vocab", type=Path, default=ASSETS / "vocab")
     parser.add_argument("--seed", type=int, default=17)
-    parser.add_argument("archs", nargs="*", choices=[[], *sorted(ARCHS)], default=[])
+    parser.add_argument("archs", nargs="*", choices=[[], *sorted(ARCHS)], default=[],
+                        help="default: every model but the full-size ones")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.archs or sorted(ARCHS):
+    fixtures = sorted(name for name, arch in ARCHS.items() if not arch.full_size)
+    for name in args.archs or fixtures:
         path = write_model(name, ARCHS[name], args.out, args.vocab, args.seed)
         print(f"{path} ({path.stat().st_size} bytes)")
 

@@ -194,12 +194,27 @@ __device__ __forceinline__ void att_rows_tile(const AttTile<A>& sh, int r0, cons
     }
 }
 
+// A head's sink (gpt-oss: a logit joining the softmax without a value) folded into a finished
+// softmax of running maximum m and sum l: values are scaled by *keep and divided by *total,
+// as ggml adds the sink after its keys. Without sinks, keep = 1 and total = l.
+__device__ __forceinline__ void sink_weights(const float* sinks, int h, float m, float l,
+                                             float* keep, float* total) {
+    if (!sinks) {
+        *keep = 1.0f;
+        *total = l;
+        return;
+    }
+    float s = sinks[h], m_new = fmaxf(m, s);
+    *keep = expf(m - m_new);
+    *total = l * *keep + expf(s - m_new);
+}
+
 // grid.x = heads, grid.y = tiles of A::QUERIES of the n rows.
 template <typename A>
 __device__ void attention_rows(const float* q, const u16* k_cache, const u16* v_cache,
                                const int* pos_of, const int* tables, const int* all_pages,
                                float* out, int n_head, int n_head_kv, int dk, int dv, float scale,
-                               int window, int n) {
+                               int window, const float* sinks, int n) {
     __shared__ __align__(16) AttTile<A> sh;
     int h = blockIdx.x, t0 = blockIdx.y * A::QUERIES;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -263,12 +278,14 @@ __device__ void attention_rows(const float* q, const u16* k_cache, const u16* v_
         int r = r0 + i;
         if (r >= count) continue;
         float* dst = out + ((long long)(t0 + r) * n_head + h) * dv;
+        float keep, total;
+        sink_weights(sinks, h, rows.m[i], rows.l[i], &keep, &total);
 #pragma unroll
         for (int c = 0; c < A::PAIRS; ++c) {
             int pair = lane + 32 * c;
             if (pair < dv / 2) {
-                dst[2 * pair] = rows.acc[i][c].x / rows.l[i];
-                dst[2 * pair + 1] = rows.acc[i][c].y / rows.l[i];
+                dst[2 * pair] = rows.acc[i][c].x * keep / total;
+                dst[2 * pair + 1] = rows.acc[i][c].y * keep / total;
             }
         }
     }
@@ -278,9 +295,9 @@ __device__ void attention_rows(const float* q, const u16* k_cache, const u16* v_
     extern "C" __global__ void __launch_bounds__(SIZE::THREADS) NAME(                              \
         const float* q, const u16* k_cache, const u16* v_cache, const int* pos_of,                 \
         const int* tables, const int* all_pages, float* out, int n_head, int n_head_kv, int dk,    \
-        int dv, float scale, int window, int n) {                                                  \
+        int dv, float scale, int window, const float* sinks, int n) {                              \
         attention_rows<SIZE>(q, k_cache, v_cache, pos_of, tables, all_pages, out, n_head,          \
-                             n_head_kv, dk, dv, scale, window, n);                                 \
+                             n_head_kv, dk, dv, scale, window, sinks, n);                          \
     }
 
 ATTENTION_KERNEL(attention_h64, AttHead64)
@@ -306,8 +323,8 @@ ATTENTION_KERNEL(attention_h256, AttHead256)
 extern "C" __global__ void __launch_bounds__(SPLIT_CHUNK)
 attention_split(const float* q, const u16* k_cache, const u16* v_cache, const int* pos_of,
                 const int* tables, const int* all_pages, float* out, int n_head, int n_head_kv,
-                int dk, int dv, float scale, int window, int splits, float* partial,
-                u32* counters) {
+                int dk, int dv, float scale, int window, const float* sinks, int splits,
+                float* partial, u32* counters) {
     __shared__ float s_q[MAX_HEAD];
     __shared__ float s_e[SPLIT_CHUNK];
     __shared__ long long s_row[SPLIT_CHUNK];
@@ -402,8 +419,10 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, const in
     long long head = (long long)t * n_head + h;
     float* dst = out + head * dv;
     if (active == 1) {
+        float keep, total;
+        sink_weights(sinks, h, m, l, &keep, &total);
         for (int j = threadIdx.x; j < dv; j += blockDim.x)
-            dst[j] = ((s_acc[0][j] + s_acc[1][j]) + (s_acc[2][j] + s_acc[3][j])) / l;
+            dst[j] = ((s_acc[0][j] + s_acc[1][j]) + (s_acc[2][j] + s_acc[3][j])) * keep / total;
         return;
     }
     float* mine = partial + (head * splits + split) * (dv + 2);
@@ -436,8 +455,9 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, const in
         float l_s = mine_valid ? __ldcg(parts + lane * (dv + 2) + 1) : 0.0f;
         float merged_max = warp_max(m_s);
         float weight = mine_valid ? expf(m_s - merged_max) : 0.0f;
-        float total = warp_sum(l_s * weight);
-        s_weight[lane] = weight;
+        float keep, total;
+        sink_weights(sinks, h, merged_max, warp_sum(l_s * weight), &keep, &total);
+        s_weight[lane] = weight * keep;
         if (lane == 0) s_total = total;
     }
     __syncthreads();

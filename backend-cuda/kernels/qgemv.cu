@@ -10,7 +10,8 @@
 // 32-element activation chunks where the CPU uses 256-element Q8_K blocks.
 //
 // Formats (ggml type ids): Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q6_K 14 (QGEMV_TYPES
-// in ops.rs). One launch may mix them: the format is an argument per matrix.
+// in ops.rs), and MXFP4 39 for the routed experts (moe.cu). One launch may mix them: the format
+// is an argument per matrix.
 
 #define QG_WARPS 8
 // Input chunks a warp quantizes at once.
@@ -263,6 +264,49 @@ struct ChunkQ8_0 {
     }
 };
 
+// MXFP4 (gpt-oss's experts): 17-byte blocks, an E8M0 exponent e then 16 bytes of 4-bit codes
+// (elements 0..15 in the low nibbles, 16..31 in the high ones) standing for the int8 values
+// 0 1 2 3 4 6 8 12 and their negatives, scaled by 2^(e - 128) (ggml's e8m0 "half", whose
+// e = 0 and 1 are the subnormals 2^-128 and 2^-127). Blocks sit at odd offsets, so bytes are
+// loaded one by one.
+__device__ __forceinline__ u32 ld_u32_bytes(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+// The int8 values of four codes packed in the low 16 bits (code i in bits 4i..4i+3), byte i of
+// the result for code i: the table's halves looked up by the codes' low three bits, then each
+// byte taken from the half its fourth bit names.
+__device__ __forceinline__ u32 mxfp4_values(u32 codes) {
+    const u32 pos_lo = 0x03020100u, pos_hi = 0x0c080604u;  // 0 1 2 3 | 4 6 8 12
+    const u32 neg_lo = 0xfdfeff00u, neg_hi = 0xf4f8fafcu;  // 0 -1 -2 -3 | -4 -6 -8 -12
+    u32 index = codes & 0x7777u;
+    u32 pos = __byte_perm(pos_lo, pos_hi, index), neg = __byte_perm(neg_lo, neg_hi, index);
+    return __byte_perm(pos, neg, 0x3210u | ((codes & 0x8888u) >> 1));
+}
+
+struct ChunkMXFP4 {
+    static const int LANES = 1;
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
+        const u8* b = row + c * 17;
+        u32 e = b[0];
+        WChunk w;
+        w.d = e < 2 ? __uint_as_float(0x00200000u << e) : __uint_as_float((e - 1) << 23);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            u32 q = ld_u32_bytes(b + 1 + 4 * k);
+            u32 low = (q & 0xFu) | ((q >> 4) & 0xF0u) | ((q >> 8) & 0xF00u) | ((q >> 12) & 0xF000u);
+            u32 high = ((q >> 4) & 0xFu) | ((q >> 8) & 0xF0u) | ((q >> 12) & 0xF00u) |
+                       ((q >> 16) & 0xF000u);
+            w.q[k] = mxfp4_values(low);
+            w.q[4 + k] = mxfp4_values(high);
+        }
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
+        return (w.d * in.d[c]) * (float)chunk_sum(w, input_chunk(in, c));
+    }
+};
+
 // Q4_K: chunk c is sub-block j = c mod 8 of super-block c / 8 (32 bytes of nibbles shared by
 // sub-blocks 2i and 2i+1; rows are whole 144-byte super-blocks, so 16-byte aligned).
 struct ChunkQ4_K {
@@ -384,6 +428,7 @@ __device__ __forceinline__ Sums<R * T> dot_rows_of(int format, Rows<R> w, int fi
         case 7: return dot_rows<ChunkQ5_1, R, T>(w, first, last, lane, cols, inputs, count);
         case 8: return dot_rows<ChunkQ8_0, R, T>(w, first, last, lane, cols, inputs, count);
         case 12: return dot_rows<ChunkQ4_K, R, T>(w, first, last, lane, cols, inputs, count);
+        case 39: return dot_rows<ChunkMXFP4, R, T>(w, first, last, lane, cols, inputs, count);
         default: return dot_rows<ChunkQ6_K, R, T>(w, first, last, lane, cols, inputs, count);
     }
 }

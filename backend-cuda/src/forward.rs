@@ -8,6 +8,7 @@ use worker_common::model::{Activation, Ffn, GateUp, ModelPlan, Qkv, RopePlan};
 use crate::device::{Gpu, device_error};
 use crate::graphs::{MAX_GRAPH_ROWS, PassShape};
 use crate::kv::KvPool;
+use crate::moe::ExpertTables;
 use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch, StepRows};
 use crate::pass::{Pass, check_pass, decode_splits, is_long, segments};
 use crate::qgemv::{QgemvMode, RopeTarget, has_qgemv};
@@ -32,9 +33,6 @@ pub fn check_supported(plan: &ModelPlan) -> Result<(), BackendError> {
             )));
         }
     }
-    if hp.experts.is_some() {
-        return Err(unsupported("routed experts (gpt-oss)".to_owned()));
-    }
     let rope_dims = hp.rope.dimensions;
     if !rope_dims.is_multiple_of(2) || rope_dims > hp.head_dim_k {
         return Err(unsupported(format!("RoPE over {rope_dims} dimensions")));
@@ -50,6 +48,8 @@ pub struct Model<'a> {
     pub plan: &'a ModelPlan,
     /// The tensors.
     pub weights: &'a Weights,
+    /// Per layer, its experts' address tables (layers with routed experts).
+    pub experts: &'a [Option<ExpertTables>],
     /// The RoPE frequency factors in VRAM, 0 when the model has none.
     pub rope_factors: u64,
     /// The KV page pool.
@@ -147,7 +147,12 @@ impl Model<'_> {
         )?;
         for (il, layer) in self.weights.layers.iter().enumerate() {
             self.attention_block(il, layer, pass, s)?;
-            self.ffn_block(layer, pass, s)?;
+            match (&layer.ffn, self.experts.get(il).copied().flatten()) {
+                (Ffn::Experts(moe), Some(tables)) => {
+                    self.experts_ffn(moe, &tables, &layer.ffn_norm, n, s)?;
+                }
+                _ => self.ffn_block(layer, pass, s)?,
+            }
         }
         if pass.heads > 0 {
             self.head(pass, s)?;
@@ -220,11 +225,12 @@ impl Model<'_> {
         Ok((normed, None))
     }
 
-    /// `x += post_norm(input · Wᵀ)`: straight into the residual stream by the GEMV or the
-    /// tensor-core GEMM when there is no post-norm, else through [`Act::Projected`].
+    /// `x += post_norm(input · Wᵀ + bias)`: straight into the residual stream by the GEMV or
+    /// the tensor-core GEMM when there is no post-norm, else through [`Act::Projected`].
     fn residual(
         &self,
         w: &DeviceMatrix,
+        bias: Option<&DeviceVector>,
         input: u64,
         pass: &Pass<'_>,
         post_norm: Option<&DeviceVector>,
@@ -233,28 +239,21 @@ impl Model<'_> {
         let hp = &self.plan.hp;
         let n = pass.rows;
         let (x, projected) = (s.ptr(Act::X), s.ptr(Act::Projected));
+        let bias = bias.map(|b| b.ptr);
         if post_norm.is_none() && pass.gemv() {
-            let part = Projection {
-                w,
-                bias: None,
-                out: x,
-            };
+            let part = Projection { w, bias, out: x };
             if has_qgemv(w.ggml_type) {
                 return self.qgemv(&[part], input, None, n, QgemvMode::Accumulate, s);
             }
             return self.gpu.gemv(&[part], input, None, n, true);
         }
         if post_norm.is_none() && has_qgemv(w.ggml_type) {
-            let part = Projection {
-                w,
-                bias: None,
-                out: x,
-            };
+            let part = Projection { w, bias, out: x };
             return self.quantized_gemm(&[part], input, None, n, QgemvMode::Accumulate, s);
         }
         let part = Projection {
             w,
-            bias: None,
+            bias,
             out: projected,
         };
         self.project(&[part], input, None, n, pass.segments, s)?;
@@ -414,9 +413,11 @@ impl Model<'_> {
             counters: s.ptr(Act::Counters),
         };
         let split = pass.gemv().then_some(&split);
-        gpu.attention(&layer_plan.attention, q, &kv, attn, n, split)?;
+        let sinks = layer.attn_sinks.map(|v| v.ptr);
+        gpu.attention(&layer_plan.attention, q, &kv, attn, n, split, sinks)?;
         self.residual(
             &layer.attn_output,
+            layer.attn_output_bias.as_ref(),
             attn,
             pass,
             layer.post_attn_norm.as_ref(),
@@ -483,7 +484,7 @@ impl Model<'_> {
                 gpu.gated(fused, fused + (ff * 4) as u64, gate, ff, 2 * ff, n, gelu)?;
             }
         }
-        self.residual(ffn_down, gate, pass, layer.post_ffn_norm.as_ref(), s)
+        self.residual(ffn_down, None, gate, pass, layer.post_ffn_norm.as_ref(), s)
     }
 }
 

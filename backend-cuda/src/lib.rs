@@ -20,6 +20,7 @@ mod forward;
 mod graphs;
 mod kv;
 mod module;
+mod moe;
 mod ops;
 mod pass;
 mod project;
@@ -324,6 +325,7 @@ impl CudaBackend {
                 gpu: &self.gpu,
                 plan: &self.plan,
                 weights: &self.weights.tensors,
+                experts: &self.weights.experts,
                 rope_factors: self.weights.rope_factors,
                 kv: &self.kv,
             };

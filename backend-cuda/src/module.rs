@@ -16,6 +16,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/prelude.cu"),
     include_str!("../kernels/quant.cu"),
     include_str!("../kernels/qgemv.cu"),
+    include_str!("../kernels/moe.cu"),
     include_str!("../kernels/qgemm.cu"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/attention.cu"),
@@ -83,6 +84,8 @@ pub struct Kernels {
     pub attention: [CudaFunction; 3],
     /// Decode attention split over the keys, merged by the last block.
     pub attention_split: CudaFunction,
+    /// Routed experts: each row's choice, the pairs' gated gate and up, their down, the sum.
+    pub moe: [CudaFunction; 4],
     /// Keeps the module loaded as long as the functions are used.
     _module: Arc<CudaModule>,
 }
@@ -151,6 +154,12 @@ impl Kernels {
                 get("attention_h256")?,
             ],
             attention_split: get("attention_split")?,
+            moe: [
+                get("moe_route")?,
+                get("moe_gate_up")?,
+                get("moe_down")?,
+                get("moe_sum")?,
+            ],
             _module: module,
         })
     }

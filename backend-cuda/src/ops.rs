@@ -407,7 +407,8 @@ impl Gpu {
 
     /// Attention of `n` query rows, each at its position over its own sequence's keys
     /// (`kv.rows`), in one layer of the pool: blocks of 8 query rows per head sharing
-    /// each tile of keys, or with `split` (decode) the keys spread over blocks.
+    /// each tile of keys, or with `split` (decode) the keys spread over blocks; `sinks`, one
+    /// logit per query head, join each softmax without a value.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -417,6 +418,7 @@ impl Gpu {
         out: u64,
         n: usize,
         split: Option<&SplitScratch>,
+        sinks: Option<u64>,
     ) -> Result<(), BackendError> {
         let mut args = vec![
             Arg::Ptr(q),
@@ -432,6 +434,7 @@ impl Gpu {
             Arg::I32(int(shape.head_dim_v)?),
             Arg::F32(shape.scale),
             Arg::I32(int(shape.window.unwrap_or(0))?),
+            Arg::Ptr(sinks.unwrap_or(0)),
         ];
         let Some(split) = split else {
             args.push(Arg::I32(int(n)?));

@@ -8,6 +8,7 @@ use worker_common::model::ModelPlan;
 
 use crate::device::{Buffer, Gpu, device_error};
 use crate::graphs::Graphs;
+use crate::moe::MoeLayout;
 use crate::ops::{AllowedMask, ArgmaxScratch, SplitScratch, StepRows};
 use crate::qgemm::SplitRoom;
 use crate::qgemv::quantized_row_bytes;
@@ -55,6 +56,9 @@ pub enum Act {
     SplitPartial,
     /// Its counts of finished segments per tile (zeroed).
     SplitCounters,
+    /// The routed experts' logits, choices and activations ([`MoeLayout`]; 4 bytes without
+    /// experts).
+    Moe,
 }
 
 /// What a pass needs room for.
@@ -156,6 +160,8 @@ pub struct Scratch {
     pub graphs: Graphs,
     /// Bytes and counts of the GEMM's split room.
     split: (usize, usize),
+    /// Where [`Act::Moe`] holds what, for a model with experts.
+    moe: Option<MoeLayout>,
 }
 
 impl Scratch {
@@ -179,7 +185,13 @@ impl Scratch {
             heads: 0,
             graphs: Graphs::default(),
             split: (0, 0),
+            moe: None,
         }
+    }
+
+    /// The layout of [`Act::Moe`], for a model with experts.
+    pub fn moe_layout(&self) -> Option<MoeLayout> {
+        self.moe
     }
 
     /// Bytes of VRAM held.
@@ -314,6 +326,9 @@ impl Scratch {
             .push(gpu.alloc(split_bytes.max(4), "activations")?);
         self.buffers.push(zeroed(split_counts.max(1) * 4)?);
         self.split = (split_bytes, split_counts);
+        self.moe = MoeLayout::of(plan, n);
+        let moe_bytes = self.moe.map_or(4, |layout| layout.bytes());
+        self.buffers.push(gpu.alloc(moe_bytes, "activations")?);
         self.logits = Some(gpu.alloc_pinned(room.heads * (self.vocab + 1))?);
         self.room = room;
         Ok(())

@@ -556,7 +556,7 @@ fn attention_matches_the_reference() {
             window,
         };
         let run = |split: Option<&SplitScratch>| {
-            gpu.attention(&shape, qb.ptr(), &kv, out.ptr(), n, split)
+            gpu.attention(&shape, qb.ptr(), &kv, out.ptr(), n, split, None)
                 .unwrap();
             get(&gpu, &out, n * n_head * dim)
         };

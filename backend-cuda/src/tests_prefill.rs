@@ -280,7 +280,7 @@ fn prefill_attention_rows_do_not_depend_on_the_pass() {
         };
         let out = gpu.alloc(count * row_floats * 4, "test").unwrap();
         let input = q.ptr() + (first * row_floats * 4) as u64;
-        gpu.attention(&shape, input, &kv, out.ptr(), count, None)
+        gpu.attention(&shape, input, &kv, out.ptr(), count, None, None)
             .unwrap();
         get(&gpu, &out, count * row_floats)
     };

@@ -5,10 +5,13 @@
 
 use worker_common::backend::{BackendError, LoadProgress};
 use worker_common::gguf::{GgmlType, Gguf};
-use worker_common::model::{self, MatrixTensor, ModelSpec, TensorSource, VectorTensor};
+use worker_common::model::{
+    self, Experts, Ffn, MatrixTensor, ModelSpec, TensorSource, VectorTensor,
+};
 
 use crate::device::{Buffer, Gpu};
 use crate::module;
+use crate::moe::ExpertTables;
 use crate::ops::DeviceMatrix;
 use crate::qgemv::has_qgemv;
 
@@ -36,6 +39,8 @@ pub struct DeviceWeights {
     pub max_layer_matrix: usize,
     /// The model's RoPE frequency factors (f32, [`ModelPlan::rope_factors`]), 0 when none.
     pub rope_factors: u64,
+    /// Per layer, the address tables of its experts (a mixture of experts' layers).
+    pub experts: Vec<Option<ExpertTables>>,
     /// Every allocation, for accounting and the residency check.
     pub buffers: Vec<Buffer>,
 }
@@ -80,6 +85,14 @@ pub fn upload(
         max_layer_matrix: 0,
     };
     let tensors = Weights::assemble(gguf, spec, &mut uploader)?;
+    let experts = tensors
+        .layers
+        .iter()
+        .map(|layer| match &layer.ffn {
+            Ffn::Experts(moe) => uploader.expert_tables(moe).map(Some),
+            Ffn::Dense { .. } => Ok(None),
+        })
+        .collect::<Result<_, _>>()?;
     let rope_factors = match rope_factors {
         Some(factors) => {
             let bytes: Vec<u8> = factors.iter().flat_map(|f| f.to_le_bytes()).collect();
@@ -96,11 +109,29 @@ pub fn upload(
         tensors,
         max_layer_matrix: uploader.max_layer_matrix,
         rope_factors,
+        experts,
         buffers: uploader.buffers,
     })
 }
 
 impl Uploader<'_> {
+    /// Uploads the address tables of one layer's experts.
+    fn expert_tables(
+        &mut self,
+        moe: &Experts<DeviceMatrix, DeviceVector>,
+    ) -> Result<ExpertTables, BackendError> {
+        let [gate, up, down, gate_bias, up_bias, down_bias] =
+            ExpertTables::arrays(moe)?.map(|bytes| self.upload_bytes(&bytes));
+        Ok(ExpertTables {
+            gate: gate?,
+            up: up?,
+            down: down?,
+            gate_bias: gate_bias?,
+            up_bias: up_bias?,
+            down_bias: down_bias?,
+        })
+    }
+
     /// Copies `data` into a new allocation in chunks and returns its address.
     fn upload_bytes(&mut self, data: &[u8]) -> Result<u64, BackendError> {
         let mut buffer = self.gpu.alloc(data.len(), "weights")?;
@@ -123,8 +154,15 @@ impl TensorSource for Uploader<'_> {
     type Matrix = DeviceMatrix;
     type Vector = DeviceVector;
 
+    /// The experts' GEMVs read MXFP4 (`moe.cu`): half the bytes of its Q8_0 rewrite.
+    fn native_mxfp4_experts(&self) -> bool {
+        true
+    }
+
     fn matrix(&mut self, tensor: MatrixTensor<'_>) -> Result<DeviceMatrix, BackendError> {
-        if !module::supports(tensor.ggml_type) {
+        // MXFP4 comes only as routed experts' matrices (dense ones are rewritten as Q8_0).
+        let mxfp4 = tensor.ggml_type == GgmlType::MXFP4;
+        if !module::supports(tensor.ggml_type) && !mxfp4 {
             return Err(BackendError::Unsupported {
                 backend: Self::BACKEND,
                 what: format!("{}: matrix type {}", tensor.name, tensor.ggml_type),
@@ -134,7 +172,7 @@ impl TensorSource for Uploader<'_> {
         // Only float layer matrices go through the prefill's dequantize + SGEMM path (the
         // quantized ones take the tensor-core GEMM; the embedding table and head are not layer
         // matrices).
-        if tensor.name.starts_with("blk.") && !has_qgemv(tensor.ggml_type) {
+        if tensor.name.starts_with("blk.") && !has_qgemv(tensor.ggml_type) && !mxfp4 {
             self.max_layer_matrix = self.max_layer_matrix.max(tensor.rows * tensor.cols);
         }
         Ok(DeviceMatrix {

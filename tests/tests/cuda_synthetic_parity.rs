@@ -43,3 +43,9 @@ fn phi3_long_rope_factors_match_llama_cpp_beyond_the_original_context() {
 fn mxfp4_matrices_match_llama_cpp() {
     check(Synthetic::Mxfp4, 512);
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpt_oss_matches_llama_cpp() {
+    check(Synthetic::GptOss, 512);
+}

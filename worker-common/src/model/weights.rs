@@ -51,6 +51,12 @@ pub trait TensorSource {
     /// Takes `tensor`, refusing a block format the backend cannot multiply.
     fn matrix(&mut self, tensor: MatrixTensor<'_>) -> Result<Self::Matrix, BackendError>;
 
+    /// Whether routed experts' MXFP4 matrices come as they are in the file; otherwise they
+    /// come, as every MXFP4 matrix does, rewritten as the Q8_0 blocks they equal.
+    fn native_mxfp4_experts(&self) -> bool {
+        false
+    }
+
     /// Takes `tensor` as f32.
     fn vector(&mut self, tensor: VectorTensor<'_>) -> Result<Self::Vector, BackendError>;
 }
@@ -326,7 +332,7 @@ impl<S: TensorSource> Files<'_, S> {
                 )));
             }
         };
-        self.matrix_rows(name, tensor.ggml_type, tensor.data, rows, cols)
+        self.matrix_rows(name, tensor.ggml_type, tensor.data, rows, cols, true)
     }
 
     /// The `count` matrices stacked in the 3-D tensor `name` (ggml's `[cols, rows, count]`),
@@ -346,19 +352,21 @@ impl<S: TensorSource> Files<'_, S> {
                 tensor.data.len()
             )));
         }
+        let rewrite = !self.source.native_mxfp4_experts();
         tensor
             .data
             .chunks_exact(bytes)
             .enumerate()
             .map(|(e, data)| {
                 let part = format!("{name}[{e}]");
-                self.matrix_rows(&part, tensor.ggml_type, data, rows as usize, cols as usize)
+                let (rows, cols) = (rows as usize, cols as usize);
+                self.matrix_rows(&part, tensor.ggml_type, data, rows, cols, rewrite)
             })
             .collect()
     }
 
     /// Checks that `data` holds `rows` rows of `cols` elements of `ggml_type` and hands them to
-    /// the backend.
+    /// the backend, MXFP4 rewritten as Q8_0 when `rewrite_mxfp4`.
     fn matrix_rows(
         &mut self,
         name: &str,
@@ -366,11 +374,13 @@ impl<S: TensorSource> Files<'_, S> {
         data: &[u8],
         rows: usize,
         cols: usize,
+        rewrite_mxfp4: bool,
     ) -> Result<S::Matrix, BackendError> {
-        // MXFP4 reaches the backends as the Q8_0 blocks it equals (super::mxfp4); the
-        // rewritten bytes live only for this call, so a backend keeping them copies them.
+        // MXFP4 reaches the backends as the Q8_0 blocks it equals (super::mxfp4) unless they
+        // take it as it is; the rewritten bytes live only for this call, so a backend keeping
+        // them copies them.
         let rewritten;
-        let (ggml_type, data) = if ggml_type == GgmlType::MXFP4 {
+        let (ggml_type, data) = if ggml_type == GgmlType::MXFP4 && rewrite_mxfp4 {
             rewritten = super::mxfp4::mxfp4_to_q8_0(data)
                 .map_err(|e| BackendError::InvalidModel(format!("{name}: {e}")))?;
             (GgmlType::Q8_0, rewritten.as_slice())

@@ -18,12 +18,13 @@
 //!
 //! - `tools` (OpenAI's tool list, when a request has one) and a message's extra keys
 //!   (`tool_calls`, `tool_call_id`, `name`), with `tojson` writing what HF's filter writes.
+//! - the function `strftime_now(format)` (llama.cpp's server offers it; gpt-oss's template
+//!   writes the current date with it, Llama 3.x's may): the current time as C's `strftime`
+//!   formats it, in UTC where llama.cpp uses local time (`template/strftime.rs`).
 //!
-//! Not provided: `strftime_now` (llama.cpp and llama-cpp-python offer it for Llama 3.x
-//! templates; none of our models uses it), the `documents` variable, and HF's
-//! `{% generation %}` training tag. A template using them fails to compile or
-//! render with an error naming the line, or takes its `is defined` branch. Booleans print as
-//! Python prints them (`True`), as in jinja2.
+//! Not provided: the `documents` variable and HF's `{% generation %}` training tag. A template
+//! using them fails to compile or render with an error naming the line, or takes its
+//! `is defined` branch. Booleans print as Python prints them (`True`), as in jinja2.
 //!
 //! A model without `tokenizer.chat_template` has no [`ChatTemplate`]: its prompt is tokenized
 //! as is (CONTRACT.md, `raw`). llama.cpp's server would fall back to ChatML there; we do not,
@@ -36,6 +37,8 @@ use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, Error, ErrorKind, Value, context};
 
 use super::template_json;
+
+mod strftime;
 
 /// The name the template is registered under in its private environment.
 const TEMPLATE_NAME: &str = "tokenizer.chat_template";
@@ -225,6 +228,7 @@ impl ChatTemplate {
         env.set_fuel(Some(RENDER_FUEL));
         env.set_recursion_limit(RECURSION_LIMIT);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime::strftime_now);
         env.add_filter("tojson", template_json::tojson);
         // MiniJinja 3.0.5's code generator panics (`unreachable!`) on some templates its parser
         // accepts, e.g. `{% import 'x' as y|upper %}`: a model file must not crash the worker,

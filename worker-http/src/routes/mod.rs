@@ -105,4 +105,6 @@ fn body_or_error(
 #[cfg(test)]
 mod openai_tests;
 #[cfg(test)]
+mod reasoning_tests;
+#[cfg(test)]
 mod tests;

@@ -25,8 +25,8 @@ use worker_common::grammar::GrammarSpec;
 use super::execute::KEEP_ALIVE;
 use super::{body_or_error, content_type};
 use crate::api::openai::{
-    Endpoint, Logprobs, OpenAiRequest, Piece, Reply, ToolCallParser, ToolFormat, error_body,
-    reshape_error,
+    Endpoint, Logprobs, OpenAiRequest, Piece, ReasoningFormat, ReasoningParser, Reply,
+    ToolCallParser, ToolFormat, error_body, reshape_error,
 };
 use crate::api::{ApiError, ErrorCode, FieldError, Grammar, Limits};
 use crate::connections::Connection;
@@ -149,6 +149,7 @@ async fn answer(
     };
     let mut request = request;
     let tool_format = tool_format(shared, &mut request, &correlation_id)?;
+    let reasoning = reasoning_format(endpoint, shared, &correlation_id)?;
     let job_id = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
     let origin = Origin {
         job_id: job_id.clone(),
@@ -166,12 +167,18 @@ async fn answer(
         tokens_as_ids: request.tokens_as_ids,
     };
     if request.stream {
-        let parser = tool_format.map(ToolCallParser::streaming);
+        let parser = TextParser {
+            reasoning: reasoning.map(ReasoningParser::new),
+            tools: tool_format.map(ToolCallParser::streaming),
+        };
         let chunks = ChunkStream::new(reply, accepted.events, request.include_usage, parser);
         let sse = Sse::new(chunks).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
         return Ok(sse.into_response());
     }
-    let parser = tool_format.map(ToolCallParser::new);
+    let parser = TextParser {
+        reasoning: reasoning.map(ReasoningParser::new),
+        tools: tool_format.map(ToolCallParser::new),
+    };
     let whole = whole(&reply, accepted.events, parser, &correlation_id).await?;
     Ok(Json(whole).into_response())
 }
@@ -218,12 +225,63 @@ fn tool_format(
     Ok(Some(format))
 }
 
-/// The pieces of `text`: through the tool-call parser when the request has tools.
-fn pieces(parser: &mut Option<ToolCallParser>, text: String) -> Vec<Piece> {
-    match parser {
-        Some(parser) => parser.push(&text),
-        None if text.is_empty() => Vec::new(),
-        None => vec![Piece::Content(text)],
+/// Chat only: how the loaded model writes its reasoning, when its template says (the text of
+/// `/v1/completions` is the model's raw output, markers included).
+fn reasoning_format(
+    endpoint: Endpoint,
+    shared: &Shared,
+    correlation_id: &str,
+) -> Result<Option<ReasoningFormat>, ApiError> {
+    if endpoint != Endpoint::Chat {
+        return Ok(None);
+    }
+    let loaded = accepting(shared, correlation_id)?;
+    let source = loaded.formatter.template_source();
+    Ok(source.and_then(ReasoningFormat::of_template))
+}
+
+/// Cuts one reply's text into pieces: reasoning first (when the model's template has a
+/// reasoning format), then the content through the tool-call parser (when the request has
+/// tools), so a call written in the reasoning is not made.
+struct TextParser {
+    reasoning: Option<ReasoningParser>,
+    tools: Option<ToolCallParser>,
+}
+
+impl TextParser {
+    /// The pieces `text` releases.
+    fn push(&mut self, text: String) -> Vec<Piece> {
+        let pieces = match &mut self.reasoning {
+            Some(reasoning) => reasoning.push(&text),
+            None => vec![Piece::Content(text)],
+        };
+        self.through_tools(pieces)
+    }
+
+    /// The reply ended: what both parsers still hold, in order.
+    fn finish(&mut self) -> Vec<Piece> {
+        let rest = self.reasoning.as_mut().map(ReasoningParser::finish);
+        let mut pieces = self.through_tools(rest.unwrap_or_default());
+        pieces.extend(
+            self.tools
+                .as_mut()
+                .map(ToolCallParser::finish)
+                .unwrap_or_default(),
+        );
+        pieces
+    }
+
+    /// Content through the tool-call parser; other pieces as they are. Empty text is dropped.
+    fn through_tools(&mut self, pieces: Vec<Piece>) -> Vec<Piece> {
+        let mut out = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            match (&mut self.tools, piece) {
+                (Some(tools), Piece::Content(text)) => out.extend(tools.push(&text)),
+                (_, Piece::Content(text) | Piece::Reasoning(text)) if text.is_empty() => {}
+                (_, piece) => out.push(piece),
+            }
+        }
+        out
     }
 }
 
@@ -231,7 +289,7 @@ fn pieces(parser: &mut Option<ToolCallParser>, text: String) -> Vec<Piece> {
 async fn whole(
     reply: &Reply,
     mut events: JobEvents,
-    mut parser: Option<ToolCallParser>,
+    mut parser: TextParser,
     correlation_id: &str,
 ) -> Result<Value, ApiError> {
     let (mut text, mut tokens) = (String::new(), Vec::new());
@@ -247,17 +305,14 @@ async fn whole(
             }
             JobEvent::Generate(GenerateEvent::Metrics { .. }) => {}
             JobEvent::End(JobEnd::Finished(done)) => {
-                let mut all = pieces(&mut parser, text);
-                all.extend(
-                    parser
-                        .as_mut()
-                        .map(ToolCallParser::finish)
-                        .unwrap_or_default(),
-                );
-                let (mut content, mut calls) = (String::new(), Vec::new());
+                let mut all = parser.push(text);
+                all.extend(parser.finish());
+                let (mut content, mut reasoning, mut calls) =
+                    (String::new(), String::new(), Vec::new());
                 for piece in all {
                     match piece {
                         Piece::Content(more) => content.push_str(&more),
+                        Piece::Reasoning(more) => reasoning.push_str(&more),
                         Piece::Call(call) | Piece::CallStart(call) => calls.push(call),
                         Piece::Arguments(more) => {
                             if let Some(call) = calls.last_mut() {
@@ -266,7 +321,7 @@ async fn whole(
                         }
                     }
                 }
-                return Ok(reply.whole(&content, &calls, &tokens, &done));
+                return Ok(reply.whole(&content, &reasoning, &calls, &tokens, &done));
             }
             JobEvent::End(JobEnd::Failed { code, message, .. }) => {
                 return Err(ApiError::new(code, message, correlation_id));
@@ -284,8 +339,8 @@ struct ChunkStream {
     reply: Reply,
     events: JobEvents,
     include_usage: bool,
-    /// Cuts tool calls out of the text, when the request has tools.
-    parser: Option<ToolCallParser>,
+    /// Cuts reasoning and tool calls out of the text.
+    parser: TextParser,
     /// Tool calls sent so far.
     calls: usize,
     ready: VecDeque<Event>,
@@ -295,12 +350,7 @@ struct ChunkStream {
 }
 
 impl ChunkStream {
-    fn new(
-        reply: Reply,
-        events: JobEvents,
-        include_usage: bool,
-        parser: Option<ToolCallParser>,
-    ) -> Self {
+    fn new(reply: Reply, events: JobEvents, include_usage: bool, parser: TextParser) -> Self {
         let ready = reply.role_chunk().iter().map(data).collect();
         Self {
             reply,
@@ -318,14 +368,14 @@ impl ChunkStream {
     fn push(&mut self, event: JobEvent) -> bool {
         match event {
             JobEvent::Generate(GenerateEvent::Token { text, logprobs, .. }) => {
-                let released = pieces(&mut self.parser, text);
+                let released = self.parser.push(text);
                 self.send_pieces(released, &logprobs);
                 false
             }
             JobEvent::Generate(GenerateEvent::Metrics { .. }) => false,
             JobEvent::End(JobEnd::Finished(done)) => {
-                let rest = self.parser.as_mut().map(ToolCallParser::finish);
-                self.send_pieces(rest.unwrap_or_default(), &[]);
+                let rest = self.parser.finish();
+                self.send_pieces(rest, &[]);
                 let finish = self.reply.finish_chunk(&done, self.calls > 0);
                 self.ready.push_back(data(&finish));
                 if self.include_usage {
@@ -345,8 +395,8 @@ impl ChunkStream {
 }
 
 impl ChunkStream {
-    /// Queues content chunks and tool-call chunks; the event's log-probabilities ride with its
-    /// first content chunk (a call's tokens have none in a stream).
+    /// Queues content, reasoning and tool-call chunks; the event's log-probabilities ride with
+    /// its first content chunk (a call's and the reasoning's tokens have none in a stream).
     fn send_pieces(&mut self, pieces: Vec<Piece>, logprobs: &[TokenLogprob]) {
         let mut logprobs = Some(logprobs);
         for piece in pieces {
@@ -357,6 +407,7 @@ impl ChunkStream {
                     let tokens = logprobs.take().unwrap_or_default();
                     self.reply.text_chunk(&text, Logprobs { tokens, offset })
                 }
+                Piece::Reasoning(text) => self.reply.reasoning_chunk(&text),
                 Piece::Call(call) | Piece::CallStart(call) => {
                     self.calls += 1;
                     self.reply.tool_call_chunk(self.calls - 1, &call)

@@ -16,6 +16,7 @@ use worker_common::backend::CpuInfo;
 use worker_common::generate::PromptFormatter;
 use worker_common::schedule::PrefixIndex;
 use worker_common::testing::{ScriptedBackend, tiny_tokenizer};
+use worker_common::tokenizer::Tokenizer;
 
 use super::router;
 use crate::engine::start_loaded;
@@ -88,8 +89,19 @@ pub(super) fn start_with_formatter(
     settings: Settings,
     formatter: PromptFormatter,
 ) -> (Arc<Shared>, std::thread::JoinHandle<()>) {
+    start_with_tokenizer(backend, slots, settings, formatter, tiny_tokenizer())
+}
+
+/// A ready worker over `tokenizer` whose prompts `formatter` renders, and its engine thread.
+pub(super) fn start_with_tokenizer(
+    backend: ScriptedBackend,
+    slots: usize,
+    settings: Settings,
+    formatter: PromptFormatter,
+    tokenizer: Tokenizer,
+) -> (Arc<Shared>, std::thread::JoinHandle<()>) {
     let shared = Arc::new(Shared::new(settings, 64));
-    let grammars = worker_common::grammar::Grammars::new(&tiny_tokenizer())
+    let grammars = worker_common::grammar::Grammars::new(&tokenizer)
         .map(Arc::new)
         .map_err(|err| err.to_string());
     let grammars = crate::grammars::GrammarCell::built(grammars);
@@ -99,9 +111,9 @@ pub(super) fn start_with_formatter(
         quant_kind: "F32".into(),
         capabilities: vec!["text-gen".into(), "arch:llama".into(), "quant:F32".into()],
         tokenizer_kind: "gguf-bpe",
-        vocab_size: 10,
+        vocab_size: tokenizer.vocab().len(),
         context_length: 256,
-        tokenizer: tiny_tokenizer(),
+        tokenizer,
         formatter,
         device: "scripted".into(),
         gpu: None,

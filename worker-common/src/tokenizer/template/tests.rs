@@ -229,3 +229,37 @@ fn tools_and_tool_calls_reach_the_template() {
     );
     assert_eq!(t.render(&[user("x")], false).unwrap(), "|False");
 }
+
+/// gpt-oss's template (harmony) writes the current date with `strftime_now`, as llama.cpp's
+/// server provides it.
+#[test]
+fn gpt_oss_renders_with_the_current_date() {
+    let source = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/synthetic/gpt-oss.jinja"
+    ));
+    let t = ChatTemplate::new(source, "<|startoftext|>", "<|return|>").unwrap();
+    let text = t.render(&[user("Hi")], true).unwrap();
+    let date = text
+        .split("Current date: ")
+        .nth(1)
+        .and_then(|rest| rest.get(..10))
+        .unwrap();
+    let digits = |range: std::ops::Range<usize>| date[range].bytes().all(|b| b.is_ascii_digit());
+    assert!(
+        digits(0..4) && digits(5..7) && digits(8..10) && &date[4..5] == "-",
+        "{date}"
+    );
+    assert!(text.ends_with("<|start|>assistant"), "{text}");
+}
+
+#[test]
+fn strftime_now_refuses_an_unsupported_conversion() {
+    let t = ChatTemplate::new("a\n{{ strftime_now('%Y %Z') }}", "", "").unwrap();
+    let err = t.render(&[user("hi")], false).unwrap_err();
+    let TemplateError::Render { line, detail } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(*line, Line(Some(2)));
+    assert!(detail.contains("unsupported conversion %Z"), "{detail}");
+}

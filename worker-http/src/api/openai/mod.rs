@@ -2,11 +2,13 @@
 //! into the same [`JobSpec`](super::JobSpec) as `/execute`, answers and errors rendered in
 //! OpenAI's shapes. specs/OPENAI.md states every field and decision.
 
+mod reasoning;
 mod request;
 mod response;
 mod tool_calls;
 mod tools;
 
+pub use reasoning::{ReasoningFormat, ReasoningParser};
 pub use request::{Endpoint, OpenAiRequest};
 pub use response::{Logprobs, Reply, finish_reason, usage};
 pub use tool_calls::{Piece, ToolCall, ToolCallParser};

@@ -171,11 +171,13 @@ impl Reply {
         choice
     }
 
-    /// The whole reply of a non-streamed request: its text, the tool calls parsed out of it,
+    /// The whole reply of a non-streamed request: its text, its reasoning (chat's
+    /// `reasoning_content`, present only when there is some), the tool calls parsed out of it,
     /// the tokens' log-probabilities.
     pub fn whole(
         &self,
         text: &str,
+        reasoning: &str,
         calls: &[ToolCall],
         tokens: &[TokenLogprob],
         done: &Finished,
@@ -183,6 +185,9 @@ impl Reply {
         let finish = finish_reason(done.stop_reason, !calls.is_empty());
         let logprobs = Logprobs { tokens, offset: 0 };
         let mut choice = self.choice(false, Some(text), Some(logprobs), Some(finish));
+        if self.endpoint == Endpoint::Chat && !reasoning.is_empty() {
+            choice["message"]["reasoning_content"] = json!(reasoning);
+        }
         if !calls.is_empty() {
             let message = &mut choice["message"];
             message["tool_calls"] = calls.iter().map(|call| tool_call(call, None)).collect();
@@ -209,6 +214,12 @@ impl Reply {
     pub fn text_chunk(&self, text: &str, logprobs: Logprobs<'_>) -> Value {
         let choice = self.choice(true, Some(text), Some(logprobs), None);
         self.envelope(true, json!([choice]))
+    }
+
+    /// A chat chunk of reasoning text: `delta {reasoning_content}`, no `content` (the
+    /// reasoning tokens' log-probabilities are not sent).
+    pub fn reasoning_chunk(&self, text: &str) -> Value {
+        self.delta_chunk(json!({"reasoning_content": text}))
     }
 
     /// A chunk carrying the reply's `index`-th tool call: whole, or a streamed call's start
@@ -278,13 +289,39 @@ mod tests {
 
     #[test]
     fn a_whole_chat_reply_has_the_message_usage_and_finish_reason() {
-        let whole = reply(Endpoint::Chat).whole("hi", &[], &[], &done(StopReason::MaxTokens));
+        let whole = reply(Endpoint::Chat).whole("hi", "", &[], &[], &done(StopReason::MaxTokens));
         assert_eq!(whole["object"], "chat.completion");
         assert_eq!(whole["choices"][0]["message"]["content"], "hi");
         assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
         assert_eq!(whole["choices"][0]["finish_reason"], "length");
         assert_eq!(whole["usage"]["total_tokens"], 13);
         assert_eq!(whole["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+    }
+
+    #[test]
+    fn reasoning_is_its_own_field_only_when_there_is_some() {
+        let chat = reply(Endpoint::Chat);
+        let whole = chat.whole("4", "2+2", &[], &[], &done(StopReason::Eos));
+        let message = &whole["choices"][0]["message"];
+        assert_eq!(
+            (
+                message["content"].as_str(),
+                message["reasoning_content"].as_str()
+            ),
+            (Some("4"), Some("2+2"))
+        );
+        let plain = chat.whole("4", "", &[], &[], &done(StopReason::Eos));
+        assert!(
+            plain["choices"][0]["message"]
+                .get("reasoning_content")
+                .is_none()
+        );
+        let chunk = chat.reasoning_chunk("hm");
+        assert_eq!(
+            chunk["choices"][0]["delta"],
+            json!({"reasoning_content": "hm"})
+        );
+        assert!(chunk["choices"][0]["logprobs"].is_null());
     }
 
     #[test]
@@ -316,7 +353,13 @@ mod tests {
             arguments: "{}".into(),
         };
         let chat = reply(Endpoint::Chat);
-        let whole = chat.whole("", std::slice::from_ref(&call), &[], &done(StopReason::Eos));
+        let whole = chat.whole(
+            "",
+            "",
+            std::slice::from_ref(&call),
+            &[],
+            &done(StopReason::Eos),
+        );
         let choice = &whole["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls");
         assert!(choice["message"]["content"].is_null());

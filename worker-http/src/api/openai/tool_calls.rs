@@ -35,6 +35,9 @@ pub struct ToolCall {
 pub enum Piece {
     /// Text for the reply's content.
     Content(String),
+    /// Text for the reply's `reasoning_content` (only from a
+    /// [`ReasoningParser`](super::ReasoningParser); this parser never makes it).
+    Reasoning(String),
     /// A call.
     Call(ToolCall),
     /// A streamed call's start: its id and name, with empty arguments.
