@@ -1,9 +1,10 @@
 // Routed experts (gpt-oss's mixture; llama.cpp's build_moe_ffn with SOFTMAX_WEIGHT gating).
-// moe_route picks each row's experts from the router's logits; moe_gate_up and moe_down multiply
-// each (row, slot) pair by its expert's matrices, found through tables of per-expert addresses
-// on the device, so that a captured pass replays whatever the routing is; moe_sum adds a row's
-// slots into the residual stream, best first, as llama.cpp adds its views. A pair's arithmetic
-// is its own: its results do not depend on the other rows of the pass.
+// moe_route picks each row's experts from the router's logits and moe_group sorts the (row,
+// slot) pairs by expert; moe_gate_up and moe_down multiply each expert's pairs by its matrices,
+// found through tables of per-expert addresses on the device (so that a captured pass replays
+// whatever the routing is), each weight loaded once for up to MOE_TOKENS pairs; moe_sum adds a
+// row's slots into the residual stream, best first, as llama.cpp adds its views. A pair's
+// arithmetic is its own: its results do not depend on the other rows of the pass.
 
 // One thread per row: the `used` highest of `count` logits (bias included; the lower index
 // first among equals), best first, weighted by the softmax of the chosen logits.
@@ -42,40 +43,154 @@ __device__ __forceinline__ float swiglu_oai(float gate, float up, float alpha, f
     return x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
 }
 
-// act[p][r] = swiglu_oai(gate_e[r] · x[p / used] + gb_e[r], up_e[r] · x[p / used] + ub_e[r]) for
-// pair p = blockIdx.x routed to expert e = ids[p]: one warp per row r (grid.y over groups of
-// QG_WARPS rows), the input rows quantized once (quantize_rows) at `pre`.
+// Groups the n · used pairs by expert, in one block of 32 warps: offsets[e].. < offsets[e + 1]
+// are expert e's positions in `order`, which holds the pairs in expert order and, within an
+// expert, in pair order (counted by ballots, so the grouping is the same on every run);
+// `active` lists the experts with pairs, in order, then -1 up to min(count, pairs) entries.
+extern "C" __global__ void __launch_bounds__(1024)
+moe_group(const int* ids, int pairs, int count, int* offsets, int* order, int* active) {
+    extern __shared__ int moe_counts[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    unsigned below = (1u << lane) - 1u;
+    for (int e = warp; e < count; e += warps) {
+        int total = 0;
+        for (int p0 = 0; p0 < pairs; p0 += 32) {
+            int p = p0 + lane;
+            total += __popc(__ballot_sync(0xffffffffu, p < pairs && ids[p] == e));
+        }
+        if (lane == 0) moe_counts[e] = total;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int running = 0, used = 0;
+        for (int e = 0; e < count; ++e) {
+            offsets[e] = running;
+            running += moe_counts[e];
+            if (moe_counts[e] > 0) active[used++] = e;
+            moe_counts[e] = offsets[e];
+        }
+        offsets[count] = running;
+        // The launches' grid.y covers min(count, pairs) experts: the rest are idle.
+        for (int j = used; j < min(count, pairs); ++j) active[j] = -1;
+    }
+    __syncthreads();
+    for (int e = warp; e < count; e += warps) {
+        int next = moe_counts[e];
+        for (int p0 = 0; p0 < pairs; p0 += 32) {
+            int p = p0 + lane;
+            bool mine = p < pairs && ids[p] == e;
+            unsigned hits = __ballot_sync(0xffffffffu, mine);
+            if (mine) order[next + __popc(hits & below)] = p;
+            next += __popc(hits);
+        }
+    }
+}
+
+// sorted[k] = quantized input row order[k] / used (each pair's token's row), one block per k.
+extern "C" __global__ void moe_gather(const u8* rows, const int* order, int used, int bytes,
+                                      u8* sorted) {
+    int k = blockIdx.x;
+    const int4* src = (const int4*)(rows + (long long)(order[k] / used) * bytes);
+    int4* dst = (int4*)(sorted + (long long)k * bytes);
+    for (int i = threadIdx.x; i < bytes / 16; i += blockDim.x) dst[i] = src[i];
+}
+
+// Tokens of one expert a block multiplies per weight load (the batched qgemv's T).
+#define MOE_TOKENS 8
+
+// act[k][r] = swiglu_oai(gate_e[r] · x_k + gb_e[r], up_e[r] · x_k + ub_e[r]) for each position k
+// of expert e = active[blockIdx.y] (offsets[e].. < offsets[e + 1]), x_k its pair's input, quantized in
+// expert order at `sorted`: one warp per row r (grid.x over groups of QG_WARPS rows), each
+// weight chunk loaded once for up to MOE_TOKENS positions, a position's sums the same whatever
+// the others are.
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
 moe_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* gate_b,
             const float* const* up_b, long long row_bytes, int rows, int format, int cols,
-            const u8* pre, const int* ids, int used, float alpha, float limit, float* act) {
-    int p = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.y * (blockDim.x >> 5) + warp;
-    if (r >= rows) return;
-    int e = ids[p];
+            const u8* sorted, const int* offsets, const int* active, float alpha, float limit,
+            float* act) {
+    int e = active[blockIdx.y], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (e < 0 || r >= rows) return;
+    int first = offsets[e], last = offsets[e + 1];
     Rows<2> w;
     w.p[0] = gate_w[e] + (long long)r * row_bytes;
     w.p[1] = up_w[e] + (long long)r * row_bytes;
-    const u8* input = pre + (long long)(p / used) * qinput_bytes(cols);
-    Sums<2> sums = dot_rows_of<2, 1>(format, w, 0, cols >> 5, lane, cols, input, 1);
+    long long bytes = qinput_bytes(cols);
+    for (int k0 = first; k0 < last; k0 += MOE_TOKENS) {
+        int count = min(MOE_TOKENS, last - k0);
+        Sums<2 * MOE_TOKENS> sums = dot_rows_of<2, MOE_TOKENS>(format, w, 0, cols >> 5, lane, cols,
+                                                               sorted + k0 * bytes, count);
+        int index;
+        float total = reduce_scatter<2 * MOE_TOKENS, 32>(sums, lane, &index);
+        // The up row's total for the same token sits in the lanes xor 16.
+        float up = __shfl_xor_sync(0xffffffffu, total, 16);
+        int i = index % MOE_TOKENS;
+        bool leader = (lane & 1) == 0 && index < MOE_TOKENS;
+        if (leader && i < count)
+            act[(long long)(k0 + i) * rows + r] =
+                swiglu_oai(total + gate_b[e][r], up + up_b[e][r], alpha, limit);
+    }
+}
+
+// out[order[k]][r] = (down_e[r] · act_k + db_e[r]) · weights[order[k]] for each position k of
+// expert e = active[blockIdx.y], the activations quantized in expert order at `sorted`; one warp per
+// row r, as moe_gate_up.
+extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
+moe_down(const u8* const* down_w, const float* const* down_b, long long row_bytes, int rows,
+         int format, int cols, const u8* sorted, const int* offsets, const int* active,
+         const int* order, const float* weights, float* out) {
+    int e = active[blockIdx.y], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (e < 0 || r >= rows) return;
+    int first = offsets[e], last = offsets[e + 1];
+    Rows<1> w;
+    w.p[0] = down_w[e] + (long long)r * row_bytes;
+    long long bytes = qinput_bytes(cols);
+    for (int k0 = first; k0 < last; k0 += MOE_TOKENS) {
+        int count = min(MOE_TOKENS, last - k0);
+        Sums<MOE_TOKENS> sums = dot_rows_of<1, MOE_TOKENS>(format, w, 0, cols >> 5, lane, cols,
+                                                           sorted + k0 * bytes, count);
+        int index;
+        float total = reduce_scatter<MOE_TOKENS, 32>(sums, lane, &index);
+        bool leader = (lane & 3) == 0;
+        if (leader && index < count) {
+            int p = order[k0 + index];
+            out[(long long)p * rows + r] = (total + down_b[e][r]) * weights[p];
+        }
+    }
+}
+
+// The same products for a pass of one row, pair p = blockIdx.y on its expert ids[p] alone (no
+// grouping): the sums are those of moe_gate_up and moe_down (a token's chunks in the same order,
+// the butterfly of reduce_scatter equal to warp_sum's), so a row's results do not depend on
+// which kernel ran; with one token per expert the batched accumulators only cost registers.
+extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
+moe_pair_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* gate_b,
+                 const float* const* up_b, long long row_bytes, int rows, int format, int cols,
+                 const u8* quantized, const int* ids, float alpha, float limit, float* act) {
+    int p = blockIdx.y, e = ids[p], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= rows) return;
+    Rows<2> w;
+    w.p[0] = gate_w[e] + (long long)r * row_bytes;
+    w.p[1] = up_w[e] + (long long)r * row_bytes;
+    Sums<2> sums = dot_rows_of<2, 1>(format, w, 0, cols >> 5, lane, cols, quantized, 1);
     float gate = warp_sum(sums.v[0]), up = warp_sum(sums.v[1]);
     if (lane == 0)
         act[(long long)p * rows + r] =
             swiglu_oai(gate + gate_b[e][r], up + up_b[e][r], alpha, limit);
 }
 
-// out[p][r] = (down_e[r] · act[p] + db_e[r]) · weights[p] for pair p = blockIdx.x routed to
-// expert e = ids[p], the activations quantized once at `pre`; one warp per row r.
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
-moe_down(const u8* const* down_w, const float* const* down_b, long long row_bytes, int rows,
-         int format, int cols, const u8* pre, const int* ids, const float* weights, float* out) {
-    int p = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.y * (blockDim.x >> 5) + warp;
+moe_pair_down(const u8* const* down_w, const float* const* down_b, long long row_bytes, int rows,
+              int format, int cols, const u8* quantized, const int* ids, const float* weights,
+              float* out) {
+    int p = blockIdx.y, e = ids[p], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
     if (r >= rows) return;
-    int e = ids[p];
     Rows<1> w;
     w.p[0] = down_w[e] + (long long)r * row_bytes;
-    const u8* input = pre + (long long)p * qinput_bytes(cols);
+    const u8* input = quantized + (long long)p * qinput_bytes(cols);
     Sums<1> sums = dot_rows_of<1, 1>(format, w, 0, cols >> 5, lane, cols, input, 1);
     float v = warp_sum(sums.v[0]);
     if (lane == 0) out[(long long)p * rows + r] = (v + down_b[e][r]) * weights[p];

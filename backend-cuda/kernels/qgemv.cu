@@ -267,10 +267,38 @@ struct ChunkQ8_0 {
 // MXFP4 (gpt-oss's experts): 17-byte blocks, an E8M0 exponent e then 16 bytes of 4-bit codes
 // (elements 0..15 in the low nibbles, 16..31 in the high ones) standing for the int8 values
 // 0 1 2 3 4 6 8 12 and their negatives, scaled by 2^(e - 128) (ggml's e8m0 "half", whose
-// e = 0 and 1 are the subnormals 2^-128 and 2^-127). Blocks sit at odd offsets, so bytes are
-// loaded one by one.
-__device__ __forceinline__ u32 ld_u32_bytes(const u8* p) {
-    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+// e = 0 and 1 are the subnormals 2^-128 and 2^-127). Blocks sit at any byte offset: a block is
+// read as the five aligned words that hold it (never past the word of its last byte), its
+// bytes then shifted out of them, so that a warp's loads are few wide transactions rather than
+// seventeen of single bytes.
+struct Block17 {
+    u32 w[6];
+    int lead;  // bytes of w[0] before the block
+};
+
+__device__ __forceinline__ Block17 load_block17(const u8* b) {
+    Block17 blk;
+    unsigned long long a = (unsigned long long)b;
+    const u32* words = (const u32*)(a & ~3ull);
+    blk.lead = (int)(a & 3);
+#pragma unroll
+    for (int i = 0; i < 5; ++i) blk.w[i] = words[i];
+    blk.w[5] = 0;
+    return blk;
+}
+
+// The four bytes at offset `off` (0..19 - 3) of a loaded block, as one little-endian word.
+__device__ __forceinline__ u32 block17_word(const Block17& blk, int off) {
+    int i = off >> 2, shift = (off & 3) * 8;
+    u32 lo = blk.w[0], hi = blk.w[1];
+#pragma unroll
+    for (int k = 1; k < 5; ++k) {
+        if (i == k) {
+            lo = blk.w[k];
+            hi = blk.w[k + 1];
+        }
+    }
+    return __funnelshift_r(lo, hi, shift);
 }
 
 // The int8 values of four codes packed in the low 16 bits (code i in bits 4i..4i+3), byte i of
@@ -287,13 +315,13 @@ __device__ __forceinline__ u32 mxfp4_values(u32 codes) {
 struct ChunkMXFP4 {
     static const int LANES = 1;
     static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
-        const u8* b = row + c * 17;
-        u32 e = b[0];
+        Block17 blk = load_block17(row + c * 17);
+        u32 e = (blk.w[0] >> (8 * blk.lead)) & 0xFFu;
         WChunk w;
         w.d = e < 2 ? __uint_as_float(0x00200000u << e) : __uint_as_float((e - 1) << 23);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            u32 q = ld_u32_bytes(b + 1 + 4 * k);
+            u32 q = block17_word(blk, blk.lead + 1 + 4 * k);
             u32 low = (q & 0xFu) | ((q >> 4) & 0xF0u) | ((q >> 8) & 0xF00u) | ((q >> 12) & 0xF000u);
             u32 high = ((q >> 4) & 0xFu) | ((q >> 8) & 0xF0u) | ((q >> 12) & 0xF00u) |
                        ((q >> 16) & 0xF000u);

@@ -84,8 +84,10 @@ pub struct Kernels {
     pub attention: [CudaFunction; 3],
     /// Decode attention split over the keys, merged by the last block.
     pub attention_split: CudaFunction,
-    /// Routed experts: each row's choice, the pairs' gated gate and up, their down, the sum.
-    pub moe: [CudaFunction; 4],
+    /// Routed experts: each row's choice, the pairs grouped by expert, their inputs gathered,
+    /// the gated gate and up, the down, the weighted sum; then gate-up and down per pair (a
+    /// pass of one row).
+    pub moe: [CudaFunction; 8],
     /// Keeps the module loaded as long as the functions are used.
     _module: Arc<CudaModule>,
 }
@@ -156,9 +158,13 @@ impl Kernels {
             attention_split: get("attention_split")?,
             moe: [
                 get("moe_route")?,
+                get("moe_group")?,
+                get("moe_gather")?,
                 get("moe_gate_up")?,
                 get("moe_down")?,
                 get("moe_sum")?,
+                get("moe_pair_gate_up")?,
+                get("moe_pair_down")?,
             ],
             _module: module,
         })
