@@ -116,6 +116,17 @@ MOE = {
 HARMONY_TOKENS = ["<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>",
                   "<|end|>", "<|message|>", "<|call|>"]
 TEMPLATES = Path(__file__).resolve().parent / "synthetic"
+GPT_OSS_METADATA = {
+    "context_length": 131072,
+    "rope.freq_base": 150000.0,
+    "rope.scaling.type": "yarn",
+    "rope.scaling.factor": 32.0,
+    "rope.scaling.original_context_length": 4096,
+    "expert_count": 8,
+    "expert_used_count": 4,
+    "expert_feed_forward_length": 256,
+    "attention.sliding_window": 8,
+}
 
 ARCHS = {
     "llama3": Arch(
@@ -156,17 +167,7 @@ ARCHS = {
         shape=Shape(n_ff=256),
         file_type=gguf.LlamaFileType.MOSTLY_MXFP4_MOE,
         formats=MOE,
-        metadata={
-            "context_length": 131072,
-            "rope.freq_base": 150000.0,
-            "rope.scaling.type": "yarn",
-            "rope.scaling.factor": 32.0,
-            "rope.scaling.original_context_length": 4096,
-            "expert_count": 8,
-            "expert_used_count": 4,
-            "expert_feed_forward_length": 256,
-            "attention.sliding_window": 8,
-        },
+        metadata=GPT_OSS_METADATA,
     ),
     # Not a fixture model: gpt-oss-20b's shapes for speed and memory measurements, generated where
     # they are measured (12 GiB).
@@ -177,13 +178,8 @@ ARCHS = {
         file_type=gguf.LlamaFileType.MOSTLY_MXFP4_MOE,
         formats=MOE,
         metadata={
-            "context_length": 131072,
-            "rope.freq_base": 150000.0,
-            "rope.scaling.type": "yarn",
-            "rope.scaling.factor": 32.0,
-            "rope.scaling.original_context_length": 4096,
+            **GPT_OSS_METADATA,
             "expert_count": 32,
-            "expert_used_count": 4,
             "expert_feed_forward_length": 2880,
             "attention.sliding_window": 128,
         },

@@ -8,6 +8,7 @@
 //! - [`sampling`]: the contract's seeded sampler chain (penalty → temperature → top-k/p → min-p).
 
 pub mod backend;
+pub mod calendar;
 pub mod generate;
 pub mod gguf;
 pub mod grammar;
