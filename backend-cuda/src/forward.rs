@@ -1,6 +1,6 @@
-//! The transformer forward pass on the GPU for `llama`, `qwen2`, `gemma3` and `phi3`, step for
-//! step the CPU backend's (backend-cpu/src/forward.rs), with its per-architecture differences
-//! coming from the loaded [`Weights`] and the [`ModelPlan`].
+//! The transformer forward pass on the GPU for every architecture, step for step the CPU
+//! backend's (backend-cpu/src/forward.rs), with its per-architecture differences coming from the
+//! loaded [`Weights`] and the [`ModelPlan`]; routed experts in [`crate::moe`].
 
 use worker_common::backend::{BackendError, Chunk};
 use worker_common::model::{Activation, Ffn, GateUp, ModelPlan, Qkv, RopePlan};
