@@ -177,7 +177,7 @@ fn an_unsupported_architecture_lists_the_supported_ones() {
     .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "unsupported architecture gpt2, supported: llama, qwen2, gemma3, phi3, qwen3"
+        "unsupported architecture gpt2, supported: llama, qwen2, gemma3, phi3, qwen3, gpt-oss"
     );
 }
 
