@@ -555,60 +555,78 @@ fn attention_matches_the_reference() {
             scale: 1.0 / (dim as f32).sqrt(),
             window,
         };
-        let run = |split: Option<&SplitScratch>| {
-            gpu.attention(&shape, qb.ptr(), &kv, out.ptr(), n, split, None)
-                .unwrap();
-            get(&gpu, &out, n * n_head * dim)
-        };
-        let mut results = vec![("prefill", run(None))];
-        // The split decode kernel, with a grid sized for this context and for a longer one
-        // (blocks past the context), twice so the reset counts are checked too.
-        let partial = gpu
-            .alloc(n * SplitScratch::partial_floats(n_head, dim) * 4, "test")
-            .unwrap();
-        let counters = put(&gpu, &vec![0; n * n_head * 4]);
-        for max_len in [len, 4 * len + 1000, len] {
-            let split = SplitScratch {
-                splits: SplitScratch::splits_for(max_len),
-                partial: partial.ptr(),
-                counters: counters.ptr(),
+        // Without sinks and with one logit per head (gpt-oss), of a few units.
+        let sinks: Vec<f32> = (0..n_head)
+            .map(|h| rng.floats(1)[0] * (1 + h % 3) as f32)
+            .collect();
+        let sinks_buffer = put(&gpu, &to_bytes(&sinks));
+        for with_sinks in [false, true] {
+            let sink_ptr = with_sinks.then(|| sinks_buffer.ptr());
+            let run = |split: Option<&SplitScratch>| {
+                gpu.attention(&shape, qb.ptr(), &kv, out.ptr(), n, split, sink_ptr)
+                    .unwrap();
+                get(&gpu, &out, n * n_head * dim)
             };
-            results.push(("split", run(Some(&split))));
-        }
-        let round = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
-        let mut expected = vec![0.0f64; n * n_head * dim];
-        for t in 0..n {
-            for h in 0..n_head {
-                let pos = start + t;
-                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let kvh = h / (n_head / n_head_kv);
-                let query = &q[(t * n_head + h) * dim..][..dim];
-                let scores: Vec<f64> = (first..=pos)
-                    .map(|p| {
-                        let key = &keys[p * kw + kvh * dim..][..dim];
-                        query
-                            .iter()
-                            .zip(key)
-                            .map(|(&a, &b)| f64::from(a) * round(b))
-                            .sum::<f64>()
-                            / (dim as f64).sqrt()
-                    })
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
-                let dst = &mut expected[(t * n_head + h) * dim..][..dim];
-                for (p, s) in (first..=pos).zip(&scores) {
-                    let weight = (s - max).exp() / sum;
-                    for (o, &v) in dst.iter_mut().zip(&values[p * vw + kvh * dim..][..dim]) {
-                        *o += weight * round(v);
+            let mut results = vec![("prefill", run(None))];
+            // The split decode kernel, with a grid sized for this context and for a longer one
+            // (blocks past the context), twice so the reset counts are checked too.
+            let partial = gpu
+                .alloc(n * SplitScratch::partial_floats(n_head, dim) * 4, "test")
+                .unwrap();
+            let counters = put(&gpu, &vec![0; n * n_head * 4]);
+            for max_len in [len, 4 * len + 1000, len] {
+                let split = SplitScratch {
+                    splits: SplitScratch::splits_for(max_len),
+                    partial: partial.ptr(),
+                    counters: counters.ptr(),
+                };
+                results.push(("split", run(Some(&split))));
+            }
+            let round = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
+            let mut expected = vec![0.0f64; n * n_head * dim];
+            for t in 0..n {
+                for h in 0..n_head {
+                    let pos = start + t;
+                    let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    let kvh = h / (n_head / n_head_kv);
+                    let query = &q[(t * n_head + h) * dim..][..dim];
+                    let scores: Vec<f64> = (first..=pos)
+                        .map(|p| {
+                            let key = &keys[p * kw + kvh * dim..][..dim];
+                            query
+                                .iter()
+                                .zip(key)
+                                .map(|(&a, &b)| f64::from(a) * round(b))
+                                .sum::<f64>()
+                                / (dim as f64).sqrt()
+                        })
+                        .collect();
+                    let sink = with_sinks.then(|| f64::from(sinks[h]));
+                    let max = scores
+                        .iter()
+                        .chain(&sink)
+                        .cloned()
+                        .fold(f64::NEG_INFINITY, f64::max);
+                    let sum: f64 = scores.iter().chain(&sink).map(|s| (s - max).exp()).sum();
+                    let dst = &mut expected[(t * n_head + h) * dim..][..dim];
+                    for (p, s) in (first..=pos).zip(&scores) {
+                        let weight = (s - max).exp() / sum;
+                        for (o, &v) in dst.iter_mut().zip(&values[p * vw + kvh * dim..][..dim]) {
+                            *o += weight * round(v);
+                        }
                     }
                 }
             }
-        }
-        for (kernel, ours) in &results {
-            let err = rel_error(ours, &expected);
-            eprintln!("attention ({kernel}) {n_head}/{n_head_kv}x{dim} at {start}+{n}: {err:.2e}");
-            assert!(err < 1e-5, "attention ({kernel}): {err:.2e}");
+            for (kernel, ours) in &results {
+                let err = rel_error(ours, &expected);
+                eprintln!(
+                    "attention ({kernel}, sinks {with_sinks}) {n_head}/{n_head_kv}x{dim} at {start}+{n}: {err:.2e}"
+                );
+                assert!(
+                    err < 1e-5,
+                    "attention ({kernel}, sinks {with_sinks}): {err:.2e}"
+                );
+            }
         }
     }
 }
