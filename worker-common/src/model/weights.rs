@@ -161,15 +161,23 @@ pub struct Layer<M, V> {
     pub post_ffn_norm: Option<V>,
 }
 
-impl<M, V> Layer<M, V> {
-    /// Every matrix of the block, each once.
-    pub fn matrices(&self) -> Vec<&M> {
-        let mut matrices = match &self.qkv {
+/// The matrices of a `&Layer` or a `&mut Layer` in order (the patterns bind by reference or by
+/// mutable reference as the layer is borrowed): one list for [`Layer::matrices`] and
+/// [`Layer::matrices_mut`].
+macro_rules! block_matrices {
+    ($layer:expr) => {{
+        let Layer {
+            qkv,
+            attn_output,
+            ffn,
+            ..
+        } = $layer;
+        let mut matrices = match qkv {
             Qkv::Separate { q, k, v } => vec![q, k, v],
             Qkv::Fused(m) => vec![m],
         };
-        matrices.push(&self.attn_output);
-        match &self.ffn {
+        matrices.push(attn_output);
+        match ffn {
             Ffn::Dense { gate_up, down } => {
                 match gate_up {
                     GateUp::Separate { gate, up } => matrices.extend([gate, up]),
@@ -177,39 +185,28 @@ impl<M, V> Layer<M, V> {
                 }
                 matrices.push(down);
             }
-            Ffn::Experts(moe) => {
-                matrices.push(&moe.router);
-                for e in &moe.experts {
-                    matrices.extend([&e.gate, &e.up, &e.down]);
+            Ffn::Experts(Experts {
+                router, experts, ..
+            }) => {
+                matrices.push(router);
+                for Expert { gate, up, down, .. } in experts {
+                    matrices.extend([gate, up, down]);
                 }
             }
         }
         matrices
+    }};
+}
+
+impl<M, V> Layer<M, V> {
+    /// Every matrix of the block, each once.
+    pub fn matrices(&self) -> Vec<&M> {
+        block_matrices!(self)
     }
 
     /// [`Self::matrices`], mutable.
     pub fn matrices_mut(&mut self) -> Vec<&mut M> {
-        let mut matrices = match &mut self.qkv {
-            Qkv::Separate { q, k, v } => vec![q, k, v],
-            Qkv::Fused(m) => vec![m],
-        };
-        matrices.push(&mut self.attn_output);
-        match &mut self.ffn {
-            Ffn::Dense { gate_up, down } => {
-                match gate_up {
-                    GateUp::Separate { gate, up } => matrices.extend([gate, up]),
-                    GateUp::Fused(m) => matrices.push(m),
-                }
-                matrices.push(down);
-            }
-            Ffn::Experts(moe) => {
-                matrices.push(&mut moe.router);
-                for e in &mut moe.experts {
-                    matrices.extend([&mut e.gate, &mut e.up, &mut e.down]);
-                }
-            }
-        }
-        matrices
+        block_matrices!(self)
     }
 
     /// Every vector of the block (norms, biases, sinks), each once.
