@@ -89,6 +89,19 @@ struct QmHalves<ChunkQ6_K> {
     static const bool value = true;
 };
 
+// F<C, S>(args...) for the chunk type C of ggml format id `format` (those of qgemv.cu).
+#define QM_DISPATCH(format, F, S, ...)                              \
+    switch (format) {                                               \
+        case 2: F<ChunkQ4_0, S>(__VA_ARGS__); break;                \
+        case 3: F<ChunkQ4_1, S>(__VA_ARGS__); break;                \
+        case 6: F<ChunkQ5_0, S>(__VA_ARGS__); break;                \
+        case 7: F<ChunkQ5_1, S>(__VA_ARGS__); break;                \
+        case 8: F<ChunkQ8_0, S>(__VA_ARGS__); break;                \
+        case 12: F<ChunkQ4_K, S>(__VA_ARGS__); break;               \
+        case 39: F<ChunkMXFP4, S>(__VA_ARGS__); break;              \
+        default: F<ChunkQ6_K, S>(__VA_ARGS__); break;               \
+    }
+
 // acc plus the product of a weight chunk (its scales in w) and a token chunk (dx, sumx, sx), from
 // the integer sums over the chunk (low) or its halves (low, high; Q6_K): ggml's per-block
 // formula for the format, as fused multiply-adds.
@@ -118,6 +131,11 @@ __device__ __forceinline__ float qm_add<ChunkQ5_1>(float acc, const WChunk& w, f
 template <>
 __device__ __forceinline__ float qm_add<ChunkQ8_0>(float acc, const WChunk& w, float dx, int,
                                                    float, int low, int) {
+    return fmaf(w.d * dx, (float)low, acc);
+}
+template <>
+__device__ __forceinline__ float qm_add<ChunkMXFP4>(float acc, const WChunk& w, float dx, int,
+                                                    float, int low, int) {
     return fmaf(w.d * dx, (float)low, acc);
 }
 template <>
@@ -379,29 +397,19 @@ __device__ bool qm_gather(float* partial, u32* counters, float (*acc)[S::NT][4])
     return true;
 }
 
-// Tile b of the block's matrix times tokens blockIdx.x · BN.. of the n at `pre`: warp w on tile
-// rows 16·MT·(w mod WM).. and tokens 8·NT·(w / WM)... Each thread fetches its share of the next
-// tile step into registers while the block multiplies the current one.
+// The sums of the tile rows at `wrows` times tokens t0.. of the n at `pre` over chunks first..
+// < end, into acc: warp w on tile rows 16·MT·(w mod WM).. and tokens 8·NT·(w / WM)... Each
+// thread fetches its share of the next tile step into registers while the block multiplies
+// the current one. With `fold` (all the chunks), segments are added in order as they end (the
+// running total in the dynamic shared memory the launch gives: V · THREADS floats); without,
+// acc holds the sum of the one segment first.. < end.
 template <typename C, typename S>
-__device__ void qgemm_tile(QmTiles<S>& sh, const QmBlock& b, const QMatrix& m0, const QMatrix& m1,
-                           const QMatrix& m2, const QRope& rope, int mode, int cols, int n,
-                           const u8* pre, float* partial, u32* counters) {
+__device__ void qm_products(QmTiles<S>& sh, const u8* const* wrows, int t0, int n, int cols,
+                            const u8* pre, int first, int end, bool fold,
+                            float (*acc)[S::NT][4]) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
     int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
-    int t0 = blockIdx.x * S::BN, chunks = cols >> 5;
-    const u8* wrows[S::PAIRS];
-#pragma unroll
-    for (int i = 0; i < S::PAIRS; ++i) {
-        int r = qm_pair_row<S>(i), which = 0, rotation = 0;
-        int row = qm_tile_row(b, m0, m1, rope, mode, r, &which, &rotation);
-        wrows[i] = qm_row_ptr(b, m1, mode, r, row);
-    }
-    float acc[S::MT][S::NT][4];
     qm_zero<S>(acc);
-    // One segment (grid.z > 1: the small shape), or all of them, folded as they end (grid.z = 1:
-    // the large shape, launched with V · THREADS floats of dynamic shared memory for that).
-    bool split = gridDim.z > 1;
-    int first = split ? blockIdx.z * QM_SEG : 0, end = split ? min(chunks, first + QM_SEG) : chunks;
     QmStage<S> st;
     qm_fetch<C, S>(st, wrows, t0, n, cols, pre, first, min(QM_KC, end - first));
     for (int k0 = first; k0 < end; k0 += QM_KC) {
@@ -416,20 +424,50 @@ __device__ void qgemm_tile(QmTiles<S>& sh, const QmBlock& b, const QMatrix& m0, 
             if (c < kc) qm_chunk<C, S>(sh, c, wm, wn, g, q4, acc);
         __syncthreads();
         // A segment ends inside the loop: fold its total (the last one is folded below).
-        if (!split && (k0 + QM_KC) % QM_SEG == 0 && k0 + QM_KC < end) {
+        if (fold && (k0 + QM_KC) % QM_SEG == 0 && k0 + QM_KC < end) {
             qm_fold<S>(acc, k0 + QM_KC == QM_SEG);
             qm_zero<S>(acc);
         }
     }
-    if (split) {
-        if (!qm_gather<S>(partial, counters, acc)) return;
-    } else if (chunks > QM_SEG) {
+    if (fold && end > QM_SEG) {
         qm_fold<S>(acc, false);
         extern __shared__ float qm_total[];
 #pragma unroll
         for (int v = 0; v < S::V; ++v)
             acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4] = qm_total[v * S::THREADS + threadIdx.x];
     }
+}
+
+// The weight row of each of this thread's fetch pairs for the block's tile (b; gated and RoPE
+// layouts as qm_tile_row).
+template <typename S>
+__device__ __forceinline__ void qm_tile_rows(const QmBlock& b, const QMatrix& m0,
+                                             const QMatrix& m1, const QRope& rope, int mode,
+                                             const u8** wrows) {
+#pragma unroll
+    for (int i = 0; i < S::PAIRS; ++i) {
+        int r = qm_pair_row<S>(i), which = 0, rotation = 0;
+        int row = qm_tile_row(b, m0, m1, rope, mode, r, &which, &rotation);
+        wrows[i] = qm_row_ptr(b, m1, mode, r, row);
+    }
+}
+
+// Tile b of the block's matrix times tokens blockIdx.x · BN.. of the n at `pre`, one segment
+// per block when grid.z > 1 (the small shape), else all of them.
+template <typename C, typename S>
+__device__ void qgemm_tile(QmTiles<S>& sh, const QmBlock& b, const QMatrix& m0, const QMatrix& m1,
+                           const QMatrix& m2, const QRope& rope, int mode, int cols, int n,
+                           const u8* pre, float* partial, u32* counters) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
+    int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
+    int t0 = blockIdx.x * S::BN, chunks = cols >> 5;
+    const u8* wrows[S::PAIRS];
+    qm_tile_rows<S>(b, m0, m1, rope, mode, wrows);
+    float acc[S::MT][S::NT][4];
+    bool split = gridDim.z > 1;
+    int first = split ? blockIdx.z * QM_SEG : 0, end = split ? min(chunks, first + QM_SEG) : chunks;
+    qm_products<C, S>(sh, wrows, t0, n, cols, pre, first, end, !split, acc);
+    if (split && !qm_gather<S>(partial, counters, acc)) return;
     qm_epilogue<S>(b, m0, m1, m2, rope, mode, wm, wn, g, q4, t0, n, acc);
 }
 
@@ -458,15 +496,8 @@ __device__ void qgemm(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
                       int cols, int n, const u8* pre, int mode, float* partial, u32* counters) {
     __shared__ __align__(16) QmTiles<S> sh;
     QmBlock b = qm_block(m0, m1, m2, mode, S::BM);
-    switch (b.m.format) {
-        case 2: qgemm_tile<ChunkQ4_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
-        case 3: qgemm_tile<ChunkQ4_1, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
-        case 6: qgemm_tile<ChunkQ5_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
-        case 7: qgemm_tile<ChunkQ5_1, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
-        case 8: qgemm_tile<ChunkQ8_0, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
-        case 12: qgemm_tile<ChunkQ4_K, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
-        default: qgemm_tile<ChunkQ6_K, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters); break;
-    }
+    QM_DISPATCH(b.m.format, qgemm_tile, S, sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial,
+                counters);
 }
 
 #define QGEMM_KERNEL(NAME, SHAPE)                                                                  \

@@ -268,10 +268,21 @@ impl Gpu {
     /// Copies the first `out.len()` floats of `buffer` to `out` and waits for them.
     #[cfg(test)]
     pub fn download_f32(&self, buffer: &Buffer, out: &mut [f32]) -> Result<(), BackendError> {
+        self.download_f32_at(buffer, 0, out)
+    }
+
+    /// Copies `out.len()` floats of `buffer` from byte `offset` to `out` and waits for them.
+    #[cfg(test)]
+    pub fn download_f32_at(
+        &self,
+        buffer: &Buffer,
+        offset: usize,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
         let bytes = std::mem::size_of_val(out);
         let mut raw = vec![0u8; bytes];
         self.stream
-            .memcpy_dtoh(&buffer.slice.slice(..bytes), &mut raw)
+            .memcpy_dtoh(&buffer.slice.slice(offset..offset + bytes), &mut raw)
             .map_err(|e| device_error("copying from the device", e))?;
         self.sync()?;
         for (o, chunk) in out.iter_mut().zip(raw.chunks_exact(4)) {

@@ -149,7 +149,7 @@ impl Model<'_> {
             self.attention_block(il, layer, pass, s)?;
             match (&layer.ffn, self.experts.get(il).copied().flatten()) {
                 (Ffn::Experts(moe), Some(tables)) => {
-                    self.experts_ffn(moe, &tables, &layer.ffn_norm, n, s)?;
+                    self.experts_ffn(moe, &tables, &layer.ffn_norm, pass, s)?;
                 }
                 _ => self.ffn_block(layer, pass, s)?,
             }

@@ -34,6 +34,8 @@ mod tests;
 #[cfg(test)]
 mod tests_argmax;
 #[cfg(test)]
+mod tests_moe;
+#[cfg(test)]
 mod tests_prefill;
 #[cfg(test)]
 mod tests_qgemv;

@@ -18,6 +18,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/qgemv.cu"),
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/qgemm.cu"),
+    include_str!("../kernels/moe_gemm.cu"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/attention.cu"),
 );
@@ -84,10 +85,8 @@ pub struct Kernels {
     pub attention: [CudaFunction; 3],
     /// Decode attention split over the keys, merged by the last block.
     pub attention_split: CudaFunction,
-    /// Routed experts: each row's choice, the pairs grouped by expert, their inputs gathered,
-    /// the gated gate and up, the down, the weighted sum; then gate-up and down per pair (a
-    /// pass of one row).
-    pub moe: [CudaFunction; 8],
+    /// Routed experts (`moe.cu`, `moe_gemm.cu`).
+    pub moe: MoeKernels,
     /// Keeps the module loaded as long as the functions are used.
     _module: Arc<CudaModule>,
 }
@@ -117,10 +116,18 @@ impl Kernels {
         let module = ctx
             .load_module(Ptx::from_binary(cubin))
             .map_err(|e| BackendError::Device(format!("loading the kernel module: {e}")))?;
+        // Each function is loaded now, not at its first launch (CUDA's lazy loading): loading
+        // then can synchronize the context, which invalidates a graph capture under way on
+        // another thread's stream, and a first launch inside a capture would load there.
         let get = |name: &str| {
-            module
+            let function = module
                 .load_function(name)
-                .map_err(|e| BackendError::Device(format!("kernel {name}: {e}")))
+                .map_err(|e| BackendError::Device(format!("kernel {name}: {e}")))?;
+            // SAFETY: the handle is a live function of `module`, which `function` keeps loaded.
+            unsafe { cudarc::driver::sys::cuFuncLoad(function.cu_function()) }
+                .result()
+                .map_err(|e| BackendError::Device(format!("loading kernel {name}: {e}")))?;
+            Ok(function)
         };
         let per_type = |prefix: &str| -> Result<Vec<CudaFunction>, BackendError> {
             WEIGHT_TYPES
@@ -156,19 +163,45 @@ impl Kernels {
                 get("attention_h256")?,
             ],
             attention_split: get("attention_split")?,
-            moe: [
-                get("moe_route")?,
-                get("moe_group")?,
-                get("moe_gather")?,
-                get("moe_gate_up")?,
-                get("moe_down")?,
-                get("moe_sum")?,
-                get("moe_pair_gate_up")?,
-                get("moe_pair_down")?,
-            ],
+            moe: MoeKernels {
+                route: get("moe_route")?,
+                group: get("moe_group")?,
+                gather: get("moe_gather")?,
+                sum: get("moe_sum")?,
+                gate_up: [
+                    get("moe_pair_gate_up")?,
+                    get("moe_gate_up")?,
+                    get("moe_gemm_gate_up")?,
+                ],
+                down: [
+                    get("moe_pair_down")?,
+                    get("moe_down")?,
+                    get("moe_gemm_down")?,
+                ],
+            },
             _module: module,
         })
     }
+}
+
+/// The routed experts' kernels: each row's choice, the pairs grouped by expert and their
+/// inputs gathered, the weighted sum of a row's slots; the gated gate and up products and the
+/// down products, each for a pass of one row (pair by pair), of short chunks (grouped, int8
+/// GEMV arithmetic) and of long chunks (grouped, tensor-core GEMM arithmetic), in that order
+/// ([`ExpertKernel`](crate::moe::ExpertKernel)).
+pub struct MoeKernels {
+    /// `moe_route`.
+    pub route: CudaFunction,
+    /// `moe_group`.
+    pub group: CudaFunction,
+    /// `moe_gather`.
+    pub gather: CudaFunction,
+    /// `moe_sum`.
+    pub sum: CudaFunction,
+    /// `moe_pair_gate_up`, `moe_gate_up`, `moe_gemm_gate_up`.
+    pub gate_up: [CudaFunction; 3],
+    /// `moe_pair_down`, `moe_down`, `moe_gemm_down`.
+    pub down: [CudaFunction; 3],
 }
 
 /// `qgemm_large` adds a wide matrix's segments in dynamic shared memory

@@ -1,0 +1,111 @@
+// Routed experts of a pass of long chunks on int8 tensor cores: moe_gate_up's and moe_down's
+// products (moe.cu: the pairs grouped by expert, inputs quantized in expert order at `sorted`)
+// by qgemm.cu's tiles and sums, so a pair's results follow the GEMM's order (chunks in order
+// within each segment, segments in order) and do not depend on the other pairs. A block takes
+// QmSmall's tile of weight rows of expert active[blockIdx.y] (gate and up rows side by side as
+// in the gated mode) and runs over all of that expert's pairs, 32 at a time, so the grid does
+// not depend on the routing. Launched with V · THREADS floats of dynamic shared memory (the
+// segments' running totals).
+
+typedef QmSmall MoeShape;
+
+// The block's tile of expert e's matrix (gate and up: gated slots of two rows, as qm_block).
+__device__ __forceinline__ QmBlock moe_block(const u8* w, long long row_bytes, int rows,
+                                             int format, bool gated) {
+    int per_tile = gated ? MoeShape::BM / 2 : MoeShape::BM;
+    QMatrix m = {w, row_bytes, nullptr, nullptr, rows, format};
+    return QmBlock{m, (int)blockIdx.x * per_tile, rows, 0};
+}
+
+// act[k][slot] = swiglu_oai(gate · x_k + gate bias, up · x_k + up bias) for the pairs k of
+// expert e (first + t for t < n), from the totals of a gated tile (a slot's gate total in
+// outputs 0, 1 and its up total in 2, 3).
+template <typename C, typename S>
+__device__ void moe_gemm_gate_up_tile(QmTiles<S>& sh, const QmBlock& b, const QMatrix& up,
+                                      const float* gate_b, const float* up_b, int cols,
+                                      const u8* pre, int first, int n, float alpha, float limit,
+                                      float* act) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
+    int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
+    QRope none = {};
+    const u8* wrows[S::PAIRS];
+    qm_tile_rows<S>(b, b.m, up, none, QG_SILU, wrows);
+    for (int t0 = 0; t0 < n; t0 += S::BN) {
+        float acc[S::MT][S::NT][4];
+        qm_products<C, S>(sh, wrows, t0, n, cols, pre, 0, cols >> 5, true, acc);
+#pragma unroll
+        for (int mt = 0; mt < S::MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < S::NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    int t = t0 + wn + 8 * nt + 2 * q4 + i;
+                    int slot = b.slot0 + ((wm >> 4) + mt) * 8 + g;
+                    if (t >= n || slot >= b.slots) continue;
+                    act[(long long)(first + t) * b.slots + slot] =
+                        swiglu_oai(acc[mt][nt][i] + gate_b[slot], acc[mt][nt][i + 2] + up_b[slot],
+                                   alpha, limit);
+                }
+    }
+}
+
+// out[order[k]][r] = (down · act_k + down bias) · weights[order[k]] for the pairs k of expert
+// e (first + t for t < n).
+template <typename C, typename S>
+__device__ void moe_gemm_down_tile(QmTiles<S>& sh, const QmBlock& b, const float* down_b,
+                                   int cols, const u8* pre, int first, int n, const int* order,
+                                   const float* weights, float* out) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
+    int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
+    QRope none = {};
+    const u8* wrows[S::PAIRS];
+    qm_tile_rows<S>(b, b.m, b.m, none, QG_STORE, wrows);
+    for (int t0 = 0; t0 < n; t0 += S::BN) {
+        float acc[S::MT][S::NT][4];
+        qm_products<C, S>(sh, wrows, t0, n, cols, pre, 0, cols >> 5, true, acc);
+#pragma unroll
+        for (int mt = 0; mt < S::MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < S::NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    int t = t0 + wn + 8 * nt + 2 * q4 + (i & 1);
+                    int r = b.slot0 + wm + 16 * mt + g + 8 * (i >> 1);
+                    if (t >= n || r >= b.m.rows) continue;
+                    int p = order[first + t];
+                    out[(long long)p * b.m.rows + r] = (acc[mt][nt][i] + down_b[r]) * weights[p];
+                }
+    }
+}
+
+// moe_gate_up's launch (the same arguments) on tensor cores: grid.x over tiles of BM / 2 slots.
+extern "C" __global__ void __launch_bounds__(MoeShape::THREADS, MoeShape::BLOCKS)
+moe_gemm_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* gate_b,
+                 const float* const* up_b, long long row_bytes, int rows, int format, int cols,
+                 const u8* sorted, const int* offsets, const int* active, float alpha,
+                 float limit, float* act) {
+    __shared__ __align__(16) QmTiles<MoeShape> sh;
+    int e = active[blockIdx.y];
+    if (e < 0) return;
+    int first = offsets[e], n = offsets[e + 1] - first;
+    QmBlock b = moe_block(gate_w[e], row_bytes, rows, format, true);
+    QMatrix up = {up_w[e], row_bytes, nullptr, nullptr, rows, format};
+    const u8* pre = sorted + (long long)first * qinput_bytes(cols);
+    QM_DISPATCH(format, moe_gemm_gate_up_tile, MoeShape, sh, b, up, gate_b[e], up_b[e], cols, pre, first,
+                n, alpha, limit, act);
+}
+
+// moe_down's launch (the same arguments) on tensor cores: grid.x over tiles of BM rows.
+extern "C" __global__ void __launch_bounds__(MoeShape::THREADS, MoeShape::BLOCKS)
+moe_gemm_down(const u8* const* down_w, const float* const* down_b, long long row_bytes, int rows,
+              int format, int cols, const u8* sorted, const int* offsets, const int* active,
+              const int* order, const float* weights, float* out) {
+    __shared__ __align__(16) QmTiles<MoeShape> sh;
+    int e = active[blockIdx.y];
+    if (e < 0) return;
+    int first = offsets[e], n = offsets[e + 1] - first;
+    QmBlock b = moe_block(down_w[e], row_bytes, rows, format, false);
+    const u8* pre = sorted + (long long)first * qinput_bytes(cols);
+    QM_DISPATCH(format, moe_gemm_down_tile, MoeShape, sh, b, down_b[e], cols, pre, first, n, order,
+                weights, out);
+}
