@@ -8,7 +8,10 @@ cd "$(dirname "$0")/.."
 scripts/fetch-assets.sh all >/dev/null
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo build --workspace --bins --locked
+# The binaries the black-box tests spawn, in the test profile: optimised as the tests are, and
+# built once (`cargo test` reuses these libraries rather than building them again for another
+# profile). They land in target/debug, beside the test executables that look for them.
+cargo build --workspace --bins --locked --profile test
 cargo test --workspace --locked
 # The CPU kernels' unit tests again at each lower instruction-set level this CPU has (the
 # default run above used its best; specs/CPU_NUMERICS.md).

@@ -95,8 +95,22 @@ extern "C" __global__ void moe_gather(const u8* rows, const int* order, int used
     for (int i = threadIdx.x; i < bytes / 16; i += blockDim.x) dst[i] = src[i];
 }
 
-// Tokens of one expert a block multiplies per weight load (the batched qgemv's T).
-#define MOE_TOKENS 8
+// Tokens of one expert a block multiplies per weight load (the batched qgemv's T): at 16 rows
+// an expert has two or three pairs, and eight tokens' accumulators cost the warps' occupancy.
+#define MOE_TOKENS 4
+
+// Asks L1 for a warp's R weight rows of `bytes` each, the 128-byte lines spread over the lanes,
+// so that a row's loads are all in flight at once: a 2880-wide row is three chunks a lane, and
+// loading them one after another had each warp wait on memory three times in a row.
+template <int R>
+__device__ __forceinline__ void prefetch_rows(const Rows<R>& w, long long bytes, int lane) {
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+        const u8* line = (const u8*)((unsigned long long)w.p[k] & ~127ull);
+        for (const u8* p = line + 128 * lane; p < w.p[k] + bytes; p += 32 * 128)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    }
+}
 
 // act[k][r] = swiglu_oai(gate_e[r] · x_k + gb_e[r], up_e[r] · x_k + ub_e[r]) for each position k
 // of expert e = active[blockIdx.y] (offsets[e].. < offsets[e + 1]), x_k its pair's input, quantized in
@@ -115,6 +129,7 @@ moe_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* 
     Rows<2> w;
     w.p[0] = gate_w[e] + (long long)r * row_bytes;
     w.p[1] = up_w[e] + (long long)r * row_bytes;
+    prefetch_rows<2>(w, row_bytes, lane);
     long long bytes = qinput_bytes(cols);
     for (int k0 = first; k0 < last; k0 += MOE_TOKENS) {
         int count = min(MOE_TOKENS, last - k0);
@@ -122,10 +137,11 @@ moe_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* 
                                                                sorted + k0 * bytes, count);
         int index;
         float total = reduce_scatter<2 * MOE_TOKENS, 32>(sums, lane, &index);
-        // The up row's total for the same token sits in the lanes xor 16.
+        // The up row's total for the same token sits in the lanes xor 16; each total is held
+        // by 32 / (2 · MOE_TOKENS) lanes, of which the first writes.
         float up = __shfl_xor_sync(0xffffffffu, total, 16);
         int i = index % MOE_TOKENS;
-        bool leader = (lane & 1) == 0 && index < MOE_TOKENS;
+        bool leader = (lane & (32 / (2 * MOE_TOKENS) - 1)) == 0 && index < MOE_TOKENS;
         if (leader && i < count)
             act[(long long)(k0 + i) * rows + r] =
                 swiglu_oai(total + gate_b[e][r], up + up_b[e][r], alpha, limit);
@@ -145,6 +161,7 @@ moe_down(const u8* const* down_w, const float* const* down_b, long long row_byte
     int first = offsets[e], last = offsets[e + 1];
     Rows<1> w;
     w.p[0] = down_w[e] + (long long)r * row_bytes;
+    prefetch_rows<1>(w, row_bytes, lane);
     long long bytes = qinput_bytes(cols);
     for (int k0 = first; k0 < last; k0 += MOE_TOKENS) {
         int count = min(MOE_TOKENS, last - k0);
@@ -152,7 +169,7 @@ moe_down(const u8* const* down_w, const float* const* down_b, long long row_byte
                                                            sorted + k0 * bytes, count);
         int index;
         float total = reduce_scatter<MOE_TOKENS, 32>(sums, lane, &index);
-        bool leader = (lane & 3) == 0;
+        bool leader = (lane & (32 / MOE_TOKENS - 1)) == 0;
         if (leader && index < count) {
             int p = order[k0 + index];
             out[(long long)p * rows + r] = (total + down_b[e][r]) * weights[p];
@@ -174,6 +191,7 @@ moe_pair_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* co
     Rows<2> w;
     w.p[0] = gate_w[e] + (long long)r * row_bytes;
     w.p[1] = up_w[e] + (long long)r * row_bytes;
+    prefetch_rows<2>(w, row_bytes, lane);
     Sums<2> sums = dot_rows_of<2, 1>(format, w, 0, cols >> 5, lane, cols, quantized, 1);
     float gate = warp_sum(sums.v[0]), up = warp_sum(sums.v[1]);
     if (lane == 0)
@@ -190,6 +208,7 @@ moe_pair_down(const u8* const* down_w, const float* const* down_b, long long row
     if (r >= rows) return;
     Rows<1> w;
     w.p[0] = down_w[e] + (long long)r * row_bytes;
+    prefetch_rows<1>(w, row_bytes, lane);
     const u8* input = quantized + (long long)p * qinput_bytes(cols);
     Sums<1> sums = dot_rows_of<1, 1>(format, w, 0, cols >> 5, lane, cols, input, 1);
     float v = warp_sum(sums.v[0]);
