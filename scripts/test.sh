@@ -8,10 +8,12 @@ cd "$(dirname "$0")/.."
 scripts/fetch-assets.sh all >/dev/null
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# The binaries the black-box tests spawn, in the test profile: optimised as the tests are, and
-# built once (`cargo test` reuses these libraries rather than building them again for another
-# profile). They land in target/debug, beside the test executables that look for them.
-cargo build --workspace --bins --locked --profile test
+# Everything `cargo test` runs plus the binaries the black-box tests spawn, in one build: the
+# test profile and, with the test targets in it, the dev-dependencies' features, so that
+# `cargo test` below finds every unit built (a build of the binaries alone resolves other
+# features and compiles the dependencies twice). The binaries land in target/debug, beside the
+# test executables that look for them.
+cargo build --workspace --all-targets --locked --profile test
 cargo test --workspace --locked
 # The CPU kernels' unit tests again at each lower instruction-set level this CPU has (the
 # default run above used its best; specs/CPU_NUMERICS.md).

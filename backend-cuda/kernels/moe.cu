@@ -191,7 +191,6 @@ moe_pair_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* co
     Rows<2> w;
     w.p[0] = gate_w[e] + (long long)r * row_bytes;
     w.p[1] = up_w[e] + (long long)r * row_bytes;
-    prefetch_rows<2>(w, row_bytes, lane);
     Sums<2> sums = dot_rows_of<2, 1>(format, w, 0, cols >> 5, lane, cols, quantized, 1);
     float gate = warp_sum(sums.v[0]), up = warp_sum(sums.v[1]);
     if (lane == 0)
@@ -208,7 +207,6 @@ moe_pair_down(const u8* const* down_w, const float* const* down_b, long long row
     if (r >= rows) return;
     Rows<1> w;
     w.p[0] = down_w[e] + (long long)r * row_bytes;
-    prefetch_rows<1>(w, row_bytes, lane);
     const u8* input = quantized + (long long)p * qinput_bytes(cols);
     Sums<1> sums = dot_rows_of<1, 1>(format, w, 0, cols >> 5, lane, cols, input, 1);
     float v = warp_sum(sums.v[0]);

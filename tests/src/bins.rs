@@ -2,7 +2,7 @@
 //!
 //! Integration tests of this crate cannot name another package's binaries through
 //! `CARGO_BIN_EXE_*`, so they look beside the test executable (`target/<profile>/`), where
-//! `cargo build --workspace --bins` (`scripts/test.sh`: with `--profile test`) puts them.
+//! `cargo build --workspace --bins` (`scripts/test.sh`: `--all-targets --profile test`) puts them.
 
 use std::path::PathBuf;
 
