@@ -1,8 +1,9 @@
-//! Routed experts on the GPU (`kernels/moe.cu`): the router's logits by the GEMV, each row's
-//! experts chosen on the device, each (row, slot) pair multiplied by its expert's matrices
-//! through per-layer tables of expert addresses, the weighted slots added into the residual
-//! stream. Nothing leaves the device, so a decode pass of experts is captured and replayed like
-//! any other.
+//! Routed experts on the GPU (`kernels/moe.cu`, `kernels/moe_gemm.cu`): the router's logits by
+//! the GEMV, each row's experts chosen on the device, each (row, slot) pair multiplied by its
+//! expert's matrices through per-layer tables of expert addresses — pair by pair for one row,
+//! grouped by expert for more, on int8 tensor cores for a pass of long chunks
+//! ([`ExpertKernel`]) — the weighted slots added into the residual stream. Nothing leaves the
+//! device, so a decode pass of experts is captured and replayed like any other.
 
 use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
