@@ -268,65 +268,59 @@ struct ChunkQ8_0 {
 // (elements 0..15 in the low nibbles, 16..31 in the high ones) standing for the int8 values
 // 0 1 2 3 4 6 8 12 and their negatives, scaled by 2^(e - 128) (ggml's e8m0 "half", whose
 // e = 0 and 1 are the subnormals 2^-128 and 2^-127). Blocks sit at any byte offset: a block is
-// read as the five aligned words that hold it (never past the word of its last byte), its
-// bytes then shifted out of them, so that a warp's loads are few wide transactions rather than
-// seventeen of single bytes.
-struct Block17 {
-    u32 w[6];
-    int lead;  // bytes of w[0] before the block
-};
+// read as the five aligned words that hold it (never past the word of its last byte), so that a
+// warp's loads are few wide transactions rather than seventeen of single bytes. Decoding is
+// byte permutes only: the decode, not memory, bounds the experts' GEMVs, so each word of codes
+// costs a dozen integer instructions.
 
-__device__ __forceinline__ Block17 load_block17(const u8* b) {
-    Block17 blk;
-    unsigned long long a = (unsigned long long)b;
-    const u32* words = (const u32*)(a & ~3ull);
-    blk.lead = (int)(a & 3);
-#pragma unroll
-    for (int i = 0; i < 5; ++i) blk.w[i] = words[i];
-    blk.w[5] = 0;
-    return blk;
+// PTX's byte permute as is: byte i of the result is byte `select` nibble i of the pair (b, a),
+// the nibbles' fourth bits clear (set, it would copy the byte's sign instead). __byte_perm masks
+// its selector first, an instruction more for each half of a word of codes.
+__device__ __forceinline__ u32 permute(u32 a, u32 b, u32 select) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(select));
+    return r;
 }
 
-// The four bytes at offset `off` (0..19 - 3) of a loaded block, as one little-endian word.
-__device__ __forceinline__ u32 block17_word(const Block17& blk, int off) {
-    int i = off >> 2, shift = (off & 3) * 8;
-    u32 lo = blk.w[0], hi = blk.w[1];
-#pragma unroll
-    for (int k = 1; k < 5; ++k) {
-        if (i == k) {
-            lo = blk.w[k];
-            hi = blk.w[k + 1];
-        }
-    }
-    return __funnelshift_r(lo, hi, shift);
-}
-
-// The int8 values of four codes packed in the low 16 bits (code i in bits 4i..4i+3), byte i of
-// the result for code i: the table's halves looked up by the codes' low three bits, then each
-// byte taken from the half its fourth bit names.
-__device__ __forceinline__ u32 mxfp4_values(u32 codes) {
+// The int8 values of the eight codes of one word of an MXFP4 block (byte i: code 2i in its low
+// nibble, element 4k + i, and code 2i + 1 in its high nibble, element 16 + 4k + i): the low
+// nibbles' values in .x, the high nibbles' in .y, element order in each. Each 16-bit half's four
+// codes look their value up in the table's positive and negative halves by their low three
+// bits, the fourth bit picks between the two, and two last permutes split the interleaved low
+// and high elements.
+__device__ __forceinline__ uint2 mxfp4_word_values(u32 q) {
     const u32 pos_lo = 0x03020100u, pos_hi = 0x0c080604u;  // 0 1 2 3 | 4 6 8 12
     const u32 neg_lo = 0xfdfeff00u, neg_hi = 0xf4f8fafcu;  // 0 -1 -2 -3 | -4 -6 -8 -12
-    u32 index = codes & 0x7777u;
-    u32 pos = __byte_perm(pos_lo, pos_hi, index), neg = __byte_perm(neg_lo, neg_hi, index);
-    return __byte_perm(pos, neg, 0x3210u | ((codes & 0x8888u) >> 1));
+    u32 index = q & 0x77777777u, sign = 0x32103210u + ((q & 0x88888888u) >> 1);
+    u32 half[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        u32 codes = index >> (16 * h);
+        u32 pos = permute(pos_lo, pos_hi, codes), neg = permute(neg_lo, neg_hi, codes);
+        half[h] = permute(pos, neg, sign >> (16 * h));
+    }
+    return make_uint2(permute(half[0], half[1], 0x6420u), permute(half[0], half[1], 0x7531u));
 }
 
 struct ChunkMXFP4 {
     static const int LANES = 1;
     static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
-        Block17 blk = load_block17(row + c * 17);
-        u32 e = (blk.w[0] >> (8 * blk.lead)) & 0xFFu;
+        const u8* block = row + c * 17;
+        u32 lead = (u32)(unsigned long long)block & 3u, v[5];
+        const u32* words = (const u32*)(block - lead);
+#pragma unroll
+        for (int i = 0; i < 5; ++i) v[i] = __ldg(words + i);
+        u32 e = (v[0] >> (8 * lead)) & 0xFFu;
+        // Code word k is bytes lead + 1 + 4k.. of the block's words: bytes lead + 1.. of the
+        // pair v[k], v[k + 1] (at most byte 7 of the pair, as lead ≤ 3).
+        u32 select = 0x3210u + (lead + 1) * 0x1111u;
         WChunk w;
         w.d = e < 2 ? __uint_as_float(0x00200000u << e) : __uint_as_float((e - 1) << 23);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            u32 q = block17_word(blk, blk.lead + 1 + 4 * k);
-            u32 low = (q & 0xFu) | ((q >> 4) & 0xF0u) | ((q >> 8) & 0xF00u) | ((q >> 12) & 0xF000u);
-            u32 high = ((q >> 4) & 0xFu) | ((q >> 8) & 0xF0u) | ((q >> 12) & 0xF00u) |
-                       ((q >> 16) & 0xF000u);
-            w.q[k] = mxfp4_values(low);
-            w.q[4 + k] = mxfp4_values(high);
+            uint2 values = mxfp4_word_values(permute(v[k], v[k + 1], select));
+            w.q[k] = values.x;
+            w.q[4 + k] = values.y;
         }
         return w;
     }

@@ -329,6 +329,15 @@ impl Gpu {
             .map_err(|e| device_error("starting a graph capture", e))
     }
 
+    /// Whether the recording under way was invalidated by an operation that synchronized the
+    /// context (its launches then fail, and ending it returns no graph).
+    pub fn capture_invalidated(&self) -> bool {
+        matches!(
+            self.stream.capture_status(),
+            Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        )
+    }
+
     /// Ends the recording begun by [`Gpu::begin_capture`] and instantiates the graph.
     pub fn end_capture(&self) -> Result<CudaGraph, BackendError> {
         self.stream

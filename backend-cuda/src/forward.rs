@@ -121,8 +121,20 @@ impl Model<'_> {
             }
             self.gpu.begin_capture()?;
             let recorded = self.run(pass, scratch);
+            let invalidated = self.gpu.capture_invalidated();
             // Ended on every path: a stream left capturing would refuse all later work.
             let graph = self.gpu.end_capture();
+            if invalidated {
+                // Something outside the pass synchronized the context mid-capture (another
+                // backend of the process loading its module, in tests). Nothing ran: the
+                // launches were only recorded. The pass runs kernel by kernel instead, and its
+                // shape is captured the next time it comes.
+                tracing::warn!(
+                    rows = pass.rows,
+                    "a graph capture was invalidated; the pass runs uncaptured"
+                );
+                return self.run(pass, scratch);
+            }
             recorded?;
             scratch.graphs.keep(shape.clone(), graph?);
         }
