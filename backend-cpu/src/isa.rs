@@ -17,7 +17,8 @@ pub enum Isa {
     Avx2,
     /// AVX-512F (norms, attention) over AVX2 integer dots.
     Avx512,
-    /// AVX-512F with 256-bit VNNI integer dots (`avx512vnni` + `avx512vl`).
+    /// AVX-512F with VNNI integer dots (`avx512vnni`, `avx512vl`, `avx512bw`): two row groups
+    /// a 512-bit register.
     Avx512Vnni,
 }
 
@@ -58,7 +59,8 @@ impl Isa {
             let avx512 = avx2 && is_x86_feature_detected!("avx512f");
             let vnni = avx512
                 && is_x86_feature_detected!("avx512vnni")
-                && is_x86_feature_detected!("avx512vl");
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512bw");
             match (avx2, avx512, vnni) {
                 (_, _, true) => Isa::Avx512Vnni,
                 (_, true, _) => Isa::Avx512,

@@ -148,10 +148,10 @@ pub fn matmul_group(
     };
     let threads = rayon::current_num_threads().max(1);
     let total_rows: usize = ws.iter().map(|w| w.rows).sum();
-    // Whole groups of packed rows per task.
+    // Whole pairs of packed groups per task (the 512-bit tiles take two groups at a time).
     let rows_per_task = (total_rows / (4 * threads))
         .max(MIN_ROWS_PER_TASK)
-        .next_multiple_of(GROUP);
+        .next_multiple_of(2 * GROUP);
     // Each task: a run of one matrix's rows, and where its outputs go: that run of each
     // token's output row. A batch's task computes into a block of its own, token-major and
     // contiguous (what the kernels write), and copies it out while it is still in cache.

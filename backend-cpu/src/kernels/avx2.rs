@@ -69,7 +69,7 @@ pub(super) fn dot_packed(
 
 /// An activation block type, of which the kernels read the quants here (the scales come
 /// widened from [`BlockMeta`]).
-trait ActBlock: Copy {
+pub(super) trait ActBlock: Copy {
     fn qs(&self) -> &[i8; 32];
 }
 
@@ -88,11 +88,11 @@ impl ActBlock for BlockQ8_1 {
 }
 
 /// The operands of one call.
-struct Call<'a, A> {
-    w: &'a PackedRows,
-    a: &'a [A],
-    meta: &'a [BlockMeta],
-    cols: usize,
+pub(super) struct Call<'a, A> {
+    pub(super) w: &'a PackedRows,
+    pub(super) a: &'a [A],
+    pub(super) meta: &'a [BlockMeta],
+    pub(super) cols: usize,
 }
 
 /// Monomorphises the tile loop per format and instruction set, so its inner loop has no
@@ -110,7 +110,7 @@ unsafe fn by_format<A: ActBlock>(
     macro_rules! run {
         ($format:ty) => {
             if vnni {
-                tiles_vnni::<$format, A>(&call, groups, out)
+                super::vnni512::tiles::<$format, A>(&call, groups, out)
             } else {
                 tiles_avx2::<$format, A>(&call, groups, out)
             }
@@ -137,17 +137,6 @@ unsafe fn tiles_avx2<F: LegacyType, A: ActBlock>(
 ) {
     // SAFETY: forwarded from the caller.
     unsafe { tiles::<F, A, false>(call, groups, out) }
-}
-
-/// [`tiles`] compiled for AVX-512 VNNI (256-bit).
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn tiles_vnni<F: LegacyType, A: ActBlock>(
-    call: &Call<'_, A>,
-    groups: Range<usize>,
-    out: &mut [f32],
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe { tiles::<F, A, true>(call, groups, out) }
 }
 
 /// Covers each group's eight rows × `cols` tokens with tiles of [`MAX_COLS`], 2 and 1 tokens;
@@ -356,10 +345,21 @@ unsafe fn signed_isum(codes: &[__m256i; 8], y: &[i8; 32]) -> __m256i {
     }
 }
 
+/// What a tile subtracts as `−factor·Σy`: the format's code offset, and VNNI's Q8_0 bias.
+#[inline(always)]
+pub(super) fn tile_factor(format: Legacy, vnni: bool) -> i32 {
+    match format {
+        Legacy::Q4_0 => 8,
+        Legacy::Q5_0 => 16,
+        Legacy::Q8_0 if vnni => 128,
+        _ => 0,
+    }
+}
+
 /// Group `g`'s eight rows against tokens `c..c + C`: `C` vectors of eight outputs, each
 /// accumulated in the reference order.
 #[inline(always)]
-unsafe fn tile<F: LegacyType, A: ActBlock, const VNNI: bool, const C: usize>(
+pub(super) unsafe fn tile<F: LegacyType, A: ActBlock, const VNNI: bool, const C: usize>(
     call: &Call<'_, A>,
     g: usize,
     c: usize,
@@ -367,13 +367,7 @@ unsafe fn tile<F: LegacyType, A: ActBlock, const VNNI: bool, const C: usize>(
     let format = F::FORMAT;
     let layout = group_layout(format);
     let blocks = call.w.blocks();
-    // Subtracted as `−factor·Σy`: the formats' code offsets, and VNNI's Q8_0 bias.
-    let factor: i32 = match format {
-        Legacy::Q4_0 => 8,
-        Legacy::Q5_0 => 16,
-        Legacy::Q8_0 if VNNI => 128,
-        _ => 0,
-    };
+    let factor = tile_factor(format, VNNI);
     let group = call.w.group(g);
     // SAFETY: the callers guarantee the features; `group` holds `blocks` group-blocks and
     // the activations `blocks` blocks per token (checked by `super::dot_packed`).

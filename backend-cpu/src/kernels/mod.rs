@@ -46,6 +46,8 @@ pub mod scalar;
 mod tests;
 #[cfg(test)]
 mod tests_k;
+#[cfg(target_arch = "x86_64")]
+mod vnni512;
 
 use std::ops::Range;
 

@@ -128,6 +128,8 @@ fn simd_equals_scalar() {
                 (1, 4),
                 (5, 4),
                 (3, 9),
+                (16, 4),
+                (33, 5),
             ] {
                 for extreme in [false, true] {
                     let row = weights(&mut rng, format, n_rows * blocks, extreme);
@@ -148,7 +150,7 @@ fn simd_equals_scalar() {
             }
         }
     }
-    assert_eq!(compared, 5 * 4 * 8 * 2);
+    assert_eq!(compared, 5 * 4 * 10 * 2);
 }
 
 #[test]

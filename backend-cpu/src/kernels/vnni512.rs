@@ -1,0 +1,225 @@
+//! The [`super::avx2`] tiles at 512 bits, for CPUs with AVX-512 VNNI: two groups side by side
+//! (sixteen rows) in each register, so one `vpdpbusd` adds four products for sixteen rows and
+//! the per-token scaling steps serve sixteen rows at once. The instruction count of a
+//! multi-token tile, which bounds decode steps of several sequences and prompts, halves; each
+//! lane still runs its row's reference steps in the reference order (exact integer block sums,
+//! then the same f32 multiply and fused multiply-adds), so the results are the 256-bit tiles'
+//! bits, and the scalar oracle's.
+#![allow(unused_unsafe)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::avx2::{
+    ActBlock, Call, load_f16x8, prefetch_ahead, store_rows, tile as tile_256, tile_factor,
+};
+use super::formats::LegacyType;
+use super::packed::group_layout;
+use super::{GROUP, Legacy, MAX_COLS};
+
+/// Tokens of the widest 512-bit tile: AVX-512's 32 registers hold its eight accumulators, eight
+/// offset sums and eight code vectors, so each weight block is unpacked once for eight tokens.
+const WIDE_COLS: usize = 8;
+
+/// Covers the groups two at a time with 16-row tiles of [`WIDE_COLS`], [`MAX_COLS`], 2 and 1 tokens, and an
+/// odd last group with the 256-bit tiles; `out` is token-major (`out[c * rows + r]`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+pub(super) unsafe fn tiles<F: LegacyType, A: ActBlock>(
+    call: &Call<'_, A>,
+    groups: Range<usize>,
+    out: &mut [f32],
+) {
+    let first_row = groups.start * GROUP;
+    let cols = call.cols;
+    let n_rows = out.len() / cols;
+    // SAFETY: the caller guarantees the features and the shapes.
+    unsafe {
+        for g in groups.clone().step_by(2) {
+            let at = g * GROUP - first_row;
+            let live = (2 * GROUP).min(n_rows - at);
+            // Token k's `live` outputs from this tile's rows.
+            let rows_of = |k: usize| k * n_rows + at..k * n_rows + at + live;
+            let mut c = 0;
+            if g + 1 == groups.end {
+                // An odd last group: eight rows, at 256 bits.
+                while c < cols {
+                    let width = if c + MAX_COLS <= cols { MAX_COLS } else { 1 };
+                    if width == MAX_COLS {
+                        let sums = tile_256::<F, A, true, MAX_COLS>(call, g, c);
+                        for (k, &sum) in sums.iter().enumerate() {
+                            store_rows(sum, &mut out[rows_of(c + k)]);
+                        }
+                    } else {
+                        store_rows(
+                            tile_256::<F, A, true, 1>(call, g, c)[0],
+                            &mut out[rows_of(c)],
+                        );
+                    }
+                    c += width;
+                }
+                continue;
+            }
+            let mut store = |sums: &[__m512], c: usize| {
+                for (k, &sum) in sums.iter().enumerate() {
+                    let token = &mut out[rows_of(c + k)];
+                    let (low, high) = token.split_at_mut(token.len().min(GROUP));
+                    store_rows(_mm512_castps512_ps256(sum), low);
+                    if !high.is_empty() {
+                        let upper = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sum));
+                        store_rows(_mm256_castpd_ps(upper), high);
+                    }
+                }
+            };
+            while c + WIDE_COLS <= cols {
+                store(&tile::<F, A, WIDE_COLS>(call, g, c), c);
+                c += WIDE_COLS;
+            }
+            if c + MAX_COLS <= cols {
+                store(&tile::<F, A, MAX_COLS>(call, g, c), c);
+                c += MAX_COLS;
+            }
+            if c + 2 <= cols {
+                store(&tile::<F, A, 2>(call, g, c), c);
+                c += 2;
+            }
+            if c < cols {
+                store(&tile::<F, A, 1>(call, g, c), c);
+            }
+        }
+    }
+}
+
+/// Two 256-bit vectors at `low` and `high` as one 512-bit vector (`low` in lanes 0..8).
+#[inline(always)]
+unsafe fn pair(low: *const u8, high: *const u8) -> __m512i {
+    // SAFETY: the callers pass 32 readable bytes at each.
+    unsafe {
+        let low = _mm512_castsi256_si512(_mm256_loadu_si256(low.cast()));
+        _mm512_inserti64x4::<1>(low, _mm256_loadu_si256(high.cast()))
+    }
+}
+
+/// Eight f16 scales at each of `low` and `high` as sixteen f32.
+#[inline(always)]
+unsafe fn scales(low: *const u8, high: *const u8) -> __m512 {
+    // SAFETY: the callers pass 16 readable bytes at each.
+    unsafe {
+        let low = _mm512_castpd256_pd512(_mm256_castps_pd(load_f16x8(low)));
+        let both = _mm512_insertf64x4::<1>(low, _mm256_castps_pd(load_f16x8(high)));
+        _mm512_castpd_ps(both)
+    }
+}
+
+/// The eight quant vectors of the group-blocks at `low` and `high`, side by side: unsigned
+/// codes (Q8_0's with the sign bit flipped), as [`super::avx2`]'s `codes` makes them.
+#[inline(always)]
+unsafe fn codes<F: LegacyType>(low: *const u8, high: *const u8) -> [__m512i; 8] {
+    let format = F::FORMAT;
+    let layout = group_layout(format);
+    // SAFETY: `low` and `high` point at whole group-blocks of `format`.
+    unsafe {
+        let (lq, hq) = (low.add(layout.qs), high.add(layout.qs));
+        let mut codes = [_mm512_setzero_si512(); 8];
+        if format == Legacy::Q8_0 {
+            let flip = _mm512_set1_epi8(i8::MIN);
+            for (k, code) in codes.iter_mut().enumerate() {
+                *code = _mm512_xor_si512(pair(lq.add(32 * k), hq.add(32 * k)), flip);
+            }
+            return codes;
+        }
+        let mask = _mm512_set1_epi8(0x0F);
+        for p in 0..4 {
+            let v = pair(lq.add(32 * p), hq.add(32 * p));
+            codes[p] = _mm512_and_si512(v, mask);
+            codes[p + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
+        }
+        if let Some(at) = layout.h {
+            let h = pair(low.add(at), high.add(at));
+            let bit4 = _mm512_set1_epi8(0x10);
+            for (k, code) in codes.iter_mut().enumerate() {
+                // Bit k of each byte of h to bit 4 (16-bit shifts; the mask drops what crosses
+                // a byte boundary).
+                let moved = match k {
+                    0 => _mm512_slli_epi16::<4>(h),
+                    1 => _mm512_slli_epi16::<3>(h),
+                    2 => _mm512_slli_epi16::<2>(h),
+                    3 => _mm512_slli_epi16::<1>(h),
+                    4 => h,
+                    5 => _mm512_srli_epi16::<1>(h),
+                    6 => _mm512_srli_epi16::<2>(h),
+                    _ => _mm512_srli_epi16::<3>(h),
+                };
+                *code = _mm512_or_si512(*code, _mm512_and_si512(moved, bit4));
+            }
+        }
+        codes
+    }
+}
+
+/// `start + Σ_k codes[k] · quad k of y` per lane, exactly (`vpdpbusd` in two chains).
+#[inline(always)]
+unsafe fn block_isum(codes: &[__m512i; 8], y: &[i8; 32], start: __m512i) -> __m512i {
+    // SAFETY: the callers guarantee AVX-512 VNNI; `y` holds 32 bytes.
+    unsafe {
+        let quad =
+            |k: usize| _mm512_set1_epi32(y.as_ptr().add(4 * k).cast::<i32>().read_unaligned());
+        let (mut even, mut odd) = (start, _mm512_setzero_si512());
+        for k in (0..8).step_by(2) {
+            even = _mm512_dpbusd_epi32(even, codes[k], quad(k));
+            odd = _mm512_dpbusd_epi32(odd, codes[k + 1], quad(k + 1));
+        }
+        _mm512_add_epi32(even, odd)
+    }
+}
+
+/// Groups `g` and `g + 1` (sixteen rows) against tokens `c..c + C`: `C` vectors of sixteen
+/// outputs, each lane accumulated in the reference order.
+#[inline(always)]
+unsafe fn tile<F: LegacyType, A: ActBlock, const C: usize>(
+    call: &Call<'_, A>,
+    g: usize,
+    c: usize,
+) -> [__m512; C] {
+    let layout = group_layout(F::FORMAT);
+    let blocks = call.w.blocks();
+    let factor = tile_factor(F::FORMAT, true);
+    let (low, high) = (call.w.group(g), call.w.group(g + 1));
+    // SAFETY: the callers guarantee the features; both groups hold `blocks` group-blocks and
+    // the activations `blocks` blocks per token (checked by `super::dot_packed`).
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); C];
+        let mut offsets = [_mm512_setzero_ps(); C];
+        for i in 0..blocks {
+            let (lb, hb) = (
+                low.as_ptr().add(i * layout.bytes),
+                high.as_ptr().add(i * layout.bytes),
+            );
+            if C > 1 {
+                prefetch_ahead(lb, layout.bytes);
+                prefetch_ahead(hb, layout.bytes);
+            }
+            let d_w = scales(lb, hb);
+            let m_w = match layout.m {
+                Some(at) => scales(lb.add(at), hb.add(at)),
+                None => _mm512_setzero_ps(),
+            };
+            let codes = codes::<F>(lb, hb);
+            for k in 0..C {
+                let at = (c + k) * blocks + i;
+                let meta = &call.meta[at];
+                let start = _mm512_set1_epi32(-factor * meta.sum);
+                let isum = block_isum(&codes, call.a[at].qs(), start);
+                // The exact product `d_w·d_a` (two f16 values) in every lane.
+                let scale = _mm512_mul_ps(d_w, _mm512_set1_ps(meta.d));
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[k]);
+                if layout.m.is_some() {
+                    offsets[k] = _mm512_fmadd_ps(m_w, _mm512_set1_ps(meta.s), offsets[k]);
+                }
+            }
+        }
+        for k in 0..C {
+            acc[k] = _mm512_add_ps(acc[k], offsets[k]);
+        }
+        acc
+    }
+}
