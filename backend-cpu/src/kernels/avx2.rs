@@ -136,44 +136,59 @@ unsafe fn tiles_avx2<F: LegacyType, A: ActBlock>(
     out: &mut [f32],
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { tiles::<F, A, false>(call, groups, out) }
+    unsafe { tiles::<F, A>(call, groups, out) }
 }
 
 /// Covers each group's eight rows × `cols` tokens with tiles of [`MAX_COLS`], 2 and 1 tokens;
 /// `out` is token-major (`out[c * rows + r]`).
 #[inline(always)]
-unsafe fn tiles<F: LegacyType, A: ActBlock, const VNNI: bool>(
+unsafe fn tiles<F: LegacyType, A: ActBlock>(
     call: &Call<'_, A>,
     groups: Range<usize>,
     out: &mut [f32],
 ) {
     let first_row = groups.start * GROUP;
+    for g in groups {
+        // SAFETY: forwarded from the caller.
+        unsafe { group_tiles::<F, A, false>(call, g, g * GROUP - first_row, out) };
+    }
+}
+
+/// Group `g`'s eight rows × every token, into rows `at..` of each token's outputs in the
+/// token-major `out`.
+#[inline(always)]
+pub(super) unsafe fn group_tiles<F: LegacyType, A: ActBlock, const VNNI: bool>(
+    call: &Call<'_, A>,
+    g: usize,
+    at: usize,
+    out: &mut [f32],
+) {
     let cols = call.cols;
-    let n_rows = out.len() / cols;
+    let mut c = 0;
     // SAFETY: the caller guarantees the features and the shapes.
     unsafe {
-        for g in groups {
-            let at = g * GROUP - first_row;
-            let live = GROUP.min(n_rows - at);
-            let mut c = 0;
-            let mut store = |sums: &[__m256], c: usize| {
-                for (k, &sum) in sums.iter().enumerate() {
-                    let token = &mut out[(c + k) * n_rows + at..][..live];
-                    store_rows(sum, token);
-                }
-            };
-            while c + MAX_COLS <= cols {
-                store(&tile::<F, A, VNNI, MAX_COLS>(call, g, c), c);
-                c += MAX_COLS;
-            }
-            if c + 2 <= cols {
-                store(&tile::<F, A, VNNI, 2>(call, g, c), c);
-                c += 2;
-            }
-            if c < cols {
-                store(&tile::<F, A, VNNI, 1>(call, g, c), c);
-            }
+        while c + MAX_COLS <= cols {
+            store_group(&tile::<F, A, VNNI, MAX_COLS>(call, g, c), c, at, out, cols);
+            c += MAX_COLS;
         }
+        if c + 2 <= cols {
+            store_group(&tile::<F, A, VNNI, 2>(call, g, c), c, at, out, cols);
+            c += 2;
+        }
+        if c < cols {
+            store_group(&tile::<F, A, VNNI, 1>(call, g, c), c, at, out, cols);
+        }
+    }
+}
+
+/// Writes tokens `c..`'s sums of a one-group tile into rows `at..` of the token-major `out`
+/// (`cols` tokens), leaving out padding rows (a function, as [`codes`] explains).
+#[inline(always)]
+fn store_group(sums: &[__m256], c: usize, at: usize, out: &mut [f32], cols: usize) {
+    let n_rows = out.len() / cols;
+    let live = GROUP.min(n_rows - at);
+    for (k, &sum) in sums.iter().enumerate() {
+        store_rows(sum, &mut out[(c + k) * n_rows + at..][..live]);
     }
 }
 
@@ -359,7 +374,7 @@ pub(super) fn tile_factor(format: Legacy, vnni: bool) -> i32 {
 /// Group `g`'s eight rows against tokens `c..c + C`: `C` vectors of eight outputs, each
 /// accumulated in the reference order.
 #[inline(always)]
-pub(super) unsafe fn tile<F: LegacyType, A: ActBlock, const VNNI: bool, const C: usize>(
+unsafe fn tile<F: LegacyType, A: ActBlock, const VNNI: bool, const C: usize>(
     call: &Call<'_, A>,
     g: usize,
     c: usize,

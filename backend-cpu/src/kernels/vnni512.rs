@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::{
-    ActBlock, Call, load_f16x8, prefetch_ahead, store_rows, tile as tile_256, tile_factor,
+    ActBlock, Call, group_tiles, load_f16x8, prefetch_ahead, store_rows, tile_factor,
 };
 use super::formats::LegacyType;
 use super::packed::group_layout;
@@ -21,8 +21,8 @@ use super::{GROUP, Legacy, MAX_COLS};
 /// offset sums and eight code vectors, so each weight block is unpacked once for eight tokens.
 const WIDE_COLS: usize = 8;
 
-/// Covers the groups two at a time with 16-row tiles of [`WIDE_COLS`], [`MAX_COLS`], 2 and 1 tokens, and an
-/// odd last group with the 256-bit tiles; `out` is token-major (`out[c * rows + r]`).
+/// Covers the groups two at a time with sixteen-row tiles, and an odd last group with the
+/// 256-bit tiles; `out` is token-major (`out[c * rows + r]`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 pub(super) unsafe fn tiles<F: LegacyType, A: ActBlock>(
     call: &Call<'_, A>,
@@ -30,60 +30,66 @@ pub(super) unsafe fn tiles<F: LegacyType, A: ActBlock>(
     out: &mut [f32],
 ) {
     let first_row = groups.start * GROUP;
+    for g in groups.clone().step_by(2) {
+        let at = g * GROUP - first_row;
+        // SAFETY: the caller guarantees the features and the shapes.
+        unsafe {
+            if g + 1 == groups.end {
+                group_tiles::<F, A, true>(call, g, at, out);
+            } else {
+                pair_tiles::<F, A>(call, g, at, out);
+            }
+        }
+    }
+}
+
+/// Groups `g` and `g + 1` × every token in tiles of [`WIDE_COLS`], [`MAX_COLS`], 2 and 1
+/// tokens, into rows `at..` of each token's outputs in the token-major `out`.
+#[inline(always)]
+unsafe fn pair_tiles<F: LegacyType, A: ActBlock>(
+    call: &Call<'_, A>,
+    g: usize,
+    at: usize,
+    out: &mut [f32],
+) {
     let cols = call.cols;
-    let n_rows = out.len() / cols;
+    let mut c = 0;
     // SAFETY: the caller guarantees the features and the shapes.
     unsafe {
-        for g in groups.clone().step_by(2) {
-            let at = g * GROUP - first_row;
-            let live = (2 * GROUP).min(n_rows - at);
-            // Token k's `live` outputs from this tile's rows.
-            let rows_of = |k: usize| k * n_rows + at..k * n_rows + at + live;
-            let mut c = 0;
-            if g + 1 == groups.end {
-                // An odd last group: eight rows, at 256 bits.
-                while c < cols {
-                    let width = if c + MAX_COLS <= cols { MAX_COLS } else { 1 };
-                    if width == MAX_COLS {
-                        let sums = tile_256::<F, A, true, MAX_COLS>(call, g, c);
-                        for (k, &sum) in sums.iter().enumerate() {
-                            store_rows(sum, &mut out[rows_of(c + k)]);
-                        }
-                    } else {
-                        store_rows(
-                            tile_256::<F, A, true, 1>(call, g, c)[0],
-                            &mut out[rows_of(c)],
-                        );
-                    }
-                    c += width;
-                }
-                continue;
-            }
-            let mut store = |sums: &[__m512], c: usize| {
-                for (k, &sum) in sums.iter().enumerate() {
-                    let token = &mut out[rows_of(c + k)];
-                    let (low, high) = token.split_at_mut(token.len().min(GROUP));
-                    store_rows(_mm512_castps512_ps256(sum), low);
-                    if !high.is_empty() {
-                        let upper = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sum));
-                        store_rows(_mm256_castpd_ps(upper), high);
-                    }
-                }
-            };
-            while c + WIDE_COLS <= cols {
-                store(&tile::<F, A, WIDE_COLS>(call, g, c), c);
-                c += WIDE_COLS;
-            }
-            if c + MAX_COLS <= cols {
-                store(&tile::<F, A, MAX_COLS>(call, g, c), c);
-                c += MAX_COLS;
-            }
-            if c + 2 <= cols {
-                store(&tile::<F, A, 2>(call, g, c), c);
-                c += 2;
-            }
-            if c < cols {
-                store(&tile::<F, A, 1>(call, g, c), c);
+        while c + WIDE_COLS <= cols {
+            store_pair(&tile::<F, A, WIDE_COLS>(call, g, c), c, at, out, cols);
+            c += WIDE_COLS;
+        }
+        if c + MAX_COLS <= cols {
+            store_pair(&tile::<F, A, MAX_COLS>(call, g, c), c, at, out, cols);
+            c += MAX_COLS;
+        }
+        if c + 2 <= cols {
+            store_pair(&tile::<F, A, 2>(call, g, c), c, at, out, cols);
+            c += 2;
+        }
+        if c < cols {
+            store_pair(&tile::<F, A, 1>(call, g, c), c, at, out, cols);
+        }
+    }
+}
+
+/// Writes tokens `c..`'s sums of a two-group tile into rows `at..` of the token-major `out`
+/// (`cols` tokens), leaving out padding rows. A function, not a closure: a closure is not
+/// compiled with the caller's target features, and the intrinsics in it would stay calls.
+#[inline(always)]
+unsafe fn store_pair(sums: &[__m512], c: usize, at: usize, out: &mut [f32], cols: usize) {
+    let n_rows = out.len() / cols;
+    let live = (2 * GROUP).min(n_rows - at);
+    for (k, &sum) in sums.iter().enumerate() {
+        let token = &mut out[(c + k) * n_rows + at..][..live];
+        let (low, high) = token.split_at_mut(live.min(GROUP));
+        // SAFETY: AVX-512F is enabled in every caller.
+        unsafe {
+            store_rows(_mm512_castps512_ps256(sum), low);
+            if !high.is_empty() {
+                let upper = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sum));
+                store_rows(_mm256_castpd_ps(upper), high);
             }
         }
     }
