@@ -2,6 +2,7 @@
 //! buffers that know their size, so memory is reported from actual allocations.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{
@@ -64,6 +65,9 @@ pub struct Gpu {
     pub sm: String,
     /// CUDA version the driver supports, e.g. `13.0`.
     pub driver_version: String,
+    /// Set by tests: the next capture is invalidated as soon as it starts
+    /// ([`Gpu::begin_capture`]).
+    invalidate_next_capture: AtomicBool,
 }
 
 /// cuBLAS's workspace, given to it at load so that it is allocated and counted up front rather
@@ -190,6 +194,7 @@ impl Gpu {
             name,
             sm: format!("{major}.{minor}"),
             driver_version: format!("{}.{}", version / 1000, (version % 1000) / 10),
+            invalidate_next_capture: AtomicBool::new(false),
         })
     }
 
@@ -326,7 +331,19 @@ impl Gpu {
     pub fn begin_capture(&self) -> Result<(), BackendError> {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| device_error("starting a graph capture", e))
+            .map_err(|e| device_error("starting a graph capture", e))?;
+        if self.invalidate_next_capture.swap(false, Ordering::Relaxed) {
+            // Synchronizing a stream under capture is refused, and invalidates the capture:
+            // what another thread's synchronizing call does to it.
+            let _refused = self.stream.synchronize();
+        }
+        Ok(())
+    }
+
+    /// Makes the next capture fail as one invalidated from outside its pass would (tests of
+    /// the fallback; nothing else calls it).
+    pub fn invalidate_next_capture(&self) {
+        self.invalidate_next_capture.store(true, Ordering::Relaxed);
     }
 
     /// Whether the recording under way was invalidated by an operation that synchronized the

@@ -128,11 +128,12 @@ impl Model<'_> {
                 // Something outside the pass synchronized the context mid-capture (another
                 // backend of the process loading its module, in tests). Nothing ran: the
                 // launches were only recorded. The pass runs kernel by kernel instead, and its
-                // shape is captured the next time it comes.
+                // shape is captured again when it next qualifies.
                 tracing::warn!(
                     rows = pass.rows,
                     "a graph capture was invalidated; the pass runs uncaptured"
                 );
+                scratch.graphs.note_invalidated();
                 return self.run(pass, scratch);
             }
             recorded?;

@@ -60,6 +60,8 @@ pub struct Graphs {
     kept: Vec<Kept>,
     seen: VecDeque<PassShape>,
     clock: u64,
+    /// Captures invalidated from outside their pass (each pass then ran uncaptured).
+    invalidated: usize,
 }
 
 // SAFETY: CUDA graphs may be launched from any thread as long as calls on one graph are
@@ -75,6 +77,16 @@ impl Graphs {
     /// Graphs held.
     pub fn len(&self) -> usize {
         self.kept.len()
+    }
+
+    /// Counts a capture invalidated from outside its pass.
+    pub fn note_invalidated(&mut self) {
+        self.invalidated += 1;
+    }
+
+    /// Captures invalidated so far.
+    pub fn invalidated(&self) -> usize {
+        self.invalidated
     }
 
     /// The graph of `shape`, if captured.

@@ -293,6 +293,19 @@ impl CudaBackend {
         self.scratch.graphs.len()
     }
 
+    /// Captures invalidated from outside their pass, whose passes then ran uncaptured (tests
+    /// and diagnostics).
+    pub fn invalidated_captures(&self) -> usize {
+        self.scratch.graphs.invalidated()
+    }
+
+    /// Makes the next graph capture fail as one invalidated by another thread would (tests of
+    /// the fallback).
+    #[doc(hidden)]
+    pub fn invalidate_next_capture(&self) {
+        self.gpu.invalidate_next_capture();
+    }
+
     /// [`InferenceBackend::step`] on a usable context.
     fn run_step(
         &mut self,

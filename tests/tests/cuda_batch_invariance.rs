@@ -103,6 +103,28 @@ fn gemma3_is_batch_invariant_on_the_gpu() {
     invariance(Model::Gemma3);
 }
 
+/// A graph capture invalidated from outside its pass (as another thread's synchronizing call
+/// does) costs the step nothing: the pass runs kernel by kernel with the same bits, and its
+/// shape is captured when it comes again.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn an_invalidated_capture_runs_its_pass_uncaptured() {
+    let (mut plain, tokenizer) = load(Synthetic::Qwen3);
+    let p = prompt(&tokenizer, TEXTS[0], 12);
+    let expected = alone(&mut plain, &p, Want::Logits);
+    let (mut spoiled, _) = load(Synthetic::Qwen3);
+    spoiled.backend.invalidate_next_capture();
+    let got = alone(&mut spoiled, &p, Want::Logits);
+    assert_eq!(spoiled.backend.invalidated_captures(), 1);
+    assert_eq!(plain.backend.invalidated_captures(), 0);
+    assert_same(&[got], &[expected]);
+    assert_eq!(
+        spoiled.backend.captured_passes(),
+        plain.backend.captured_passes(),
+        "the first decode's shape is captured at the next decode"
+    );
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn synthetic_models_are_batch_invariant_on_the_gpu() {
