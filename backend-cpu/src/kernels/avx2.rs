@@ -168,15 +168,21 @@ pub(super) unsafe fn group_tiles<F: LegacyType, A: ActBlock, const VNNI: bool>(
     // SAFETY: the caller guarantees the features and the shapes.
     unsafe {
         while c + MAX_COLS <= cols {
-            store_group(&tile::<F, A, VNNI, MAX_COLS>(call, g, c), c, at, out, cols);
+            store_group(
+                &tile::<Ymm<VNNI>, F, A, MAX_COLS>(call, g, c),
+                c,
+                at,
+                out,
+                cols,
+            );
             c += MAX_COLS;
         }
         if c + 2 <= cols {
-            store_group(&tile::<F, A, VNNI, 2>(call, g, c), c, at, out, cols);
+            store_group(&tile::<Ymm<VNNI>, F, A, 2>(call, g, c), c, at, out, cols);
             c += 2;
         }
         if c < cols {
-            store_group(&tile::<F, A, VNNI, 1>(call, g, c), c, at, out, cols);
+            store_group(&tile::<Ymm<VNNI>, F, A, 1>(call, g, c), c, at, out, cols);
         }
     }
 }
@@ -362,7 +368,7 @@ unsafe fn signed_isum(codes: &[__m256i; 8], y: &[i8; 32]) -> __m256i {
 
 /// What a tile subtracts as `−factor·Σy`: the format's code offset, and VNNI's Q8_0 bias.
 #[inline(always)]
-pub(super) fn tile_factor(format: Legacy, vnni: bool) -> i32 {
+fn tile_factor(format: Legacy, vnni: bool) -> i32 {
     match format {
         Legacy::Q4_0 => 8,
         Legacy::Q5_0 => 16,
@@ -371,54 +377,132 @@ pub(super) fn tile_factor(format: Legacy, vnni: bool) -> i32 {
     }
 }
 
-/// Group `g`'s eight rows against tokens `c..c + C`: `C` vectors of eight outputs, each
-/// accumulated in the reference order.
+/// A tile's register width: one group of eight rows in 256-bit registers ([`Ymm`]) or two
+/// groups side by side in 512-bit ones (`vnni512::Zmm`). [`tile`] runs the reference's steps
+/// through it, so the tile's arithmetic is written once for both.
+pub(super) trait Width {
+    /// Eight or sixteen f32 lanes, one per row.
+    type F: Copy;
+    /// As many i32 lanes.
+    type I: Copy;
+    /// Where the tile's group-block `i` starts (one group's, or two groups').
+    type At: Copy;
+    /// Whether the integer dots are VNNI's (which sets Q8_0's bias).
+    const VNNI: bool;
+    /// The group-blocks at byte `offset` of group `g`'s (and `g + 1`'s) rows.
+    unsafe fn at(w: &PackedRows, g: usize, offset: usize) -> Self::At;
+    /// Prefetches ahead of the group-blocks at `at`.
+    unsafe fn prefetch(at: Self::At, bytes: usize);
+    /// The rows' f16 scales at byte `offset` of the group-blocks, widened.
+    unsafe fn scales(at: Self::At, offset: usize) -> Self::F;
+    /// The eight quant vectors of the group-blocks.
+    unsafe fn codes<F: LegacyType>(at: Self::At) -> [Self::I; 8];
+    /// `start + Σ codes·y` per row, exactly.
+    unsafe fn isum<F: LegacyType>(codes: &[Self::I; 8], y: &[i8; 32], start: i32) -> Self::I;
+    unsafe fn zero() -> Self::F;
+    /// `acc + f32(isum) · (d_w · d)`, one fused multiply-add, the reference's block step.
+    unsafe fn step(acc: Self::F, isum: Self::I, d_w: Self::F, d: f32) -> Self::F;
+    /// `offsets + m_w · s`, one fused multiply-add.
+    unsafe fn offset(offsets: Self::F, m_w: Self::F, s: f32) -> Self::F;
+    /// `a + b` per lane.
+    unsafe fn add(a: Self::F, b: Self::F) -> Self::F;
+}
+
+/// One group of eight rows at 256 bits, with AVX2 or VNNI integer dots.
+pub(super) struct Ymm<const VNNI: bool>;
+
+impl<const VNNI: bool> Width for Ymm<VNNI> {
+    type F = __m256;
+    type I = __m256i;
+    type At = *const u8;
+    const VNNI: bool = VNNI;
+
+    #[inline(always)]
+    unsafe fn at(w: &PackedRows, g: usize, offset: usize) -> *const u8 {
+        // SAFETY: the callers pass an offset inside the group.
+        unsafe { w.group(g).as_ptr().add(offset) }
+    }
+    #[inline(always)]
+    unsafe fn prefetch(at: *const u8, bytes: usize) {
+        prefetch_ahead(at, bytes);
+    }
+    #[inline(always)]
+    unsafe fn scales(at: *const u8, offset: usize) -> __m256 {
+        // SAFETY: the callers pass the offset of eight scales inside the group-block.
+        unsafe { load_f16x8(at.add(offset)) }
+    }
+    #[inline(always)]
+    unsafe fn codes<F: LegacyType>(at: *const u8) -> [__m256i; 8] {
+        // SAFETY: forwarded from the caller.
+        unsafe { codes::<F, VNNI>(at) }
+    }
+    #[inline(always)]
+    unsafe fn isum<F: LegacyType>(codes: &[__m256i; 8], y: &[i8; 32], start: i32) -> __m256i {
+        // SAFETY: forwarded from the caller.
+        unsafe { block_isum::<F, VNNI>(codes, y, _mm256_set1_epi32(start)) }
+    }
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn step(acc: __m256, isum: __m256i, d_w: __m256, d: f32) -> __m256 {
+        // SAFETY: the callers guarantee AVX2 and FMA.
+        unsafe {
+            let scale = _mm256_mul_ps(d_w, _mm256_set1_ps(d));
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc)
+        }
+    }
+    #[inline(always)]
+    unsafe fn offset(offsets: __m256, m_w: __m256, s: f32) -> __m256 {
+        unsafe { _mm256_fmadd_ps(m_w, _mm256_set1_ps(s), offsets) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_add_ps(a, b) }
+    }
+}
+
+/// Group `g`'s rows (and `g + 1`'s at 512 bits) against tokens `c..c + C`: `C` vectors of
+/// outputs, each lane accumulated in the reference order.
 #[inline(always)]
-unsafe fn tile<F: LegacyType, A: ActBlock, const VNNI: bool, const C: usize>(
+pub(super) unsafe fn tile<W: Width, F: LegacyType, A: ActBlock, const C: usize>(
     call: &Call<'_, A>,
     g: usize,
     c: usize,
-) -> [__m256; C] {
-    let format = F::FORMAT;
-    let layout = group_layout(format);
+) -> [W::F; C] {
+    let layout = group_layout(F::FORMAT);
     let blocks = call.w.blocks();
-    let factor = tile_factor(format, VNNI);
-    let group = call.w.group(g);
-    // SAFETY: the callers guarantee the features; `group` holds `blocks` group-blocks and
+    let factor = tile_factor(F::FORMAT, W::VNNI);
+    // SAFETY: the callers guarantee the features; the groups hold `blocks` group-blocks and
     // the activations `blocks` blocks per token (checked by `super::dot_packed`).
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); C];
-        let mut offsets = [_mm256_setzero_ps(); C];
+        let mut acc = [W::zero(); C];
+        let mut offsets = [W::zero(); C];
         for i in 0..blocks {
-            let gb = group.as_ptr().add(i * layout.bytes);
+            let at = W::at(call.w, g, i * layout.bytes);
             if C > 1 {
-                prefetch_ahead(gb, layout.bytes);
+                W::prefetch(at, layout.bytes);
             }
-            let d_w = load_f16x8(gb);
+            // The exact products `d_w·d_a` (two f16 values) are formed in `W::step`.
+            let d_w = W::scales(at, 0);
             let m_w = match layout.m {
-                Some(at) => load_f16x8(gb.add(at)),
-                None => _mm256_setzero_ps(),
+                Some(offset) => W::scales(at, offset),
+                None => W::zero(),
             };
-            let codes = codes::<F, VNNI>(gb);
+            let codes = W::codes::<F>(at);
             for k in 0..C {
-                let at = (c + k) * blocks + i;
-                let meta = &call.meta[at];
-                let start = if factor == 0 {
-                    _mm256_setzero_si256()
-                } else {
-                    _mm256_set1_epi32(-factor * meta.sum)
-                };
-                let isum = block_isum::<F, VNNI>(&codes, call.a[at].qs(), start);
-                // The exact product `d_w·d_a` (two f16 values) in every lane.
-                let scale = _mm256_mul_ps(d_w, _mm256_set1_ps(meta.d));
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[k]);
+                let index = (c + k) * blocks + i;
+                let meta = &call.meta[index];
+                let isum = W::isum::<F>(&codes, call.a[index].qs(), -factor * meta.sum);
+                acc[k] = W::step(acc[k], isum, d_w, meta.d);
                 if layout.m.is_some() {
-                    offsets[k] = _mm256_fmadd_ps(m_w, _mm256_set1_ps(meta.s), offsets[k]);
+                    offsets[k] = W::offset(offsets[k], m_w, meta.s);
                 }
             }
         }
         for k in 0..C {
-            acc[k] = _mm256_add_ps(acc[k], offsets[k]);
+            acc[k] = W::add(acc[k], offsets[k]);
         }
         acc
     }

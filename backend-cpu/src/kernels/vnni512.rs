@@ -11,11 +11,11 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::{
-    ActBlock, Call, group_tiles, load_f16x8, prefetch_ahead, store_rows, tile_factor,
+    ActBlock, Call, Width, group_tiles, load_f16x8, prefetch_ahead, store_rows, tile,
 };
 use super::formats::LegacyType;
 use super::packed::group_layout;
-use super::{GROUP, Legacy, MAX_COLS};
+use super::{GROUP, Legacy, MAX_COLS, PackedRows};
 
 /// Tokens of the widest 512-bit tile: AVX-512's 32 registers hold its eight accumulators, eight
 /// offset sums and eight code vectors, so each weight block is unpacked once for eight tokens.
@@ -57,19 +57,19 @@ unsafe fn pair_tiles<F: LegacyType, A: ActBlock>(
     // SAFETY: the caller guarantees the features and the shapes.
     unsafe {
         while c + WIDE_COLS <= cols {
-            store_pair(&tile::<F, A, WIDE_COLS>(call, g, c), c, at, out, cols);
+            store_pair(&tile::<Zmm, F, A, WIDE_COLS>(call, g, c), c, at, out, cols);
             c += WIDE_COLS;
         }
         if c + MAX_COLS <= cols {
-            store_pair(&tile::<F, A, MAX_COLS>(call, g, c), c, at, out, cols);
+            store_pair(&tile::<Zmm, F, A, MAX_COLS>(call, g, c), c, at, out, cols);
             c += MAX_COLS;
         }
         if c + 2 <= cols {
-            store_pair(&tile::<F, A, 2>(call, g, c), c, at, out, cols);
+            store_pair(&tile::<Zmm, F, A, 2>(call, g, c), c, at, out, cols);
             c += 2;
         }
         if c < cols {
-            store_pair(&tile::<F, A, 1>(call, g, c), c, at, out, cols);
+            store_pair(&tile::<Zmm, F, A, 1>(call, g, c), c, at, out, cols);
         }
     }
 }
@@ -178,54 +178,63 @@ unsafe fn block_isum(codes: &[__m512i; 8], y: &[i8; 32], start: __m512i) -> __m5
     }
 }
 
-/// Groups `g` and `g + 1` (sixteen rows) against tokens `c..c + C`: `C` vectors of sixteen
-/// outputs, each lane accumulated in the reference order.
-#[inline(always)]
-unsafe fn tile<F: LegacyType, A: ActBlock, const C: usize>(
-    call: &Call<'_, A>,
-    g: usize,
-    c: usize,
-) -> [__m512; C] {
-    let layout = group_layout(F::FORMAT);
-    let blocks = call.w.blocks();
-    let factor = tile_factor(F::FORMAT, true);
-    let (low, high) = (call.w.group(g), call.w.group(g + 1));
-    // SAFETY: the callers guarantee the features; both groups hold `blocks` group-blocks and
-    // the activations `blocks` blocks per token (checked by `super::dot_packed`).
-    unsafe {
-        let mut acc = [_mm512_setzero_ps(); C];
-        let mut offsets = [_mm512_setzero_ps(); C];
-        for i in 0..blocks {
-            let (lb, hb) = (
-                low.as_ptr().add(i * layout.bytes),
-                high.as_ptr().add(i * layout.bytes),
-            );
-            if C > 1 {
-                prefetch_ahead(lb, layout.bytes);
-                prefetch_ahead(hb, layout.bytes);
-            }
-            let d_w = scales(lb, hb);
-            let m_w = match layout.m {
-                Some(at) => scales(lb.add(at), hb.add(at)),
-                None => _mm512_setzero_ps(),
-            };
-            let codes = codes::<F>(lb, hb);
-            for k in 0..C {
-                let at = (c + k) * blocks + i;
-                let meta = &call.meta[at];
-                let start = _mm512_set1_epi32(-factor * meta.sum);
-                let isum = block_isum(&codes, call.a[at].qs(), start);
-                // The exact product `d_w·d_a` (two f16 values) in every lane.
-                let scale = _mm512_mul_ps(d_w, _mm512_set1_ps(meta.d));
-                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[k]);
-                if layout.m.is_some() {
-                    offsets[k] = _mm512_fmadd_ps(m_w, _mm512_set1_ps(meta.s), offsets[k]);
-                }
-            }
+/// Two groups side by side at 512 bits, with VNNI integer dots.
+struct Zmm;
+
+impl Width for Zmm {
+    type F = __m512;
+    type I = __m512i;
+    type At = (*const u8, *const u8);
+    const VNNI: bool = true;
+
+    #[inline(always)]
+    unsafe fn at(w: &PackedRows, g: usize, offset: usize) -> Self::At {
+        // SAFETY: the callers pass an offset inside the groups.
+        unsafe {
+            (
+                w.group(g).as_ptr().add(offset),
+                w.group(g + 1).as_ptr().add(offset),
+            )
         }
-        for k in 0..C {
-            acc[k] = _mm512_add_ps(acc[k], offsets[k]);
+    }
+    #[inline(always)]
+    unsafe fn prefetch((low, high): Self::At, bytes: usize) {
+        prefetch_ahead(low, bytes);
+        prefetch_ahead(high, bytes);
+    }
+    #[inline(always)]
+    unsafe fn scales((low, high): Self::At, offset: usize) -> __m512 {
+        // SAFETY: the callers pass the offset of eight scales inside the group-blocks.
+        unsafe { scales(low.add(offset), high.add(offset)) }
+    }
+    #[inline(always)]
+    unsafe fn codes<F: LegacyType>((low, high): Self::At) -> [__m512i; 8] {
+        // SAFETY: forwarded from the caller.
+        unsafe { codes::<F>(low, high) }
+    }
+    #[inline(always)]
+    unsafe fn isum<F: LegacyType>(codes: &[__m512i; 8], y: &[i8; 32], start: i32) -> __m512i {
+        // SAFETY: forwarded from the caller.
+        unsafe { block_isum(codes, y, _mm512_set1_epi32(start)) }
+    }
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn step(acc: __m512, isum: __m512i, d_w: __m512, d: f32) -> __m512 {
+        // SAFETY: the callers guarantee AVX-512F.
+        unsafe {
+            let scale = _mm512_mul_ps(d_w, _mm512_set1_ps(d));
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc)
         }
-        acc
+    }
+    #[inline(always)]
+    unsafe fn offset(offsets: __m512, m_w: __m512, s: f32) -> __m512 {
+        unsafe { _mm512_fmadd_ps(m_w, _mm512_set1_ps(s), offsets) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_add_ps(a, b) }
     }
 }
