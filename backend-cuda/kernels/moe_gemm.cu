@@ -17,6 +17,26 @@ __device__ __forceinline__ QmBlock moe_block(const u8* w, long long row_bytes, i
     return QmBlock{m, (int)blockIdx.x * per_tile, rows, 0};
 }
 
+// Runs a block's tile (its rows as qm_tile_rows picks them for `mode`, `second` the up matrix
+// in the gated mode) over expert e's n pairs, BN at a time, and hands each pass's accumulators
+// to `put(acc, t, wm, g)`: the pass's first pair t0 plus this lane's column offset, the warp's
+// first tile row and the lane's row in its 8-row group.
+template <typename C, typename S, typename Put>
+__device__ __forceinline__ void moe_gemm_passes(QmTiles<S>& sh, const QmBlock& b,
+                                                const QMatrix& second, int mode, int cols,
+                                                const u8* pre, int n, Put put) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
+    QRope none = {};
+    const u8* wrows[S::PAIRS];
+    qm_tile_rows<S>(b, b.m, second, none, mode, wrows);
+    for (int t0 = 0; t0 < n; t0 += S::BN) {
+        float acc[S::MT][S::NT][4];
+        qm_products<C, S>(sh, wrows, t0, n, cols, pre, 0, cols >> 5, true, acc);
+        put(acc, t0 + wn + 2 * (lane & 3), wm, lane >> 2);
+    }
+}
+
 // act[k][slot] = swiglu_oai(gate · x_k + gate bias, up · x_k + up bias) for the pairs k of
 // expert e (first + t for t < n), from the totals of a gated tile (a slot's gate total in
 // outputs 0, 1 and its up total in 2, 3).
@@ -25,28 +45,22 @@ __device__ void moe_gemm_gate_up_tile(QmTiles<S>& sh, const QmBlock& b, const QM
                                       const float* gate_b, const float* up_b, int cols,
                                       const u8* pre, int first, int n, float alpha, float limit,
                                       float* act) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
-    int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
-    QRope none = {};
-    const u8* wrows[S::PAIRS];
-    qm_tile_rows<S>(b, b.m, up, none, QG_SILU, wrows);
-    for (int t0 = 0; t0 < n; t0 += S::BN) {
-        float acc[S::MT][S::NT][4];
-        qm_products<C, S>(sh, wrows, t0, n, cols, pre, 0, cols >> 5, true, acc);
+    moe_gemm_passes<C, S>(sh, b, up, QG_SILU, cols, pre, n,
+                          [&](const float (&acc)[S::MT][S::NT][4], int t1, int wm, int g) {
 #pragma unroll
         for (int mt = 0; mt < S::MT; ++mt)
 #pragma unroll
             for (int nt = 0; nt < S::NT; ++nt)
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    int t = t0 + wn + 8 * nt + 2 * q4 + i;
+                    int t = t1 + 8 * nt + i;
                     int slot = b.slot0 + ((wm >> 4) + mt) * 8 + g;
                     if (t >= n || slot >= b.slots) continue;
                     act[(long long)(first + t) * b.slots + slot] =
                         swiglu_oai(acc[mt][nt][i] + gate_b[slot], acc[mt][nt][i + 2] + up_b[slot],
                                    alpha, limit);
                 }
-    }
+    });
 }
 
 // out[order[k]][r] = (down · act_k + down bias) · weights[order[k]] for the pairs k of expert
@@ -55,27 +69,21 @@ template <typename C, typename S>
 __device__ void moe_gemm_down_tile(QmTiles<S>& sh, const QmBlock& b, const float* down_b,
                                    int cols, const u8* pre, int first, int n, const int* order,
                                    const float* weights, float* out) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
-    int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
-    QRope none = {};
-    const u8* wrows[S::PAIRS];
-    qm_tile_rows<S>(b, b.m, b.m, none, QG_STORE, wrows);
-    for (int t0 = 0; t0 < n; t0 += S::BN) {
-        float acc[S::MT][S::NT][4];
-        qm_products<C, S>(sh, wrows, t0, n, cols, pre, 0, cols >> 5, true, acc);
+    moe_gemm_passes<C, S>(sh, b, b.m, QG_STORE, cols, pre, n,
+                          [&](const float (&acc)[S::MT][S::NT][4], int t1, int wm, int g) {
 #pragma unroll
         for (int mt = 0; mt < S::MT; ++mt)
 #pragma unroll
             for (int nt = 0; nt < S::NT; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    int t = t0 + wn + 8 * nt + 2 * q4 + (i & 1);
+                    int t = t1 + 8 * nt + (i & 1);
                     int r = b.slot0 + wm + 16 * mt + g + 8 * (i >> 1);
                     if (t >= n || r >= b.m.rows) continue;
                     int p = order[first + t];
                     out[(long long)p * b.m.rows + r] = (acc[mt][nt][i] + down_b[r]) * weights[p];
                 }
-    }
+    });
 }
 
 // moe_gate_up's launch (the same arguments) on tensor cores: grid.x over tiles of BM / 2 slots.
