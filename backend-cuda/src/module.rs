@@ -116,9 +116,9 @@ impl Kernels {
         let module = ctx
             .load_module(Ptx::from_binary(cubin))
             .map_err(|e| BackendError::Device(format!("loading the kernel module: {e}")))?;
-        // Each function is loaded now, not at its first launch (CUDA's lazy loading): loading
-        // then can synchronize the context, which invalidates a graph capture under way on
-        // another thread's stream, and a first launch inside a capture would load there.
+        // Each function is loaded now, not at its first launch (CUDA's lazy loading): a first
+        // launch inside a capture would load there, and a load can synchronize the context,
+        // which invalidates a capture under way (`forward.rs` then runs the pass uncaptured).
         let get = |name: &str| {
             let function = module
                 .load_function(name)
