@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 use worker_common::backend::{BackendError, Chunk};
-use worker_common::model::{Ffn, GateUp, ModelPlan, Qkv};
+use worker_common::model::{Ffn, GateUp, ModelPlan, Qkv, RopePlan};
 
 use crate::attention::{Query, Row, attention};
 use crate::kv::{KvPool, pool_row};
@@ -31,7 +31,7 @@ pub struct Buffers {
     projected: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    angles: Vec<(f32, f32)>,
+    angles: StepAngles,
     /// The logits of the output rows, row-major.
     pub logits: Vec<f32>,
     matmul: MatmulScratch,
@@ -103,6 +103,7 @@ impl Model<'_> {
             buf.logits.clear();
             return Ok(());
         }
+        buf.angles.forget();
         self.embed(chunks, buf)?;
         for (il, layer) in self.weights.layers.iter().enumerate() {
             self.attention_block(il, layer, chunks, kv, buf)?;
@@ -218,20 +219,19 @@ impl Model<'_> {
         let layer_plan = &self.plan.layers[il];
         let rope = &layer_plan.rope;
         let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
+        let angles = buf
+            .angles
+            .of(rope, self.plan.rope_factors.as_deref(), &buf.rows);
+        let pairs = rope.dims / 2;
         for (t, row) in buf.rows.iter().enumerate() {
-            ops::rope_angles(
-                rope,
-                self.plan.rope_factors.as_deref(),
-                row.pos,
-                &mut buf.angles,
-            );
+            let angles = &angles[t * pairs..][..pairs];
             let q_row = &mut buf.q[t * qw..(t + 1) * qw];
             let k_row = &mut buf.k[t * kw..(t + 1) * kw];
             for head in q_row.chunks_exact_mut(hp.head_dim_k) {
-                ops::rope_apply(rope, head, &buf.angles);
+                ops::rope_apply(rope, head, angles);
             }
             for head in k_row.chunks_exact_mut(hp.head_dim_k) {
-                ops::rope_apply(rope, head, &buf.angles);
+                ops::rope_apply(rope, head, angles);
             }
             // Every row's keys and values are stored before any row attends: a prefill row
             // reads those of the rows before it in its chunk.
@@ -348,6 +348,50 @@ impl Model<'_> {
         let result = self.project(down, &gate, n, &mut buf.projected, &mut buf.matmul);
         buf.gate = gate;
         result
+    }
+}
+
+/// The RoPE angles of a step's rows, computed once per step for each distinct RoPE of the
+/// model (every layer, or Gemma's two kinds) instead of once per layer: each is a function of
+/// the position and the RoPE alone. Kept between steps so a warm decode step does not allocate.
+#[derive(Debug, Default)]
+struct StepAngles {
+    /// Per RoPE met this step, in `ropes[..current]`: the angles of every row, `[row][pair]`.
+    ropes: Vec<(RopePlan, Vec<(f32, f32)>)>,
+    current: usize,
+    /// One row's angles.
+    row: Vec<(f32, f32)>,
+}
+
+impl StepAngles {
+    /// Starts a step: every row may have changed.
+    fn forget(&mut self) {
+        self.current = 0;
+    }
+
+    /// The angles of `rope` for every row of `rows` (this step's), `rope.dims / 2` per row.
+    fn of(&mut self, rope: &RopePlan, factors: Option<&[f32]>, rows: &[Row]) -> &[(f32, f32)] {
+        let known = self.ropes[..self.current]
+            .iter()
+            .position(|(r, _)| r == rope);
+        let at = match known {
+            Some(at) => at,
+            None => {
+                if self.current == self.ropes.len() {
+                    self.ropes.push((*rope, Vec::new()));
+                }
+                let (plan, angles) = &mut self.ropes[self.current];
+                *plan = *rope;
+                angles.clear();
+                for row in rows {
+                    ops::rope_angles(rope, factors, row.pos, &mut self.row);
+                    angles.extend_from_slice(&self.row);
+                }
+                self.current += 1;
+                self.current - 1
+            }
+        };
+        &self.ropes[at].1
     }
 }
 

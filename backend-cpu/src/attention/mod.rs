@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
+use half::f16;
 use rayon::prelude::*;
 use worker_common::backend::{Chunk, PAGE_SIZE, PageId};
 use worker_common::model::AttentionShape;
@@ -23,8 +24,8 @@ pub struct Row {
 }
 
 /// Rows of one chunk at consecutive positions (a prefill) are attended together, up to this
-/// many: each key and value row is then read and widened once for all of them instead of once
-/// per row, which is what long prompts spend their time on.
+/// many: each key and value page is then brought into the cache once for all of them instead of
+/// once per row, which is what long prompts spend their time on.
 const TILE_ROWS: usize = 16;
 
 /// The query rows of one step and the keys and values they attend.
@@ -66,7 +67,7 @@ pub fn attention(query: Query<'_>, out: &mut [f32]) {
     let out = Output(out.as_mut_ptr());
     TASKS.with_borrow_mut(|tasks| {
         tile_tasks(rows, shape.n_head_kv, tasks);
-        // One task per (tile of rows, KV head): each key and value row is widened once for the
+        // One task per (tile of rows, KV head): each key and value page is read once for the
         // tile's rows and the query heads that share it. Each row's operations are those it
         // would do alone, in the same order, so a row's result does not depend on its tile.
         tasks.par_iter().for_each(|task| {
@@ -148,10 +149,10 @@ impl Span {
 }
 
 /// The attention of `task`'s rows for the query heads that share its KV head. For each row,
-/// head `j`'s scores are `query · key_p · scale` (summed over the dimensions in order) for its
-/// positions, softmaxed with an f64 sum, and the output is `Σ_p weight_p · value_p` accumulated
-/// in position order, then scaled by the inverse sum: exactly the operations of the row
-/// attended alone, page by page.
+/// head `j`'s scores are `query · key_p · scale` (fused multiply-adds over the dimensions in
+/// order) for its positions, softmaxed with an f64 sum, and the output is `Σ_p weight_p ·
+/// value_p` (fused multiply-adds in position order), then scaled by the inverse sum: exactly
+/// the operations of the row attended alone, page by page.
 ///
 /// # Safety
 ///
@@ -178,14 +179,7 @@ unsafe fn tile_task<W: Widen>(
         tile.prefetch_values(page);
         tile.page_targets(page, &mut scratch.targets);
         // SAFETY: forwarded from the caller.
-        unsafe {
-            tile.score_page::<W>(
-                page,
-                &scratch.targets,
-                &mut scratch.key_block,
-                &mut scratch.scores,
-            )
-        };
+        unsafe { tile.score_page::<W>(page, &scratch.targets, &mut scratch.scores) };
     }
     scratch.inv_sums.clear();
     for span in tile.spans.iter() {
@@ -209,15 +203,7 @@ unsafe fn tile_task<W: Widen>(
     for page in tile.pages() {
         tile.page_targets(page, &mut scratch.targets);
         // SAFETY: forwarded from the caller.
-        unsafe {
-            tile.weigh_page::<W>(
-                page,
-                &scratch.targets,
-                &scratch.scores,
-                &mut scratch.value_block,
-                &mut scratch.acc,
-            )
-        };
+        unsafe { tile.weigh_page::<W>(page, &scratch.targets, &scratch.scores, &mut scratch.acc) };
     }
     let heads = scratch
         .acc
@@ -238,6 +224,9 @@ unsafe fn tile_task<W: Widen>(
 
 /// Pages ahead of the one being scored whose keys are prefetched.
 const KEYS_AHEAD: usize = 2;
+
+// A key page's dimension is one widening: its slots side by side.
+const _: () = assert!(widen::LANES == PAGE_SIZE);
 
 /// Values are accumulated this many dimensions at a time, in registers across a page's
 /// positions (a head's output row is padded to a multiple of it in the scratch).
@@ -347,55 +336,53 @@ impl<'a, 'i> Tile<'a, 'i> {
         &self.inputs.q[(t * n_head + self.task.kv_head * self.group + j) * dk..][..dk]
     }
 
-    /// The targets' scaled scores over page `page`, four queries at a time.
+    /// The targets' scaled scores over page `page`, four queries at a time, each reading the
+    /// page's f16 keys itself (sixteen slots of a dimension widened in a register).
     ///
     /// # Safety
     ///
     /// As [`tile_task`].
     #[inline(always)]
-    unsafe fn score_page<W: Widen>(
-        &self,
-        page: usize,
-        targets: &[Target],
-        block: &mut Vec<f32>,
-        scores: &mut [f32],
-    ) {
+    unsafe fn score_page<W: Widen>(&self, page: usize, targets: &[Target], scores: &mut [f32]) {
         let shape = self.inputs.shape;
         let (dk, k_width) = (shape.head_dim_k, shape.n_head_kv * shape.head_dim_k);
-        block.resize(dk * PAGE_SIZE, 0.0);
         let row = self.pages[page].index() * PAGE_SIZE;
         let start = key_index(row, k_width, self.task.kv_head * dk);
-        // SAFETY: forwarded from the caller.
-        unsafe { W::widen(&self.inputs.kv.keys[start..][..dk * PAGE_SIZE], block) };
+        let keys = &self.inputs.kv.keys[start..][..dk * PAGE_SIZE];
         for quad in targets.chunks(4) {
+            // SAFETY (each arm): forwarded from the caller.
             match quad {
-                [a, b, c, d] => self.score_targets([a, b, c, d], block, scores),
-                [a, b, c] => self.score_targets([a, b, c], block, scores),
-                [a, b] => self.score_targets([a, b], block, scores),
-                [a] => self.score_targets([a], block, scores),
+                [a, b, c, d] => unsafe { self.score_targets::<W, 4>([a, b, c, d], keys, scores) },
+                [a, b, c] => unsafe { self.score_targets::<W, 3>([a, b, c], keys, scores) },
+                [a, b] => unsafe { self.score_targets::<W, 2>([a, b], keys, scores) },
+                [a] => unsafe { self.score_targets::<W, 1>([a], keys, scores) },
                 _ => {}
             }
         }
     }
 
-    /// Stores the scores of `N` targets over the widened key block, computed together so
-    /// their sums overlap in the pipeline.
+    /// Stores the scores of `N` targets over the page's keys (`[dimension][slot]`, f16),
+    /// computed together so their sums overlap in the pipeline.
+    ///
+    /// # Safety
+    ///
+    /// As [`tile_task`].
     #[inline(always)]
-    fn score_targets<const N: usize>(
+    unsafe fn score_targets<W: Widen, const N: usize>(
         &self,
         targets: [&Target; N],
-        block: &[f32],
+        keys: &[f16],
         scores: &mut [f32],
     ) {
-        let sums = page_scores(targets.map(|t| self.query(t)), block);
+        // SAFETY: forwarded from the caller.
+        let sums = unsafe { page_scores::<W, N>(targets.map(|t| self.query(t)), keys) };
         for (target, sums) in targets.iter().zip(&sums) {
             target.store(sums, self.inputs.shape.scale, scores);
         }
     }
 
-    /// Adds `weight · value` of page `page`'s slots to each target's accumulator, in slot order.
-    /// `block` keeps its size between pages: each used slot's row is overwritten, and the
-    /// padding lanes beyond `dv` stay zero from the one resize.
+    /// Adds `weight · value` of page `page`'s slots to each target's accumulator, in slot
+    /// order, reading each slot's f16 values row where it lies in the pool.
     ///
     /// # Safety
     ///
@@ -406,23 +393,13 @@ impl<'a, 'i> Tile<'a, 'i> {
         page: usize,
         targets: &[Target],
         scores: &[f32],
-        block: &mut Vec<f32>,
         acc: &mut [f32],
     ) {
         let shape = self.inputs.shape;
         let (dv, v_width) = (shape.head_dim_v, shape.n_head_kv * shape.head_dim_v);
         let stride = dv.next_multiple_of(V_LANES);
-        if block.len() != PAGE_SIZE * stride {
-            block.clear();
-            block.resize(PAGE_SIZE * stride, 0.0);
-        }
-        let used = targets.iter().map(|t| t.slots.end).max().unwrap_or(0);
-        for (slot, value) in block.chunks_exact_mut(stride).enumerate().take(used) {
-            let row = self.pages[page].index() * PAGE_SIZE + slot;
-            let values = &self.inputs.kv.values[row * v_width + self.task.kv_head * dv..][..dv];
-            // SAFETY: forwarded from the caller.
-            unsafe { W::widen(values, &mut value[..dv]) };
-        }
+        let first_row = self.pages[page].index() * PAGE_SIZE;
+        let head_values = &self.inputs.kv.values[self.task.kv_head * dv..];
         // A row's heads attend the same slots and have adjacent accumulators: they are
         // weighed together, up to three at a time (their sums then fill the registers).
         for same_row in targets.chunk_by(|a, b| a.query.0 == b.query.0) {
@@ -431,11 +408,15 @@ impl<'a, 'i> Tile<'a, 'i> {
                 let slots = heads[0].slots.clone();
                 let accs = &mut acc[(r * self.group + j) * stride..][..heads.len() * stride];
                 let weights = |t: &Target| &scores[t.scores_at..][..slots.len()];
-                let values = &block[slots.start * stride..];
+                let values =
+                    |i: usize| &head_values[(first_row + slots.start + i) * v_width..][..dv];
+                // SAFETY (each arm): forwarded from the caller.
                 match heads {
-                    [a, b, c] => accumulate(accs, [a, b, c].map(weights), values, stride),
-                    [a, b] => accumulate(accs, [a, b].map(weights), values, stride),
-                    [a] => accumulate(accs, [a].map(weights), values, stride),
+                    [a, b, c] => unsafe {
+                        accumulate::<W, 3>(accs, [a, b, c].map(weights), values)
+                    },
+                    [a, b] => unsafe { accumulate::<W, 2>(accs, [a, b].map(weights), values) },
+                    [a] => unsafe { accumulate::<W, 1>(accs, [a].map(weights), values) },
                     _ => {}
                 }
             }
@@ -443,32 +424,45 @@ impl<'a, 'i> Tile<'a, 'i> {
     }
 }
 
-/// For each of `N` heads `h`: `accs[h] += Σ weights[h][i] · values[i · stride..]`, in order of
-/// `i`, [`V_LANES`] dimensions at a time with the sums held in registers for the page. `accs`
-/// holds the heads' accumulators one after another, `stride` apart.
+/// For each of `N` heads `h`: `accs[h] += Σ weights[h][i] · values(i)` (fused multiply-adds),
+/// in order of `i`, [`V_LANES`] dimensions at a time with the sums held in registers for the
+/// page and each slot's values widened once for the `N` heads. `accs` holds the heads'
+/// accumulators one after another, each `values(i).len()` rounded up to [`V_LANES`] long.
+///
+/// # Safety
+///
+/// As [`tile_task`].
 #[inline(always)]
-fn accumulate<const N: usize>(
+unsafe fn accumulate<'v, W: Widen, const N: usize>(
     accs: &mut [f32],
     weights: [&[f32]; N],
-    values: &[f32],
-    stride: usize,
+    values: impl Fn(usize) -> &'v [f16],
 ) {
+    const RUNS: usize = V_LANES / widen::LANES;
+    let stride = accs.len() / N;
     for c in (0..stride).step_by(V_LANES) {
-        let mut sums = [[0.0f32; V_LANES]; N];
+        let mut sums = [[[0.0f32; widen::LANES]; RUNS]; N];
         for (h, sums) in sums.iter_mut().enumerate() {
-            sums.copy_from_slice(&accs[h * stride + c..][..V_LANES]);
+            for (k, run) in sums.iter_mut().enumerate() {
+                run.copy_from_slice(&accs[h * stride + c + k * widen::LANES..][..widen::LANES]);
+            }
         }
         for i in 0..weights[0].len() {
-            let value = &values[i * stride + c..][..V_LANES];
+            // SAFETY: forwarded from the caller.
+            let value = unsafe { widen::runs::<W, RUNS>(values(i), c) };
             for (sums, weights) in sums.iter_mut().zip(&weights) {
                 let weight = weights[i];
-                for (sum, &v) in sums.iter_mut().zip(value) {
-                    *sum += weight * v;
+                for (sums, value) in sums.iter_mut().zip(&value) {
+                    for (sum, &v) in sums.iter_mut().zip(value) {
+                        *sum = weight.mul_add(v, *sum);
+                    }
                 }
             }
         }
         for (h, sums) in sums.iter().enumerate() {
-            accs[h * stride + c..][..V_LANES].copy_from_slice(sums);
+            for (k, run) in sums.iter().enumerate() {
+                accs[h * stride + c + k * widen::LANES..][..widen::LANES].copy_from_slice(run);
+            }
         }
     }
 }
@@ -496,27 +490,25 @@ mod simd {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,f16c")]
+    #[target_feature(enable = "avx512f,f16c,fma")]
     unsafe fn avx512(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
-        // SAFETY: F16C is enabled here and was detected by the caller.
-        unsafe { super::tile_task::<widen::F16c>(inputs, scratch, task, out) }
+        // SAFETY: AVX-512F is enabled here and was detected by the caller.
+        unsafe { super::tile_task::<widen::F16c512>(inputs, scratch, task, out) }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn avx2(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
-        // SAFETY: F16C is enabled here and was detected by the caller.
+        // SAFETY: F16C and FMA are enabled here and were detected by the caller.
         unsafe { super::tile_task::<widen::F16c>(inputs, scratch, task, out) }
     }
 }
 
-/// Per-task buffers: the scores of a tile's queries, a page's keys or values in f32, each query
-/// head's softmax normaliser, the rows' spans, a page's targets and the output accumulators.
+/// Per-task buffers: the scores of a tile's queries, each query head's softmax normaliser,
+/// the rows' spans, a page's targets and the output accumulators.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
-    key_block: Vec<f32>,
-    value_block: Vec<f32>,
     inv_sums: Vec<f32>,
     spans: Vec<Span>,
     targets: Vec<Target>,
@@ -579,18 +571,29 @@ impl Target {
 }
 
 /// `query · key` of `N` queries for the [`PAGE_SIZE`] keys of a transposed page block
-/// (`[dimension][slot]`), each summed over the dimensions in order: one vector multiply and
-/// add per query and dimension, the `N` sums independent so they overlap in the pipeline.
+/// (`[dimension][slot]`, f16), each summed over the dimensions in order with fused
+/// multiply-adds: one widening per dimension and one vector multiply-add per query and
+/// dimension, the `N` sums independent so they overlap in the pipeline.
+///
+/// # Safety
+///
+/// As [`tile_task`].
 #[inline(always)]
-fn page_scores<const N: usize>(queries: [&[f32]; N], key_block: &[f32]) -> [[f32; PAGE_SIZE]; N] {
+unsafe fn page_scores<W: Widen, const N: usize>(
+    queries: [&[f32]; N],
+    keys: &[f16],
+) -> [[f32; PAGE_SIZE]; N] {
     let mut sums = [[0.0f32; PAGE_SIZE]; N];
-    let dims = key_block.len() / PAGE_SIZE;
+    let dims = keys.len() / PAGE_SIZE;
     let queries = queries.map(|query| &query[..dims]);
-    for (d, keys) in key_block.chunks_exact(PAGE_SIZE).enumerate() {
+    for (d, keys) in keys.chunks_exact(widen::LANES).enumerate() {
+        let Ok(keys) = keys.try_into() else { continue };
+        // SAFETY: forwarded from the caller.
+        let keys = unsafe { W::lanes(keys) };
         for (sum, query) in sums.iter_mut().zip(&queries) {
             let q = query[d];
-            for (s, &k) in sum.iter_mut().zip(keys) {
-                *s += q * k;
+            for (s, &k) in sum.iter_mut().zip(&keys) {
+                *s = q.mul_add(k, *s);
             }
         }
     }
