@@ -1,9 +1,9 @@
 //! f16 → f32 widening of keys and values inside the attention bodies, sixteen values at a time
 //! straight into the registers that use them (no f32 copy of a page is written and read back).
 //! Called once per key dimension of a page and once per sixteen value dimensions of a slot, so
-//! it must inline into the SIMD body that calls it rather be a call with its own feature check:
-//! [`F16c512`] in the AVX-512 body, [`F16c`] in the AVX2 body (both enable F16C), [`Plain`]
-//! elsewhere. Widening is exact, so all give the same bits.
+//! it must inline into the SIMD body that calls it rather than be a call with its own feature
+//! check: [`F16c512`] in the AVX-512 body, [`F16c`] in the AVX2 body (both enable F16C),
+//! [`Plain`] elsewhere. Widening is exact, so all give the same bits.
 
 use half::f16;
 
