@@ -149,10 +149,12 @@ impl Span {
 }
 
 /// The attention of `task`'s rows for the query heads that share its KV head. For each row,
-/// head `j`'s scores are `query · key_p · scale` (fused multiply-adds over the dimensions in
-/// order) for its positions, softmaxed with an f64 sum, and the output is `Σ_p weight_p ·
-/// value_p` (fused multiply-adds in position order), then scaled by the inverse sum: exactly
-/// the operations of the row attended alone, page by page.
+/// head `j`'s scores are `query · key_p · scale` (summed over the dimensions in order) for its
+/// positions, softmaxed with an f64 sum, and the output is `Σ_p weight_p · value_p` accumulated
+/// in position order, then scaled by the inverse sum: exactly the operations of the row
+/// attended alone, page by page. Products and sums stay separate roundings (no fused
+/// multiply-add), as in the CUDA kernels (`--fmad=false`): the two backends' logits stay within
+/// `cuda_parity`'s bound on Gemma 3 (fusing moved them from 1.3 to 2.1 apart).
 ///
 /// # Safety
 ///
@@ -424,7 +426,7 @@ impl<'a, 'i> Tile<'a, 'i> {
     }
 }
 
-/// For each of `N` heads `h`: `accs[h] += Σ weights[h][i] · values(i)` (fused multiply-adds),
+/// For each of `N` heads `h`: `accs[h] += Σ weights[h][i] · values(i)`,
 /// in order of `i`, [`V_LANES`] dimensions at a time with the sums held in registers for the
 /// page and each slot's values widened once for the `N` heads. `accs` holds the heads'
 /// accumulators one after another, each `values(i).len()` rounded up to [`V_LANES`] long.
@@ -454,7 +456,7 @@ unsafe fn accumulate<'v, W: Widen, const N: usize>(
                 let weight = weights[i];
                 for (sums, value) in sums.iter_mut().zip(&value) {
                     for (sum, &v) in sums.iter_mut().zip(value) {
-                        *sum = weight.mul_add(v, *sum);
+                        *sum += weight * v;
                     }
                 }
             }
@@ -490,7 +492,7 @@ mod simd {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,f16c,fma")]
+    #[target_feature(enable = "avx512f,f16c")]
     unsafe fn avx512(inputs: &Inputs<'_>, scratch: &mut Scratch, task: &Task, out: &Output) {
         // SAFETY: AVX-512F is enabled here and was detected by the caller.
         unsafe { super::tile_task::<widen::F16c512>(inputs, scratch, task, out) }
@@ -571,9 +573,9 @@ impl Target {
 }
 
 /// `query · key` of `N` queries for the [`PAGE_SIZE`] keys of a transposed page block
-/// (`[dimension][slot]`, f16), each summed over the dimensions in order with fused
-/// multiply-adds: one widening per dimension and one vector multiply-add per query and
-/// dimension, the `N` sums independent so they overlap in the pipeline.
+/// (`[dimension][slot]`, f16), each summed over the dimensions in order: one widening per
+/// dimension and one vector multiply and add per query and dimension, the `N` sums independent
+/// so they overlap in the pipeline.
 ///
 /// # Safety
 ///
@@ -593,7 +595,7 @@ unsafe fn page_scores<W: Widen, const N: usize>(
         for (sum, query) in sums.iter_mut().zip(&queries) {
             let q = query[d];
             for (s, &k) in sum.iter_mut().zip(&keys) {
-                *s = q.mul_add(k, *s);
+                *s += q * k;
             }
         }
     }
