@@ -166,6 +166,10 @@ unsafe fn tile_task<W: Widen>(
     task: &Task,
     out: &Output,
 ) {
+    if task.rows.len() == 1 && inputs.shape.head_dim_v.is_multiple_of(widen::LANES) {
+        // SAFETY: forwarded from the caller.
+        return unsafe { row::row_task::<W>(inputs, scratch, task, out) };
+    }
     let tile = Tile::new(inputs, task, &mut scratch.spans);
     let scores_len = tile
         .spans
@@ -602,6 +606,7 @@ unsafe fn page_scores<W: Widen, const N: usize>(
     sums
 }
 
+mod row;
 #[cfg(test)]
 mod tests;
 mod widen;

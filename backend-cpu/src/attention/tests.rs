@@ -236,6 +236,72 @@ fn tiled_rows_equal_rows_alone() {
     }
 }
 
+/// Rows taking the one-row path (value heads a multiple of sixteen wide; five query heads per
+/// KV head, so the score and value loops split the group unevenly) give the bits of the same
+/// rows inside a prefill's tiles, over three pages with and without a window, with AVX2 or
+/// AVX-512 as with the plain build, and with sinks.
+#[test]
+fn one_row_path_equals_tiled_rows() {
+    let mut state = 0x5EED_0F0F_1234_4321u64;
+    let shape = AttentionShape {
+        n_head: 10,
+        n_head_kv: 2,
+        head_dim_k: 67,
+        head_dim_v: 48,
+        scale: 0.125,
+        window: None,
+    };
+    let (dk, dv) = (2 * 67, 2 * 48);
+    let (n, start_pos) = (2 * PAGE_SIZE + 5, 3);
+    let positions = start_pos + n;
+    let q = random(n * 10 * 67, &mut state);
+    let sinks = random(10, &mut state);
+    let keys = halves(&random(positions * dk, &mut state));
+    let values = halves(&random(positions * dv, &mut state));
+    let pages = [PageId(4), PageId(0), PageId(2)];
+    let (keys, values) = pool(5, (dk, dv), &[(&pages, &keys, &values)]);
+    let tokens = vec![0u32; n];
+    for (window, sinks) in [(None, None), (Some(21), None), (None, Some(&sinks[..]))] {
+        let shape = AttentionShape { window, ..shape };
+        let kv = (keys.as_slice(), values.as_slice());
+        let tiled = run_with_sinks(&shape, &q, kv, &[chunk(&tokens, start_pos, &pages)], sinks);
+        let mut alone = Vec::new();
+        let mut plain = Vec::new();
+        for r in 0..n {
+            let query = &q[r * 10 * 67..][..10 * 67];
+            let one = [chunk(&tokens[..1], start_pos + r, &pages)];
+            alone.extend(run_with_sinks(&shape, query, kv, &one, sinks));
+            let rows = rows_of(&one);
+            let inputs = Inputs {
+                shape: &shape,
+                q: query,
+                kv: LayerKv {
+                    keys: &keys,
+                    values: &values,
+                },
+                rows: &rows,
+                chunks: &one,
+                sinks,
+            };
+            let mut out = vec![0.0; 10 * 48];
+            let output = Output(out.as_mut_ptr());
+            for kv_head in 0..2 {
+                let task = Task {
+                    rows: 0..1,
+                    kv_head,
+                };
+                // SAFETY: plain widening needs no feature.
+                unsafe {
+                    tile_task::<widen::Plain>(&inputs, &mut Scratch::default(), &task, &output)
+                };
+            }
+            plain.extend(out);
+        }
+        assert_eq!(bits(&alone), bits(&tiled), "{window:?} {}", sinks.is_some());
+        assert_eq!(bits(&alone), bits(&plain), "{window:?} {}", sinks.is_some());
+    }
+}
+
 #[test]
 fn tiles_keep_to_one_chunk_and_consecutive_positions() {
     let row = |pos, chunk| Row { pos, chunk };

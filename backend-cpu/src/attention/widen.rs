@@ -10,24 +10,54 @@ use half::f16;
 /// Values widened at a time: a page's slots of one key dimension.
 pub(super) const LANES: usize = 16;
 
-/// A way to widen f16 to f32.
+/// A way to widen f16 to f32, and sixteen f32 lanes as the implementation holds them in
+/// registers ([`Widen::V`]): loops that keep many sums across iterations (a row's value sums)
+/// use these, as an array of sixteen f32 would be kept in memory there.
+///
+/// # Safety (every method)
+///
+/// The caller must run on a CPU with the implementation's features, in a function compiled
+/// with them.
 pub(super) trait Widen {
+    /// Sixteen f32 lanes in registers.
+    type V: Copy;
     /// `src` widened.
-    ///
-    /// # Safety
-    ///
-    /// The caller must run on a CPU with the implementation's features, in a function compiled
-    /// with them.
     unsafe fn lanes(src: &[f16; LANES]) -> [f32; LANES];
+    /// `src` widened, in registers.
+    unsafe fn widen(src: &[f16; LANES]) -> Self::V;
+    /// `x` in every lane.
+    unsafe fn splat(x: f32) -> Self::V;
+    /// `sum + a · b` per lane, rounded after the product and after the sum (no fused
+    /// multiply-add).
+    unsafe fn mul_add(sum: Self::V, a: Self::V, b: Self::V) -> Self::V;
+    /// The lanes, in order.
+    unsafe fn store(v: Self::V) -> [f32; LANES];
 }
 
 /// Widening in plain Rust.
 pub(super) struct Plain;
 
 impl Widen for Plain {
+    type V = [f32; LANES];
     #[inline(always)]
     unsafe fn lanes(src: &[f16; LANES]) -> [f32; LANES] {
         src.map(f16::to_f32)
+    }
+    #[inline(always)]
+    unsafe fn widen(src: &[f16; LANES]) -> Self::V {
+        src.map(f16::to_f32)
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self::V {
+        [x; LANES]
+    }
+    #[inline(always)]
+    unsafe fn mul_add(sum: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|l| sum[l] + a[l] * b[l])
+    }
+    #[inline(always)]
+    unsafe fn store(v: Self::V) -> [f32; LANES] {
+        v
     }
 }
 
@@ -37,6 +67,7 @@ pub(super) struct F16c;
 
 #[cfg(target_arch = "x86_64")]
 impl Widen for F16c {
+    type V = [std::arch::x86_64::__m256; 2];
     #[inline(always)]
     unsafe fn lanes(src: &[f16; LANES]) -> [f32; LANES] {
         use std::arch::x86_64::{__m128i, __m256, _mm_loadu_si128, _mm256_cvtph_ps};
@@ -51,6 +82,27 @@ impl Widen for F16c {
             std::mem::transmute(halves)
         }
     }
+    #[inline(always)]
+    unsafe fn widen(src: &[f16; LANES]) -> Self::V {
+        // SAFETY: forwarded from the caller; `V` is two `__m256`, bit for bit sixteen f32.
+        unsafe { std::mem::transmute(Self::lanes(src)) }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self::V {
+        // SAFETY: AVX is implied by the F16C the caller guarantees.
+        unsafe { [std::arch::x86_64::_mm256_set1_ps(x); 2] }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(sum: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        use std::arch::x86_64::{_mm256_add_ps, _mm256_mul_ps};
+        // SAFETY: as `splat`.
+        unsafe { std::array::from_fn(|h| _mm256_add_ps(sum[h], _mm256_mul_ps(a[h], b[h]))) }
+    }
+    #[inline(always)]
+    unsafe fn store(v: Self::V) -> [f32; LANES] {
+        // SAFETY: two `__m256` are sixteen f32, bit for bit.
+        unsafe { std::mem::transmute(v) }
+    }
 }
 
 /// Widening with AVX-512's `vcvtph2ps`, sixteen values an instruction.
@@ -59,6 +111,7 @@ pub(super) struct F16c512;
 
 #[cfg(target_arch = "x86_64")]
 impl Widen for F16c512 {
+    type V = std::arch::x86_64::__m512;
     #[inline(always)]
     unsafe fn lanes(src: &[f16; LANES]) -> [f32; LANES] {
         use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm512_cvtph_ps};
@@ -68,6 +121,27 @@ impl Widen for F16c512 {
             let halves = _mm256_loadu_si256(src.as_ptr().cast::<__m256i>());
             std::mem::transmute(_mm512_cvtph_ps(halves))
         }
+    }
+    #[inline(always)]
+    unsafe fn widen(src: &[f16; LANES]) -> Self::V {
+        // SAFETY: forwarded from the caller; a `__m512` is sixteen f32, bit for bit.
+        unsafe { std::mem::transmute(Self::lanes(src)) }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self::V {
+        // SAFETY: AVX-512F is guaranteed by the caller.
+        unsafe { std::arch::x86_64::_mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(sum: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        use std::arch::x86_64::{_mm512_add_ps, _mm512_mul_ps};
+        // SAFETY: as `splat`.
+        unsafe { _mm512_add_ps(sum, _mm512_mul_ps(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn store(v: Self::V) -> [f32; LANES] {
+        // SAFETY: a `__m512` is sixteen f32, bit for bit.
+        unsafe { std::mem::transmute(v) }
     }
 }
 
