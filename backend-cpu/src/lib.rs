@@ -135,20 +135,10 @@ impl InferenceBackend for CpuBackend {
         chunks: &[Chunk<'_>],
         outputs: &mut StepOutputs,
     ) -> Result<(), BackendError> {
-        let vocab = self.vocab_size();
         outputs.begin(chunks, self.kv.pages())?;
         self.run(chunks, false)?;
-        let mut rows = self.buffers.logits.chunks_exact(vocab);
-        for (index, chunk) in chunks.iter().enumerate() {
-            if !chunk.want.has_output() {
-                continue;
-            }
-            let row = rows.next().ok_or_else(|| {
-                BackendError::InvalidInput(format!("no logits computed for chunk {index}"))
-            })?;
-            outputs.put_logits(index, chunk.want, row);
-        }
-        Ok(())
+        let logits = &self.buffers.logits;
+        self.pool.install(|| outputs.put_rows(chunks, logits))
     }
 }
 

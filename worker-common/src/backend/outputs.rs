@@ -3,6 +3,8 @@
 //! sampler: [`StepOutputs::get`] answers them with [`BackendError::NonFiniteLogits`], whichever
 //! way the backend delivered them (a row, a greedy choice made on the host, a device's flag).
 
+use rayon::prelude::*;
+
 use super::{BackendError, Chunk, Want};
 use crate::sampling::{greedy_choice, masked_greedy_choice};
 
@@ -103,19 +105,43 @@ impl StepOutputs {
                     row.copy_from_slice(logits);
                 }
             }
-            Some(Slot::Greedy(_)) => {
-                let choice = match (first_non_finite(logits), want) {
-                    (Some(first), _) => Choice::NonFinite(Some(first)),
-                    (None, Want::GreedyAmong(allowed)) => match allowed.wait() {
-                        Some(mask) => Choice::Token(masked_greedy_choice(logits, mask)),
-                        None => Choice::Token(greedy_choice(logits)),
-                    },
-                    (None, _) => Choice::Token(greedy_choice(logits)),
-                };
-                self.set_choice(index, choice);
-            }
+            Some(Slot::Greedy(_)) => self.set_choice(index, choose(want, logits)),
             _ => {}
         }
+    }
+
+    /// [`put_logits`](Self::put_logits) for every chunk of the step that has an output,
+    /// `rows` holding their last positions' logits one after another in chunk order (extra
+    /// rows are ignored). The greedy choices, a scan of the vocabulary each, run in parallel on
+    /// the current rayon pool: one after another they held a step of many sequences on one
+    /// thread. Errors when `rows` holds fewer rows than chunks with an output.
+    pub fn put_rows(&mut self, chunks: &[Chunk<'_>], rows: &[f32]) -> Result<(), BackendError> {
+        let mut row_of = rows.chunks_exact(self.vocab_size.max(1));
+        let mut outputs = Vec::with_capacity(chunks.len());
+        for (index, chunk) in chunks.iter().enumerate() {
+            if !chunk.want.has_output() {
+                continue;
+            }
+            let row = row_of.next().ok_or_else(|| {
+                BackendError::InvalidInput(format!("no logits computed for chunk {index}"))
+            })?;
+            outputs.push((index, chunk.want, row));
+        }
+        let slots = &self.slots;
+        let choices: Vec<Option<Choice>> = outputs
+            .par_iter()
+            .map(|&(index, want, row)| match slots.get(index) {
+                Some(Slot::Greedy(_)) => Some(choose(want, row)),
+                _ => None,
+            })
+            .collect();
+        for (&(index, want, row), choice) in outputs.iter().zip(choices) {
+            match choice {
+                Some(choice) => self.set_choice(index, choice),
+                None => self.put_logits(index, want, row),
+            }
+        }
+        Ok(())
     }
 
     /// Records the greedy choice of chunk `index`; ignored when that chunk did not ask for it.
@@ -169,15 +195,50 @@ impl StepOutputs {
 /// (an integer maximum the compiler vectorizes, a few microseconds for 150k logits), then a
 /// search only when there is one.
 fn first_non_finite(logits: &[f32]) -> Option<(u32, f32)> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected on this CPU.
+        return unsafe { first_non_finite_avx2(logits) };
+    }
+    first_non_finite_lanes(logits)
+}
+
+/// [`first_non_finite`] compiled with AVX2 (integer tests only, so the same answer).
+///
+/// # Safety
+///
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn first_non_finite_avx2(logits: &[f32]) -> Option<(u32, f32)> {
+    first_non_finite_lanes(logits)
+}
+
+/// [`first_non_finite`]'s body: whether any exponent is all ones, in a loop that vectorizes
+/// (an OR of lane tests), then the scan for the first only when there is one.
+#[inline(always)]
+fn first_non_finite_lanes(logits: &[f32]) -> Option<(u32, f32)> {
     const EXPONENT: u32 = 0x7f80_0000;
-    let highest = logits
-        .iter()
-        .fold(0, |highest, v| highest.max(v.to_bits() & EXPONENT));
-    if highest != EXPONENT {
+    let any = logits.iter().fold(0u32, |any, v| {
+        any | u32::from(v.to_bits() & EXPONENT == EXPONENT)
+    });
+    if any == 0 {
         return None;
     }
     let id = logits.iter().position(|v| !v.is_finite())?;
     Some((id as u32, logits[id]))
+}
+
+/// The choice a greedy chunk wanting `want` gets from `logits`.
+fn choose(want: Want<'_>, logits: &[f32]) -> Choice {
+    match (first_non_finite(logits), want) {
+        (Some(first), _) => Choice::NonFinite(Some(first)),
+        (None, Want::GreedyAmong(allowed)) => match allowed.wait() {
+            Some(mask) => Choice::Token(masked_greedy_choice(logits, mask)),
+            None => Choice::Token(greedy_choice(logits)),
+        },
+        (None, _) => Choice::Token(greedy_choice(logits)),
+    }
 }
 
 #[cfg(test)]
@@ -300,6 +361,49 @@ mod tests {
         assert!(
             matches!(outputs.get(2), Err(BackendError::NonFiniteLogits { .. })),
             "a NaN outside the mask still counts"
+        );
+    }
+
+    /// `put_rows` hands each chunk what `put_logits` would, row by row in chunk order, skipping
+    /// chunks without an output; too few rows is an error, not a panic.
+    #[test]
+    fn put_rows_equals_put_logits_chunk_by_chunk() {
+        let pages = [PageId(0)];
+        let odd = Fixed(Some(vec![0b1010]));
+        let wants = [
+            Want::Greedy,
+            Want::Nothing,
+            Want::Logits,
+            Want::GreedyAmong(&odd),
+            Want::Greedy,
+        ];
+        let chunks: Vec<Chunk<'_>> = wants.iter().map(|&w| one_token(&pages, w)).collect();
+        let rows = [
+            [1.0, 7.0, 7.0, -3.0],
+            [0.5, 0.25, 0.0, 2.0],
+            [9.0, 1.0, 5.0, 3.0],
+            [0.0, 1.0, f32::INFINITY, 2.0],
+        ];
+        let (mut by_rows, mut one_by_one) = (StepOutputs::new(4), StepOutputs::new(4));
+        assert!(by_rows.begin(&chunks, 1).is_ok());
+        assert!(one_by_one.begin(&chunks, 1).is_ok());
+        assert!(by_rows.put_rows(&chunks, rows.as_flattened()).is_ok());
+        let with_output = [0, 2, 3, 4];
+        for (&index, row) in with_output.iter().zip(&rows) {
+            one_by_one.put_logits(index, chunks[index].want, row);
+        }
+        for index in 0..chunks.len() {
+            assert_eq!(
+                format!("{:?}", by_rows.get(index)),
+                format!("{:?}", one_by_one.get(index)),
+                "chunk {index}"
+            );
+        }
+        assert_eq!(by_rows.get(0).ok(), Some(ChunkOutput::Greedy(1)));
+        assert!(
+            by_rows
+                .put_rows(&chunks, &rows.as_flattened()[..12])
+                .is_err()
         );
     }
 

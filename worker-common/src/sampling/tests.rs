@@ -478,3 +478,46 @@ fn defaults_match_the_contract() {
     let r = d.resolve();
     assert_eq!((r.top_p, r.min_p, r.penalties.repeat), (None, None, None));
 }
+
+/// The vectorized greedy scan (AVX2 where the CPU has it, and the baseline build) against the
+/// sanitized definition over long rows: ties far apart, NaN and ±inf scattered, maxima in the
+/// tail past the last whole sixteen, all -inf and all NaN.
+#[test]
+fn vectorized_argmax_equals_the_sanitized_scan() {
+    let mut state = 0x0BAD_5EED_1234_5678u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        3.0,
+        -0.0,
+    ];
+    for round in 0..300 {
+        let len = 1 + (next() % 3000) as usize;
+        let mut logits: Vec<f32> = (0..len)
+            .map(|_| ((next() % 2001) as f32 - 1000.0) / 7.0)
+            .collect();
+        for _ in 0..round % 5 {
+            let at = (next() % len as u64) as usize;
+            logits[at] = specials[(next() % specials.len() as u64) as usize];
+        }
+        if round % 7 == 0 {
+            let at = len - 1 - (next() % 15.min(len as u64)) as usize;
+            logits[at] = 1e6;
+        }
+        let want = argmax_sanitized(&logits);
+        assert_eq!(argmax_f32(&logits), want, "round {round}");
+        assert_eq!(argmax_f32_lanes(&logits), want, "round {round}, baseline");
+    }
+    for special in [f32::NEG_INFINITY, f32::NAN] {
+        let logits = vec![special; 100];
+        assert_eq!(argmax_f32(&logits), 0);
+    }
+}
