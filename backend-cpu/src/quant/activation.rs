@@ -267,31 +267,44 @@ fn block_q8_k(x: &[f32; QK_K]) -> BlockQ8K {
     }
 }
 
-/// The block loops, compiled for AVX2 where the CPU has it (the rounding and conversions then
-/// vectorize) and as plain code otherwise: the same IEEE operations on every element either
-/// way, so the same bits (Rust never fuses a multiply and an add on its own).
+/// The block loops, compiled for AVX-512 or AVX2 where the CPU has it (the rounding and
+/// conversions then vectorize) and as plain code otherwise: the same IEEE operations on every
+/// element either way, so the same bits (Rust never fuses a multiply and an add on its own).
 mod simd {
     use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, QK_K, QK8, block_q8_0, block_q8_1, block_q8_k};
 
-    /// Whether the AVX2-compiled loops are used; tests clear it to compare the two.
+    /// The most the loops may use (0 plain, 1 AVX2, 2 AVX-512); tests lower it to compare.
     #[cfg(test)]
-    pub(super) static ENABLED: std::sync::atomic::AtomicBool =
-        std::sync::atomic::AtomicBool::new(true);
+    pub(super) static LEVEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(2);
 
+    /// The level the CPU has, capped by [`LEVEL`] in tests.
     #[cfg(target_arch = "x86_64")]
-    fn avx2() -> bool {
+    fn level() -> u8 {
+        let level = match (crate::isa::avx512(), crate::isa::avx2()) {
+            (true, _) => 2,
+            (false, true) => 1,
+            _ => 0,
+        };
         #[cfg(test)]
-        if !ENABLED.load(std::sync::atomic::Ordering::Relaxed) {
-            return false;
-        }
-        crate::isa::avx2()
+        let level = level.min(LEVEL.load(std::sync::atomic::Ordering::Relaxed));
+        level
     }
 
-    /// Defines `$name(x, out)`: block `i` of `out` from elements `$n·i..` of `x`, by `$fast`
-    /// in the AVX2 loop and by `$block` otherwise.
+    /// Defines `$name(x, out)`: block `i` of `out` from elements `$n·i..` of `x`, by `$wide`
+    /// in the AVX-512 loop, by `$fast` in the AVX2 loop and by `$block` otherwise.
     macro_rules! loops {
-        ($name:ident, $block:ident, $fast:path, $ty:ty, $n:expr) => {
+        ($name:ident, $block:ident, $fast:path, $wide:path, $ty:ty, $n:expr) => {
             pub(super) fn $name(x: &[f32], out: &mut [$ty]) {
+                #[cfg(target_arch = "x86_64")]
+                #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+                unsafe fn avx512_loop(x: &[f32], out: &mut [$ty]) {
+                    for (x, o) in x.chunks_exact($n).zip(out.iter_mut()) {
+                        if let Ok(x) = <&[f32; $n]>::try_from(x) {
+                            // SAFETY: this function's features are those `$wide` needs.
+                            *o = unsafe { $wide(x) };
+                        }
+                    }
+                }
                 #[cfg(target_arch = "x86_64")]
                 #[target_feature(enable = "avx2,fma,f16c")]
                 unsafe fn avx2_loop(x: &[f32], out: &mut [$ty]) {
@@ -303,9 +316,11 @@ mod simd {
                     }
                 }
                 #[cfg(target_arch = "x86_64")]
-                if avx2() {
-                    // SAFETY: the features were detected on this CPU.
-                    return unsafe { avx2_loop(x, out) };
+                match level() {
+                    // SAFETY (each arm): the features were detected on this CPU.
+                    2 => return unsafe { avx512_loop(x, out) },
+                    1 => return unsafe { avx2_loop(x, out) },
+                    _ => {}
                 }
                 for (x, o) in x.chunks_exact($n).zip(out.iter_mut()) {
                     if let Ok(x) = <&[f32; $n]>::try_from(x) {
@@ -316,9 +331,23 @@ mod simd {
         };
     }
 
-    loops!(q8_0, block_q8_0, x86::block_q8_0, BlockQ8_0, QK8);
-    loops!(q8_1, block_q8_1, x86::block_q8_1, BlockQ8_1, QK8);
-    loops!(q8_k, block_q8_k, plain_q8_k, BlockQ8K, QK_K);
+    loops!(
+        q8_0,
+        block_q8_0,
+        x86::block_q8_0::<false>,
+        x86::block_q8_0::<true>,
+        BlockQ8_0,
+        QK8
+    );
+    loops!(
+        q8_1,
+        block_q8_1,
+        x86::block_q8_1::<false>,
+        x86::block_q8_1::<true>,
+        BlockQ8_1,
+        QK8
+    );
+    loops!(q8_k, block_q8_k, plain_q8_k, plain_q8_k, BlockQ8K, QK_K);
 
     /// Q8_K's block, which the compiler vectorizes well enough on its own.
     #[inline(always)]
@@ -326,8 +355,8 @@ mod simd {
         block_q8_k(x)
     }
 
-    /// The Q8_0 and Q8_1 blocks written with AVX2 intrinsics (the compiler turns the plain
-    /// code's i32 → i8 narrowing and quant sum into byte-by-byte moves): [`super::amax`]'s
+    /// The Q8_0 and Q8_1 blocks written with AVX2 or AVX-512 intrinsics (the compiler turns the
+    /// plain code's i32 → i8 narrowing and quant sum into byte-by-byte moves): [`super::amax`]'s
     /// comparisons and [`super::quant`]'s rounding lane by lane, so the same bits.
     #[cfg(target_arch = "x86_64")]
     mod x86 {
@@ -337,31 +366,40 @@ mod simd {
 
         use super::super::{BlockQ8_0, BlockQ8_1, QK8, scale_of};
 
-        /// The block's f32 scale, quants and quant sum.
+        /// The largest magnitude of the block, as [`super::super::amax`]: eight lanes over the
+        /// four runs of eight in order, then halved three times.
         #[inline(always)]
-        unsafe fn quantize(x: &[f32; QK8]) -> (f32, [i8; QK8], i32) {
+        unsafe fn amax(x: &[f32; QK8]) -> f32 {
             // SAFETY: the callers run with AVX2; `x` holds 32 floats.
             unsafe {
                 let sign = _mm256_set1_ps(-0.0);
-                let mut v = [_mm256_setzero_ps(); 4];
                 let mut lanes = _mm256_setzero_ps();
-                for (k, v) in v.iter_mut().enumerate() {
-                    *v = _mm256_loadu_ps(x.as_ptr().add(8 * k));
-                    lanes = _mm256_max_ps(lanes, _mm256_andnot_ps(sign, *v));
+                for k in 0..4 {
+                    let v = _mm256_loadu_ps(x.as_ptr().add(8 * k));
+                    lanes = _mm256_max_ps(lanes, _mm256_andnot_ps(sign, v));
                 }
                 let four = _mm_max_ps(
                     _mm256_castps256_ps128(lanes),
                     _mm256_extractf128_ps::<1>(lanes),
                 );
                 let two = _mm_max_ps(four, _mm_movehl_ps(four, four));
-                let one = _mm_max_ss(two, _mm_shuffle_ps::<1>(two, two));
-                let (d, id) = scale_of(_mm_cvtss_f32(one));
+                _mm_cvtss_f32(_mm_max_ss(two, _mm_shuffle_ps::<1>(two, two)))
+            }
+        }
+
+        /// The block's f32 scale, quants and quant sum, with 256-bit vectors.
+        #[inline(always)]
+        unsafe fn quantize(x: &[f32; QK8]) -> (f32, [i8; QK8], i32) {
+            // SAFETY: the callers run with AVX2; `x` holds 32 floats.
+            unsafe {
+                let (d, id) = scale_of(amax(x));
+                let sign = _mm256_set1_ps(-0.0);
                 let (id, half, unit) =
                     (_mm256_set1_ps(id), _mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
                 let (low, high) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
                 let mut q = [_mm256_setzero_si256(); 4];
-                for (q, &x) in q.iter_mut().zip(&v) {
-                    let v = _mm256_mul_ps(x, id);
+                for (k, q) in q.iter_mut().enumerate() {
+                    let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * k)), id);
                     let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
                     let away = _mm256_cmp_ps::<_CMP_GE_OQ>(
                         _mm256_andnot_ps(sign, _mm256_sub_ps(v, t)),
@@ -392,22 +430,72 @@ mod simd {
             }
         }
 
-        /// [`super::super::block_q8_0`] with AVX2.
+        /// [`quantize`] with 512-bit vectors: the same operations on sixteen lanes at a time,
+        /// masks for the selections and a saturating narrowing (exact: the values are already
+        /// within -128..=127) for the packs.
         #[inline(always)]
-        pub(super) unsafe fn block_q8_0(x: &[f32; QK8]) -> BlockQ8_0 {
+        unsafe fn quantize512(x: &[f32; QK8]) -> (f32, [i8; QK8], i32) {
+            // SAFETY: the callers run with AVX-512F (and AVX2); `x` holds 32 floats.
+            unsafe {
+                let (d, id) = scale_of(amax(x));
+                // AVX-512F has the bitwise operations on integer vectors only (the float ones are
+                // AVX512DQ): the casts are free.
+                let sign = _mm512_set1_epi32(i32::MIN);
+                let bits = _mm512_castps_si512;
+                let (id, half, unit) =
+                    (_mm512_set1_ps(id), _mm512_set1_ps(0.5), _mm512_set1_ps(1.0));
+                let (low, high) = (_mm512_set1_ps(-128.0), _mm512_set1_ps(127.0));
+                let mut q = [_mm512_setzero_si512(); 2];
+                for (k, q) in q.iter_mut().enumerate() {
+                    let v = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(16 * k)), id);
+                    let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+                    let distance = _mm512_andnot_si512(sign, bits(_mm512_sub_ps(v, t)));
+                    let away =
+                        _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_castsi512_ps(distance), half);
+                    let step = _mm512_or_si512(bits(unit), _mm512_and_si512(sign, bits(v)));
+                    let step = _mm512_castsi512_ps(step);
+                    let rounded = _mm512_mask_add_ps(t, away, t, step);
+                    let finite = _mm512_maskz_mov_ps(
+                        _mm512_cmp_ps_mask::<_CMP_ORD_Q>(rounded, rounded),
+                        rounded,
+                    );
+                    *q = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(finite, low), high));
+                }
+                let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+                let mut qs = [0i8; QK8];
+                _mm_storeu_si128(qs.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(q[0]));
+                _mm_storeu_si128(qs.as_mut_ptr().add(16).cast(), _mm512_cvtsepi32_epi8(q[1]));
+                (d, qs, sum)
+            }
+        }
+
+        /// [`quantize`] or, `WIDE`, [`quantize512`].
+        #[inline(always)]
+        unsafe fn quantize_with<const WIDE: bool>(x: &[f32; QK8]) -> (f32, [i8; QK8], i32) {
+            // SAFETY (each arm): forwarded from the caller.
+            if WIDE {
+                unsafe { quantize512(x) }
+            } else {
+                unsafe { quantize(x) }
+            }
+        }
+
+        /// [`super::super::block_q8_0`] with AVX2 or, `WIDE`, AVX-512.
+        #[inline(always)]
+        pub(super) unsafe fn block_q8_0<const WIDE: bool>(x: &[f32; QK8]) -> BlockQ8_0 {
             // SAFETY: forwarded from the caller.
-            let (d, qs, _) = unsafe { quantize(x) };
+            let (d, qs, _) = unsafe { quantize_with::<WIDE>(x) };
             BlockQ8_0 {
                 d: f16::from_f32(d),
                 qs,
             }
         }
 
-        /// [`super::super::block_q8_1`] with AVX2.
+        /// [`super::super::block_q8_1`] with AVX2 or, `WIDE`, AVX-512.
         #[inline(always)]
-        pub(super) unsafe fn block_q8_1(x: &[f32; QK8]) -> BlockQ8_1 {
+        pub(super) unsafe fn block_q8_1<const WIDE: bool>(x: &[f32; QK8]) -> BlockQ8_1 {
             // SAFETY: forwarded from the caller.
-            let (d, qs, sum) = unsafe { quantize(x) };
+            let (d, qs, sum) = unsafe { quantize_with::<WIDE>(x) };
             BlockQ8_1 {
                 d: f16::from_f32(d),
                 s: f16::from_f32(sum as f32 * d),
@@ -440,8 +528,6 @@ mod tests {
         v.iter().map(|b| format!("{b:?}")).collect()
     }
 
-    /// The AVX2-compiled, parallel loops give the bits of the plain per-block code, on short
-    /// (one thread) and long (several tasks) inputs.
     /// The vectorizable rounding equals `roundf` then the saturating cast for every kind of
     /// value: halves either side of zero, the largest floats below a half, integers beyond the
     /// i8 range, infinities and NaN.
@@ -478,16 +564,23 @@ mod tests {
         }
     }
 
+    /// The AVX2- and AVX-512-compiled, parallel loops give the bits of the plain per-block code,
+    /// on short (one thread) and long (several tasks) inputs.
     #[test]
     fn simd_and_parallel_quantization_equal_the_plain_blocks() {
         let mut rng = Rng(0x5EED_0AC7_1A7E_0001);
         for len in [QK_K, 3 * QK_K, 2 * PARALLEL_ELEMENTS + 5 * QK_K] {
             let x = inputs(&mut rng, len);
-            let plain = |f: fn(&[f32]) -> Vec<String>| {
-                simd::ENABLED.store(false, std::sync::atomic::Ordering::Relaxed);
-                let r = f(&x);
-                simd::ENABLED.store(true, std::sync::atomic::Ordering::Relaxed);
-                (r, f(&x))
+            // Each level's bits: plain, AVX2, AVX-512 (as far as the CPU goes).
+            let levels = |f: fn(&[f32]) -> Vec<String>| {
+                let runs: Vec<Vec<String>> = (0..=2)
+                    .map(|level| {
+                        simd::LEVEL.store(level, std::sync::atomic::Ordering::Relaxed);
+                        f(&x)
+                    })
+                    .collect();
+                simd::LEVEL.store(2, std::sync::atomic::Ordering::Relaxed);
+                runs
             };
             let q8_0 = |x: &[f32]| {
                 let mut q = Vec::new();
@@ -505,8 +598,9 @@ mod tests {
                 bits(&q)
             };
             for f in [q8_0, q8_1, q8_k] {
-                let (reference, fast) = plain(f);
-                assert_eq!(reference, fast, "{len} elements");
+                let runs = levels(f);
+                assert_eq!(runs[0], runs[1], "{len} elements, AVX2");
+                assert_eq!(runs[0], runs[2], "{len} elements, AVX-512");
             }
             let blocks: Vec<_> = x
                 .chunks_exact(QK8)
