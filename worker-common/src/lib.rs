@@ -15,6 +15,7 @@ pub mod grammar;
 pub mod model;
 pub mod sampling;
 pub mod schedule;
+mod simd;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tokenizer;

@@ -271,7 +271,7 @@ fn block_q8_k(x: &[f32; QK_K]) -> BlockQ8K {
 /// conversions then vectorize) and as plain code otherwise: the same IEEE operations on every
 /// element either way, so the same bits (Rust never fuses a multiply and an add on its own).
 mod simd {
-    use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, QK_K, QK8, block_q8_0, block_q8_1, block_q8_k};
+    use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, QK_K, block_q8_0, block_q8_1, block_q8_k};
 
     /// The most the loops may use (0 plain, 1 AVX2, 2 AVX-512); tests lower it to compare.
     #[cfg(test)]
@@ -290,30 +290,34 @@ mod simd {
         level
     }
 
-    /// Defines `$name(x, out)`: block `i` of `out` from elements `$n·i..` of `x`, by `$wide`
+    /// Block `i` of `out` from elements `N·i..` of `x`, by `block`; inlined into each loop, so
+    /// it runs with that loop's features.
+    #[inline(always)]
+    fn each_block<T, const N: usize>(x: &[f32], out: &mut [T], block: impl Fn(&[f32; N]) -> T) {
+        for (x, o) in x.chunks_exact(N).zip(out.iter_mut()) {
+            if let Ok(x) = <&[f32; N]>::try_from(x) {
+                *o = block(x);
+            }
+        }
+    }
+
+    /// Defines `$name(x, out)`: `out`'s blocks from `x` (see [`each_block`]), by `$wide`
     /// in the AVX-512 loop, by `$fast` in the AVX2 loop and by `$block` otherwise.
     macro_rules! loops {
-        ($name:ident, $block:ident, $fast:path, $wide:path, $ty:ty, $n:expr) => {
+        ($name:ident, $block:ident, $fast:path, $wide:path, $ty:ty) => {
             pub(super) fn $name(x: &[f32], out: &mut [$ty]) {
                 #[cfg(target_arch = "x86_64")]
                 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
                 unsafe fn avx512_loop(x: &[f32], out: &mut [$ty]) {
-                    for (x, o) in x.chunks_exact($n).zip(out.iter_mut()) {
-                        if let Ok(x) = <&[f32; $n]>::try_from(x) {
-                            // SAFETY: this function's features are those `$wide` needs.
-                            *o = unsafe { $wide(x) };
-                        }
-                    }
+                    // SAFETY: this function's features (which the closure inherits) are those
+                    // `$wide` needs.
+                    each_block(x, out, |x| unsafe { $wide(x) });
                 }
                 #[cfg(target_arch = "x86_64")]
                 #[target_feature(enable = "avx2,fma,f16c")]
                 unsafe fn avx2_loop(x: &[f32], out: &mut [$ty]) {
-                    for (x, o) in x.chunks_exact($n).zip(out.iter_mut()) {
-                        if let Ok(x) = <&[f32; $n]>::try_from(x) {
-                            // SAFETY: this function's features are those `$fast` needs.
-                            *o = unsafe { $fast(x) };
-                        }
-                    }
+                    // SAFETY: as above, for `$fast`.
+                    each_block(x, out, |x| unsafe { $fast(x) });
                 }
                 #[cfg(target_arch = "x86_64")]
                 match level() {
@@ -322,11 +326,7 @@ mod simd {
                     1 => return unsafe { avx2_loop(x, out) },
                     _ => {}
                 }
-                for (x, o) in x.chunks_exact($n).zip(out.iter_mut()) {
-                    if let Ok(x) = <&[f32; $n]>::try_from(x) {
-                        *o = $block(x);
-                    }
-                }
+                each_block(x, out, $block);
             }
         };
     }
@@ -336,18 +336,16 @@ mod simd {
         block_q8_0,
         x86::block_q8_0::<false>,
         x86::block_q8_0::<true>,
-        BlockQ8_0,
-        QK8
+        BlockQ8_0
     );
     loops!(
         q8_1,
         block_q8_1,
         x86::block_q8_1::<false>,
         x86::block_q8_1::<true>,
-        BlockQ8_1,
-        QK8
+        BlockQ8_1
     );
-    loops!(q8_k, block_q8_k, plain_q8_k, plain_q8_k, BlockQ8K, QK_K);
+    loops!(q8_k, block_q8_k, plain_q8_k, plain_q8_k, BlockQ8K);
 
     /// Q8_K's block, which the compiler vectorizes well enough on its own.
     #[inline(always)]

@@ -191,27 +191,11 @@ impl StepOutputs {
     }
 }
 
-/// The first logit that is NaN or infinite, with its token id: one pass over the exponent bits
-/// (an integer maximum the compiler vectorizes, a few microseconds for 150k logits), then a
-/// search only when there is one.
-fn first_non_finite(logits: &[f32]) -> Option<(u32, f32)> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected on this CPU.
-        return unsafe { first_non_finite_avx2(logits) };
-    }
-    first_non_finite_lanes(logits)
-}
-
-/// [`first_non_finite`] compiled with AVX2 (integer tests only, so the same answer).
-///
-/// # Safety
-///
-/// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn first_non_finite_avx2(logits: &[f32]) -> Option<(u32, f32)> {
-    first_non_finite_lanes(logits)
+crate::simd::avx2_where_present! {
+    /// The first logit that is NaN or infinite, with its token id: one pass over the exponent
+    /// bits (an OR of lane tests the compiler vectorizes, a few microseconds for 150k logits),
+    /// then a search only when there is one.
+    fn first_non_finite(logits: &[f32]) -> Option<(u32, f32)> = first_non_finite_lanes;
 }
 
 /// [`first_non_finite`]'s body: whether any exponent is all ones, in a loop that vectorizes

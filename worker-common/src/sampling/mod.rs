@@ -369,32 +369,16 @@ pub fn greedy_choice(logits: &[f32]) -> u32 {
     argmax_f32(logits)
 }
 
-/// The highest sanitized logit, the lowest id on ties. Two passes whose loops vectorize: the
-/// maximum over sixteen interleaved lanes, then the first id holding it, sixteen equality tests
-/// at a time (one pass that also tracked each lane's id compiled to a scalar select per lane).
-/// Comparing f32s is comparing their f64 widenings, so this is the argmax of the chain's f64
-/// logits: a NaN never compares greater (as -inf, it wins only where everything is -inf, and
-/// then id 0 does); only +inf, which sanitizing turns into a tie with f32::MAX, needs the
-/// sanitized scan. Compiled for AVX2 where the CPU has it (comparisons and selections only, so
-/// the same answer): this runs once per greedy sequence per step, over 49k to 152k logits.
-fn argmax_f32(logits: &[f32]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected on this CPU.
-        return unsafe { argmax_f32_avx2(logits) };
-    }
-    argmax_f32_lanes(logits)
-}
-
-/// [`argmax_f32`] compiled with AVX2.
-///
-/// # Safety
-///
-/// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn argmax_f32_avx2(logits: &[f32]) -> u32 {
-    argmax_f32_lanes(logits)
+crate::simd::avx2_where_present! {
+    /// The highest sanitized logit, the lowest id on ties. Two passes whose loops vectorize:
+    /// the maximum over sixteen interleaved lanes, then the first id holding it, sixteen
+    /// equality tests at a time (one pass that also tracked each lane's id compiled to a scalar
+    /// select per lane). Comparing f32s is comparing their f64 widenings, so this is the argmax
+    /// of the chain's f64 logits: a NaN never compares greater (as -inf, it wins only where
+    /// everything is -inf, and then id 0 does); only +inf, which sanitizing turns into a tie
+    /// with f32::MAX, needs the sanitized scan. This runs once per greedy sequence per step,
+    /// over 49k to 152k logits.
+    fn argmax_f32(logits: &[f32]) -> u32 = argmax_f32_lanes;
 }
 
 /// [`argmax_f32`]'s body, inlined into each build.

@@ -9,6 +9,16 @@ fn params(temperature: f32) -> SamplingParams {
     }
 }
 
+/// A fixed pseudo-random sequence of `u64`s from `seed` (xorshift64).
+fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 fn candidates(logits: &[f64]) -> Vec<Candidate> {
     logits
         .iter()
@@ -102,13 +112,7 @@ fn greedy_equals_the_argmax_of_the_penalized_candidates() {
         2.5,
         -2.5,
     ];
-    let mut state = 0x1234_5678_9abc_def0u64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x1234_5678_9abc_def0u64);
     for round in 0..400 {
         let len = 1 + (next() % 70) as usize;
         let logits: Vec<f32> = (0..len)
@@ -484,13 +488,7 @@ fn defaults_match_the_contract() {
 /// tail past the last whole sixteen, all -inf and all NaN.
 #[test]
 fn vectorized_argmax_equals_the_sanitized_scan() {
-    let mut state = 0x0BAD_5EED_1234_5678u64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x0BAD_5EED_1234_5678u64);
     let specials = [
         f32::NAN,
         f32::INFINITY,
