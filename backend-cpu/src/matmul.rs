@@ -14,7 +14,9 @@ use rayon::prelude::*;
 use worker_common::backend::BackendError;
 
 use crate::kernels::rows::{self as dot, KQuant};
-use crate::kernels::{self, BlockMeta, FloatDot, GROUP, Kernel, Legacy, Q8Rows, kernel};
+use crate::kernels::{
+    self, BlockMeta, FloatDot, GROUP, Kernel, Legacy, Q8Rows, TokenOutputs, kernel,
+};
 use crate::quant::activation::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k,
 };
@@ -153,8 +155,7 @@ pub fn matmul_group(
         .max(MIN_ROWS_PER_TASK)
         .next_multiple_of(2 * GROUP);
     // Each task: a run of one matrix's rows, and where its outputs go: that run of each
-    // token's output row. A batch's task computes into a block of its own, token-major and
-    // contiguous (what the kernels write), and copies it out while it is still in cache.
+    // token's output row, which the kernels write in place.
     let mut tasks = Vec::new();
     for (i, out) in outs.iter_mut().enumerate() {
         let rows = out.len() / n;
@@ -176,59 +177,42 @@ pub fn matmul_group(
             let (w, (kernel, data)) = (ws[i], kernels[i]);
             let task_rows = pieces.first().map_or(0, |piece| piece.len());
             let rows = first_row..first_row + task_rows;
-            let run = |out: &mut [f32]| {
-                dot_chunk(w, data, rows.clone(), activations(kernel), n, out)
-                    .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", w.name)))
-            };
-            if let [piece] = &mut pieces[..] {
-                return run(piece);
-            }
-            BLOCK.with_borrow_mut(|block| {
-                // Grown, never cleared: the kernels overwrite every element.
-                if block.len() < n * task_rows {
-                    block.resize(n * task_rows, 0.0);
-                }
-                let block = &mut block[..n * task_rows];
-                run(block)?;
-                for (piece, token) in pieces.iter_mut().zip(block.chunks_exact(task_rows)) {
-                    piece.copy_from_slice(token);
-                }
-                Ok(())
-            })
+            dot_chunk(w, data, rows, activations(kernel), &mut pieces)
+                .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", w.name)))
         })
 }
 
-/// Rows `rows` of `w` (whose rows are `data` unless it is repacked) against every token,
-/// token-major: `out[t * rows.len() + (r − rows.start)] = dot(W[r], x[t])`. `rows.start` is a
-/// multiple of `GROUP`.
+/// Rows `rows` of `w` (whose rows are `data` unless it is repacked) against every token:
+/// `out[t][r − rows.start] = dot(W[r], x[t])`. `rows.start` is a multiple of `GROUP`.
 fn dot_chunk(
     w: &Matrix,
     data: &[u8],
     rows: Range<usize>,
     activations: Activations<'_>,
-    n: usize,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) -> Result<(), String> {
     let groups = rows.start / GROUP..rows.end.div_ceil(GROUP);
+    let n = out.len();
     match (activations, w.packed.as_deref()) {
         (Activations::Legacy(_, a, meta), Some(Packed::Legacy(packed))) => {
-            return kernels::dot_packed(packed, groups, a, meta, n, out).map_err(|e| e.to_string());
+            return kernels::dot_packed_into(packed, groups, a, meta, out)
+                .map_err(|e| e.to_string());
         }
         (Activations::KQuant(_, a), Some(Packed::KQuant(packed))) => {
-            return kernels::dot_packed_k(packed, groups, a, n, out).map_err(|e| e.to_string());
+            return kernels::dot_packed_k_into(packed, groups, a, out).map_err(|e| e.to_string());
         }
         (Activations::KQuant(_, a), Some(Packed::Q6K(packed))) => {
-            return kernels::dot_packed_k(packed, groups, a, n, out).map_err(|e| e.to_string());
+            return kernels::dot_packed_k_into(packed, groups, a, out).map_err(|e| e.to_string());
         }
         _ => {}
     }
     let raw = data
         .get(rows.start * w.row_bytes..rows.end * w.row_bytes)
         .ok_or_else(|| format!("rows {rows:?} of {} bytes each", w.row_bytes))?;
-    // The other kernels write row-major: transposed here, in this task's small block.
+    // The other kernels write row-major: transposed here, from this task's small block.
     ROW_MAJOR.with_borrow_mut(|row_major| {
         row_major.clear();
-        row_major.resize(out.len(), 0.0);
+        row_major.resize(n * rows.len(), 0.0);
         match activations {
             Activations::Legacy(format, a, _) => {
                 kernels::scalar::dot_rows(format, raw, a, n, row_major).map_err(|e| e.to_string())
@@ -239,8 +223,8 @@ fn dot_chunk(
             Activations::Float(dot, x) => per_row(raw, w.row_bytes, x, n, row_major, dot),
         }?;
         for (r, row) in row_major.chunks_exact(n).enumerate() {
-            for (t, &value) in row.iter().enumerate() {
-                out[t * rows.len() + r] = value;
+            for (token, &value) in out.iter_mut().zip(row) {
+                token[r] = value;
             }
         }
         Ok(())
@@ -248,9 +232,6 @@ fn dot_chunk(
 }
 
 thread_local! {
-    /// Each compute thread's token-major block of a batch task's outputs, kept between calls
-    /// so decode steps do not allocate.
-    static BLOCK: RefCell<Vec<f32>> = RefCell::default();
     /// Each compute thread's row-major block for the kernels that write that way, kept between
     /// calls so decode steps do not allocate.
     static ROW_MAJOR: RefCell<Vec<f32>> = RefCell::default();

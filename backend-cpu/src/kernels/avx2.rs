@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use super::formats::{self, LegacyType};
 use super::packed::group_layout;
-use super::{BlockMeta, GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows};
+use super::{BlockMeta, GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows, TokenOutputs};
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
 
 /// Which integer dot instructions this CPU has.
@@ -50,8 +50,7 @@ pub(super) fn dot_packed(
     groups: Range<usize>,
     activations: Q8Rows<'_>,
     meta: &[BlockMeta],
-    cols: usize,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) -> bool {
     if level() == Level::None {
         return false;
@@ -60,8 +59,8 @@ pub(super) fn dot_packed(
     // SAFETY: the features were detected above; the caller checked the shapes.
     unsafe {
         match activations {
-            Q8Rows::Q8_0(a) => by_format(vnni, w, groups, a, meta, cols, out),
-            Q8Rows::Q8_1(a) => by_format(vnni, w, groups, a, meta, cols, out),
+            Q8Rows::Q8_0(a) => by_format(vnni, w, groups, a, meta, out),
+            Q8Rows::Q8_1(a) => by_format(vnni, w, groups, a, meta, out),
         }
     }
     true
@@ -103,10 +102,14 @@ unsafe fn by_format<A: ActBlock>(
     groups: Range<usize>,
     a: &[A],
     meta: &[BlockMeta],
-    cols: usize,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
-    let call = Call { w, a, meta, cols };
+    let call = Call {
+        w,
+        a,
+        meta,
+        cols: out.len(),
+    };
     macro_rules! run {
         ($format:ty) => {
             if vnni {
@@ -133,19 +136,19 @@ unsafe fn by_format<A: ActBlock>(
 unsafe fn tiles_avx2<F: LegacyType, A: ActBlock>(
     call: &Call<'_, A>,
     groups: Range<usize>,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
     // SAFETY: forwarded from the caller.
     unsafe { tiles::<F, A>(call, groups, out) }
 }
 
-/// Covers each group's eight rows × `cols` tokens with tiles of [`MAX_COLS`], 2 and 1 tokens;
-/// `out` is token-major (`out[c * rows + r]`).
+/// Covers each group's eight rows × `cols` tokens with tiles of [`MAX_COLS`], 2 and 1 tokens
+/// (`out[c][r]`).
 #[inline(always)]
 unsafe fn tiles<F: LegacyType, A: ActBlock>(
     call: &Call<'_, A>,
     groups: Range<usize>,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
     let first_row = groups.start * GROUP;
     for g in groups {
@@ -154,47 +157,39 @@ unsafe fn tiles<F: LegacyType, A: ActBlock>(
     }
 }
 
-/// Group `g`'s eight rows × every token, into rows `at..` of each token's outputs in the
-/// token-major `out`.
+/// Group `g`'s eight rows × every token, into rows `at..` of each token's outputs.
 #[inline(always)]
 pub(super) unsafe fn group_tiles<F: LegacyType, A: ActBlock, const VNNI: bool>(
     call: &Call<'_, A>,
     g: usize,
     at: usize,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
     let cols = call.cols;
     let mut c = 0;
     // SAFETY: the caller guarantees the features and the shapes.
     unsafe {
         while c + MAX_COLS <= cols {
-            store_group(
-                &tile::<Ymm<VNNI>, F, A, MAX_COLS>(call, g, c),
-                c,
-                at,
-                out,
-                cols,
-            );
+            store_group(&tile::<Ymm<VNNI>, F, A, MAX_COLS>(call, g, c), c, at, out);
             c += MAX_COLS;
         }
         if c + 2 <= cols {
-            store_group(&tile::<Ymm<VNNI>, F, A, 2>(call, g, c), c, at, out, cols);
+            store_group(&tile::<Ymm<VNNI>, F, A, 2>(call, g, c), c, at, out);
             c += 2;
         }
         if c < cols {
-            store_group(&tile::<Ymm<VNNI>, F, A, 1>(call, g, c), c, at, out, cols);
+            store_group(&tile::<Ymm<VNNI>, F, A, 1>(call, g, c), c, at, out);
         }
     }
 }
 
-/// Writes tokens `c..`'s sums of a one-group tile into rows `at..` of the token-major `out`
-/// (`cols` tokens), leaving out padding rows (a function, as [`codes`] explains).
+/// Writes tokens `c..`'s sums of a one-group tile into rows `at..` of their outputs, leaving
+/// out padding rows (a function, as [`codes`] explains).
 #[inline(always)]
-fn store_group(sums: &[__m256], c: usize, at: usize, out: &mut [f32], cols: usize) {
-    let n_rows = out.len() / cols;
-    let live = GROUP.min(n_rows - at);
-    for (k, &sum) in sums.iter().enumerate() {
-        store_rows(sum, &mut out[(c + k) * n_rows + at..][..live]);
+fn store_group(sums: &[__m256], c: usize, at: usize, out: TokenOutputs<'_, '_>) {
+    for (&sum, token) in sums.iter().zip(&mut out[c..]) {
+        let live = GROUP.min(token.len() - at);
+        store_rows(sum, &mut token[at..][..live]);
     }
 }
 
@@ -494,18 +489,37 @@ pub(super) unsafe fn tile<W: Width, F: LegacyType, A: ActBlock, const C: usize>(
                 None => W::zero(),
             };
             let codes = W::codes::<F>(at);
-            for k in 0..C {
-                let index = (c + k) * blocks + i;
-                // Unchecked: two bounds checks per token and block were a tenth of a
-                // four-token tile's instructions. SAFETY: `c + k < cols` and `i < blocks`, and
-                // `super::dot_packed` checked that both hold `cols × blocks` blocks.
-                let (meta, a) = (call.meta.get_unchecked(index), call.a.get_unchecked(index));
-                let isum = W::isum::<F>(&codes, a.qs(), -factor * meta.sum);
-                acc[k] = W::step(acc[k], isum, d_w, meta.d);
-                if layout.m.is_some() {
-                    offsets[k] = W::offset(offsets[k], m_w, meta.s);
-                }
+            // Token by token, written out eight times rather than looped: a loop over `k` kept
+            // `acc` and `offsets` in memory (a load and a store per token and block, and
+            // their latency on each block's path); with constant indices they stay in
+            // registers. Prefill blocks (eight-token tiles) went from 0.26 to 0.19 ns.
+            const { assert!(C <= 8, "tile: at most eight tokens") };
+            macro_rules! token {
+                ($k:literal) => {
+                    if $k < C {
+                        let index = (c + $k) * blocks + i;
+                        // Unchecked: two bounds checks per token and block were a tenth of a
+                        // four-token tile's instructions. SAFETY: `c + k < cols` and `i <
+                        // blocks`, and `super::dot_packed` checked that both hold `cols ×
+                        // blocks` blocks.
+                        let (meta, a) =
+                            (call.meta.get_unchecked(index), call.a.get_unchecked(index));
+                        let isum = W::isum::<F>(&codes, a.qs(), -factor * meta.sum);
+                        acc[$k] = W::step(acc[$k], isum, d_w, meta.d);
+                        if layout.m.is_some() {
+                            offsets[$k] = W::offset(offsets[$k], m_w, meta.s);
+                        }
+                    }
+                };
             }
+            token!(0);
+            token!(1);
+            token!(2);
+            token!(3);
+            token!(4);
+            token!(5);
+            token!(6);
+            token!(7);
         }
         for k in 0..C {
             acc[k] = W::add(acc[k], offsets[k]);

@@ -23,7 +23,7 @@ use super::avx2::{dot_groups, load_f16x8};
 use super::packed::Packed;
 use super::packed_k::{KLayout, Q4K_MINS, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL, Q6K_SC};
 use super::rows::KQuant;
-use super::{GROUP, MAX_COLS};
+use super::{GROUP, MAX_COLS, TokenOutputs};
 use crate::isa::vnni;
 use crate::quant::activation::BlockQ8K;
 
@@ -32,16 +32,15 @@ pub(super) fn dot_packed_k<F: KLayout>(
     w: &Packed<F>,
     groups: Range<usize>,
     a: &[BlockQ8K],
-    cols: usize,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
     // SAFETY: AVX2, FMA and F16C were detected by the caller (`packed_k_available`), VNNI
     // here; the caller checked the shapes.
     unsafe {
         if vnni() {
-            tiles_vnni(w, groups, a, cols, out)
+            tiles_vnni(w, groups, a, out)
         } else {
-            tiles_avx2(w, groups, a, cols, out)
+            tiles_avx2(w, groups, a, out)
         }
     }
 }
@@ -52,11 +51,10 @@ unsafe fn tiles_avx2<F: KLayout>(
     w: &Packed<F>,
     groups: Range<usize>,
     a: &[BlockQ8K],
-    cols: usize,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { tiles::<F, false>(w, groups, a, cols, out) }
+    unsafe { tiles::<F, false>(w, groups, a, out) }
 }
 
 /// [`tiles`] compiled for AVX-512 VNNI (256-bit).
@@ -65,34 +63,31 @@ unsafe fn tiles_vnni<F: KLayout>(
     w: &Packed<F>,
     groups: Range<usize>,
     a: &[BlockQ8K],
-    cols: usize,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { tiles::<F, true>(w, groups, a, cols, out) }
+    unsafe { tiles::<F, true>(w, groups, a, out) }
 }
 
-/// Each group's eight rows × `cols` tokens in tiles of [`MAX_COLS`], 2 and 1 tokens;
-/// `out` token-major (`out[c * rows + r]`).
+/// Each group's eight rows × `out.len()` tokens in tiles of [`MAX_COLS`], 2 and 1 tokens
+/// (`out[c][r]`).
 #[inline(always)]
 unsafe fn tiles<F: KLayout, const VNNI: bool>(
     w: &Packed<F>,
     groups: Range<usize>,
     a: &[BlockQ8K],
-    cols: usize,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
     let first_row = groups.start * GROUP;
-    let n_rows = out.len() / cols;
+    let cols = out.len();
     // SAFETY: the caller guarantees the features and the shapes.
     unsafe {
         for g in groups {
             let at = g * GROUP - first_row;
-            let live = GROUP.min(n_rows - at);
             let mut store = |sums: &[__m256], c: usize| {
-                for (k, &sum) in sums.iter().enumerate() {
-                    let token = &mut out[(c + k) * n_rows + at..][..live];
-                    super::avx2::store_rows(sum, token);
+                for (&sum, token) in sums.iter().zip(&mut out[c..]) {
+                    let live = GROUP.min(token.len() - at);
+                    super::avx2::store_rows(sum, &mut token[at..][..live]);
                 }
             };
             let mut c = 0;

@@ -172,10 +172,15 @@ pub struct ShapeError {
     pub outputs: usize,
 }
 
+/// A kernel call's outputs, one slice per token (activation row), each as long as the call's
+/// rows: `out[c][r − first]`. The slices may lie anywhere: in a batched matmul each is that
+/// token's run of the matrix's output row, so the kernels write the final places and nothing
+/// is copied after them.
+pub type TokenOutputs<'a, 'b> = &'a mut [&'b mut [f32]];
+
 /// `out[c * rows + (r − first)] = row r · activation row c` (token-major) for the `rows` rows
-/// `r` of the groups `groups` of `w` (padding rows left out; `first` the groups' first row),
-/// using the fastest kernel this CPU has; bit-identical to [`scalar::dot_rows`] on the raw rows. `meta` is
-/// [`block_meta`] of the activations.
+/// `r` of the groups `groups` of `w` (padding rows left out; `first` the groups' first row):
+/// [`dot_packed_into`] with `out` cut into the tokens' runs.
 pub fn dot_packed(
     w: &PackedRows,
     groups: Range<usize>,
@@ -184,7 +189,26 @@ pub fn dot_packed(
     cols: usize,
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
-    let rows = (groups.start * GROUP).min(w.rows())..(groups.end * GROUP).min(w.rows());
+    let outputs = out.len();
+    match token_runs(out, group_rows(w.rows(), &groups).len(), cols) {
+        Some(mut tokens) => dot_packed_into(w, groups, activations, meta, &mut tokens),
+        None => Err(shape_error(w, activations, cols, outputs)),
+    }
+}
+
+/// `out[c][r − first] = row r · activation row c` for the rows `r` of the groups `groups` of
+/// `w` (padding rows left out; `first` the groups' first row), `out.len()` tokens, using the
+/// fastest kernel this CPU has; bit-identical to [`scalar::dot_rows`] on the raw rows. `meta`
+/// is [`block_meta`] of the activations.
+pub fn dot_packed_into(
+    w: &PackedRows,
+    groups: Range<usize>,
+    activations: Q8Rows<'_>,
+    meta: &[BlockMeta],
+    out: TokenOutputs<'_, '_>,
+) -> Result<(), ShapeError> {
+    let rows = group_rows(w.rows(), &groups);
+    let cols = out.len();
     let (activation_blocks, q8_1) = match activations {
         Q8Rows::Q8_0(a) => (a.len(), false),
         Q8Rows::Q8_1(a) => (a.len(), true),
@@ -195,28 +219,38 @@ pub fn dot_packed(
         && activation_blocks == cols * w.blocks()
         && meta.len() == activation_blocks
         && q8_1 == w.format().uses_q8_1()
-        && out.len() == rows.len() * cols;
+        && out.iter().all(|token| token.len() == rows.len());
     if !fits {
-        return Err(ShapeError {
-            format: w.format(),
-            weight_bytes: w.bytes(),
-            activation_blocks,
-            cols,
-            outputs: out.len(),
-        });
+        let outputs = out.iter().map(|token| token.len()).sum();
+        return Err(shape_error(w, activations, cols, outputs));
     }
     #[cfg(target_arch = "x86_64")]
-    if avx2::dot_packed(w, groups, activations, meta, cols, out) {
+    if avx2::dot_packed(w, groups, activations, meta, out) {
         return Ok(());
     }
-    scalar::dot_packed(w, rows, activations, cols, out);
+    scalar::dot_packed(w, rows, activations, out);
     Ok(())
 }
 
+/// Why [`dot_packed_into`] refused `w` against `activations` in `cols` tokens with `outputs`
+/// outputs.
+fn shape_error(w: &PackedRows, activations: Q8Rows<'_>, cols: usize, outputs: usize) -> ShapeError {
+    let activation_blocks = match activations {
+        Q8Rows::Q8_0(a) => a.len(),
+        Q8Rows::Q8_1(a) => a.len(),
+    };
+    ShapeError {
+        format: w.format(),
+        weight_bytes: w.bytes(),
+        activation_blocks,
+        cols,
+        outputs,
+    }
+}
+
 /// `out[c * rows + (r − first)] = row r · activation row c` (token-major) for the rows of the
-/// groups `groups` of a packed Q4_K or Q6_K matrix against `cols` rows of Q8_K activations,
-/// bit-identical to [`rows::scalar::dot_rows_k`] on the raw rows (for activations whose
-/// `bsums` are their quants' sums, as [`crate::quant::activation::quantize_q8_k`] makes them).
+/// groups `groups` of a packed Q4_K or Q6_K matrix against `cols` rows of Q8_K activations:
+/// [`dot_packed_k_into`] with `out` cut into the tokens' runs.
 pub fn dot_packed_k<F: KLayout>(
     w: &packed::Packed<F>,
     groups: Range<usize>,
@@ -224,24 +258,63 @@ pub fn dot_packed_k<F: KLayout>(
     cols: usize,
     out: &mut [f32],
 ) -> Result<(), DotError> {
-    let rows = (groups.start * GROUP).min(w.rows())..(groups.end * GROUP).min(w.rows());
+    let outputs = out.len();
+    match token_runs(out, group_rows(w.rows(), &groups).len(), cols) {
+        Some(mut tokens) => dot_packed_k_into(w, groups, a, &mut tokens),
+        None => Err(DotError::RowsMismatch {
+            bytes: w.bytes(),
+            blocks: a.len(),
+            cols,
+            outputs,
+        }),
+    }
+}
+
+/// `out[c][r − first] = row r · activation row c` for the rows of the groups `groups` of a
+/// packed Q4_K or Q6_K matrix against `out.len()` rows of Q8_K activations, bit-identical to
+/// [`rows::scalar::dot_rows_k`] on the raw rows (for activations whose `bsums` are their
+/// quants' sums, as [`crate::quant::activation::quantize_q8_k`] makes them).
+pub fn dot_packed_k_into<F: KLayout>(
+    w: &packed::Packed<F>,
+    groups: Range<usize>,
+    a: &[BlockQ8K],
+    out: TokenOutputs<'_, '_>,
+) -> Result<(), DotError> {
+    let rows = group_rows(w.rows(), &groups);
+    let cols = out.len();
     let fits = groups.start <= groups.end
         && groups.end <= w.groups()
         && cols > 0
         && a.len() == cols * w.blocks()
-        && out.len() == rows.len() * cols
+        && out.iter().all(|token| token.len() == rows.len())
         && packed_k_available();
     if !fits {
         return Err(DotError::RowsMismatch {
             bytes: w.bytes(),
             blocks: a.len(),
             cols,
-            outputs: out.len(),
+            outputs: out.iter().map(|token| token.len()).sum(),
         });
     }
     #[cfg(target_arch = "x86_64")]
-    avx2_k::dot_packed_k(w, groups, a, cols, out);
+    avx2_k::dot_packed_k(w, groups, a, out);
     Ok(())
+}
+
+/// The rows (padding left out) of the groups `groups` of a matrix of `rows` rows.
+fn group_rows(rows: usize, groups: &Range<usize>) -> Range<usize> {
+    (groups.start * GROUP).min(rows)..(groups.end * GROUP).min(rows)
+}
+
+/// The token-major `out` cut into `cols` runs of `rows`; `None` unless it holds exactly that.
+fn token_runs(out: &mut [f32], rows: usize, cols: usize) -> Option<Vec<&mut [f32]>> {
+    if cols == 0 || out.len() != rows * cols {
+        return None;
+    }
+    if rows == 0 {
+        return Some((0..cols).map(|_| <&mut [f32]>::default()).collect());
+    }
+    Some(out.chunks_exact_mut(rows).collect())
 }
 
 /// What the SIMD kernels read of an activation block besides its quants, in the form they use

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use super::{Legacy, PackedRows, Q8Rows, ShapeError, check};
+use super::{Legacy, PackedRows, Q8Rows, ShapeError, TokenOutputs, check};
 use crate::quant::activation::QK8;
 
 /// `out[r * cols + c] = row r · activation row c` for the whole rows in `rows` (row-major,
@@ -113,23 +113,22 @@ impl Sum {
     }
 }
 
-/// [`super::dot_packed`] without SIMD: each row's blocks read back from the packing.
+/// [`super::dot_packed_into`] without SIMD: each row's blocks read back from the packing.
 pub(super) fn dot_packed(
     w: &PackedRows,
     rows: Range<usize>,
     activations: Q8Rows<'_>,
-    cols: usize,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
-    let (blocks, first, n_rows) = (w.blocks(), rows.start, rows.len());
+    let (blocks, first) = (w.blocks(), rows.start);
     for r in rows {
-        for c in 0..cols {
+        for (c, token) in out.iter_mut().enumerate() {
             let mut sum = Sum::default();
             for i in 0..blocks {
                 let block = w.raw_block(r, i);
                 sum.add(w.format(), &block, activations, c * blocks + i);
             }
-            out[c * n_rows + r - first] = sum.result();
+            token[r - first] = sum.result();
         }
     }
 }

@@ -3,7 +3,9 @@
 
 use half::f16;
 
-use super::{GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows, block_meta, dot_packed, scalar};
+use super::{
+    GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows, block_meta, dot_packed, dot_packed_into, scalar,
+};
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1, QK8, quantize_q8_0, quantize_q8_1};
 use crate::quant::dequantize;
 use crate::quant::test_rng::Rng;
@@ -260,8 +262,8 @@ fn packing_round_trips() {
     }
 }
 
-/// A range of groups gives the same outputs as the whole matrix, and the scalar packed path
-/// the same as the SIMD one.
+/// A range of groups gives the same outputs as the whole matrix, written in place into runs of
+/// wider output rows as well, and the scalar packed path the same as the SIMD one.
 #[test]
 fn group_ranges_equal_the_whole() {
     let mut rng = Rng(5);
@@ -278,8 +280,18 @@ fn group_ranges_equal_the_whole() {
         let part_rows = n_rows - GROUP;
         let mut part = vec![0.0; part_rows * cols];
         dot_packed(&packed, 1..3, rows(format, &q), &meta, cols, &mut part).unwrap();
-        let mut slow = vec![0.0; n_rows * cols];
-        scalar::dot_packed(&packed, 0..n_rows, rows(format, &q), cols, &mut slow);
+        let mut slow = vec![0.0f32; n_rows * cols];
+        let mut slow_tokens: Vec<&mut [f32]> = slow.chunks_exact_mut(n_rows).collect();
+        scalar::dot_packed(&packed, 0..n_rows, rows(format, &q), &mut slow_tokens);
+        // Into the place a batched matmul gives a task: that run of each token's output row
+        // of a wider matrix, the rest untouched.
+        let (width, at) = (n_rows + 5, 3);
+        let mut wide = vec![f32::NAN; width * cols];
+        let mut runs: Vec<&mut [f32]> = wide
+            .chunks_exact_mut(width)
+            .map(|row| &mut row[at..at + part_rows])
+            .collect();
+        dot_packed_into(&packed, 1..3, rows(format, &q), &meta, &mut runs).unwrap();
         for r in 0..n_rows {
             for c in 0..cols {
                 let want = whole[r * cols + c].to_bits();
@@ -287,9 +299,18 @@ fn group_ranges_equal_the_whole() {
                 if r >= GROUP {
                     let got = part[c * part_rows + r - GROUP].to_bits();
                     assert_eq!(got, want, "{format:?} {r} {c}");
+                    let got = wide[c * width + at + r - GROUP].to_bits();
+                    assert_eq!(got, want, "{format:?} {r} {c}, in place");
                 }
             }
         }
+        let untouched = wide.chunks_exact(width).all(|row| {
+            row[..at]
+                .iter()
+                .chain(&row[at + part_rows..])
+                .all(|v| v.is_nan())
+        });
+        assert!(untouched, "{format:?}: outside the runs");
     }
 }
 

@@ -5,7 +5,9 @@ use half::f16;
 
 use super::packed::Packed;
 use super::rows::{KQuant, scalar};
-use super::{GROUP, KLayout, PackedK, PackedQ6K, dot_packed_k, packed_k_available};
+use super::{
+    GROUP, KLayout, PackedK, PackedQ6K, dot_packed_k, dot_packed_k_into, packed_k_available,
+};
 use crate::quant::activation::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::quant::test_rng::Rng;
 
@@ -78,6 +80,19 @@ fn check_format<F: KLayout>(rng: &mut Rng, pack: fn(&[u8], usize) -> Option<Pack
                             part[c * part_rows..][..part_rows],
                             fast[c * n_rows + GROUP..][..part_rows]
                         );
+                    }
+                    // In place: runs of wider output rows, the rest untouched.
+                    let width = n_rows + 3;
+                    let mut wide = vec![f32::NAN; width * cols];
+                    let mut runs: Vec<&mut [f32]> = wide
+                        .chunks_exact_mut(width)
+                        .map(|row| &mut row[1..1 + part_rows])
+                        .collect();
+                    dot_packed_k_into(&packed, 1..packed.groups(), &a, &mut runs).unwrap();
+                    for (c, row) in wide.chunks_exact(width).enumerate() {
+                        let expected = &fast[c * n_rows + GROUP..][..part_rows];
+                        assert_eq!(&row[1..1 + part_rows], expected);
+                        assert!(row[0].is_nan() && row[1 + part_rows..].iter().all(|v| v.is_nan()));
                     }
                 }
             }

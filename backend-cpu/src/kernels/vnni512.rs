@@ -15,19 +15,19 @@ use super::avx2::{
 };
 use super::formats::LegacyType;
 use super::packed::group_layout;
-use super::{GROUP, Legacy, MAX_COLS, PackedRows};
+use super::{GROUP, Legacy, MAX_COLS, PackedRows, TokenOutputs};
 
 /// Tokens of the widest 512-bit tile: AVX-512's 32 registers hold its eight accumulators, eight
 /// offset sums and eight code vectors, so each weight block is unpacked once for eight tokens.
 const WIDE_COLS: usize = 8;
 
 /// Covers the groups two at a time with sixteen-row tiles, and an odd last group with the
-/// 256-bit tiles; `out` is token-major (`out[c * rows + r]`).
+/// 256-bit tiles (`out[c][r]`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 pub(super) unsafe fn tiles<F: LegacyType, A: ActBlock>(
     call: &Call<'_, A>,
     groups: Range<usize>,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
     let first_row = groups.start * GROUP;
     for g in groups.clone().step_by(2) {
@@ -44,46 +44,44 @@ pub(super) unsafe fn tiles<F: LegacyType, A: ActBlock>(
 }
 
 /// Groups `g` and `g + 1` × every token in tiles of [`WIDE_COLS`], [`MAX_COLS`], 2 and 1
-/// tokens, into rows `at..` of each token's outputs in the token-major `out`.
+/// tokens, into rows `at..` of each token's outputs.
 #[inline(always)]
 unsafe fn pair_tiles<F: LegacyType, A: ActBlock>(
     call: &Call<'_, A>,
     g: usize,
     at: usize,
-    out: &mut [f32],
+    out: TokenOutputs<'_, '_>,
 ) {
     let cols = call.cols;
     let mut c = 0;
     // SAFETY: the caller guarantees the features and the shapes.
     unsafe {
         while c + WIDE_COLS <= cols {
-            store_pair(&tile::<Zmm, F, A, WIDE_COLS>(call, g, c), c, at, out, cols);
+            store_pair(&tile::<Zmm, F, A, WIDE_COLS>(call, g, c), c, at, out);
             c += WIDE_COLS;
         }
         if c + MAX_COLS <= cols {
-            store_pair(&tile::<Zmm, F, A, MAX_COLS>(call, g, c), c, at, out, cols);
+            store_pair(&tile::<Zmm, F, A, MAX_COLS>(call, g, c), c, at, out);
             c += MAX_COLS;
         }
         if c + 2 <= cols {
-            store_pair(&tile::<Zmm, F, A, 2>(call, g, c), c, at, out, cols);
+            store_pair(&tile::<Zmm, F, A, 2>(call, g, c), c, at, out);
             c += 2;
         }
         if c < cols {
-            store_pair(&tile::<Zmm, F, A, 1>(call, g, c), c, at, out, cols);
+            store_pair(&tile::<Zmm, F, A, 1>(call, g, c), c, at, out);
         }
     }
 }
 
-/// Writes tokens `c..`'s sums of a two-group tile into rows `at..` of the token-major `out`
-/// (`cols` tokens), leaving out padding rows. A function, not a closure: a closure is not
-/// compiled with the caller's target features, and the intrinsics in it would stay calls.
+/// Writes tokens `c..`'s sums of a two-group tile into rows `at..` of their outputs, leaving
+/// out padding rows. A function, not a closure: a closure is not compiled with the caller's
+/// target features, and the intrinsics in it would stay calls.
 #[inline(always)]
-unsafe fn store_pair(sums: &[__m512], c: usize, at: usize, out: &mut [f32], cols: usize) {
-    let n_rows = out.len() / cols;
-    let live = (2 * GROUP).min(n_rows - at);
-    for (k, &sum) in sums.iter().enumerate() {
-        let token = &mut out[(c + k) * n_rows + at..][..live];
-        let (low, high) = token.split_at_mut(live.min(GROUP));
+unsafe fn store_pair(sums: &[__m512], c: usize, at: usize, out: TokenOutputs<'_, '_>) {
+    for (&sum, token) in sums.iter().zip(&mut out[c..]) {
+        let live = (2 * GROUP).min(token.len() - at);
+        let (low, high) = token[at..][..live].split_at_mut(live.min(GROUP));
         // SAFETY: AVX-512F is enabled in every caller.
         unsafe {
             store_rows(_mm512_castps512_ps256(sum), low);
