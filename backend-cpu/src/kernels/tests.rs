@@ -404,3 +404,47 @@ fn wide_tiles_equal_scalar() {
         }
     }
 }
+
+/// [`block_meta`] (compiled for F16C where the CPU has it) gives the plain widening's values,
+/// special scales included.
+#[test]
+fn block_meta_equals_the_plain_widening() {
+    let mut rng = Rng(11);
+    let specials = [
+        f16::NAN,
+        f16::INFINITY,
+        f16::NEG_INFINITY,
+        f16::MIN_POSITIVE_SUBNORMAL,
+    ];
+    let blocks: Vec<BlockQ8_1> = (0..64)
+        .map(|i| {
+            let mut qs = [0i8; QK8];
+            qs.iter_mut()
+                .for_each(|q| *q = (rng.unit() * 255.0 - 127.5) as i8);
+            let scale = |x: f32| specials.get(i % 16).copied().unwrap_or(f16::from_f32(x));
+            BlockQ8_1 {
+                d: scale(rng.unit()),
+                s: scale(rng.unit() * -40.0),
+                qs,
+            }
+        })
+        .collect();
+    let bits = |m: &super::BlockMeta| (m.d.to_bits(), m.s.to_bits(), m.sum);
+    let mut fast = Vec::new();
+    block_meta(Q8Rows::Q8_1(&blocks), &mut fast);
+    let plain: Vec<_> = blocks.iter().map(|b| super::meta(b, f16::to_f32)).collect();
+    assert_eq!(
+        fast.iter().map(bits).collect::<Vec<_>>(),
+        plain.iter().map(bits).collect::<Vec<_>>()
+    );
+    let q8_0: Vec<BlockQ8_0> = blocks
+        .iter()
+        .map(|b| BlockQ8_0 { d: b.d, qs: b.qs })
+        .collect();
+    block_meta(Q8Rows::Q8_0(&q8_0), &mut fast);
+    let plain: Vec<_> = q8_0.iter().map(|b| super::meta(b, f16::to_f32)).collect();
+    assert_eq!(
+        fast.iter().map(bits).collect::<Vec<_>>(),
+        plain.iter().map(bits).collect::<Vec<_>>()
+    );
+}
