@@ -21,8 +21,7 @@ use std::ops::Range;
 
 use super::formats::{self, LegacyType};
 use super::packed::group_layout;
-use super::{BlockMeta, GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows, TokenOutputs};
-use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
+use super::{ActBlock, BlockMeta, GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows, TokenOutputs};
 
 /// Which integer dot instructions this CPU has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,26 +63,6 @@ pub(super) fn dot_packed(
         }
     }
     true
-}
-
-/// An activation block type, of which the kernels read the quants here (the scales come
-/// widened from [`BlockMeta`]).
-pub(super) trait ActBlock: Copy {
-    fn qs(&self) -> &[i8; 32];
-}
-
-impl ActBlock for BlockQ8_0 {
-    #[inline(always)]
-    fn qs(&self) -> &[i8; 32] {
-        &self.qs
-    }
-}
-
-impl ActBlock for BlockQ8_1 {
-    #[inline(always)]
-    fn qs(&self) -> &[i8; 32] {
-        &self.qs
-    }
 }
 
 /// The operands of one call.

@@ -351,39 +351,43 @@ pub fn block_meta(activations: Q8Rows<'_>, out: &mut Vec<BlockMeta>) {
     }
 }
 
-/// The scales and quants of an activation block, as [`BlockMeta`] reads them.
-trait MetaBlock {
+/// A Q8_0 or Q8_1 activation block: the SIMD tiles read its quants, [`BlockMeta`] its scales.
+pub(crate) trait ActBlock: Copy {
     /// `d`, and `s` (Q8_1's; none for Q8_0).
     fn scales(&self) -> (f16, Option<f16>);
-    fn quants(&self) -> &[i8; 32];
+    fn qs(&self) -> &[i8; 32];
 }
 
-impl MetaBlock for BlockQ8_0 {
+impl ActBlock for BlockQ8_0 {
+    #[inline(always)]
     fn scales(&self) -> (f16, Option<f16>) {
         (self.d, None)
     }
-    fn quants(&self) -> &[i8; 32] {
+    #[inline(always)]
+    fn qs(&self) -> &[i8; 32] {
         &self.qs
     }
 }
 
-impl MetaBlock for BlockQ8_1 {
+impl ActBlock for BlockQ8_1 {
+    #[inline(always)]
     fn scales(&self) -> (f16, Option<f16>) {
         (self.d, Some(self.s))
     }
-    fn quants(&self) -> &[i8; 32] {
+    #[inline(always)]
+    fn qs(&self) -> &[i8; 32] {
         &self.qs
     }
 }
 
 /// `block`'s [`BlockMeta`], its f16 scales widened by `widen`.
 #[inline(always)]
-fn meta(block: &impl MetaBlock, widen: impl Fn(f16) -> f32) -> BlockMeta {
+fn meta(block: &impl ActBlock, widen: impl Fn(f16) -> f32) -> BlockMeta {
     let (d, s) = block.scales();
     BlockMeta {
         d: widen(d),
         s: s.map_or(0.0, &widen),
-        sum: block.quants().iter().map(|&q| i32::from(q)).sum(),
+        sum: block.qs().iter().map(|&q| i32::from(q)).sum(),
     }
 }
 
@@ -396,7 +400,7 @@ fn meta(block: &impl MetaBlock, widen: impl Fn(f16) -> f32) -> BlockMeta {
 /// The CPU must have AVX2 and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn metas_f16c(blocks: &[impl MetaBlock], out: &mut Vec<BlockMeta>) {
+unsafe fn metas_f16c(blocks: &[impl ActBlock], out: &mut Vec<BlockMeta>) {
     use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32};
     // The intrinsics are safe here: F16C is enabled in this function (and its closures).
     let widen = |h: f16| _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits().into())));

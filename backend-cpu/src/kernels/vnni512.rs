@@ -10,12 +10,10 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::{
-    ActBlock, Call, Width, group_tiles, load_f16x8, prefetch_ahead, store_rows, tile,
-};
+use super::avx2::{Call, Width, group_tiles, load_f16x8, prefetch_ahead, store_rows, tile};
 use super::formats::LegacyType;
 use super::packed::group_layout;
-use super::{GROUP, Legacy, MAX_COLS, PackedRows, TokenOutputs};
+use super::{ActBlock, GROUP, Legacy, MAX_COLS, PackedRows, TokenOutputs};
 
 /// Tokens of the widest 512-bit tile: AVX-512's 32 registers hold its eight accumulators, eight
 /// offset sums and eight code vectors, so each weight block is unpacked once for eight tokens.

@@ -399,8 +399,8 @@ mod simd {
     }
 
     /// The Q8_0 and Q8_1 blocks written with AVX2 or AVX-512 intrinsics (the compiler turns the
-    /// plain code's i32 → i8 narrowing and quant sum into byte-by-byte moves): [`super::amax`]'s
-    /// comparisons and [`super::quant`]'s rounding lane by lane, so the same bits.
+    /// plain code's i32 → i8 narrowing and quant sum into byte-by-byte moves): [`super::quant`]'s
+    /// rounding lane by lane, for the scales `each_scaled` computed ahead, so the same bits.
     #[cfg(target_arch = "x86_64")]
     mod x86 {
         use std::arch::x86_64::*;
@@ -409,10 +409,10 @@ mod simd {
 
         use super::super::{BlockQ8_0, BlockQ8_1, QK8};
 
-        /// The block's quants and quant sum for its scale `(d, id)` (`scale_of`), and `d`, with
+        /// The block's quants and their sum for the reciprocal scale `id` (`scale_of`), with
         /// 256-bit vectors.
         #[inline(always)]
-        unsafe fn quantize(x: &[f32; QK8], (d, id): (f32, f32)) -> (f32, [i8; QK8], i32) {
+        unsafe fn quantize(x: &[f32; QK8], id: f32) -> ([i8; QK8], i32) {
             // SAFETY: the callers run with AVX2; `x` holds 32 floats.
             unsafe {
                 let sign = _mm256_set1_ps(-0.0);
@@ -448,7 +448,7 @@ mod simd {
                     _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
                 let mut qs = [0i8; QK8];
                 _mm256_storeu_si256(qs.as_mut_ptr().cast(), bytes);
-                (d, qs, sum)
+                (qs, sum)
             }
         }
 
@@ -456,7 +456,7 @@ mod simd {
         /// masks for the selections and a saturating narrowing (exact: the values are already
         /// within -128..=127) for the packs.
         #[inline(always)]
-        unsafe fn quantize512(x: &[f32; QK8], (d, id): (f32, f32)) -> (f32, [i8; QK8], i32) {
+        unsafe fn quantize512(x: &[f32; QK8], id: f32) -> ([i8; QK8], i32) {
             // SAFETY: the callers run with AVX-512F (and AVX2); `x` holds 32 floats.
             unsafe {
                 // AVX-512F has the bitwise operations on integer vectors only (the float ones are
@@ -486,21 +486,18 @@ mod simd {
                 let mut qs = [0i8; QK8];
                 _mm_storeu_si128(qs.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(q[0]));
                 _mm_storeu_si128(qs.as_mut_ptr().add(16).cast(), _mm512_cvtsepi32_epi8(q[1]));
-                (d, qs, sum)
+                (qs, sum)
             }
         }
 
         /// [`quantize`] or, `WIDE`, [`quantize512`].
         #[inline(always)]
-        unsafe fn quantize_with<const WIDE: bool>(
-            x: &[f32; QK8],
-            scale: (f32, f32),
-        ) -> (f32, [i8; QK8], i32) {
+        unsafe fn quantize_with<const WIDE: bool>(x: &[f32; QK8], id: f32) -> ([i8; QK8], i32) {
             // SAFETY (each arm): forwarded from the caller.
             if WIDE {
-                unsafe { quantize512(x, scale) }
+                unsafe { quantize512(x, id) }
             } else {
-                unsafe { quantize(x, scale) }
+                unsafe { quantize(x, id) }
             }
         }
 
@@ -508,10 +505,10 @@ mod simd {
         #[inline(always)]
         pub(super) unsafe fn block_q8_0<const WIDE: bool>(
             x: &[f32; QK8],
-            scale: (f32, f32),
+            (d, id): (f32, f32),
         ) -> BlockQ8_0 {
             // SAFETY: forwarded from the caller.
-            let (d, qs, _) = unsafe { quantize_with::<WIDE>(x, scale) };
+            let (qs, _) = unsafe { quantize_with::<WIDE>(x, id) };
             BlockQ8_0 {
                 d: f16::from_f32(d),
                 qs,
@@ -522,10 +519,10 @@ mod simd {
         #[inline(always)]
         pub(super) unsafe fn block_q8_1<const WIDE: bool>(
             x: &[f32; QK8],
-            scale: (f32, f32),
+            (d, id): (f32, f32),
         ) -> BlockQ8_1 {
             // SAFETY: forwarded from the caller.
-            let (d, qs, sum) = unsafe { quantize_with::<WIDE>(x, scale) };
+            let (qs, sum) = unsafe { quantize_with::<WIDE>(x, id) };
             BlockQ8_1 {
                 d: f16::from_f32(d),
                 s: f16::from_f32(sum as f32 * d),
