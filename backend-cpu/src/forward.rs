@@ -2,7 +2,6 @@
 //! differences (biases, fused projections, Gemma's norms and scales, sliding windows, sinks,
 //! routed experts) come from the loaded [`Weights`] and the [`ModelPlan`].
 
-use rayon::prelude::*;
 use worker_common::backend::{BackendError, Chunk};
 use worker_common::model::{Ffn, GateUp, ModelPlan, Qkv, RopePlan};
 
@@ -12,6 +11,7 @@ use crate::matmul::{MatmulScratch, matmul, matmul_group};
 use crate::moe::MoeBuffers;
 use crate::ops;
 use crate::quant;
+use crate::team::Team;
 use crate::weights::{Layer, Matrix, Weights};
 
 /// Activation buffers, reused across steps so decode steps do not allocate. Row `r` of every
@@ -73,6 +73,8 @@ pub struct Model<'a> {
     pub weights: &'a Weights,
     /// The mapped file.
     pub file: &'a [u8],
+    /// The threads the step's parallel regions run on.
+    pub team: &'a Team,
 }
 
 impl Model<'_> {
@@ -128,6 +130,7 @@ impl Model<'_> {
         ops::rms_norm(&mut buf.normed, &self.weights.output_norm, hp.norm_eps);
         let output = &self.weights.output;
         matmul(
+            self.team,
             output,
             self.file,
             &buf.normed,
@@ -181,7 +184,7 @@ impl Model<'_> {
         scratch: &mut MatmulScratch,
     ) -> Result<(), BackendError> {
         out.resize(n * w.rows, 0.0);
-        matmul(w, self.file, input, n, out, scratch)
+        matmul(self.team, w, self.file, input, n, out, scratch)
     }
 
     /// [`Self::project`] for matrices sharing their input, in one parallel region.
@@ -197,7 +200,7 @@ impl Model<'_> {
             out.resize(n * w.rows, 0.0);
         }
         let mut outs = outs.map(|out| out.as_mut_slice());
-        matmul_group(ws, self.file, input, n, &mut outs, scratch)
+        matmul_group(self.team, ws, self.file, input, n, &mut outs, scratch)
     }
 
     fn attention_block(
@@ -247,7 +250,7 @@ impl Model<'_> {
             chunks,
             sinks: layer.attn_sinks.as_deref(),
         };
-        attention(query, &mut buf.attn);
+        attention(self.team, query, &mut buf.attn);
         let attn = std::mem::take(&mut buf.attn);
         let result = self.project(
             &layer.attn_output,
@@ -337,10 +340,13 @@ impl Model<'_> {
         // decode step's few rows stay on this thread (a fork-join costs more than they do).
         if buf.gate.len() >= PARALLEL_GATED_ELEMENTS {
             let width = buf.gate.len() / n;
-            buf.gate
-                .par_chunks_mut(width)
-                .zip(buf.up.par_chunks(width))
-                .for_each(gated);
+            let mut rows: Vec<_> = buf
+                .gate
+                .chunks_mut(width)
+                .zip(buf.up.chunks(width))
+                .collect();
+            self.team
+                .for_each(&mut rows, |(gate, up)| gated((gate, up)));
         } else {
             gated((&mut buf.gate, &buf.up));
         }

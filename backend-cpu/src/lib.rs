@@ -3,7 +3,7 @@
 //! Weights stay in the GGUF mapping in their block formats, those the packed kernels read
 //! repacked once at load ([`kernels::packed`]); matrix products quantize the activations per
 //! block and run integer SIMD kernels ([`kernels`]) over output rows spread on
-//! a rayon pool of `--threads` threads. Each output is reduced by one thread in a fixed
+//! a [`team::Team`] of `--threads` threads. Each output is reduced by one thread in a fixed
 //! order, so logits do not depend on the thread count.
 
 mod attention;
@@ -15,6 +15,7 @@ mod matmul;
 mod moe;
 mod ops;
 pub mod quant;
+mod team;
 mod weights;
 
 use std::sync::Arc;
@@ -41,7 +42,8 @@ pub struct CpuBackend {
     model: Arc<ModelFile>,
     plan: ModelPlan,
     weights: Weights,
-    pool: rayon::ThreadPool,
+    /// The compute threads: repacking at load, then every step's parallel regions.
+    team: team::Team,
     kv: KvPool,
     buffers: Buffers,
     device: String,
@@ -69,13 +71,10 @@ impl Load for CpuBackend {
         // Before the prefault, so that a pool that cannot be had fails the load at once.
         let kv = KvPool::new(hp.n_layers, (hp.k_width(), hp.v_width()), config, &device)?;
         prefault(model.gguf.bytes(), progress);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(options.threads.max(1))
-            .thread_name(|i| format!("cpu-compute-{i}"))
-            .build()
+        let team = team::Team::new(options.threads.max(1))
             .map_err(|e| BackendError::Device(format!("starting the compute threads: {e}")))?;
         let file = model.gguf.bytes();
-        let repacked = pool.install(|| weights::pack(&mut weights, file))?;
+        let repacked = weights::pack(&team, &mut weights, file)?;
         // The repacked tensors' file pages are not read again: give them back, so resident
         // memory holds each matrix once.
         for range in repacked {
@@ -87,7 +86,7 @@ impl Load for CpuBackend {
             model,
             plan,
             weights,
-            pool,
+            team,
             kv,
             buffers: Buffers::default(),
             device,
@@ -138,7 +137,7 @@ impl InferenceBackend for CpuBackend {
         outputs.begin(chunks, self.kv.pages())?;
         self.run(chunks, false)?;
         let logits = &self.buffers.logits;
-        self.pool.install(|| outputs.put_rows(chunks, logits))
+        outputs.put_rows(chunks, logits, &|tasks, body| self.team.run(tasks, body))
     }
 }
 
@@ -168,10 +167,9 @@ impl CpuBackend {
             plan: &self.plan,
             weights: &self.weights,
             file: self.model.gguf.bytes(),
+            team: &self.team,
         };
-        let (kv, buffers) = (&mut self.kv, &mut self.buffers);
-        self.pool
-            .install(|| model.forward(chunks, all_rows, kv, buffers))
+        model.forward(chunks, all_rows, &mut self.kv, &mut self.buffers)
     }
 }
 

@@ -3,14 +3,14 @@
 //!
 //! The activations are quantized once per call into the format the weight's dot kernel reads
 //! (Q8_0, Q8_1, …, as ggml's `vec_dot_type`), in parallel for a batch; then the output rows
-//! (of one matrix, or of several sharing the input: [`matmul_group`]) are split over the rayon
-//! pool in chunks, and each (row, token) dot product is computed by one thread with the
+//! (of one matrix, or of several sharing the input: [`matmul_group`]) are split over the
+//! [`Team`] in chunks, and each (row, token) dot product is computed by one thread with the
 //! kernel's fixed block order, so results do not depend on the thread count.
 
 use std::cell::RefCell;
 use std::ops::Range;
+use std::sync::Mutex;
 
-use rayon::prelude::*;
 use worker_common::backend::BackendError;
 
 use crate::kernels::rows::{self as dot, KQuant};
@@ -18,8 +18,9 @@ use crate::kernels::{
     self, BlockMeta, FloatDot, GROUP, Kernel, Legacy, Q8Rows, TokenOutputs, kernel,
 };
 use crate::quant::activation::{
-    BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k,
+    BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0_on, quantize_q8_1_on, quantize_q8_k_on,
 };
+use crate::team::Team;
 use crate::weights::{Matrix, Packed};
 
 /// Reusable buffers of one forward pass, so decode steps do not allocate.
@@ -60,6 +61,7 @@ const MIN_ROWS_PER_TASK: usize = 16;
 ///
 /// `file` is the mapping `w` points into. Errors on inconsistent lengths; never panics.
 pub fn matmul(
+    team: &Team,
     w: &Matrix,
     file: &[u8],
     x: &[f32],
@@ -67,13 +69,14 @@ pub fn matmul(
     out: &mut [f32],
     scratch: &mut MatmulScratch,
 ) -> Result<(), BackendError> {
-    matmul_group(&[w], file, x, n, &mut [out], scratch)
+    matmul_group(team, &[w], file, x, n, &mut [out], scratch)
 }
 
 /// [`matmul`] of several matrices with the same input (attention's Q, K, V; the FFN's gate and
 /// up) in one parallel region: the input is quantized once per activation format, and the
 /// threads meet once for all of them. `outs[i]` receives matrix `i`'s outputs.
 pub fn matmul_group(
+    team: &Team,
     ws: &[&Matrix],
     file: &[u8],
     x: &[f32],
@@ -130,15 +133,15 @@ pub fn matmul_group(
     let quantized = |e: dot::DotError| BackendError::InvalidModel(format!("{}: {e}", first.name));
     let needs = |f: fn(Kernel) -> bool| kernels.iter().any(|&(k, _)| f(k));
     if needs(|k| matches!(k, Kernel::Legacy(f) if !f.uses_q8_1())) {
-        quantize_q8_0(x, q8_0).map_err(quantized)?;
+        quantize_q8_0_on(Some(team), x, q8_0).map_err(quantized)?;
         kernels::block_meta(Q8Rows::Q8_0(q8_0), q8_0_meta);
     }
     if needs(|k| matches!(k, Kernel::Legacy(f) if f.uses_q8_1())) {
-        quantize_q8_1(x, q8_1).map_err(quantized)?;
+        quantize_q8_1_on(Some(team), x, q8_1).map_err(quantized)?;
         kernels::block_meta(Q8Rows::Q8_1(q8_1), q8_1_meta);
     }
     if needs(|k| matches!(k, Kernel::KQuant(_))) {
-        quantize_q8_k(x, q8_k).map_err(quantized)?;
+        quantize_q8_k_on(Some(team), x, q8_k).map_err(quantized)?;
     }
     let activations = |kernel: Kernel| match kernel {
         Kernel::Legacy(format) if format.uses_q8_1() => {
@@ -148,7 +151,7 @@ pub fn matmul_group(
         Kernel::KQuant(format) => Activations::KQuant(format, q8_k),
         Kernel::Float(dot) => Activations::Float(dot, x),
     };
-    let threads = rayon::current_num_threads().max(1);
+    let threads = team.threads();
     let total_rows: usize = ws.iter().map(|w| w.rows).sum();
     // Whole pairs of packed groups per task (the 512-bit tiles take two groups at a time).
     let rows_per_task = (total_rows / (4 * threads))
@@ -171,15 +174,23 @@ pub fn matmul_group(
             tasks.push((i, task * rows_per_task, pieces));
         }
     }
-    tasks
-        .into_par_iter()
-        .try_for_each(|(i, first_row, mut pieces)| {
-            let (w, (kernel, data)) = (ws[i], kernels[i]);
-            let task_rows = pieces.first().map_or(0, |piece| piece.len());
-            let rows = first_row..first_row + task_rows;
-            dot_chunk(w, data, rows, activations(kernel), &mut pieces)
-                .map_err(|e| BackendError::InvalidModel(format!("{}: {e}", w.name)))
-        })
+    let failure = Mutex::new(None);
+    team.for_each(&mut tasks, |(i, first_row, pieces)| {
+        let (w, (kernel, data)) = (ws[*i], kernels[*i]);
+        let task_rows = pieces.first().map_or(0, |piece| piece.len());
+        let rows = *first_row..*first_row + task_rows;
+        if let Err(e) = dot_chunk(w, data, rows, activations(kernel), pieces) {
+            let error = BackendError::InvalidModel(format!("{}: {e}", w.name));
+            if let Ok(mut first) = failure.lock() {
+                first.get_or_insert(error);
+            }
+        }
+    });
+    match failure.into_inner() {
+        Ok(None) => Ok(()),
+        Ok(Some(error)) => Err(error),
+        Err(_) => Err(BackendError::Device("a matrix task panicked".into())),
+    }
 }
 
 /// Rows `rows` of `w` (whose rows are `data` unless it is repacked) against every token:

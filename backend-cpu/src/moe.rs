@@ -84,6 +84,7 @@ impl Model<'_> {
         let count = moe.experts.len();
         buf.logits.resize(n * count, 0.0);
         matmul_group(
+            self.team,
             &[&moe.router],
             self.file,
             normed,
@@ -146,6 +147,7 @@ impl Model<'_> {
         buf.gate.resize(m * expert.gate.rows, 0.0);
         buf.up.resize(m * expert.up.rows, 0.0);
         matmul_group(
+            self.team,
             &[&expert.gate, &expert.up],
             self.file,
             &buf.input,
@@ -158,6 +160,7 @@ impl Model<'_> {
         ops::gated(self.plan.activation, &mut buf.gate, &buf.up);
         buf.down.resize(m * expert.down.rows, 0.0);
         matmul_group(
+            self.team,
             &[&expert.down],
             self.file,
             &buf.gate,

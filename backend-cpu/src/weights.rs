@@ -7,8 +7,6 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
 use worker_common::backend::BackendError;
 use worker_common::gguf::{GgmlType, Gguf};
 use worker_common::model::{self, MatrixTensor, ModelSpec, TensorSource, VectorTensor};
@@ -19,6 +17,7 @@ use crate::kernels::{
     Arena, GROUP, KLayout, Legacy, PackedK, PackedQ6K, PackedRows, packed_k_available,
 };
 use crate::quant;
+use crate::team::Team;
 
 /// A weight matrix of `rows` rows of `cols` elements, stored row-major in its GGUF block
 /// format inside the mapping.
@@ -199,9 +198,13 @@ fn packed_len(ggml_type: GgmlType, rows: usize, row_bytes: usize) -> usize {
 }
 
 /// Repacks every matmul matrix whose format has a packed kernel on this CPU (the 32-element
-/// formats, Q4_K and Q6_K: `kernels::packed`, `kernels::packed_k`) into one arena, in parallel on the current
-/// rayon pool; returns the file ranges no longer read, whose pages the caller may release.
-pub fn pack(weights: &mut Weights, file: &[u8]) -> Result<Vec<Range<usize>>, BackendError> {
+/// formats, Q4_K and Q6_K: `kernels::packed`, `kernels::packed_k`) into one arena, a matrix per
+/// task of `team`; returns the file ranges no longer read, whose pages the caller may release.
+pub fn pack(
+    team: &Team,
+    weights: &mut Weights,
+    file: &[u8],
+) -> Result<Vec<Range<usize>>, BackendError> {
     let matrices = matmul_matrices(weights);
     // Every matrix in one arena (`kernels::arena`, huge pages), reserved for what the packed
     // layouts take (Q4_K's is larger than its GGUF rows), each region rounded to 64 bytes.
@@ -213,22 +216,35 @@ pub fn pack(weights: &mut Weights, file: &[u8]) -> Result<Vec<Range<usize>>, Bac
         what: "repacked weights",
         bytes: reserve as u64,
     })?;
-    let repacked = matrices.into_par_iter().map(|m| {
-        let raw = m
-            .rows_data(file)
-            .ok_or_else(|| BackendError::InvalidModel(format!("{}: outside the file", m.name)))?;
-        match Packed::of(&arena, m.ggml_type, raw, m.rows) {
-            None => Ok(None),
-            Some(Err(e)) => Err(BackendError::InvalidModel(format!("{}: {e}", m.name))),
-            Some(Ok(packed)) => {
-                m.packed = Some(Arc::new(packed));
-                // A copy is not read again either: only its packed rows are.
-                m.copy = None;
-                Ok(Some(m.range.clone()).filter(|range| !range.is_empty()))
-            }
-        }
+    let mut jobs: Vec<_> = matrices.into_iter().map(|m| (m, Ok(None))).collect();
+    team.for_each(&mut jobs, |(m, released)| {
+        *released = pack_one(&arena, m, file)
     });
-    repacked.filter_map(Result::transpose).collect()
+    jobs.into_iter()
+        .filter_map(|(_, released)| released.transpose())
+        .collect()
+}
+
+/// Repacks `m` into `arena` if its format has a packed kernel; the file range it no longer
+/// reads.
+fn pack_one(
+    arena: &Arc<Arena>,
+    m: &mut Matrix,
+    file: &[u8],
+) -> Result<Option<Range<usize>>, BackendError> {
+    let raw = m
+        .rows_data(file)
+        .ok_or_else(|| BackendError::InvalidModel(format!("{}: outside the file", m.name)))?;
+    match Packed::of(arena, m.ggml_type, raw, m.rows) {
+        None => Ok(None),
+        Some(Err(e)) => Err(BackendError::InvalidModel(format!("{}: {e}", m.name))),
+        Some(Ok(packed)) => {
+            m.packed = Some(Arc::new(packed));
+            // A copy is not read again either: only its packed rows are.
+            m.copy = None;
+            Ok(Some(m.range.clone()).filter(|range| !range.is_empty()))
+        }
+    }
 }
 
 /// Bytes of the matrices the forward pass reads in the mapping (the tied head counted once;

@@ -6,11 +6,11 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use half::f16;
-use rayon::prelude::*;
 use worker_common::backend::{Chunk, PAGE_SIZE, PageId};
 use worker_common::model::AttentionShape;
 
 use crate::kv::{LayerKv, key_index};
+use crate::team::Team;
 use widen::Widen;
 
 /// Where one row of a step sits: its position and the index of its chunk (whose page table it
@@ -46,7 +46,7 @@ pub struct Query<'a> {
 
 /// Attention of `query`'s rows, each row seeing positions up to its own of its chunk's
 /// sequence, writing `out` as `[row][head][head_dim_v]`.
-pub fn attention(query: Query<'_>, out: &mut [f32]) {
+pub fn attention(team: &Team, query: Query<'_>, out: &mut [f32]) {
     let Query {
         shape,
         q,
@@ -70,8 +70,8 @@ pub fn attention(query: Query<'_>, out: &mut [f32]) {
         // One task per (tile of rows, KV head): each key and value page is read once for the
         // tile's rows and the query heads that share it. Each row's operations are those it
         // would do alone, in the same order, so a row's result does not depend on its tile.
-        tasks.par_iter().for_each(|task| {
-            SCRATCH.with_borrow_mut(|scratch| simd::tile_task(&inputs, scratch, task, &out))
+        team.run(tasks.len(), &|i| {
+            SCRATCH.with_borrow_mut(|scratch| simd::tile_task(&inputs, scratch, &tasks[i], &out))
         });
     });
 }

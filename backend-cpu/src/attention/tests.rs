@@ -3,6 +3,7 @@ use worker_common::backend::Want;
 
 use super::*;
 use crate::kv::pool_row;
+use crate::team::Team;
 
 fn halves(values: &[f32]) -> Vec<f16> {
     values.iter().map(|&v| f16::from_f32(v)).collect()
@@ -90,7 +91,8 @@ fn run_with_sinks(
         chunks,
         sinks,
     };
-    attention(query, &mut out);
+    let team = Team::new(3).unwrap();
+    attention(&team, query, &mut out);
     out
 }
 

@@ -12,7 +12,7 @@ mod outputs;
 mod single;
 
 pub use decode_steps::{DecodeSteps, time_decode_steps};
-pub use outputs::{ChunkOutput, StepOutputs};
+pub use outputs::{ChunkOutput, StepOutputs, TaskRunner};
 pub use single::SingleSequence;
 
 use std::sync::Arc;

@@ -3,10 +3,14 @@
 //! sampler: [`StepOutputs::get`] answers them with [`BackendError::NonFiniteLogits`], whichever
 //! way the backend delivered them (a row, a greedy choice made on the host, a device's flag).
 
-use rayon::prelude::*;
+use std::sync::OnceLock;
 
 use super::{BackendError, Chunk, Want};
 use crate::sampling::{greedy_choice, masked_greedy_choice};
+
+/// Runs `body(i)` for every `i < tasks` and returns when all are done, in any order and on
+/// any threads: a backend's compute threads.
+pub type TaskRunner<'a> = dyn Fn(usize, &(dyn Fn(usize) + Sync)) + 'a;
 
 /// One chunk's result.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -112,10 +116,16 @@ impl StepOutputs {
 
     /// [`put_logits`](Self::put_logits) for every chunk of the step that has an output,
     /// `rows` holding their last positions' logits one after another in chunk order (extra
-    /// rows are ignored). The greedy choices, a scan of the vocabulary each, run in parallel on
-    /// the current rayon pool: one after another they held a step of many sequences on one
-    /// thread. Errors when `rows` holds fewer rows than chunks with an output.
-    pub fn put_rows(&mut self, chunks: &[Chunk<'_>], rows: &[f32]) -> Result<(), BackendError> {
+    /// rows are ignored). The greedy choices, a scan of the vocabulary each, are tasks the
+    /// backend's `run(tasks, body)` runs (`body(i)` for each `i < tasks`), in parallel on its
+    /// threads: one after another they held a step of many sequences on one thread. Errors
+    /// when `rows` holds fewer rows than chunks with an output.
+    pub fn put_rows(
+        &mut self,
+        chunks: &[Chunk<'_>],
+        rows: &[f32],
+        run: &TaskRunner<'_>,
+    ) -> Result<(), BackendError> {
         let mut row_of = rows.chunks_exact(self.vocab_size.max(1));
         let mut outputs = Vec::with_capacity(chunks.len());
         for (index, chunk) in chunks.iter().enumerate() {
@@ -128,15 +138,15 @@ impl StepOutputs {
             outputs.push((index, chunk.want, row));
         }
         let slots = &self.slots;
-        let choices: Vec<Option<Choice>> = outputs
-            .par_iter()
-            .map(|&(index, want, row)| match slots.get(index) {
-                Some(Slot::Greedy(_)) => Some(choose(want, row)),
-                _ => None,
-            })
-            .collect();
+        let choices: Vec<OnceLock<Choice>> = outputs.iter().map(|_| OnceLock::new()).collect();
+        run(outputs.len(), &|i| {
+            let (index, want, row) = outputs[i];
+            if let Some(Slot::Greedy(_)) = slots.get(index) {
+                let _ = choices[i].set(choose(want, row));
+            }
+        });
         for (&(index, want, row), choice) in outputs.iter().zip(choices) {
-            match choice {
+            match choice.into_inner() {
                 Some(choice) => self.set_choice(index, choice),
                 None => self.put_logits(index, want, row),
             }
@@ -348,6 +358,11 @@ mod tests {
         );
     }
 
+    /// Runs the tasks of `put_rows` one after another, backwards (any order must do).
+    fn serial(tasks: usize, body: &(dyn Fn(usize) + Sync)) {
+        (0..tasks).rev().for_each(body);
+    }
+
     /// `put_rows` hands each chunk what `put_logits` would, row by row in chunk order, skipping
     /// chunks without an output; too few rows is an error, not a panic.
     #[test]
@@ -371,7 +386,11 @@ mod tests {
         let (mut by_rows, mut one_by_one) = (StepOutputs::new(4), StepOutputs::new(4));
         assert!(by_rows.begin(&chunks, 1).is_ok());
         assert!(one_by_one.begin(&chunks, 1).is_ok());
-        assert!(by_rows.put_rows(&chunks, rows.as_flattened()).is_ok());
+        assert!(
+            by_rows
+                .put_rows(&chunks, rows.as_flattened(), &serial)
+                .is_ok()
+        );
         let with_output = [0, 2, 3, 4];
         for (&index, row) in with_output.iter().zip(&rows) {
             one_by_one.put_logits(index, chunks[index].want, row);
@@ -386,7 +405,7 @@ mod tests {
         assert_eq!(by_rows.get(0).ok(), Some(ChunkOutput::Greedy(1)));
         assert!(
             by_rows
-                .put_rows(&chunks, &rows.as_flattened()[..12])
+                .put_rows(&chunks, &rows.as_flattened()[..12], &serial)
                 .is_err()
         );
     }

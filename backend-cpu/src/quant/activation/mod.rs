@@ -5,10 +5,9 @@
 //! and only then is `d` stored as f16, so the stored scale and the quants may disagree by f16
 //! rounding, exactly as in ggml.
 
-use half::f16;
-use rayon::prelude::*;
-
 use super::DotError;
+use crate::team::Team;
+use half::f16;
 
 /// Elements per Q8_0 / Q8_1 block.
 pub const QK8: usize = 32;
@@ -107,8 +106,17 @@ fn whole_blocks(x: &[f32]) -> Result<(), DotError> {
 ///
 /// Errors, leaving `out` untouched, when `x.len()` is not a multiple of 32.
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) -> Result<(), DotError> {
+    quantize_q8_0_on(None, x, out)
+}
+
+/// [`quantize_q8_0`], long inputs split over `team`.
+pub(crate) fn quantize_q8_0_on(
+    team: Option<&Team>,
+    x: &[f32],
+    out: &mut Vec<BlockQ8_0>,
+) -> Result<(), DotError> {
     whole_blocks(x)?;
-    fill(x, out, ZERO_Q8_0, QK8, simd::q8_0);
+    fill(team, x, out, ZERO_Q8_0, QK8, simd::q8_0);
     Ok(())
 }
 
@@ -117,8 +125,17 @@ pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) -> Result<(), DotError
 ///
 /// Errors, leaving `out` untouched, when `x.len()` is not a multiple of 32.
 pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) -> Result<(), DotError> {
+    quantize_q8_1_on(None, x, out)
+}
+
+/// [`quantize_q8_1`], long inputs split over `team`.
+pub(crate) fn quantize_q8_1_on(
+    team: Option<&Team>,
+    x: &[f32],
+    out: &mut Vec<BlockQ8_1>,
+) -> Result<(), DotError> {
     whole_blocks(x)?;
-    fill(x, out, ZERO_Q8_1, QK8, simd::q8_1);
+    fill(team, x, out, ZERO_Q8_1, QK8, simd::q8_1);
     Ok(())
 }
 
@@ -179,8 +196,9 @@ const ZERO_Q8_K: BlockQ8K = BlockQ8K {
 const PARALLEL_ELEMENTS: usize = 8192;
 
 /// Replaces `out` with the blocks of `x` (a whole number of `block`-element blocks, checked by
-/// the caller), computed by `blocks`, in parallel on the current rayon pool for long inputs.
+/// the caller), computed by `blocks`, split over `team` for long inputs.
 fn fill<B: Copy + Send + Sync>(
+    team: Option<&Team>,
     x: &[f32],
     out: &mut Vec<B>,
     zero: B,
@@ -189,12 +207,16 @@ fn fill<B: Copy + Send + Sync>(
 ) {
     out.clear();
     out.resize(x.len() / block, zero);
-    if x.len() < 2 * PARALLEL_ELEMENTS {
-        blocks(x, out);
-    } else {
-        out.par_chunks_mut(PARALLEL_ELEMENTS / block)
-            .zip(x.par_chunks(PARALLEL_ELEMENTS))
-            .for_each(|(out, x)| blocks(x, out));
+    match team {
+        Some(team) if x.len() >= 2 * PARALLEL_ELEMENTS => {
+            let per_task = PARALLEL_ELEMENTS.next_multiple_of(block);
+            let mut tasks: Vec<_> = out
+                .chunks_mut(per_task / block)
+                .zip(x.chunks(per_task))
+                .collect();
+            team.for_each(&mut tasks, |(out, x)| blocks(x, out));
+        }
+        _ => blocks(x, out),
     }
 }
 
@@ -230,10 +252,19 @@ fn nearest_q8_k(x: f32) -> i8 {
 ///
 /// Errors, leaving `out` untouched, when `x.len()` is not a multiple of 256.
 pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>) -> Result<(), DotError> {
+    quantize_q8_k_on(None, x, out)
+}
+
+/// [`quantize_q8_k`], long inputs split over `team`.
+pub(crate) fn quantize_q8_k_on(
+    team: Option<&Team>,
+    x: &[f32],
+    out: &mut Vec<BlockQ8K>,
+) -> Result<(), DotError> {
     if !x.len().is_multiple_of(QK_K) {
         return Err(DotError::PartialSuperBlock { elements: x.len() });
     }
-    fill(x, out, ZERO_Q8_K, QK_K, simd::q8_k);
+    fill(team, x, out, ZERO_Q8_K, QK_K, simd::q8_k);
     Ok(())
 }
 
