@@ -85,13 +85,6 @@ fn scale_rows(rows: &mut [f32], sums: &[f64], weight: &[f32], eps: f32) {
     }
 }
 
-/// `out = norm(x) * weight` for each row of `x`, writing into `out`.
-pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut Vec<f32>) {
-    out.clear();
-    out.extend_from_slice(x);
-    rms_norm(out, weight, eps);
-}
-
 /// Adds `bias` to every `bias.len()`-wide row of `x`.
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {

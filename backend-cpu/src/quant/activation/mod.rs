@@ -191,8 +191,10 @@ const ZERO_Q8_K: BlockQ8K = BlockQ8K {
 };
 
 /// Elements per task when a long input (a prefill batch) is quantized in parallel; inputs
-/// shorter than two tasks (a decode step's row) stay on the calling thread. Each block is
-/// quantized on its own, so the split cannot change a bit.
+/// shorter than two tasks (a decode step's rows) stay on the calling thread, where they cost
+/// less than handing half to another core (split from 2,048 elements, a four-sequence SmolLM2
+/// step took 2.5 % longer). Each block is quantized on its own, so the split cannot change a
+/// bit.
 const PARALLEL_ELEMENTS: usize = 8192;
 
 /// Replaces `out` with the blocks of `x` (a whole number of `block`-element blocks, checked by
