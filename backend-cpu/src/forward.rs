@@ -233,13 +233,12 @@ impl Model<'_> {
             .angles
             .of(rope, self.plan.rope_factors.as_deref(), &buf.rows);
         let pairs = rope.dims / 2;
-        let mut rows: Vec<_> = buf
+        let rows = buf
             .q
             .chunks_exact_mut(qw)
             .zip(buf.k.chunks_exact_mut(kw))
-            .zip(angles.chunks_exact(pairs))
-            .collect();
-        self.each_row(&mut rows, |((q_row, k_row), angles)| {
+            .zip(angles.chunks_exact(pairs));
+        self.each_row(rows, |((q_row, k_row), angles)| {
             for head in q_row.chunks_exact_mut(hp.head_dim_k) {
                 ops::rope_apply(rope, head, angles);
             }
@@ -284,19 +283,24 @@ impl Model<'_> {
         let eps = self.plan.hp.norm_eps;
         normed.clear();
         normed.extend_from_slice(x);
-        let mut rows: Vec<_> = normed.chunks_exact_mut(weight.len()).collect();
-        self.each_row(&mut rows, |row| ops::rms_norm(row, weight, eps));
+        let rows = normed.chunks_exact_mut(weight.len());
+        self.each_row(rows, |row| ops::rms_norm(row, weight, eps));
     }
 
     /// Runs `body` on each of a step's rows (`rows`, one item per row): spread over the team
     /// for a prefill's many rows, on this thread for a decode step's few, whose per-row work
     /// (a few microseconds) costs less than handing half of it to another core: split, a
     /// four-sequence SmolLM2 step took 2.5–3 % longer (steps alternated).
-    fn each_row<T: Send>(&self, rows: &mut [T], body: impl Fn(&mut T) + Sync) {
+    fn each_row<T: Send>(
+        &self,
+        rows: impl ExactSizeIterator<Item = T>,
+        body: impl Fn(&mut T) + Sync,
+    ) {
         if rows.len() >= PARALLEL_ROWS {
-            self.team.for_each(rows, body);
+            let mut rows: Vec<T> = rows.collect();
+            self.team.for_each(&mut rows, body);
         } else {
-            rows.iter_mut().for_each(body);
+            rows.for_each(|mut row| body(&mut row));
         }
     }
 
@@ -307,13 +311,12 @@ impl Model<'_> {
         let eps = self.plan.hp.norm_eps;
         let width = self.plan.hp.n_embd;
         buf.normed.resize(buf.x.len(), 0.0);
-        let mut rows: Vec<_> = buf
+        let rows = buf
             .x
             .chunks_exact_mut(width)
             .zip(buf.projected.chunks_exact_mut(width))
-            .zip(buf.normed.chunks_exact_mut(width))
-            .collect();
-        self.each_row(&mut rows, |((x, projected), normed)| {
+            .zip(buf.normed.chunks_exact_mut(width));
+        self.each_row(rows, |((x, projected), normed)| {
             if let Some(norm) = post_norm {
                 ops::rms_norm(projected, norm, eps);
             }
@@ -385,12 +388,8 @@ impl Model<'_> {
         }
         let activation = self.plan.activation;
         let width = buf.gate.len() / n;
-        let mut rows: Vec<_> = buf
-            .gate
-            .chunks_mut(width)
-            .zip(buf.up.chunks(width))
-            .collect();
-        self.each_row(&mut rows, |(gate, up)| ops::gated(activation, gate, up));
+        let rows = buf.gate.chunks_mut(width).zip(buf.up.chunks(width));
+        self.each_row(rows, |(gate, up)| ops::gated(activation, gate, up));
         let gate = std::mem::take(&mut buf.gate);
         let result = self.project(down, &gate, n, &mut buf.projected, &mut buf.matmul);
         buf.gate = gate;

@@ -159,23 +159,28 @@ pub fn matmul_group(
         .next_multiple_of(2 * GROUP);
     // Each task: a run of one matrix's rows, and where its outputs go: that run of each
     // token's output row, which the kernels write in place.
-    let mut tasks = Vec::new();
+    // Every task's pieces side by side (task-major: a task's are `n` consecutive ones), then the
+    // tasks as views of them: three allocations a call, not one per task.
+    let total_tasks: usize = outs
+        .iter()
+        .map(|out| (out.len() / n).div_ceil(rows_per_task))
+        .sum();
+    let mut pieces: Vec<&mut [f32]> = Vec::with_capacity(total_tasks * n);
+    let mut starts = Vec::with_capacity(total_tasks);
     for (i, out) in outs.iter_mut().enumerate() {
         let rows = out.len() / n;
-        let mut per_task: Vec<Vec<&mut [f32]>> = (0..rows.div_ceil(rows_per_task))
-            .map(|_| Vec::with_capacity(n))
+        let mut tokens: Vec<_> = out
+            .chunks_mut(rows)
+            .map(|token| token.chunks_mut(rows_per_task))
             .collect();
-        for token in out.chunks_mut(rows) {
-            for (pieces, piece) in per_task.iter_mut().zip(token.chunks_mut(rows_per_task)) {
-                pieces.push(piece);
-            }
-        }
-        for (task, pieces) in per_task.into_iter().enumerate() {
-            tasks.push((i, task * rows_per_task, pieces));
+        for task in 0..rows.div_ceil(rows_per_task) {
+            pieces.extend(tokens.iter_mut().filter_map(Iterator::next));
+            starts.push((i, task * rows_per_task));
         }
     }
+    let mut tasks: Vec<_> = starts.into_iter().zip(pieces.chunks_mut(n)).collect();
     let failure = Mutex::new(None);
-    team.for_each(&mut tasks, |(i, first_row, pieces)| {
+    team.for_each(&mut tasks, |((i, first_row), pieces)| {
         let (w, (kernel, data)) = (ws[*i], kernels[*i]);
         let task_rows = pieces.first().map_or(0, |piece| piece.len());
         let rows = *first_row..*first_row + task_rows;
