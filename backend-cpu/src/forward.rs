@@ -233,17 +233,21 @@ impl Model<'_> {
             .angles
             .of(rope, self.plan.rope_factors.as_deref(), &buf.rows);
         let pairs = rope.dims / 2;
-        let rows = buf
+        let g = self.row_group(n);
+        let groups = buf
             .q
-            .chunks_exact_mut(qw)
-            .zip(buf.k.chunks_exact_mut(kw))
-            .zip(angles.chunks_exact(pairs));
-        self.each_row(rows, |((q_row, k_row), angles)| {
-            for head in q_row.chunks_exact_mut(hp.head_dim_k) {
-                ops::rope_apply(rope, head, angles);
-            }
-            for head in k_row.chunks_exact_mut(hp.head_dim_k) {
-                ops::rope_apply(rope, head, angles);
+            .chunks_mut(qw * g)
+            .zip(buf.k.chunks_mut(kw * g))
+            .zip(angles.chunks(pairs * g));
+        self.each_group(groups, |((q, k), angles)| {
+            let rows = q.chunks_exact_mut(qw).zip(k.chunks_exact_mut(kw));
+            for ((q_row, k_row), angles) in rows.zip(angles.chunks_exact(pairs)) {
+                for head in q_row.chunks_exact_mut(hp.head_dim_k) {
+                    ops::rope_apply(rope, head, angles);
+                }
+                for head in k_row.chunks_exact_mut(hp.head_dim_k) {
+                    ops::rope_apply(rope, head, angles);
+                }
             }
         });
         // Every row's keys and values are stored before any row attends: a prefill row
@@ -278,45 +282,56 @@ impl Model<'_> {
         Ok(())
     }
 
-    /// `normed = norm(x) · weight`, a row per task.
+    /// `normed = norm(x) · weight` of every row.
     fn norm_rows(&self, x: &[f32], weight: &[f32], normed: &mut Vec<f32>) {
         let eps = self.plan.hp.norm_eps;
         normed.clear();
         normed.extend_from_slice(x);
-        let rows = normed.chunks_exact_mut(weight.len());
-        self.each_row(rows, |row| ops::rms_norm(row, weight, eps));
+        let g = self.row_group(x.len() / weight.len());
+        let groups = normed.chunks_mut(weight.len() * g);
+        self.each_group(groups, |rows| ops::rms_norm(rows, weight, eps));
     }
 
-    /// Runs `body` on each of a step's rows (`rows`, one item per row): spread over the team
-    /// for a prefill's many rows, on this thread for a decode step's few, whose per-row work
-    /// (a few microseconds) costs less than handing half of it to another core: split, a
-    /// four-sequence SmolLM2 step took 2.5–3 % longer (steps alternated).
-    fn each_row<T: Send>(
-        &self,
-        rows: impl ExactSizeIterator<Item = T>,
-        body: impl Fn(&mut T) + Sync,
-    ) {
-        if rows.len() >= PARALLEL_ROWS {
-            let mut rows: Vec<T> = rows.collect();
-            self.team.for_each(&mut rows, body);
+    /// Rows per group of the per-row work of a step of `n` rows: all of them for a decode
+    /// step's few, whose per-row work (a few microseconds) costs less than handing half of it
+    /// to another core (split, a four-sequence SmolLM2 step took 2.5–3 % longer, steps
+    /// alternated); [`ROWS_PER_TASK`] for a prefill's many, spread over the team. Rows stay
+    /// together so that the norms' per-row sums run side by side (`ops::rms_norm`).
+    fn row_group(&self, n: usize) -> usize {
+        if n >= PARALLEL_ROWS {
+            ROWS_PER_TASK
         } else {
-            rows.for_each(|mut row| body(&mut row));
+            n.max(1)
         }
     }
 
-    /// A block's residual, a row per task: `x += post_norm(projected)` (Gemma's norm of the
-    /// block output, when the model has one), then `normed = next_norm(x)` for the next block,
-    /// if there is one.
+    /// Runs `body` on each group of rows of `groups` (see [`Self::row_group`]): over the team
+    /// when there are several.
+    fn each_group<T: Send>(
+        &self,
+        groups: impl ExactSizeIterator<Item = T>,
+        body: impl Fn(&mut T) + Sync,
+    ) {
+        if groups.len() > 1 {
+            let mut groups: Vec<T> = groups.collect();
+            self.team.for_each(&mut groups, body);
+        } else {
+            groups.for_each(|mut group| body(&mut group));
+        }
+    }
+
+    /// A block's residual: `x += post_norm(projected)` (Gemma's norm of the block output, when
+    /// the model has one), then `normed = next_norm(x)` for the next block, if there is one.
     fn residual(&self, post_norm: Option<&[f32]>, next_norm: Option<&[f32]>, buf: &mut Buffers) {
         let eps = self.plan.hp.norm_eps;
-        let width = self.plan.hp.n_embd;
+        let width = self.plan.hp.n_embd * self.row_group(buf.rows.len());
         buf.normed.resize(buf.x.len(), 0.0);
-        let rows = buf
+        let groups = buf
             .x
-            .chunks_exact_mut(width)
-            .zip(buf.projected.chunks_exact_mut(width))
-            .zip(buf.normed.chunks_exact_mut(width));
-        self.each_row(rows, |((x, projected), normed)| {
+            .chunks_mut(width)
+            .zip(buf.projected.chunks_mut(width))
+            .zip(buf.normed.chunks_mut(width));
+        self.each_group(groups, |((x, projected), normed)| {
             if let Some(norm) = post_norm {
                 ops::rms_norm(projected, norm, eps);
             }
@@ -387,9 +402,9 @@ impl Model<'_> {
             }
         }
         let activation = self.plan.activation;
-        let width = buf.gate.len() / n;
-        let rows = buf.gate.chunks_mut(width).zip(buf.up.chunks(width));
-        self.each_row(rows, |(gate, up)| ops::gated(activation, gate, up));
+        let width = buf.gate.len() / n * self.row_group(n);
+        let groups = buf.gate.chunks_mut(width).zip(buf.up.chunks(width));
+        self.each_group(groups, |(gate, up)| ops::gated(activation, gate, up));
         let gate = std::mem::take(&mut buf.gate);
         let result = self.project(down, &gate, n, &mut buf.projected, &mut buf.matmul);
         buf.gate = gate;
@@ -441,8 +456,10 @@ impl StepAngles {
     }
 }
 
-/// Rows from which the per-row work of a step is spread over the team (see `each_row`).
+/// Rows from which the per-row work of a step is spread over the team, and how many rows each
+/// task takes (see `Model::row_group`).
 const PARALLEL_ROWS: usize = 16;
+const ROWS_PER_TASK: usize = 8;
 
 /// Splits each row of `fused` (the concatenation of parts of `widths`) into `outs`.
 fn split(fused: &[f32], widths: &[usize], outs: &mut [&mut Vec<f32>]) {
