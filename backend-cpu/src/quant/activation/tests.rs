@@ -21,6 +21,21 @@ fn bits<T: std::fmt::Debug>(v: &[T]) -> Vec<String> {
     v.iter().map(|b| format!("{b:?}")).collect()
 }
 
+/// A quantizer that splits long inputs over a team.
+type OnTeam<B> = fn(Option<&Team>, &[f32], &mut Vec<B>) -> Result<(), DotError>;
+
+/// `quantize`'s bits on `team` and on the calling thread alone.
+fn split_and_alone<B: std::fmt::Debug>(
+    quantize: OnTeam<B>,
+    team: &Team,
+    x: &[f32],
+) -> (Vec<String>, Vec<String>) {
+    let (mut split, mut alone) = (Vec::new(), Vec::new());
+    quantize(Some(team), x, &mut split).unwrap();
+    quantize(None, x, &mut alone).unwrap();
+    (bits(&split), bits(&alone))
+}
+
 /// The vectorizable rounding equals `roundf` then the saturating cast for every kind of
 /// value: halves either side of zero, the largest floats below a half, integers beyond the
 /// i8 range, infinities and NaN.
@@ -57,11 +72,12 @@ fn quant_rounds_as_roundf_and_saturates() {
     }
 }
 
-/// The AVX2- and AVX-512-compiled, parallel loops give the bits of the plain per-block code,
-/// on short (one thread) and long (several tasks) inputs.
+/// The AVX2- and AVX-512-compiled loops give the bits of the plain per-block code, and split
+/// over a team (long inputs: several tasks) the bits of the calling thread alone.
 #[test]
 fn simd_and_parallel_quantization_equal_the_plain_blocks() {
     let mut rng = Rng(0x5EED_0AC7_1A7E_0001);
+    let team = Team::new(3).unwrap();
     // 18 Q8 blocks (a 576-wide row): the loops' last run of eight blocks is partial.
     for len in [18 * QK8, QK_K, 3 * QK_K, 2 * PARALLEL_ELEMENTS + 5 * QK_K] {
         let x = inputs(&mut rng, len);
@@ -92,6 +108,14 @@ fn simd_and_parallel_quantization_equal_the_plain_blocks() {
             bits(&q)
         };
         let whole_super_blocks = len.is_multiple_of(QK_K);
+        let (split, alone) = split_and_alone(quantize_q8_0_on, &team, &x);
+        assert_eq!(split, alone, "{len} elements, Q8_0 over the team");
+        let (split, alone) = split_and_alone(quantize_q8_1_on, &team, &x);
+        assert_eq!(split, alone, "{len} elements, Q8_1 over the team");
+        if whole_super_blocks {
+            let (split, alone) = split_and_alone(quantize_q8_k_on, &team, &x);
+            assert_eq!(split, alone, "{len} elements, Q8_K over the team");
+        }
         let formats = [q8_0, q8_1, q8_k];
         let tested = if whole_super_blocks { 3 } else { 2 };
         for f in &formats[..tested] {
