@@ -29,7 +29,7 @@ pub struct MatmulScratch {
     q8_0: Vec<BlockQ8_0>,
     q8_1: Vec<BlockQ8_1>,
     q8_k: Vec<BlockQ8K>,
-    /// `kernels::block_meta` of the Q8_0 and of the Q8_1 blocks.
+    /// The Q8_0 and the Q8_1 blocks' metadata, from their quantizer.
     q8_0_meta: Vec<BlockMeta>,
     q8_1_meta: Vec<BlockMeta>,
 }
@@ -47,7 +47,7 @@ impl MatmulScratch {
 /// The activations of one call in the kernel's format; row `t` is token `t`.
 #[derive(Clone, Copy)]
 enum Activations<'a> {
-    /// The rows, and their `kernels::block_meta`.
+    /// The rows, and their blocks' metadata.
     Legacy(Legacy, Q8Rows<'a>, &'a [BlockMeta]),
     KQuant(KQuant, &'a [BlockQ8K]),
     Float(FloatDot, &'a [f32]),
@@ -133,12 +133,10 @@ pub fn matmul_group(
     let quantized = |e: dot::DotError| BackendError::InvalidModel(format!("{}: {e}", first.name));
     let needs = |f: fn(Kernel) -> bool| kernels.iter().any(|&(k, _)| f(k));
     if needs(|k| matches!(k, Kernel::Legacy(f) if !f.uses_q8_1())) {
-        quantize_q8_0_on(Some(team), x, q8_0).map_err(quantized)?;
-        kernels::block_meta(Q8Rows::Q8_0(q8_0), q8_0_meta);
+        quantize_q8_0_on(Some(team), x, q8_0, q8_0_meta).map_err(quantized)?;
     }
     if needs(|k| matches!(k, Kernel::Legacy(f) if f.uses_q8_1())) {
-        quantize_q8_1_on(Some(team), x, q8_1).map_err(quantized)?;
-        kernels::block_meta(Q8Rows::Q8_1(q8_1), q8_1_meta);
+        quantize_q8_1_on(Some(team), x, q8_1, q8_1_meta).map_err(quantized)?;
     }
     if needs(|k| matches!(k, Kernel::KQuant(_))) {
         quantize_q8_k_on(Some(team), x, q8_k).map_err(quantized)?;

@@ -331,23 +331,14 @@ pub struct BlockMeta {
     pub sum: i32,
 }
 
-/// [`BlockMeta`] of every activation block, into `out`.
+/// [`BlockMeta`] of every activation block, into `out`: for blocks from elsewhere than the
+/// quantizer (tests, benchmarks), which computes the same in the pass that makes its blocks
+/// (`quant::activation`).
 pub fn block_meta(activations: Q8Rows<'_>, out: &mut Vec<BlockMeta>) {
     out.clear();
-    #[cfg(target_arch = "x86_64")]
-    if crate::isa::avx2() {
-        // SAFETY: AVX2 and F16C were detected on this CPU (`isa::avx2`).
-        unsafe {
-            match activations {
-                Q8Rows::Q8_0(a) => metas_f16c(a, out),
-                Q8Rows::Q8_1(a) => metas_f16c(a, out),
-            }
-        }
-        return;
-    }
     match activations {
-        Q8Rows::Q8_0(a) => out.extend(a.iter().map(|b| meta(b, f16::to_f32))),
-        Q8Rows::Q8_1(a) => out.extend(a.iter().map(|b| meta(b, f16::to_f32))),
+        Q8Rows::Q8_0(a) => out.extend(a.iter().map(meta_of)),
+        Q8Rows::Q8_1(a) => out.extend(a.iter().map(meta_of)),
     }
 }
 
@@ -380,31 +371,14 @@ impl ActBlock for BlockQ8_1 {
     }
 }
 
-/// `block`'s [`BlockMeta`], its f16 scales widened by `widen`.
-#[inline(always)]
-fn meta(block: &impl ActBlock, widen: impl Fn(f16) -> f32) -> BlockMeta {
+/// `block`'s [`BlockMeta`].
+pub(crate) fn meta_of(block: &impl ActBlock) -> BlockMeta {
     let (d, s) = block.scales();
     BlockMeta {
-        d: widen(d),
-        s: s.map_or(0.0, &widen),
+        d: d.to_f32(),
+        s: s.map_or(0.0, f16::to_f32),
         sum: block.qs().iter().map(|&q| i32::from(q)).sum(),
     }
-}
-
-/// [`block_meta`]'s loop compiled for AVX2 and F16C: the quant sums vectorize, and each scale
-/// is widened by one instruction instead of a call that checks for F16C (exact either way, so
-/// the same values).
-///
-/// # Safety
-///
-/// The CPU must have AVX2 and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn metas_f16c(blocks: &[impl ActBlock], out: &mut Vec<BlockMeta>) {
-    use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32};
-    // The intrinsics are safe here: F16C is enabled in this function (and its closures).
-    let widen = |h: f16| _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits().into())));
-    out.extend(blocks.iter().map(|b| meta(b, widen)));
 }
 
 /// Checks the shapes and the activation type (Q8_1 exactly for the formats with an offset);

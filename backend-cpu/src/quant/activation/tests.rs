@@ -21,19 +21,47 @@ fn bits<T: std::fmt::Debug>(v: &[T]) -> Vec<String> {
     v.iter().map(|b| format!("{b:?}")).collect()
 }
 
-/// A quantizer that splits long inputs over a team.
-type OnTeam<B> = fn(Option<&Team>, &[f32], &mut Vec<B>) -> Result<(), DotError>;
+/// A quantizer that may split long inputs over a team, giving the bits of its blocks and of
+/// what it computes beside them.
+type OnTeam = fn(Option<&Team>, &[f32]) -> Vec<String>;
+
+/// The metadata's exact bits.
+fn meta_bits(meta: &[BlockMeta]) -> Vec<String> {
+    let bits = |m: &BlockMeta| format!("{:08x} {:08x} {}", m.d.to_bits(), m.s.to_bits(), m.sum);
+    meta.iter().map(bits).collect()
+}
+
+/// Q8_0 blocks and metadata, which must be `kernels::block_meta` of the blocks. The buffers
+/// start with stale blocks of another size, as the matmul scratch holds between calls.
+fn q8_0_on(team: Option<&Team>, x: &[f32]) -> Vec<String> {
+    let (mut q, mut meta) = (vec![ZERO_Q8_0; 7], vec![ZERO_META; 500]);
+    quantize_q8_0_on(team, x, &mut q, &mut meta).unwrap();
+    let mut reference = Vec::new();
+    crate::kernels::block_meta(crate::kernels::Q8Rows::Q8_0(&q), &mut reference);
+    assert_eq!(meta_bits(&meta), meta_bits(&reference), "Q8_0 metadata");
+    bits(&q)
+}
+
+/// [`q8_0_on`] for Q8_1.
+fn q8_1_on(team: Option<&Team>, x: &[f32]) -> Vec<String> {
+    let (mut q, mut meta) = (vec![ZERO_Q8_1; 500], vec![ZERO_META; 7]);
+    quantize_q8_1_on(team, x, &mut q, &mut meta).unwrap();
+    let mut reference = Vec::new();
+    crate::kernels::block_meta(crate::kernels::Q8Rows::Q8_1(&q), &mut reference);
+    assert_eq!(meta_bits(&meta), meta_bits(&reference), "Q8_1 metadata");
+    bits(&q)
+}
+
+/// Q8_K super-blocks.
+fn q8_k_on(team: Option<&Team>, x: &[f32]) -> Vec<String> {
+    let mut q = vec![ZERO_Q8_K; 3];
+    quantize_q8_k_on(team, x, &mut q).unwrap();
+    bits(&q)
+}
 
 /// `quantize`'s bits on `team` and on the calling thread alone.
-fn split_and_alone<B: std::fmt::Debug>(
-    quantize: OnTeam<B>,
-    team: &Team,
-    x: &[f32],
-) -> (Vec<String>, Vec<String>) {
-    let (mut split, mut alone) = (Vec::new(), Vec::new());
-    quantize(Some(team), x, &mut split).unwrap();
-    quantize(None, x, &mut alone).unwrap();
-    (bits(&split), bits(&alone))
+fn split_and_alone(quantize: OnTeam, team: &Team, x: &[f32]) -> (Vec<String>, Vec<String>) {
+    (quantize(Some(team), x), quantize(None, x))
 }
 
 /// The vectorizable rounding equals `roundf` then the saturating cast for every kind of
@@ -73,7 +101,8 @@ fn quant_rounds_as_roundf_and_saturates() {
 }
 
 /// The AVX2- and AVX-512-compiled loops give the bits of the plain per-block code, and split
-/// over a team (long inputs: several tasks) the bits of the calling thread alone.
+/// over a team (long inputs: several tasks) the bits of the calling thread alone; the
+/// metadata computed beside the blocks is `kernels::block_meta`'s at every level.
 #[test]
 fn simd_and_parallel_quantization_equal_the_plain_blocks() {
     let mut rng = Rng(0x5EED_0AC7_1A7E_0001);
@@ -92,28 +121,16 @@ fn simd_and_parallel_quantization_equal_the_plain_blocks() {
             simd::LEVEL.store(2, std::sync::atomic::Ordering::Relaxed);
             runs
         };
-        let q8_0 = |x: &[f32]| {
-            let mut q = Vec::new();
-            quantize_q8_0(x, &mut q).unwrap();
-            bits(&q)
-        };
-        let q8_1 = |x: &[f32]| {
-            let mut q = Vec::new();
-            quantize_q8_1(x, &mut q).unwrap();
-            bits(&q)
-        };
-        let q8_k = |x: &[f32]| {
-            let mut q = Vec::new();
-            quantize_q8_k(x, &mut q).unwrap();
-            bits(&q)
-        };
+        let q8_0 = |x: &[f32]| q8_0_on(None, x);
+        let q8_1 = |x: &[f32]| q8_1_on(None, x);
+        let q8_k = |x: &[f32]| q8_k_on(None, x);
         let whole_super_blocks = len.is_multiple_of(QK_K);
-        let (split, alone) = split_and_alone(quantize_q8_0_on, &team, &x);
+        let (split, alone) = split_and_alone(q8_0_on, &team, &x);
         assert_eq!(split, alone, "{len} elements, Q8_0 over the team");
-        let (split, alone) = split_and_alone(quantize_q8_1_on, &team, &x);
+        let (split, alone) = split_and_alone(q8_1_on, &team, &x);
         assert_eq!(split, alone, "{len} elements, Q8_1 over the team");
         if whole_super_blocks {
-            let (split, alone) = split_and_alone(quantize_q8_k_on, &team, &x);
+            let (split, alone) = split_and_alone(q8_k_on, &team, &x);
             assert_eq!(split, alone, "{len} elements, Q8_K over the team");
         }
         let formats = [q8_0, q8_1, q8_k];
