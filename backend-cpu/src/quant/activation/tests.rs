@@ -1,6 +1,7 @@
 //! The activation quantizers against ggml's reference formulas and each other.
 
 use super::*;
+use crate::kernels::Q8Rows;
 use crate::quant::test_rng::Rng;
 
 /// Random activations with zero blocks, ties, NaN and infinities mixed in.
@@ -31,25 +32,36 @@ fn meta_bits(meta: &[BlockMeta]) -> Vec<String> {
     meta.iter().map(bits).collect()
 }
 
-/// Q8_0 blocks and metadata, which must be `kernels::block_meta` of the blocks. The buffers
-/// start with stale blocks of another size, as the matmul scratch holds between calls.
-fn q8_0_on(team: Option<&Team>, x: &[f32]) -> Vec<String> {
-    let (mut q, mut meta) = (vec![ZERO_Q8_0; 7], vec![ZERO_META; 500]);
-    quantize_q8_0_on(team, x, &mut q, &mut meta).unwrap();
+/// A Q8_0 or Q8_1 quantizer that writes the blocks' metadata beside them.
+type WithMeta<B> =
+    fn(Option<&Team>, &[f32], &mut Vec<B>, &mut Vec<BlockMeta>) -> Result<(), DotError>;
+
+/// `quantize`'s blocks, checking that its metadata is `kernels::block_meta` of them (`rows`
+/// views the blocks as the kernels do). The buffers start with `stale` blocks of other sizes,
+/// as the matmul scratch holds them between calls.
+fn with_meta<B: Copy + std::fmt::Debug>(
+    quantize: WithMeta<B>,
+    rows: fn(&[B]) -> Q8Rows<'_>,
+    stale: B,
+    team: Option<&Team>,
+    x: &[f32],
+) -> Vec<String> {
+    let (mut q, mut meta) = (vec![stale; 7], vec![ZERO_META; 500]);
+    quantize(team, x, &mut q, &mut meta).unwrap();
     let mut reference = Vec::new();
-    crate::kernels::block_meta(crate::kernels::Q8Rows::Q8_0(&q), &mut reference);
-    assert_eq!(meta_bits(&meta), meta_bits(&reference), "Q8_0 metadata");
+    crate::kernels::block_meta(rows(&q), &mut reference);
+    assert_eq!(meta_bits(&meta), meta_bits(&reference), "metadata");
     bits(&q)
 }
 
-/// [`q8_0_on`] for Q8_1.
+/// Q8_0 blocks, through [`with_meta`].
+fn q8_0_on(team: Option<&Team>, x: &[f32]) -> Vec<String> {
+    with_meta(quantize_q8_0_on, |q| Q8Rows::Q8_0(q), ZERO_Q8_0, team, x)
+}
+
+/// Q8_1 blocks, through [`with_meta`].
 fn q8_1_on(team: Option<&Team>, x: &[f32]) -> Vec<String> {
-    let (mut q, mut meta) = (vec![ZERO_Q8_1; 500], vec![ZERO_META; 7]);
-    quantize_q8_1_on(team, x, &mut q, &mut meta).unwrap();
-    let mut reference = Vec::new();
-    crate::kernels::block_meta(crate::kernels::Q8Rows::Q8_1(&q), &mut reference);
-    assert_eq!(meta_bits(&meta), meta_bits(&reference), "Q8_1 metadata");
-    bits(&q)
+    with_meta(quantize_q8_1_on, |q| Q8Rows::Q8_1(q), ZERO_Q8_1, team, x)
 }
 
 /// Q8_K super-blocks.
