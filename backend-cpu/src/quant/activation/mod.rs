@@ -193,7 +193,7 @@ fn block_q8_1(x: &[f32; QK8]) -> BlockQ8_1 {
     }
 }
 
-// The blocks `fill` sizes its output with before overwriting every one.
+// The blocks (and metadata) `fill` sizes its outputs with before overwriting every one.
 const ZERO_Q8_0: BlockQ8_0 = BlockQ8_0 {
     d: f16::ZERO,
     qs: [0; QK8],

@@ -288,7 +288,7 @@ mod x86 {
         x: &[f32; QK8],
         (d, id): (f32, f32),
     ) -> (BlockQ8_0, BlockMeta) {
-        // SAFETY: forwarded from the caller.
+        // SAFETY (both blocks): forwarded from the caller.
         let (qs, sum) = unsafe { quantize_with::<WIDE>(x, id) };
         let ([d16, _], [d, _]) = unsafe { scales(d, 0.0) };
         (BlockQ8_0 { d: d16, qs }, BlockMeta { d, s: 0.0, sum })
@@ -300,9 +300,9 @@ mod x86 {
         x: &[f32; QK8],
         (d, id): (f32, f32),
     ) -> (BlockQ8_1, BlockMeta) {
-        // SAFETY: forwarded from the caller.
+        // SAFETY (both blocks): forwarded from the caller. The sum is at most 32 * 127 in
+        // magnitude: exact in f32, as in the plain block.
         let (qs, sum) = unsafe { quantize_with::<WIDE>(x, id) };
-        // At most 32 * 127 in magnitude: exact in f32, as in the plain block.
         let ([d16, s16], [d, s]) = unsafe { scales(d, sum as f32 * d) };
         (BlockQ8_1 { d: d16, s: s16, qs }, BlockMeta { d, s, sum })
     }
