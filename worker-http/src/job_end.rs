@@ -33,8 +33,8 @@ pub enum JobEnd {
         /// What happened, for the client.
         message: String,
         /// Whether the request may succeed if sent again: the code's own answer, except for
-        /// jobs ended by a device fault that failed the worker (`CUDA_ERROR`, retriable on
-        /// another worker: the request is not at fault).
+        /// jobs ended by a failure of the worker (a device fault's `CUDA_ERROR`, a panic's
+        /// `INTERNAL`: retriable on another worker, the request is not at fault).
         retriable: bool,
     },
 }
@@ -85,11 +85,11 @@ impl JobEnd {
         }
     }
 
-    /// A job the worker could not run because its device failed for good: `CUDA_ERROR`,
-    /// retriable on another worker.
-    pub fn device_lost(message: impl Into<String>) -> Self {
+    /// A job the worker could not finish because the worker failed for good (its device, or
+    /// a panic in its engine): `code`, retriable on another worker (the request is not at fault).
+    pub fn worker_failed(code: ErrorCode, message: impl Into<String>) -> Self {
         JobEnd::Failed {
-            code: ErrorCode::CudaError,
+            code,
             message: message.into(),
             retriable: true,
         }

@@ -2,10 +2,12 @@
 //! drain on SIGTERM, SIGINT or `/shutdown` → exit.
 
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use worker_common::backend::Load;
@@ -92,10 +94,12 @@ pub async fn serve<B: Load>(flags: CommonFlags, options: B::Options) -> Result<(
             "listening beyond loopback without --api-key: anyone who reaches the port can run, cancel and stop jobs"
         );
     }
-    let shared = Arc::new(Shared::new(
-        settings::<B>(&flags, access),
-        flags.queue_depth as usize,
-    ));
+    let test_engine_panic = engine::engine_panic_from_env().map_err(StartError::Config)?;
+    let settings = Settings {
+        test_engine_panic,
+        ..settings::<B>(&flags, access)
+    };
+    let shared = Arc::new(Shared::new(settings, flags.queue_depth as usize));
     let limits = ConnectionLimits::new(
         flags.max_connections.map(|max| max as usize),
         Duration::from_secs(flags.http_idle_timeout_sec),
@@ -125,7 +129,12 @@ pub async fn serve<B: Load>(flags: CommonFlags, options: B::Options) -> Result<(
         let _ = server_stopped.await;
     };
     let stats = shared.connections.clone();
-    let server = tokio::spawn(connections::serve(listener, app, limits, stats, shutdown));
+    let listening = connections::serve(listener, app, limits, stats, shutdown);
+    let server = tokio::spawn(fail_on_panic(
+        shared.clone(),
+        "the HTTP listener",
+        listening,
+    ));
     tokio::spawn(forward_signals(shared.clone()));
     tokio::select! {
         loaded = ready_rx => match loaded {
@@ -227,6 +236,7 @@ fn settings<B: Load>(flags: &CommonFlags, access: Access) -> Settings {
         worker_type: B::WORKER_TYPE,
         memory_architecture: B::MEMORY_ARCHITECTURE,
         access,
+        test_engine_panic: None,
     }
 }
 
@@ -301,6 +311,30 @@ async fn drain(shared: &Arc<Shared>, engine: JoinHandle<()>) {
 
 /// How long the drain waits for the engine after cancelling its running jobs.
 const ENGINE_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `task`; if it panics, the worker fails (`INTERNAL`: it can no longer serve what that
+/// task served) and the server is woken to drain and exit 1 after the grace.
+pub(crate) async fn fail_on_panic(
+    shared: Arc<Shared>,
+    what: &'static str,
+    task: impl Future<Output = ()>,
+) {
+    let Err(payload) = AssertUnwindSafe(task).catch_unwind().await else {
+        return;
+    };
+    let message = format!(
+        "{what} panicked: {}",
+        engine::panic_message(payload.as_ref())
+    );
+    tracing::error!(
+        event = "error",
+        worker_id = shared.settings.worker_id.as_str(),
+        code = ErrorCode::Internal.as_str(),
+        "{message}; exiting"
+    );
+    shared.fail(ErrorCode::Internal.as_str(), message);
+    shared.shutdown.notify_one();
+}
 
 /// Turns SIGTERM and SIGINT into a drain.
 async fn forward_signals(shared: Arc<Shared>) {

@@ -47,6 +47,8 @@ pub struct Settings {
     pub memory_architecture: &'static str,
     /// The API key and the accepted `Host` names.
     pub access: crate::routes::Access,
+    /// The engine step after which the engine panics (`LLORCH_TEST_ENGINE_PANIC`, tests only).
+    pub test_engine_panic: Option<u64>,
 }
 
 /// The loaded model's facts, and what turns prompts into tokens.

@@ -352,8 +352,9 @@ fn fnv1a_from(hash: u64, bytes: &[u8]) -> u64 {
     })
 }
 
-/// A job's events as the engine sends them, ending after the terminal one. Dropping it before
-/// the end (the client went away) cancels the job, queued or running.
+/// A job's events as the engine sends them, ending after the terminal one (one `INTERNAL` end
+/// if the sender goes away without one). Dropping it before the end (the client went away)
+/// cancels the job, queued or running.
 pub struct JobEvents {
     job_id: String,
     receiver: mpsc::UnboundedReceiver<JobEvent>,
@@ -380,10 +381,19 @@ impl Stream for JobEvents {
         if self.ended {
             return Poll::Ready(None);
         }
-        let event = std::task::ready!(self.receiver.poll_recv(cx));
-        self.ended = matches!(event, None | Some(JobEvent::End(_)));
-        Poll::Ready(event)
+        let event = std::task::ready!(self.receiver.poll_recv(cx)).unwrap_or_else(lost);
+        self.ended = matches!(event, JobEvent::End(_));
+        Poll::Ready(Some(event))
     }
+}
+
+/// The end of a job whose events' sender went away before its end: the engine thread died with
+/// it (the engine ends every job it holds, so this is the last line of defence).
+fn lost() -> JobEvent {
+    JobEvent::End(JobEnd::worker_failed(
+        ErrorCode::Internal,
+        "the worker lost this job without ending it; send it to another worker",
+    ))
 }
 
 impl Drop for JobEvents {
@@ -413,6 +423,35 @@ impl Drop for JobEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_stream_whose_sender_goes_away_ends_once_with_internal() {
+        use futures_util::StreamExt;
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let mut events = JobEvents {
+            job_id: "j".into(),
+            receiver,
+            cancel: CancelToken::new(),
+            ended: false,
+            queued: None,
+            connection: None,
+        };
+        drop(sender);
+        let end = events.next().await;
+        assert!(
+            matches!(
+                end,
+                Some(JobEvent::End(JobEnd::Failed {
+                    code: ErrorCode::Internal,
+                    retriable: true,
+                    ..
+                }))
+            ),
+            "{end:?}"
+        );
+        assert!(events.next().await.is_none());
+        drop(events);
+    }
 
     #[test]
     fn fnv1a_matches_the_reference_values() {

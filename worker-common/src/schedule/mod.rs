@@ -261,8 +261,11 @@ impl<J: EventSink> Scheduler<J> {
                 Err(err) => finished.push((i, Err(err))),
             }
         }
-        // Highest index first, so the indices still to remove stay valid.
-        for (i, result) in finished.into_iter().rev() {
+        // Highest index first, so the indices still to remove stay valid. The plan lists
+        // decodes before prefills, so its order is not the running list's: an old sequence
+        // still prefilling comes after younger decoding ones.
+        finished.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, result) in finished {
             let entry = self.running.remove(i);
             ended.push(self.end(entry, result));
         }

@@ -8,6 +8,8 @@ use crate::generate::{CancelToken, GenerateEvent, GenerateRequest, StopReason};
 use crate::sampling::SamplingParams;
 use crate::testing::{ScriptedBackend, StepRecord, TINY_EOS, tiny_tokenizer};
 
+mod properties;
+
 /// A job that keeps its events.
 #[derive(Default)]
 struct Job {

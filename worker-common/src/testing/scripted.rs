@@ -38,6 +38,8 @@ pub struct ScriptedBackend {
     /// A token whose presence anywhere in a chunk's history makes its logits NaN, as a broken
     /// embedding row does (numerics guard tests).
     pub non_finite_on: Option<u32>,
+    /// Panics in the step with this many steps done, as a bug in a backend would.
+    pub panic_at_step: Option<usize>,
     steps: Arc<Mutex<Vec<StepRecord>>>,
     reserved: Arc<Mutex<Option<StepLimits>>>,
 }
@@ -53,6 +55,7 @@ impl ScriptedBackend {
             fail_at_step: None,
             fail_poisons: false,
             non_finite_on: None,
+            panic_at_step: None,
             steps: Arc::default(),
             reserved: Arc::default(),
         }
@@ -152,6 +155,10 @@ impl InferenceBackend for ScriptedBackend {
             steps.len() - 1
         };
         std::thread::sleep(self.step_delay);
+        assert!(
+            self.panic_at_step != Some(done),
+            "scripted panic in step {done}"
+        );
         match self.fail_at_step {
             Some(at) if at == done && !self.fail_poisons => {
                 return Err(BackendError::Device("scripted fault".to_owned()));

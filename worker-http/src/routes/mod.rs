@@ -103,6 +103,8 @@ fn body_or_error(
 }
 
 #[cfg(test)]
+mod failure_tests;
+#[cfg(test)]
 mod openai_tests;
 #[cfg(test)]
 mod reasoning_tests;

@@ -38,6 +38,7 @@ pub(super) fn settings(parallel: u32) -> Settings {
         kv_cache_mb: None,
         prefix_cache: true,
         access: crate::Access::default(),
+        test_engine_panic: None,
     }
 }
 
@@ -170,7 +171,7 @@ pub(super) async fn send_request(
 }
 
 /// The `data:` objects of an SSE body.
-fn events(body: &str) -> Vec<Value> {
+pub(super) fn events(body: &str) -> Vec<Value> {
     body.lines()
         .filter_map(|line| line.strip_prefix("data: "))
         .map(|data| serde_json::from_str(data).unwrap())
@@ -181,7 +182,7 @@ pub(super) fn execute_body(id: &str, max_tokens: u32) -> Value {
     json!({"job_id": id, "prompt": "abc", "raw": true, "temperature": 0, "max_tokens": max_tokens})
 }
 
-fn text(events: &[Value]) -> String {
+pub(super) fn text(events: &[Value]) -> String {
     events
         .iter()
         .filter(|e| e["type"] == "token")
@@ -331,7 +332,7 @@ async fn a_failing_step_fails_its_jobs_with_cuda_error_and_the_worker_goes_on() 
 }
 
 /// Polls `done` every millisecond for up to 5 s.
-async fn until(done: impl Fn() -> bool) {
+pub(super) async fn until(done: impl Fn() -> bool) {
     for _ in 0..5000 {
         if done() {
             return;
@@ -431,7 +432,7 @@ async fn a_poisoning_fault_fails_the_worker_and_every_job_and_exits_1_after_the_
 }
 
 /// The error object of a non-2xx answer.
-fn error_of(body: &str) -> Value {
+pub(super) fn error_of(body: &str) -> Value {
     serde_json::from_str::<Value>(body).unwrap()["error"].clone()
 }
 

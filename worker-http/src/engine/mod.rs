@@ -1,7 +1,12 @@
 //! The engine: ONE dedicated OS thread that loads the model, owns the backend and runs the
 //! scheduler: it admits queued jobs while there is room and steps every running job together
-//! (`worker_common::schedule`). The async runtime never runs model code.
+//! (`worker_common::schedule`). The async runtime never runs model code. A panic in a step
+//! fails the worker instead of killing the thread unnoticed ([`failure`]).
 
+mod failure;
+mod running;
+
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,10 +14,7 @@ use tokio::sync::oneshot;
 use worker_common::backend::{
     BackendError, InferenceBackend, Load, LoadConfig, LoadProgress, PAGE_SIZE, StepLimits,
 };
-use worker_common::generate::{
-    EventSink, Finished, GenerateError, GenerateEvent, PromptFormatter, Sequence,
-    TemplateRendering, check_context,
-};
+use worker_common::generate::{PromptFormatter, Sequence, TemplateRendering, check_context};
 use worker_common::model::{ModelError, ModelFile};
 use worker_common::schedule::{Ended, PrefixIndex, Scheduler, SchedulerConfig};
 use worker_common::tokenizer::template::TemplateError;
@@ -20,9 +22,12 @@ use worker_common::tokenizer::{Tokenizer, TokenizerError};
 
 use crate::api::ErrorCode;
 use crate::grammars::GrammarCell;
-use crate::job_end::{JobEnd, JobEvent, end_job};
-use crate::queue::{Job, Ticket};
+use crate::job_end::JobEnd;
+use crate::queue::Job;
 use crate::state::{Loaded, Shared};
+use failure::{DeathWatch, Fatal, fail_worker};
+pub use failure::{ENGINE_PANIC_ENV, engine_panic_from_env, panic_message};
+use running::{LostJobs, Running, Started};
 
 /// Largest default context: a model's full context can need gigabytes of KV cache.
 pub const DEFAULT_MAX_CONTEXT: usize = 8192;
@@ -252,106 +257,127 @@ pub(crate) fn start_loaded<B: InferenceBackend>(
     })
 }
 
-/// A job the scheduler runs: its queue entry, its ticket and when it started. Its events go
-/// to the client's stream as they come.
-struct Running {
-    job: Job,
-    ticket: Ticket,
-    started: Instant,
-}
-
-impl EventSink for Running {
-    fn send(&mut self, event: GenerateEvent) -> bool {
-        self.job.events.send(JobEvent::Generate(event)).is_ok()
-    }
+/// What one turn of the engine's loop came to.
+enum Turn {
+    /// Jobs were admitted or stepped, or one arrived: go on.
+    Served,
+    /// The queue is closed and every job has ended.
+    Closed,
+    /// The worker cannot go on.
+    Failed(Fatal),
 }
 
 /// Admits jobs and steps the scheduler until the queue is closed and every job has ended, or
-/// until the device fails for good ([`fail`]).
+/// until the device fails for good or a step panics ([`failure`]).
 fn serve<B: InferenceBackend>(shared: &Shared, mut backend: B, mut scheduler: Scheduler<Running>) {
     let Some(loaded) = shared.loaded().cloned() else {
         return;
     };
+    let _watch = DeathWatch(shared);
+    if let Some(step) = shared.settings.test_engine_panic {
+        tracing::warn!(
+            event = "startup",
+            worker_id = shared.settings.worker_id.as_str(),
+            "{ENGINE_PANIC_ENV} is set: the engine panics after its step {step}; for tests only"
+        );
+    }
+    let lost = LostJobs::default();
+    let mut steps = 0;
     loop {
-        admit(shared, &loaded, &mut scheduler);
-        if scheduler.is_idle() {
-            if !shared.queue.wait() {
-                return;
+        let turn = panic::catch_unwind(AssertUnwindSafe(|| {
+            turn(
+                shared,
+                &loaded,
+                &mut backend,
+                &mut scheduler,
+                &lost,
+                &mut steps,
+            )
+        }));
+        let fatal = match turn {
+            Ok(Turn::Served) => {
+                end_lost_by_a_bug(shared, &lost);
+                continue;
             }
-            continue;
-        }
-        let ended = scheduler.step(&mut backend, &loaded.tokenizer);
-        let stats = scheduler.stats();
-        if let Some(step) = stats.last_step {
-            shared
-                .metrics
-                .record_step(step.sequences, step.tokens, step.duration.as_secs_f64());
-        }
-        shared.set_scheduler(stats);
-        let lost = ended.iter().find_map(|e| lost_device(&e.result));
-        if let Some(message) = &lost {
-            // Failed before any job hears of the fault: a client holding its error event
-            // finds /health failed.
-            fail(shared, message);
+            Ok(Turn::Closed) => return,
+            Ok(Turn::Failed(fatal)) => fatal,
+            Err(payload) => Fatal::Panic(panic_message(payload.as_ref())),
+        };
+        fail_worker(shared, &fatal, scheduler, &lost);
+        // Freeing on a poisoned context fails (cuBLAS's handle panics on it), and a backend that
+        // a panic left half-way through a step promises nothing: the process exits within the
+        // grace, and the backend is left to its end.
+        std::mem::forget(backend);
+        return;
+    }
+}
+
+/// One turn of the engine's loop: admits what fits, then runs one step (counted in `steps`) or
+/// waits for a job.
+fn turn<B: InferenceBackend>(
+    shared: &Shared,
+    loaded: &Loaded,
+    backend: &mut B,
+    scheduler: &mut Scheduler<Running>,
+    lost: &LostJobs,
+    steps: &mut u64,
+) -> Turn {
+    admit(shared, loaded, scheduler, lost);
+    if scheduler.is_idle() {
+        return if shared.queue.wait() {
+            Turn::Served
         } else {
-            // After every step, not only when a job ends: a step that grew the scratch (a
-            // larger batch) is in nvidia-smi's figure at once, and must be in /health too.
-            shared.set_memory(backend.info().memory);
-        }
-        for Ended { job, result } in ended {
-            end_running(shared, job, result);
-        }
-        if let Some(message) = lost {
-            end_all(shared, &mut scheduler, &message);
-            // After every job has its end, so the drain finds nothing to end as draining.
-            shared.shutdown.notify_one();
-            // Freeing on a poisoned context fails (cuBLAS's handle panics on it) and the process
-            // exits within the grace: the backend is left to the process's end.
-            std::mem::forget(backend);
-            return;
-        }
+            Turn::Closed
+        };
     }
+    let ended = scheduler.step(backend, &loaded.tokenizer);
+    if shared.settings.test_engine_panic == Some(*steps) {
+        // With the step's ended jobs in hand and the others in the scheduler: both must end.
+        panic!("{ENGINE_PANIC_ENV}: the engine panics after its step {steps}");
+    }
+    *steps += 1;
+    let stats = scheduler.stats();
+    if let Some(step) = stats.last_step {
+        shared
+            .metrics
+            .record_step(step.sequences, step.tokens, step.duration.as_secs_f64());
+    }
+    shared.set_scheduler(stats);
+    let fatal = ended.iter().find_map(|e| Fatal::of(&e.result));
+    match &fatal {
+        // Failed before any job hears of the fault: a client holding its error event finds
+        // /health failed.
+        Some(fatal) => failure::fail(shared, fatal),
+        // After every step, not only when a job ends: a step that grew the scratch (a larger
+        // batch) is in nvidia-smi's figure at once, and must be in /health too.
+        None => shared.set_memory(backend.info().memory),
+    }
+    for Ended { job, result } in ended {
+        job.end(shared, result);
+    }
+    fatal.map_or(Turn::Served, Turn::Failed)
 }
 
-/// The message of a backend error that poisons the device.
-fn lost_device(result: &Result<Finished, GenerateError>) -> Option<String> {
-    match result {
-        Err(GenerateError::Backend(err)) if err.poisons_device() => Some(err.to_string()),
-        _ => None,
-    }
-}
-
-/// The device failed for good: the worker turns `failed` (`/health` 503, `/execute` refused);
-/// once the jobs are ended the server is woken to exit non-zero after the grace.
-fn fail(shared: &Shared, message: &str) {
-    let grace_sec = shared.settings.shutdown_grace.as_secs();
-    shared.fail(ErrorCode::CudaError.as_str(), message.to_owned());
-    tracing::error!(
-        event = "error",
-        worker_id = shared.settings.worker_id.as_str(),
-        code = ErrorCode::CudaError.as_str(),
-        grace_sec,
-        "the device failed for good ({message}): failing every job, exiting in {grace_sec}s"
-    );
-}
-
-/// Ends every job still running (preempted ones too) and every queued one with `CUDA_ERROR`,
-/// and closes the queue.
-fn end_all(shared: &Shared, scheduler: &mut Scheduler<Running>, message: &str) {
-    let lost = || GenerateError::Backend(BackendError::DeviceLost(message.to_owned()));
-    for Ended { job, result } in scheduler.abort_all(lost) {
-        end_running(shared, job, result);
-    }
-    for job in shared.queue.close() {
-        let end = JobEnd::device_lost(format!(
-            "the worker's device failed before this job started ({message}); send it to another worker"
-        ));
-        end_job(shared, job, end, 0.0);
+/// Ends jobs the scheduler dropped without a panic (a bug): `INTERNAL`, retriable, and logged;
+/// the worker serves on.
+fn end_lost_by_a_bug(shared: &Shared, lost: &LostJobs) {
+    let message = "the worker lost this job (a bug); send it again";
+    let count = lost.end_all(shared, || {
+        JobEnd::worker_failed(ErrorCode::Internal, message)
+    });
+    if count > 0 {
+        tracing::error!(
+            event = "error",
+            worker_id = shared.settings.worker_id.as_str(),
+            code = ErrorCode::Internal.as_str(),
+            count,
+            "the scheduler dropped {count} jobs without ending them; they were ended INTERNAL"
+        );
     }
 }
 
 /// Starts queued jobs, in arrival order, while the scheduler has a slot and pages for them.
-fn admit(shared: &Shared, loaded: &Loaded, scheduler: &mut Scheduler<Running>) {
+fn admit(shared: &Shared, loaded: &Loaded, scheduler: &mut Scheduler<Running>, lost: &LostJobs) {
     while let Some((mut job, ticket)) = shared
         .queue
         .start_next(|job| scheduler.can_admit(job.request.prompt_tokens.len()))
@@ -361,14 +387,10 @@ fn admit(shared: &Shared, loaded: &Loaded, scheduler: &mut Scheduler<Running>) {
         log_start(shared, &job);
         let sequence = check_context(&job.request, loaded.context_length)
             .and_then(|()| Sequence::new(job.request.clone(), job.cancel.clone()));
-        let running = Running {
-            job,
-            ticket,
-            started,
-        };
+        let running = Running::new(Started::new(job, ticket, started), lost);
         match sequence {
             Ok(sequence) => scheduler.admit(running, sequence),
-            Err(err) => end_running(shared, running, Err(err)),
+            Err(err) => running.end(shared, Err(err)),
         }
     }
 }
@@ -385,14 +407,6 @@ fn log_start(shared: &Shared, job: &Job) {
         max_tokens = job.request.max_tokens,
         "job started"
     );
-}
-
-/// Ends a job the engine started; the queue learns first, so a client holding the terminal
-/// event sees the job gone from /health.
-fn end_running(shared: &Shared, running: Running, result: Result<Finished, GenerateError>) {
-    shared.queue.finish(running.ticket);
-    let ran_for = running.started.elapsed().as_secs_f64();
-    end_job(shared, running.job, JobEnd::from(result), ran_for);
 }
 
 #[cfg(test)]
