@@ -142,12 +142,18 @@ fn every_boundary_of_the_request_is_validated() {
     );
     accepted(&worker, &with("temperature", json!(0)));
     accepted(&worker, &with("temperature", json!(2)));
-    // 32768 '=' are 512 tokens in SmolLM2's vocabulary (runs of 64): the longest prompt fits.
-    let long = "=".repeat(32768);
+    // No character cap: 64,000 '=' are 1,000 tokens in SmolLM2's vocabulary (runs of 64), well
+    // inside its context; the context bounds prompts in tokens (below, and the next test).
+    let long = "=".repeat(64_000);
     accepted(&worker, &with("prompt", json!(long)));
     assert_eq!(
-        refused(&with("prompt", json!(format!("{long}a")))),
-        pair("prompt", "length(1..=32768)")
+        refused(&with("prompt", json!(""))),
+        pair("prompt", "non_empty")
+    );
+    let over = "a ".repeat(9000);
+    assert_eq!(
+        refused(&with("prompt", json!(over))),
+        pair("prompt", "context_length(8191)")
     );
     let five = json!(["a", "b", "c", "d", "e"]);
     assert_eq!(refused(&with("stop", five)), pair("stop", "max_count(4)"));

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::FieldError;
-use super::request::{MAX_JOB_ID_BYTES, MAX_PROMPT_CHARS, MAX_STOP_BYTES, MAX_STOPS};
+use super::request::{MAX_JOB_ID_BYTES, MAX_STOP_BYTES, MAX_STOPS};
 
 pub(super) fn body_error(constraint: &str, message: String) -> Vec<FieldError> {
     vec![FieldError {
@@ -136,12 +136,12 @@ impl<'a> Fields<'a> {
         Some(job_id.to_owned())
     }
 
+    /// The prompt: any non-empty text; its length is bounded in tokens by the context, once
+    /// tokenized (`submit`), and in bytes by the body limit (`routes::body_limit`).
     pub(super) fn prompt(&mut self) -> Option<String> {
         let prompt = self.required_string("prompt")?;
-        let chars = prompt.chars().count();
-        if !(1..=MAX_PROMPT_CHARS).contains(&chars) {
-            let message = format!("prompt is {chars} characters, must be 1 to {MAX_PROMPT_CHARS}");
-            self.fail("prompt", "length(1..=32768)", message, None);
+        if prompt.is_empty() {
+            self.fail("prompt", "non_empty", "prompt is empty".to_owned(), None);
             return None;
         }
         Some(prompt.to_owned())

@@ -8,8 +8,6 @@ use super::FieldError;
 use super::fields::{Fields, json_object};
 use super::job::{Grammar, JobSpec, Prompt};
 
-/// Largest prompt, in characters.
-pub const MAX_PROMPT_CHARS: usize = 32768;
 /// Largest `max_tokens` a request may name.
 pub const MAX_TOKENS_LIMIT: u64 = 2048;
 /// Most stop strings.

@@ -20,7 +20,7 @@ pub async fn cancel_body(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let body = body_or_error(body, &correlation_id)?;
+    let body = body_or_error(&shared, body, &correlation_id)?;
     let request = CancelRequest::parse(content_type(&headers), &body)
         .map_err(|errors| ApiError::invalid(errors, &correlation_id))?;
     Ok(cancel(&shared, &request.job_id, &correlation_id))

@@ -33,7 +33,7 @@ pub async fn execute(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Sse<KeepAliveStream<JobStream>>, ApiError> {
-    let body = body_or_error(body, &correlation_id)?;
+    let body = body_or_error(&shared, body, &correlation_id)?;
     let limits = Limits {
         max_tokens_out: shared.settings.max_tokens_out,
     };

@@ -17,8 +17,20 @@ use axum::routing::{get, post};
 use crate::correlation::correlate;
 use crate::state::Shared;
 
-/// Largest request body; larger ones answer 413.
+/// Largest request body at a context of up to 32k tokens; larger ones answer 413.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Body bytes allowed per token of `--ctx-size` beyond [`MAX_BODY_BYTES`]: a token is about four
+/// characters of English and at most a few of other scripts, and JSON may escape each character
+/// as six bytes, so a prompt that fills the context fits.
+pub const BODY_BYTES_PER_TOKEN: usize = 32;
+
+/// The largest request body a worker serving a context of `ctx_size` tokens takes (the
+/// default context is at most 8,192 tokens: then [`MAX_BODY_BYTES`]).
+pub fn body_limit(ctx_size: Option<u32>) -> usize {
+    let tokens = ctx_size.map_or(0, |tokens| tokens as usize);
+    MAX_BODY_BYTES.max(tokens.saturating_mul(BODY_BYTES_PER_TOKEN))
+}
 
 /// The worker's router.
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -34,7 +46,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/completions", post(openai::completions))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(body_limit(shared.settings.ctx_size)))
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             guard::guard,
@@ -81,6 +93,7 @@ fn content_type(headers: &axum::http::HeaderMap) -> Option<&str> {
 
 /// The body, or the contract's 413/400 when it could not be read.
 fn body_or_error(
+    shared: &Shared,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
     correlation_id: &str,
 ) -> Result<bytes::Bytes, crate::api::ApiError> {
@@ -89,7 +102,7 @@ fn body_or_error(
     use crate::api::{ApiError, FieldError};
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(MAX_BODY_BYTES, correlation_id)
+            ApiError::too_large(body_limit(shared.settings.ctx_size), correlation_id)
         } else {
             let error = FieldError {
                 field: "body".into(),

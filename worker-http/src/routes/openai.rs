@@ -127,7 +127,7 @@ fn parse(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<OpenAiRequest, ApiError> {
-    let body = body_or_error(body, correlation_id)?;
+    let body = body_or_error(shared, body, correlation_id)?;
     let limits = Limits {
         max_tokens_out: shared.settings.max_tokens_out,
     };

@@ -496,3 +496,12 @@ async fn prompts_over_the_token_budget_are_refused_before_the_queue() {
     let (status, _) = send(&shared, "POST", "/execute", Some(short)).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+#[test]
+fn the_body_limit_grows_with_the_context_beyond_32k_tokens() {
+    use super::{MAX_BODY_BYTES, body_limit};
+    assert_eq!(body_limit(None), MAX_BODY_BYTES);
+    assert_eq!(body_limit(Some(8192)), MAX_BODY_BYTES);
+    assert_eq!(body_limit(Some(32768)), MAX_BODY_BYTES);
+    assert_eq!(body_limit(Some(131_072)), 4 << 20);
+}
