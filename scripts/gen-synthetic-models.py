@@ -186,6 +186,18 @@ ARCHS = {
         full_size=True,
         n_vocab=201088,
     ),
+    # Not a fixture model: Llama-3.1-8B's shapes in the Q4_K_M mix users download, for speed and
+    # memory measurements, generated where they are measured (4.6 GiB).
+    "llama3.1-8b": Arch(
+        gguf_arch="llama",
+        vocab_file="ggml-vocab-llama-bpe.gguf",
+        shape=Shape(n_layers=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128, n_ff=14336),
+        file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M,
+        formats=Q4_K_M,
+        metadata={"context_length": 131072, "rope.freq_base": 500000.0},
+        full_size=True,
+        n_vocab=128256,
+    ),
     "phi3": Arch(
         gguf_arch="phi3",
         vocab_file="ggml-vocab-phi-3.gguf",
@@ -246,7 +258,8 @@ def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> n
 
 def matrix(rng: np.random.Generator, rows: int, cols: int, qtype: Q, full_size: bool = False) -> np.ndarray:
     """A `rows` × `cols` matrix in `qtype`, weights spreading ≈ 1/√cols."""
-    if full_size and qtype != Q.F32:
+    # K-quant blocks are drawn byte by byte already (fast enough at full size).
+    if full_size and qtype != Q.F32 and qtype not in KQUANT_SCALES:
         return random_blocks(rng, rows, cols, qtype)
     sigma = 1.0 / math.sqrt(cols)
     if qtype in KQUANT_SCALES:
@@ -375,7 +388,7 @@ def write_model(name: str, arch: Arch, out: Path, vocab_dir: Path, seed: int) ->
     writer.add_tensor("output_norm.weight", 4.0 * norm(rng, s.n_embd))
     if not arch.tied_output:
         add_matrix("output.weight", "output", n_vocab, s.n_embd)
-    if name == "llama3":
+    if name.startswith("llama3"):
         base = float(arch.metadata["rope.freq_base"])
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(s.head_dim, base))
     if name == "phi3":

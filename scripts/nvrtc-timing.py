@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Where a cold start's kernel compilation goes: NVRTC on the CUDA backend's program, as
-backend-cuda/src/module.rs builds it (the files of `SOURCE` concatenated in its order, the options
+backend-cuda/src/program.rs defines it (the files of `SOURCE` concatenated in its order, the options
 of `compile_options`), whole and file by file.
 
-    scripts/nvrtc-timing.py [--arch sm_90] [--nvrtc PATH/libnvrtc.so] [--runs 1] [--files K]
+    scripts/nvrtc-timing.py [--arch sm_90] [--nvrtc PATH/libnvrtc.so] [--runs 1] [--files K] [--jobs J]
 
 For each k it compiles the first k files of the program and reports the time and the increment
 over k - 1 files: the increment is what file k's kernels cost (earlier files are only helpers
 to it, and parsing them is in the k - 1 figure). Then the whole program once more, as the worker
-compiles it. Needs libnvrtc (the CUDA toolkit's, or a `nvidia-cuda-nvrtc` wheel's, with its
+compiles it. `--jobs J` compiles J prefixes at once (ctypes releases the GIL; each compile is
+single-threaded, so on a host of at least J idle cores the figures hardly change). Needs libnvrtc (the CUDA toolkit's, or a `nvidia-cuda-nvrtc` wheel's, with its
 folder on LD_LIBRARY_PATH for libnvrtc-builtins) and nothing else: ctypes, standard library only. Run it on the GPU host (no GPU is touched; the arch is
 given).
 """
@@ -16,6 +17,7 @@ given).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import ctypes
 import glob
 import os
@@ -25,21 +27,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULE_RS = ROOT / "backend-cuda" / "src" / "module.rs"
+PROGRAM_RS = ROOT / "backend-cuda" / "src" / "program.rs"
 KERNELS = ROOT / "backend-cuda" / "kernels"
 
 
 def program_files() -> list[str]:
-    """The kernel files of `SOURCE`, in module.rs's order."""
-    text = MODULE_RS.read_text()
+    """The kernel files of `SOURCE`, in program.rs's order."""
+    text = PROGRAM_RS.read_text()
     source = text[text.index("pub const SOURCE"):]
     source = source[: source.index(");")]
     return re.findall(r'include_str!\("\.\./kernels/([a-z_]+\.cu)"\)', source)
 
 
 def compile_options(arch: str) -> list[str]:
-    """module.rs's `compile_options`, read from the source so the two cannot drift."""
-    text = MODULE_RS.read_text()
+    """program.rs's `compile_options`, read from the source so the two cannot drift."""
+    text = PROGRAM_RS.read_text()
     body = text[text.index("pub fn compile_options"):]
     body = body[: body.index("\n}")]
     options = [o for o in re.findall(r'"(--[^"]+)"', body) if "{" not in o]
@@ -91,6 +93,7 @@ def main() -> None:
     parser.add_argument("--nvrtc", help="path of libnvrtc.so")
     parser.add_argument("--runs", type=int, default=1, help="compiles per prefix (the least is kept)")
     parser.add_argument("--files", type=int, help="stop after this many files (no whole-program run)")
+    parser.add_argument("--jobs", type=int, default=1, help="prefixes compiled at once")
     args = parser.parse_args()
     nvrtc = find_nvrtc(args.nvrtc)
     major, minor = ctypes.c_int(), ctypes.c_int()
@@ -98,19 +101,26 @@ def main() -> None:
     options = compile_options(args.arch)
     files = program_files()[: args.files]
     print(f"NVRTC {major.value}.{minor.value}, options {' '.join(options)}")
+    sources = []
+    for name in files:
+        sources.append((sources[-1] if sources else "") + (KERNELS / name).read_text())
+    if args.files is None:
+        sources.append(sources[-1])
+
+    def timed(source: str) -> float:
+        return min(compile_seconds(nvrtc, source, options) for _ in range(args.runs))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        seconds = list(pool.map(timed, sources))
     print("| files | last file | lines | seconds | increment |")
     print("|---:|---|---:|---:|---:|")
     previous = 0.0
-    source = ""
     for k, name in enumerate(files, start=1):
-        source += (KERNELS / name).read_text()
-        seconds = min(compile_seconds(nvrtc, source, options) for _ in range(args.runs))
-        lines = source.count("\n")
-        print(f"| {k} | {name} | {lines} | {seconds:.2f} | {seconds - previous:+.2f} |", flush=True)
-        previous = seconds
+        lines = sources[k - 1].count("\n")
+        print(f"| {k} | {name} | {lines} | {seconds[k - 1]:.2f} | {seconds[k - 1] - previous:+.2f} |")
+        previous = seconds[k - 1]
     if args.files is None:
-        whole = compile_seconds(nvrtc, source, options)
-        print(f"whole program again: {whole:.2f} s")
+        print(f"whole program again: {seconds[-1]:.2f} s")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ mod module;
 mod moe;
 mod ops;
 mod pass;
+/// The kernel program and its NVRTC options, shared with `build.rs`.
+mod program;
 mod project;
 mod qgemm;
 mod qgemv;

@@ -1,27 +1,31 @@
-//! The kernels: `kernels/*.cu`, compiled by NVRTC at start-up into a cubin for the device's
-//! compute capability and cached on disk, keyed by a hash of the source, the options and the
-//! NVRTC version, so a second start skips compilation.
+//! The kernels: `kernels/*.cu`, one program ([`SOURCE`]) loaded as one module. Its cubin for the
+//! device's compute capability comes from the binary when the build embedded one (`build.rs`,
+//! `LLORCH_NVRTC`: a new host then compiles nothing), else from a disk cache keyed by a hash of
+//! the source, the options and the NVRTC version, else from NVRTC at start-up (then cached).
 
 use std::ffi::{CStr, CString, c_char, c_int};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
 
-/// The one NVRTC program: the files in dependency order (helpers first).
-pub const SOURCE: &str = concat!(
-    include_str!("../kernels/prelude.cu"),
-    include_str!("../kernels/quant.cu"),
-    include_str!("../kernels/qgemv.cu"),
-    include_str!("../kernels/moe.cu"),
-    include_str!("../kernels/qgemm.cu"),
-    include_str!("../kernels/moe_gemm.cu"),
-    include_str!("../kernels/ops.cu"),
-    include_str!("../kernels/attention.cu"),
-);
+pub use crate::program::{SOURCE, compile_options};
+
+/// A cubin of [`SOURCE`] compiled by the build.
+struct EmbeddedCubin {
+    /// `sm_XY`.
+    arch: &'static str,
+    /// The NVRTC version that compiled it, `major.minor`.
+    nvrtc: &'static str,
+    cubin: &'static [u8],
+}
+
+/// The cubins `build.rs` embedded, one per architecture (none when built without `LLORCH_NVRTC`).
+const EMBEDDED: &[EmbeddedCubin] = include!(concat!(env!("OUT_DIR"), "/embedded.rs"));
 
 /// Weight formats with dequantize and GEMV kernels, and the kernels' name suffix.
 pub const WEIGHT_TYPES: [(GgmlType, &str); 11] = [
@@ -112,10 +116,7 @@ impl Kernels {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| BackendError::Device(format!("reading the compute capability: {e}")))?;
-        let cubin = cubin_for(&format!("sm_{major}{minor}"))?;
-        let module = ctx
-            .load_module(Ptx::from_binary(cubin))
-            .map_err(|e| BackendError::Device(format!("loading the kernel module: {e}")))?;
+        let module = load_program(ctx, &format!("sm_{major}{minor}"))?;
         // Each function is loaded now, not at its first launch (CUDA's lazy loading): a first
         // launch inside a capture would load there, and a load can synchronize the context,
         // which invalidates a capture under way (`forward.rs` then runs the pass uncaptured).
@@ -228,23 +229,58 @@ fn type_index(ggml_type: GgmlType) -> Result<usize, BackendError> {
         })
 }
 
-/// The cubin of [`SOURCE`] for `arch` (e.g. `sm_90`), from the disk cache or NVRTC.
+/// The kernel module for `arch`: the build's embedded cubin when there is one and the driver
+/// takes it, else [`cubin_for`]'s.
+fn load_program(ctx: &Arc<CudaContext>, arch: &str) -> Result<Arc<CudaModule>, BackendError> {
+    if let Some(embedded) = EMBEDDED.iter().find(|e| e.arch == arch) {
+        let started = Instant::now();
+        match ctx.load_module(Ptx::from_binary(embedded.cubin.to_vec())) {
+            Ok(module) => {
+                tracing::info!(
+                    arch,
+                    source = "embedded",
+                    nvrtc = embedded.nvrtc,
+                    ms = started.elapsed().as_millis() as u64,
+                    "kernels loaded as compiled by the build: nothing to compile"
+                );
+                return Ok(module);
+            }
+            Err(e) => tracing::warn!(
+                arch,
+                error = %e,
+                "the driver does not take the embedded kernels; compiling them"
+            ),
+        }
+    }
+    let cubin = cubin_for(arch)?;
+    ctx.load_module(Ptx::from_binary(cubin))
+        .map_err(|e| BackendError::Device(format!("loading the kernel module: {e}")))
+}
+
+/// The cubin of [`SOURCE`] for `arch` (e.g. `sm_90`), from the disk cache or NVRTC; logs
+/// which, and how long it took.
 pub fn cubin_for(arch: &str) -> Result<Vec<u8>, BackendError> {
     let options = compile_options(arch);
     let version = nvrtc_version()?;
     let key = fnv1a(&[SOURCE, &options.join(" "), &version]);
     let file = cache_dir().map(|dir| dir.join(format!("llorch-{key:016x}-{arch}.cubin")));
+    let started = Instant::now();
     if let Some(cached) = file.as_deref().and_then(|f| std::fs::read(f).ok()) {
-        tracing::debug!(arch, "kernels read from the cache");
+        tracing::info!(
+            arch,
+            source = "cache",
+            ms = started.elapsed().as_millis() as u64,
+            "kernels read from the cache"
+        );
         return Ok(cached);
     }
-    let started = std::time::Instant::now();
     let cubin = compile(SOURCE, c"llorch_kernels.cu", &options)?;
     tracing::info!(
         arch,
+        source = "nvrtc",
         nvrtc = %version,
         ms = started.elapsed().as_millis() as u64,
-        "kernels compiled"
+        "kernels compiled (the cache had none)"
     );
     if let Some(file) = &file
         && let Err(e) = store(file, &cubin)
@@ -252,16 +288,6 @@ pub fn cubin_for(arch: &str) -> Result<Vec<u8>, BackendError> {
         tracing::warn!(path = %file.display(), error = %e, "cannot cache the compiled kernels");
     }
     Ok(cubin)
-}
-
-/// NVRTC options: a cubin for exactly this GPU (no PTX left for the driver to compile), and
-/// no contraction of products and sums into fused multiply-adds (see prelude.cu).
-pub fn compile_options(arch: &str) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={arch}"),
-        "--fmad=false".to_owned(),
-        "--std=c++17".to_owned(),
-    ]
 }
 
 fn nvrtc_version() -> Result<String, BackendError> {
@@ -367,6 +393,24 @@ mod tests {
     fn kernels_page_size_is_the_seams() {
         let define = format!("#define PAGE_SIZE {}\n", worker_common::backend::PAGE_SIZE);
         assert!(SOURCE.contains(&define), "prelude.cu must {define}");
+    }
+
+    /// An embedded cubin is what NVRTC compiles here, when it is the version that built it: the
+    /// same bits whichever way a start gets its kernels.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn an_embedded_cubin_is_what_nvrtc_compiles_at_start_up() {
+        let ctx = CudaContext::new(0).unwrap();
+        let (major, minor) = ctx.compute_capability().unwrap();
+        let arch = format!("sm_{major}{minor}");
+        let Some(embedded) = EMBEDDED.iter().find(|e| e.arch == arch) else {
+            panic!("no cubin for {arch} embedded: build with LLORCH_NVRTC to test this");
+        };
+        let version = nvrtc_version().unwrap();
+        assert_eq!(embedded.nvrtc, version, "embedded by another NVRTC");
+        let compiled = compile(SOURCE, c"llorch_kernels.cu", &compile_options(&arch)).unwrap();
+        assert!(compiled == embedded.cubin, "{arch}: the cubins differ");
+        Kernels::load(&ctx).unwrap();
     }
 
     #[test]
