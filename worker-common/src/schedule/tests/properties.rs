@@ -6,18 +6,21 @@
 
 use std::collections::VecDeque;
 
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+
 use super::*;
 
-/// splitmix64: a small seeded generator, so a failing trial can be named by its seed.
-struct Rng(u64);
+/// A seeded generator, so a failing trial can be named by its seed.
+struct Rng(ChaCha8Rng);
 
 impl Rng {
+    fn seeded(seed: u64) -> Self {
+        Self(ChaCha8Rng::seed_from_u64(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A number in `range` (inclusive).
@@ -157,7 +160,7 @@ struct Covered {
 /// Runs one trial; panics (naming the seed) when a job gets another's result, ends twice or
 /// never, or a page is not returned.
 fn trial(seed: u64, covered: &mut Covered) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::seeded(seed);
     let specs = random_specs(&mut rng);
     let config = random_config(&mut rng);
     // Room for the longest job, and sometimes little more: decodes then preempt.
