@@ -99,6 +99,8 @@ Q4_K_M = {
     "ffn_down": Q.Q6_K,
 }
 ALL_Q8_0 = {name: Q.Q8_0 for name in Q4_K_M}
+Q5_K_M = {name: Q.Q5_K if q == Q.Q4_K else q for name, q in Q4_K_M.items()}
+ALL_Q6_K = {name: Q.Q6_K for name in Q4_K_M}
 MXFP4_FFN = {
     **ALL_Q8_0,
     "token_embd": Q.MXFP4,
@@ -186,18 +188,6 @@ ARCHS = {
         full_size=True,
         n_vocab=201088,
     ),
-    # Not a fixture model: Llama-3.1-8B's shapes in the Q4_K_M mix users download, for speed and
-    # memory measurements, generated where they are measured (4.6 GiB).
-    "llama3.1-8b": Arch(
-        gguf_arch="llama",
-        vocab_file="ggml-vocab-llama-bpe.gguf",
-        shape=Shape(n_layers=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128, n_ff=14336),
-        file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M,
-        formats=Q4_K_M,
-        metadata={"context_length": 131072, "rope.freq_base": 500000.0},
-        full_size=True,
-        n_vocab=128256,
-    ),
     "phi3": Arch(
         gguf_arch="phi3",
         vocab_file="ggml-vocab-phi-3.gguf",
@@ -213,14 +203,41 @@ ARCHS = {
     ),
 }
 
+# Not fixture models: the shapes GPU users serve, in the mixes they download, for speed and memory
+# measurements, generated where they are measured: `llama3.1-8b` (Llama-3.1-8B, Q4_K_M, 4.8 GiB),
+# `qwen2.5-7b` (Qwen2.5-7B with its Q/K/V biases), and `<name>-q5_k_m`, `-q6_k`, `-q8_0` of each.
+FULL_SIZE_MIXES = {
+    "": (gguf.LlamaFileType.MOSTLY_Q4_K_M, Q4_K_M),
+    "-q5_k_m": (gguf.LlamaFileType.MOSTLY_Q5_K_M, Q5_K_M),
+    "-q6_k": (gguf.LlamaFileType.MOSTLY_Q6_K, ALL_Q6_K),
+    "-q8_0": (gguf.LlamaFileType.MOSTLY_Q8_0, ALL_Q8_0),
+}
+FULL_SIZE_SHAPES = {
+    "llama3.1-8b": ("llama", "ggml-vocab-llama-bpe.gguf", 128256,
+                    Shape(n_layers=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128, n_ff=14336),
+                    {"context_length": 131072, "rope.freq_base": 500000.0}),
+    "qwen2.5-7b": ("qwen2", "ggml-vocab-qwen2.gguf", 152064,
+                   Shape(n_layers=28, n_embd=3584, n_head=28, n_head_kv=4, head_dim=128, n_ff=18944,
+                         norm_eps=1e-6),
+                   {"context_length": 32768, "rope.freq_base": 1000000.0}),
+}
+for shape_name, (gguf_arch, vocab, n_vocab, shape, metadata) in FULL_SIZE_SHAPES.items():
+    for suffix, (file_type, formats) in FULL_SIZE_MIXES.items():
+        ARCHS[shape_name + suffix] = Arch(gguf_arch=gguf_arch, vocab_file=vocab, shape=shape,
+                                          file_type=file_type, formats=formats, metadata=metadata,
+                                          full_size=True, n_vocab=n_vocab)
+
 # Byte offsets of the f16 super-block scales in a K-quant block: (d, dmin or None).
-KQUANT_SCALES = {Q.Q4_K: (0, 2), Q.Q6_K: (208, None)}
+KQUANT_SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, None)}
+# The sub-block offset (dmin) in units of d that centres a format's unsigned quants.
+DMIN_CENTRE = {Q.Q4_K: 7.5, Q.Q5_K: 15.5}
 
 
 def kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q, sigma: float) -> np.ndarray:
     """Random K-quant blocks whose weights spread ≈ sigma: every byte drawn uniformly, then the
     f16 super-block scale set per block (a random factor in [0.75, 1.25] around the value that
-    gives sigma), Q4_K's dmin at 7.5 × d so the sub-block offsets centre the weights."""
+    gives sigma), Q4_K's dmin at 7.5 × d (Q5_K's at 15.5 × d) so the sub-block offsets centre the
+    weights."""
     block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     n_blocks = rows * cols // block_elems
     blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
@@ -229,7 +246,7 @@ def kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q, sigma:
     def set_scales(d: np.ndarray) -> None:
         blocks[:, d_at : d_at + 2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
         if dmin_at is not None:
-            dmin = (7.5 * d).astype(np.float16)
+            dmin = (DMIN_CENTRE[qtype] * d).astype(np.float16)
             blocks[:, dmin_at : dmin_at + 2] = dmin.view(np.uint8).reshape(-1, 2)
 
     set_scales(np.full(n_blocks, 1.0 / 1024, dtype=np.float32))
@@ -404,6 +421,9 @@ def write_model(name: str, arch: Arch, out: Path, vocab_dir: Path, seed: int) ->
             add_matrix(blk + "attn_q.weight", "attn_q", q_w, s.n_embd)
             add_matrix(blk + "attn_k.weight", "attn_k", kv_w, s.n_embd)
             add_matrix(blk + "attn_v.weight", "attn_v", kv_w, s.n_embd)
+        if a == "qwen2":
+            for proj, width in (("q", q_w), ("k", kv_w), ("v", kv_w)):
+                writer.add_tensor(f"{blk}attn_{proj}.bias", rng.normal(0.0, 0.1, width).astype(np.float32))
         if name == "qwen3":
             writer.add_tensor(blk + "attn_q_norm.weight", norm(rng, s.head_dim))
             writer.add_tensor(blk + "attn_k_norm.weight", norm(rng, s.head_dim))
