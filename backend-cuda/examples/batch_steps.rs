@@ -1,12 +1,14 @@
 //! Decode steps of many sequences at once, timed on the backend alone (no HTTP, no scheduler):
 //! `cargo run --release -p backend-cuda --example batch_steps -- <model.gguf> [sizes] [steps]
-//! [prompt] [context] [gap_us]`.
+//! [prompt] [context] [gap_us] [gemm_from]`.
 //!
 //! For each batch size (default `1,2,4,8,16,32,64`) it prefills that many prompts of `prompt`
 //! tokens (default 8), then runs `steps` (default 32) decode steps of one token per sequence
 //! with their greedy choices, and prints the median step time and the tokens per second it
 //! gives. `context` raises the context the backend is loaded for; `gap_us` sleeps that long
 //! between steps, as a server's host work would (does the GPU slow down between steps?).
+//! `gemm_from` is the row count from which the projections take the tensor-core GEMM
+//! (`CudaOptions::gemm_from_rows`; the same bits either way), to compare the kernels.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +34,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prompt: usize = args.next().map(|v| v.parse()).transpose()?.unwrap_or(8);
     let at_least: usize = args.next().map(|v| v.parse()).transpose()?.unwrap_or(0);
     let gap_us: u64 = args.next().map(|v| v.parse()).transpose()?.unwrap_or(0);
+    let mut options = CudaOptions::on_device(0);
+    if let Some(rows) = args.next() {
+        options.gemm_from_rows = Some(rows.parse()?);
+    }
     let largest = sizes.iter().copied().max().unwrap_or(1);
     let model = Arc::new(ModelFile::open(&path)?);
     let context = (prompt + steps + 1).max(at_least);
@@ -40,12 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         kv_cache_bytes: None,
         parallel: Some(largest),
     };
-    let mut backend = CudaBackend::load(
-        model.clone(),
-        &CudaOptions { device: 0 },
-        &config,
-        &mut |_| {},
-    )?;
+    let mut backend = CudaBackend::load(model.clone(), &options, &config, &mut |_| {})?;
     let mut outputs = StepOutputs::new(backend.vocab_size());
     let shape = DecodeSteps {
         prompt,

@@ -40,8 +40,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         kv_cache_bytes: None,
         parallel: None,
     };
-    let mut backend =
-        CudaBackend::load(model.clone(), &CudaOptions { device }, &config, &mut |_| {})?;
+    let mut backend = CudaBackend::load(
+        model.clone(),
+        &CudaOptions::on_device(device),
+        &config,
+        &mut |_| {},
+    )?;
     let load_s = started.elapsed().as_secs_f64();
     let vocab = model.spec.hparams.vocab_size as u32;
     // Fixed pseudo-random ids (llama-bench uses random tokens too).

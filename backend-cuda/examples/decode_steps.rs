@@ -25,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         kv_cache_bytes: None,
         parallel: None,
     };
-    let options = CudaOptions { device: 0 };
+    let options = CudaOptions::on_device(0);
     let mut backend = CudaBackend::load(model.clone(), &options, &config, &mut |_| {})?;
     let vocab = model.spec.hparams.vocab_size as u32;
     let prompt: Vec<u32> = (0..context.max(1) as u32)

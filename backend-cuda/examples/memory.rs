@@ -27,8 +27,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         kv_cache_bytes: Some(1 << 30),
         parallel: None,
     };
-    let mut backend =
-        CudaBackend::load(model.clone(), &CudaOptions { device }, &config, &mut |_| {})?;
+    let mut backend = CudaBackend::load(
+        model.clone(),
+        &CudaOptions::on_device(device),
+        &config,
+        &mut |_| {},
+    )?;
     report("loaded", &backend)?;
     let vocab = model.spec.hparams.vocab_size as u32;
     let prompt: Vec<u32> = (0..512u32)

@@ -133,10 +133,9 @@ moe_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* 
     long long bytes = qinput_bytes(cols);
     for (int k0 = first; k0 < last; k0 += MOE_TOKENS) {
         int count = min(MOE_TOKENS, last - k0);
-        Sums<2 * MOE_TOKENS> sums = dot_rows_of<2, MOE_TOKENS>(format, w, 0, cols >> 5, lane, cols,
-                                                               sorted + k0 * bytes, count);
         int index;
-        float total = reduce_scatter<2 * MOE_TOKENS, 32>(sums, lane, &index);
+        float total = warp_row_totals<2, MOE_TOKENS>(format, w, lane, cols, sorted + k0 * bytes,
+                                                     count, &index);
         // The up row's total for the same token sits in the lanes xor 16; each total is held
         // by 32 / (2 · MOE_TOKENS) lanes, of which the first writes.
         float up = __shfl_xor_sync(0xffffffffu, total, 16);
@@ -165,10 +164,9 @@ moe_down(const u8* const* down_w, const float* const* down_b, long long row_byte
     long long bytes = qinput_bytes(cols);
     for (int k0 = first; k0 < last; k0 += MOE_TOKENS) {
         int count = min(MOE_TOKENS, last - k0);
-        Sums<MOE_TOKENS> sums = dot_rows_of<1, MOE_TOKENS>(format, w, 0, cols >> 5, lane, cols,
-                                                           sorted + k0 * bytes, count);
         int index;
-        float total = reduce_scatter<MOE_TOKENS, 32>(sums, lane, &index);
+        float total = warp_row_totals<1, MOE_TOKENS>(format, w, lane, cols, sorted + k0 * bytes,
+                                                     count, &index);
         bool leader = (lane & (32 / MOE_TOKENS - 1)) == 0;
         if (leader && index < count) {
             int p = order[k0 + index];
@@ -178,9 +176,8 @@ moe_down(const u8* const* down_w, const float* const* down_b, long long row_byte
 }
 
 // The same products for a pass of one row, pair p = blockIdx.y on its expert ids[p] alone (no
-// grouping): the sums are those of moe_gate_up and moe_down (a token's chunks in the same order,
-// the butterfly of reduce_scatter equal to warp_sum's), so a row's results do not depend on
-// which kernel ran; with one token per expert the batched accumulators only cost registers.
+// grouping): the sums are those of moe_gate_up and moe_down (warp_row_totals, qgemv.cu's order),
+// so a row's results do not depend on which kernel ran; with one token per expert the batched accumulators only cost registers.
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
 moe_pair_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* gate_b,
                  const float* const* up_b, long long row_bytes, int rows, int format, int cols,
@@ -191,8 +188,9 @@ moe_pair_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* co
     Rows<2> w;
     w.p[0] = gate_w[e] + (long long)r * row_bytes;
     w.p[1] = up_w[e] + (long long)r * row_bytes;
-    Sums<2> sums = dot_rows_of<2, 1>(format, w, 0, cols >> 5, lane, cols, quantized, 1);
-    float gate = warp_sum(sums.v[0]), up = warp_sum(sums.v[1]);
+    int index;
+    float gate = warp_row_totals<2, 1>(format, w, lane, cols, quantized, 1, &index);
+    float up = __shfl_xor_sync(0xffffffffu, gate, 16);
     if (lane == 0)
         act[(long long)p * rows + r] =
             swiglu_oai(gate + gate_b[e][r], up + up_b[e][r], alpha, limit);
@@ -208,8 +206,8 @@ moe_pair_down(const u8* const* down_w, const float* const* down_b, long long row
     Rows<1> w;
     w.p[0] = down_w[e] + (long long)r * row_bytes;
     const u8* input = quantized + (long long)p * qinput_bytes(cols);
-    Sums<1> sums = dot_rows_of<1, 1>(format, w, 0, cols >> 5, lane, cols, input, 1);
-    float v = warp_sum(sums.v[0]);
+    int index;
+    float v = warp_row_totals<1, 1>(format, w, lane, cols, input, 1, &index);
     if (lane == 0) out[(long long)p * rows + r] = (v + down_b[e][r]) * weights[p];
 }
 

@@ -1,11 +1,10 @@
 // Routed experts of a pass of long chunks on int8 tensor cores: moe_gate_up's and moe_down's
 // products (moe.cu: the pairs grouped by expert, inputs quantized in expert order at `sorted`)
-// by qgemm.cu's tiles and sums, so a pair's results follow the GEMM's order (chunks in order
+// by qgemm.cu's tiles and sums, so a pair's results follow qgemv.cu's order (the pairwise tree
 // within each segment, segments in order) and do not depend on the other pairs. A block takes
 // QmSmall's tile of weight rows of expert active[blockIdx.y] (gate and up rows side by side as
 // in the gated mode) and runs over all of that expert's pairs, 32 at a time, so the grid does
-// not depend on the routing. Launched with V · THREADS floats of dynamic shared memory (the
-// segments' running totals).
+// not depend on the routing.
 
 typedef QmSmall MoeShape;
 
@@ -32,7 +31,7 @@ __device__ __forceinline__ void moe_gemm_passes(QmTiles<S>& sh, const QmBlock& b
     qm_tile_rows<S>(b, b.m, second, none, mode, wrows);
     for (int t0 = 0; t0 < n; t0 += S::BN) {
         float acc[S::MT][S::NT][4];
-        qm_products<C, S>(sh, wrows, t0, n, cols, pre, 0, cols >> 5, true, acc);
+        qm_products<C, S>(sh, wrows, t0, n, cols, pre, 0, cols >> 5, acc);
         put(acc, t0 + wn + 2 * (lane & 3), wm, lane >> 2);
     }
 }

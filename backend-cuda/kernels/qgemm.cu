@@ -1,24 +1,21 @@
-// Prefill GEMM on int8 tensor cores: every weight row of up to three matrices times every token
-// row of a pass, for the quantized formats of qgemv.cu, with qgemv's launch modes (store,
-// accumulate, gated, RoPE). The token rows come quantized once by quantize_rows (32-element
-// int8 chunks with a scale d, the sum of their quants and s, as the CPU's activation blocks). A
-// block takes a tile of BM weight rows × BN tokens: it decodes QM_KC weight chunks per row to
-// int8 in shared memory with the GEMV's loaders, copies the tokens' chunks beside them, and
-// each chunk's integer sums come from mma.sync (s8 × s8 → s32, exact). Each sum is then scaled
-// (fused multiply-adds of the chunk's scales, `qm_add`) into the output's f32 total in chunk
-// order within each segment of QM_SEG chunks, and the segments' totals are added in segment
-// order (p0, then + p1, + p2, …): the order is fixed by the matrix width alone, so a token's
-// results do not depend on which or how many rows share the launch, nor on the tile shape or
-// where its tile falls. The small shape runs each segment in a block of its own (grid.z), so a
-// prompt of a few dozen tokens still fills the GPU on a wide matrix (a down projection); the
-// last block of a tile to finish adds the segments' totals. The large shape adds them as it
-// goes.
+// The int8 tensor-core GEMM: every weight row of up to three matrices times every token row of
+// a pass, for the quantized formats of qgemv.cu, with qgemv's launch modes (store, accumulate,
+// gated, RoPE). The token rows come quantized once by quantize_rows (32-element int8 chunks with
+// a scale d, the sum of their quants and s, as the CPU's activation blocks). A block takes a
+// tile of BM weight rows × BN tokens: it decodes QM_KC weight chunks per row to int8 in shared
+// memory with the GEMV's loaders, copies the tokens' chunks beside them, and each chunk's
+// integer sums come from mma.sync (s8 × s8 → s32, exact). Each output then follows qgemv.cu's
+// order exactly (its chunk products by the format's formula, the pairwise tree within each
+// segment of QG_SEG chunks, the segments in order), so a row's bits are those of the GEMV and
+// do not depend on the rows beside it, the tile or the launch. A block runs one segment
+// (grid.z) and the last block of a tile to finish adds the segments' totals, so a prompt of a
+// few dozen tokens still fills the GPU on a wide matrix (a down projection).
 
 // Weight chunks (32 elements) per row and tile step: each step's loads, fetched while the
 // previous step multiplies, are in flight together.
 #define QM_KC 8
-// Chunks (32 elements) per segment: a multiple of QM_KC.
-#define QM_SEG 32
+// Chunks per segment (qgemv.cu's order): four tile steps.
+#define QM_SEG QG_SEG
 // Bytes per row of a tile in shared memory: QM_KC chunks of 32 quants, plus 16 so that the
 // eight rows of a fragment load fall in distinct banks.
 #define QM_PITCH (QM_KC * 32 + 16)
@@ -38,7 +35,6 @@ struct QmShape {
     static_assert(BM == BN && BM * QM_KC % THREADS == 0, "pairs split evenly");
 };
 typedef QmShape<2, 4, 1, 1, 4> QmSmall;  // 32 × 32, 8 warps
-typedef QmShape<2, 4, 2, 2, 2> QmLarge;  // 64 × 64, 8 warps
 
 template <typename S>
 struct QmTiles {
@@ -69,16 +65,6 @@ __device__ __forceinline__ void mma_k16(int* c, int a0, int a1, int b0) {
         : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// A whole chunk of format C as int8 quants ready for mma (element i in byte i), with its scales.
-template <typename C>
-__device__ __forceinline__ WChunk qm_load(const u8* row, int c) {
-    return C::load(row, c, 0);
-}
-template <>
-__device__ __forceinline__ WChunk qm_load<ChunkQ6_K>(const u8* row, int c) {
-    return ChunkQ6_K::load_whole(row, c);
-}
-
 // Whether format C scales the two 16-element halves of a chunk apart (Q6_K).
 template <typename C>
 struct QmHalves {
@@ -101,53 +87,6 @@ struct QmHalves<ChunkQ6_K> {
         case 39: F<ChunkMXFP4, S>(__VA_ARGS__); break;              \
         default: F<ChunkQ6_K, S>(__VA_ARGS__); break;               \
     }
-
-// acc plus the product of a weight chunk (its scales in w) and a token chunk (dx, sumx, sx), from
-// the integer sums over the chunk (low) or its halves (low, high; Q6_K): ggml's per-block
-// formula for the format, as fused multiply-adds.
-template <typename C>
-__device__ __forceinline__ float qm_add(float acc, const WChunk& w, float dx, int sumx, float sx,
-                                        int low, int high);
-template <>
-__device__ __forceinline__ float qm_add<ChunkQ4_0>(float acc, const WChunk& w, float dx, int sumx,
-                                                   float, int low, int) {
-    return fmaf(w.d * dx, (float)(low - 8 * sumx), acc);
-}
-template <>
-__device__ __forceinline__ float qm_add<ChunkQ4_1>(float acc, const WChunk& w, float dx, int,
-                                                   float sx, int low, int) {
-    return fmaf(w.m, sx, fmaf(w.d * dx, (float)low, acc));
-}
-template <>
-__device__ __forceinline__ float qm_add<ChunkQ5_0>(float acc, const WChunk& w, float dx, int sumx,
-                                                   float, int low, int) {
-    return fmaf(w.d * dx, (float)(low - 16 * sumx), acc);
-}
-template <>
-__device__ __forceinline__ float qm_add<ChunkQ5_1>(float acc, const WChunk& w, float dx, int sumx,
-                                                   float sx, int low, int high) {
-    return qm_add<ChunkQ4_1>(acc, w, dx, sumx, sx, low, high);
-}
-template <>
-__device__ __forceinline__ float qm_add<ChunkQ8_0>(float acc, const WChunk& w, float dx, int,
-                                                   float, int low, int) {
-    return fmaf(w.d * dx, (float)low, acc);
-}
-template <>
-__device__ __forceinline__ float qm_add<ChunkMXFP4>(float acc, const WChunk& w, float dx, int,
-                                                    float, int low, int) {
-    return fmaf(w.d * dx, (float)low, acc);
-}
-template <>
-__device__ __forceinline__ float qm_add<ChunkQ4_K>(float acc, const WChunk& w, float dx, int sumx,
-                                                   float, int low, int) {
-    return fmaf(-(w.m * dx), (float)(w.mn * sumx), fmaf(w.d * dx, (float)(w.sc * low), acc));
-}
-template <>
-__device__ __forceinline__ float qm_add<ChunkQ6_K>(float acc, const WChunk& w, float dx, int,
-                                                   float, int low, int high) {
-    return fmaf(w.d * dx, (float)(w.sc * low + w.mn * high), acc);
-}
 
 // What a block multiplies: its matrix (one format), and for each of the rows of its weight tile
 // the row it holds. In the gated and RoPE modes each 16-row mma tile holds the first rows
@@ -207,7 +146,7 @@ __device__ __forceinline__ void qm_fetch(QmStage<S>& st, const u8* const* wrows,
     if (c >= kc) return;
 #pragma unroll
     for (int i = 0; i < S::PAIRS; ++i) {
-        st.w[i] = qm_load<C>(wrows[i], k0 + c);
+        st.w[i] = C::load(wrows[i], k0 + c);
         int t = min(t0 + qm_pair_row<S>(i), n - 1);
         const u8* base = pre + (long long)t * qinput_bytes(cols);
         QInput in = qinput_at(cols, base);
@@ -244,11 +183,11 @@ __device__ __forceinline__ void qm_store(QmTiles<S>& sh, const QmStage<S>& st, i
     }
 }
 
-// The products of chunk c of the tiles for the warp's rows wm.. and tokens wn.., added to acc
-// (mma tile mt, nt; output i: row g, +8 for i ≥ 2; token 2·q4 + (i & 1)).
+// The leaves (0 + the chunk product, qgemv.cu's order) of chunk c of the tiles for the warp's
+// rows wm.. and tokens wn.. (mma tile mt, nt; output i: row g, +8 for i ≥ 2; token 2·q4 + (i & 1)).
 template <typename C, typename S>
 __device__ __forceinline__ void qm_chunk(const QmTiles<S>& sh, int c, int wm, int wn, int g,
-                                         int q4, float (*acc)[S::NT][4]) {
+                                         int q4, float (*leaf)[S::NT][4]) {
     int a[S::MT][4];
     WChunk w[S::MT][2];
 #pragma unroll
@@ -293,8 +232,8 @@ __device__ __forceinline__ void qm_chunk(const QmTiles<S>& sh, int c, int wm, in
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 int j = i & 1;
-                acc[mt][nt][i] = qm_add<C>(acc[mt][nt][i], w[mt][i >> 1], xd[j], xsum[j], xs[j],
-                                           low[i], high[i]);
+                leaf[mt][nt][i] =
+                    0.0f + C::partial(w[mt][i >> 1], xd[j], xsum[j], xs[j], low[i], high[i]);
             }
         }
     }
@@ -348,93 +287,124 @@ __device__ __forceinline__ void qm_epilogue(const QmBlock& b, const QMatrix& m0,
 }
 
 template <typename S>
+__device__ __forceinline__ void qm_set(float (*dst)[S::NT][4], const float (*src)[S::NT][4]) {
+#pragma unroll
+    for (int v = 0; v < S::V; ++v)
+        dst[v / (4 * S::NT)][(v / 4) % S::NT][v % 4] = src[v / (4 * S::NT)][(v / 4) % S::NT][v % 4];
+}
+
+// dst = dst + src, output by output (the left operand the earlier subtree).
+template <typename S>
+__device__ __forceinline__ void qm_add(float (*dst)[S::NT][4], const float (*src)[S::NT][4]) {
+#pragma unroll
+    for (int v = 0; v < S::V; ++v) {
+        float& d = dst[v / (4 * S::NT)][(v / 4) % S::NT][v % 4];
+        d = d + src[v / (4 * S::NT)][(v / 4) % S::NT][v % 4];
+    }
+}
+
+template <typename S>
 __device__ __forceinline__ void qm_zero(float (*acc)[S::NT][4]) {
 #pragma unroll
     for (int v = 0; v < S::V; ++v) acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4] = 0.0f;
 }
 
-// The running total of this thread's outputs plus the segment just done: the first segment's
-// total as it is, then each one added in order. The totals are kept in the dynamic shared
-// memory the large shape is launched with (V floats a thread; registers would spill).
-template <typename S>
-__device__ __forceinline__ void qm_fold(float (*acc)[S::NT][4], bool first) {
-    extern __shared__ float qm_total[];
-#pragma unroll
-    for (int v = 0; v < S::V; ++v) {
-        float p = acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4];
-        float* total = qm_total + v * S::THREADS + threadIdx.x;
-        *total = first ? p : *total + p;
-    }
-}
-
 // Split segments: each block stores its segment's totals at `partial` (per tile, segment,
 // output and thread); the last of a tile's blocks to finish (a count per tile, left zeroed for
-// the next launch, as argmax_logits's) adds them in segment order into acc and goes on to the
-// epilogue; the others return false.
+// the next launch, as argmax_logits's) adds them in segment order into acc (0 + S0 + S1 + …,
+// as qgemv.cu) and goes on to the epilogue; the others return false.
 template <typename S>
 __device__ bool qm_gather(float* partial, u32* counters, float (*acc)[S::NT][4]) {
+    __shared__ int s_last;
     long long tile = (long long)blockIdx.y * gridDim.x + blockIdx.x;
     float* mine = partial + ((tile * gridDim.z + blockIdx.z) * S::V) * S::THREADS + threadIdx.x;
 #pragma unroll
     for (int v = 0; v < S::V; ++v) mine[v * S::THREADS] = acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4];
     __threadfence();
     __syncthreads();
-    int last = 0;
     if (threadIdx.x == 0) {
-        last = atomicAdd(counters + tile, 1u) == gridDim.z - 1;
-        if (last) counters[tile] = 0;
+        s_last = atomicAdd(counters + tile, 1u) == gridDim.z - 1;
+        if (s_last) counters[tile] = 0;
     }
-    // (No shared flag: the large shape's static shared memory is at its 48 KiB limit.)
-    if (!__syncthreads_or(last)) return false;
+    __syncthreads();
+    if (!s_last) return false;
     __threadfence();
     const float* all = partial + tile * gridDim.z * S::V * S::THREADS + threadIdx.x;
 #pragma unroll
     for (int v = 0; v < S::V; ++v) {
-        float total = __ldcg(all + v * S::THREADS);
-        for (int z = 1; z < (int)gridDim.z; ++z) total = total + __ldcg(all + (z * S::V + v) * S::THREADS);
+        float total = 0.0f;
+        for (int z = 0; z < (int)gridDim.z; ++z) total = total + __ldcg(all + (z * S::V + v) * S::THREADS);
         acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4] = total;
     }
     return true;
 }
 
-// The sums of the tile rows at `wrows` times tokens t0.. of the n at `pre` over chunks first..
-// < end, into acc: warp w on tile rows 16·MT·(w mod WM).. and tokens 8·NT·(w / WM)... Each
-// thread fetches its share of the next tile step into registers while the block multiplies
-// the current one. With `fold` (all the chunks), segments are added in order as they end (the
-// running total in the dynamic shared memory the launch gives: V · THREADS floats); without,
-// acc holds the sum of the one segment first.. < end.
+// Leaf c (of a tile step's QM_KC) into the step's pairwise tree: a holds the finished left
+// subtrees, b and d the ones under way; after c = 7, a is the step's total (three levels).
+template <typename S>
+__device__ __forceinline__ void qm_step_tree(int c, const float (*leaf)[S::NT][4],
+                                             float (*a)[S::NT][4], float (*b)[S::NT][4],
+                                             float (*d)[S::NT][4]) {
+    switch (c) {
+        case 0: qm_set<S>(a, leaf); break;
+        case 1: qm_add<S>(a, leaf); break;
+        case 2: case 4: qm_set<S>(b, leaf); break;
+        case 3: qm_add<S>(b, leaf); qm_add<S>(a, b); break;
+        case 5: qm_add<S>(b, leaf); break;
+        case 6: qm_set<S>(d, leaf); break;
+        default: qm_add<S>(d, leaf); qm_add<S>(b, d); qm_add<S>(a, b); break;
+    }
+}
+
+// The sums of the tile rows at `wrows` times tokens t0.. of the n at `pre` over the segments
+// of chunks first.. < end (first at a segment's start), into acc: warp w on tile rows
+// 16·MT·(w mod WM).. and tokens 8·NT·(w / WM)... Each thread fetches its share of the next
+// tile step into registers while the block multiplies the current one. Chunks past `end` are
+// +0 leaves; a segment's four steps are the top two levels of its tree ((s0 + s1) + (s2 + s3)),
+// and the segments are added in order (0 + S0 + S1 + …): qgemv.cu's order.
 template <typename C, typename S>
 __device__ void qm_products(QmTiles<S>& sh, const u8* const* wrows, int t0, int n, int cols,
-                            const u8* pre, int first, int end, bool fold,
-                            float (*acc)[S::NT][4]) {
+                            const u8* pre, int first, int end, float (*acc)[S::NT][4]) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
     int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
+    float a[S::MT][S::NT][4], b[S::MT][S::NT][4], d[S::MT][S::NT][4];
+    float u[S::MT][S::NT][4], v[S::MT][S::NT][4];
     qm_zero<S>(acc);
     QmStage<S> st;
     qm_fetch<C, S>(st, wrows, t0, n, cols, pre, first, min(QM_KC, end - first));
     for (int k0 = first; k0 < end; k0 += QM_KC) {
-        int kc = min(QM_KC, end - k0);
+        int kc = min(QM_KC, end - k0), step = (k0 / QM_KC) % (QM_SEG / QM_KC);
         qm_store(sh, st, kc);
         __syncthreads();
         if (k0 + QM_KC < end)
             qm_fetch<C, S>(st, wrows, t0, n, cols, pre, k0 + QM_KC, min(QM_KC, end - k0 - QM_KC));
         // Unrolled, so that one chunk's loads and mma overlap another's scaling.
 #pragma unroll
-        for (int c = 0; c < QM_KC; ++c)
-            if (c < kc) qm_chunk<C, S>(sh, c, wm, wn, g, q4, acc);
-        __syncthreads();
-        // A segment ends inside the loop: fold its total (the last one is folded below).
-        if (fold && (k0 + QM_KC) % QM_SEG == 0 && k0 + QM_KC < end) {
-            qm_fold<S>(acc, k0 + QM_KC == QM_SEG);
-            qm_zero<S>(acc);
+        for (int c = 0; c < QM_KC; ++c) {
+            float leaf[S::MT][S::NT][4];
+            if (c < kc) {
+                qm_chunk<C, S>(sh, c, wm, wn, g, q4, leaf);
+            } else {
+                qm_zero<S>(leaf);
+            }
+            qm_step_tree<S>(c, leaf, a, b, d);
         }
-    }
-    if (fold && end > QM_SEG) {
-        qm_fold<S>(acc, false);
-        extern __shared__ float qm_total[];
-#pragma unroll
-        for (int v = 0; v < S::V; ++v)
-            acc[v / (4 * S::NT)][(v / 4) % S::NT][v % 4] = qm_total[v * S::THREADS + threadIdx.x];
+        __syncthreads();
+        if (step == 0) {
+            qm_set<S>(u, a);
+            qm_zero<S>(v);
+        } else if (step == 1) {
+            qm_add<S>(u, a);
+        } else if (step == 2) {
+            qm_set<S>(v, a);
+        } else {
+            qm_add<S>(v, a);
+        }
+        // The segment ends: add its total.
+        if (step == QM_SEG / QM_KC - 1 || k0 + QM_KC >= end) {
+            qm_add<S>(u, v);
+            qm_add<S>(acc, u);
+        }
     }
 }
 
@@ -466,7 +436,7 @@ __device__ void qgemm_tile(QmTiles<S>& sh, const QmBlock& b, const QMatrix& m0, 
     float acc[S::MT][S::NT][4];
     bool split = gridDim.z > 1;
     int first = split ? blockIdx.z * QM_SEG : 0, end = split ? min(chunks, first + QM_SEG) : chunks;
-    qm_products<C, S>(sh, wrows, t0, n, cols, pre, first, end, !split, acc);
+    qm_products<C, S>(sh, wrows, t0, n, cols, pre, first, end, acc);
     if (split && !qm_gather<S>(partial, counters, acc)) return;
     qm_epilogue<S>(b, m0, m1, m2, rope, mode, wm, wn, g, q4, t0, n, acc);
 }
@@ -518,4 +488,3 @@ __device__ void qgemm(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
     }
 
 QGEMM_KERNEL(qgemm_small, QmSmall)
-QGEMM_KERNEL(qgemm_large, QmLarge)

@@ -188,23 +188,21 @@ __device__ __forceinline__ void nibble_chunk(Load load, u32 qh, WChunk* w) {
 // One struct per format, each with ggml's per-block arithmetic for that format's vec_dot (the
 // integer sum is exact, so only the float expressions fix the result).
 struct ChunkQ4_0 {
-    static const int LANES = 1;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
         const u8* b = row + c * 18;
         WChunk w;
         w.d = ld_f16(b);
         nibble_chunk([&](int k) { return ld_u32_2(b + 2 + 4 * k); }, 0u, &w);
         return w;
     }
-    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
-        int sumi = chunk_sum(w, input_chunk(in, c));
-        return (w.d * in.d[c]) * (float)(sumi - 8 * in.sum[c]);
+    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float,
+                                                    int low, int) {
+        return (w.d * dx) * (float)(low - 8 * sumx);
     }
 };
 
 struct ChunkQ4_1 {
-    static const int LANES = 1;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
         const u8* b = row + c * 20;
         WChunk w;
         w.d = ld_f16(b);
@@ -212,30 +210,28 @@ struct ChunkQ4_1 {
         nibble_chunk([&](int k) { return ld_u32(b + 4 + 4 * k); }, 0u, &w);
         return w;
     }
-    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
-        int sumi = chunk_sum(w, input_chunk(in, c));
-        return (w.d * in.d[c]) * (float)sumi + w.m * in.s[c];
+    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int, float sx,
+                                                    int low, int) {
+        return (w.d * dx) * (float)low + w.m * sx;
     }
 };
 
 struct ChunkQ5_0 {
-    static const int LANES = 1;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
         const u8* b = row + c * 22;
         WChunk w;
         w.d = ld_f16(b);
         nibble_chunk([&](int k) { return ld_u32_2(b + 6 + 4 * k); }, ld_u32_2(b + 2), &w);
         return w;
     }
-    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
-        int sumi = chunk_sum(w, input_chunk(in, c));
-        return (w.d * in.d[c]) * (float)(sumi - 16 * in.sum[c]);
+    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float,
+                                                    int low, int) {
+        return (w.d * dx) * (float)(low - 16 * sumx);
     }
 };
 
 struct ChunkQ5_1 {
-    static const int LANES = 1;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
         const u8* b = row + c * 24;
         WChunk w;
         w.d = ld_f16(b);
@@ -243,15 +239,14 @@ struct ChunkQ5_1 {
         nibble_chunk([&](int k) { return ld_u32(b + 8 + 4 * k); }, ld_u32(b + 4), &w);
         return w;
     }
-    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
-        int sumi = chunk_sum(w, input_chunk(in, c));
-        return (w.d * in.d[c]) * (float)sumi + w.m * in.s[c];
+    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float sx,
+                                                    int low, int high) {
+        return ChunkQ4_1::partial(w, dx, sumx, sx, low, high);
     }
 };
 
 struct ChunkQ8_0 {
-    static const int LANES = 1;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
         const u8* b = row + c * 34;
         WChunk w;
         w.d = ld_f16(b);
@@ -259,8 +254,9 @@ struct ChunkQ8_0 {
         for (int k = 0; k < 8; ++k) w.q[k] = ld_u32_2(b + 2 + 4 * k);
         return w;
     }
-    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
-        return (w.d * in.d[c]) * (float)chunk_sum(w, input_chunk(in, c));
+    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int, float, int low,
+                                                    int) {
+        return (w.d * dx) * (float)low;
     }
 };
 
@@ -303,8 +299,7 @@ __device__ __forceinline__ uint2 mxfp4_word_values(u32 q) {
 }
 
 struct ChunkMXFP4 {
-    static const int LANES = 1;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
         const u8* block = row + c * 17;
         u32 lead = (u32)(unsigned long long)block & 3u, v[5];
         const u32* words = (const u32*)(block - lead);
@@ -324,16 +319,16 @@ struct ChunkMXFP4 {
         }
         return w;
     }
-    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
-        return (w.d * in.d[c]) * (float)chunk_sum(w, input_chunk(in, c));
+    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float sx,
+                                                    int low, int high) {
+        return ChunkQ8_0::partial(w, dx, sumx, sx, low, high);
     }
 };
 
 // Q4_K: chunk c is sub-block j = c mod 8 of super-block c / 8 (32 bytes of nibbles shared by
 // sub-blocks 2i and 2i+1; rows are whole 144-byte super-blocks, so 16-byte aligned).
 struct ChunkQ4_K {
-    static const int LANES = 1;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
         const u8* b = row + (c >> 3) * 144;
         int j = c & 7, shift = 4 * (j & 1);
         WChunk w;
@@ -347,43 +342,30 @@ struct ChunkQ4_K {
         for (int k = 0; k < 8; ++k) w.q[k] = (words[k] >> shift) & 0x0F0F0F0Fu;
         return w;
     }
-    static __device__ __forceinline__ float dot(const WChunk& w, int c, int, const QInput& in) {
-        int sumi = chunk_sum(w, input_chunk(in, c));
-        float dx = in.d[c];
-        return (w.d * dx) * (float)(w.sc * sumi) - (w.m * dx) * (float)(w.mn * in.sum[c]);
+    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float,
+                                                    int low, int) {
+        return (w.d * dx) * (float)(w.sc * low) - (w.m * dx) * (float)(w.mn * sumx);
     }
 };
 
-// Q6_K: chunk c is group g of half n of super-block c / 8 (j = c mod 8 = 4n + g), split over
-// eight lanes, lane `sub` on elements 4·sub.. (half of them under each of the chunk's two
-// 16-element scales): one 4-byte word of low and of high bits each, so that a warp's loads
-// cover four chunks' contiguous bytes instead of 32 chunks' scattered ones.
+// Q6_K: chunk c is group g of half n of super-block c / 8 (j = c mod 8 = 4n + g): its low four
+// bits in the nibbles of 32 bytes at 64n + 32(g mod 2) (high nibbles for g >= 2), its top two
+// bits at 2g of 32 bytes at 128 + 32n, one signed scale per 16-element half.
 struct ChunkQ6_K {
-    static const int LANES = 8;
-    // Word `sub` (elements 4·sub..) of chunk j = 4n + g of the super-block at b: its 6-bit
-    // quants (0..63), one per byte.
-    static __device__ __forceinline__ u32 word(const u8* b, int j, int sub) {
+    // Word k (elements 4k..) of chunk j = 4n + g of the super-block at b: its 6-bit quants
+    // (0..63), one per byte.
+    static __device__ __forceinline__ u32 word(const u8* b, int j, int k) {
         int n = j >> 2, g = j & 3;
-        u32 ql = ld_u32_2(b + 64 * n + 32 * (g & 1) + 4 * sub);
-        u32 qh = ld_u32_2(b + 128 + 32 * n + 4 * sub);
+        u32 ql = ld_u32_2(b + 64 * n + 32 * (g & 1) + 4 * k);
+        u32 qh = ld_u32_2(b + 128 + 32 * n + 4 * k);
         return ((ql >> (g >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((qh >> (2 * g)) & 0x03030303u) << 4);
     }
     // The scale of the chunk's 16-element half `half`.
     static __device__ __forceinline__ int half_scale(const u8* b, int j, int half) {
         return (int)(signed char)b[192 + 8 * (j >> 2) + 2 * (j & 3) + half];
     }
-    static __device__ __forceinline__ WChunk load(const u8* row, int c, int sub) {
-        const u8* b = row + (c >> 3) * 210;
-        int j = c & 7;
-        WChunk w;
-        w.q[0] = word(b, j, sub);
-        w.sc = half_scale(b, j, sub >> 2);
-        w.d = ld_f16(b + 208);
-        return w;
-    }
-    // The whole chunk for the tensor-core GEMM (qgemm.cu): its quants less 32 (signed, -32..31)
-    // in eight words, the two halves' scales in sc and mn.
-    static __device__ __forceinline__ WChunk load_whole(const u8* row, int c) {
+    // Its quants less 32 (signed, -32..31) in eight words, the two halves' scales in sc and mn.
+    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
         const u8* b = row + (c >> 3) * 210;
         int j = c & 7;
         WChunk w;
@@ -394,12 +376,43 @@ struct ChunkQ6_K {
         w.d = ld_f16(b + 208);
         return w;
     }
-    static __device__ __forceinline__ float dot(const WChunk& w, int c, int sub, const QInput& in) {
-        int x = in.q[8 * c + sub];
-        int sumi = __dp4a((int)w.q[0], x, 0) - 32 * __dp4a(0x01010101, x, 0);
-        return (w.d * in.d[c]) * (float)(w.sc * sumi);
+    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int, float, int low,
+                                                    int high) {
+        return (w.d * dx) * (float)(w.sc * low + w.mn * high);
     }
 };
+
+// The product of weight chunk c and input chunk c: the integer sum over the chunk, then the
+// format's formula (ggml's per-block arithmetic).
+template <typename C>
+__device__ __forceinline__ float chunk_dot(const WChunk& w, int c, const QInput& in) {
+    return C::partial(w, in.d[c], in.sum[c], in.s[c], chunk_sum(w, input_chunk(in, c)), 0);
+}
+// Q6_K: the integer sums over its two 16-element halves, as the GEMM's two m16n8k16.
+template <>
+__device__ __forceinline__ float chunk_dot<ChunkQ6_K>(const WChunk& w, int c, const QInput& in) {
+    Chunk8 x = input_chunk(in, c);
+    int low = 0, high = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        low = __dp4a((int)w.q[k], x.w[k], low);
+        high = __dp4a((int)w.q[4 + k], x.w[4 + k], high);
+    }
+    return ChunkQ6_K::partial(w, in.d[c], in.sum[c], in.s[c], low, high);
+}
+
+// THE ORDER OF EVERY QUANTIZED PRODUCT (this GEMV, one row or batched, the tensor-core GEMM of
+// qgemm.cu and the expert kernels alike; specs/CUDA.md, "One arithmetic"): an output's chunk
+// products p_c (chunk_dot: exact integer sums, then the format's formula) are taken as leaves
+// 0 + p_c; the 32 leaves of each segment (QG_SEG chunks, 1,024 columns; a last, shorter segment
+// has +0 leaves) are added by the pairwise tree in chunk order, ((l0 + l1) + (l2 + l3)) + …;
+// the segments' totals are added in order to 0: (0 + S0) + S1 + …. Nothing in it depends on
+// the number of rows, the kernel or the launch, so a row's bits are the same in every pass.
+#define QG_SEG 32
+// Segments of the widest input a launch takes (32 of them: 32,768 columns).
+#define QG_MAX_SEGMENTS 32
+
+__host__ __device__ constexpr int log2_of(int w) { return w <= 1 ? 0 : 1 + log2_of(w / 2); }
 
 // The R rows of a warp, and the sums of its R rows times T tokens, row-major (passed by value,
 // indexed by unrolled constants, so they stay in registers).
@@ -412,49 +425,28 @@ struct Sums {
     float v[N];
 };
 
-// Σ over the chunks first.. < last of each row times each of the `count` (≤ T) input rows at
-// `inputs` (qinput_bytes(cols) apart), in format C: C::LANES lanes on each chunk, the warp on
-// 32 / C::LANES chunks at a time, each weight chunk loaded once for all the tokens. Returns this
-// lane's share. A token's sum runs over the same chunks in the same order whatever T and
-// `count` are, so its result does not depend on the batch.
+// This lane's leaves of chunk c (when `live`) for each of the R rows times the `count` (≤ T)
+// input rows at `inputs` (qinput_bytes(cols) apart); +0 elsewhere. Each weight chunk is loaded
+// once for all the tokens.
 template <typename C, int R, int T>
-__device__ __forceinline__ Sums<R * T> dot_rows(Rows<R> w, int first, int last, int lane,
-                                                int cols, const u8* inputs, int count) {
-    Sums<R * T> acc;
+__device__ __forceinline__ Sums<R * T> chunk_leaves(Rows<R> w, int c, bool live, int cols,
+                                                    const u8* inputs, int count) {
+    Sums<R * T> leaf;
 #pragma unroll
-    for (int k = 0; k < R * T; ++k) acc.v[k] = 0.0f;
-    int sub = lane % C::LANES, bytes = qinput_bytes(cols);
-    for (int c = first + lane / C::LANES; c < last; c += 32 / C::LANES) {
+    for (int k = 0; k < R * T; ++k) leaf.v[k] = 0.0f;
+    if (!live) return leaf;
+    int bytes = qinput_bytes(cols);
 #pragma unroll
-        for (int k = 0; k < R; ++k) {
-            WChunk wc = C::load(w.p[k], c, sub);
+    for (int k = 0; k < R; ++k) {
+        WChunk wc = C::load(w.p[k], c);
 #pragma unroll
-            for (int t = 0; t < T; ++t) {
-                if (T > 1 && t >= count) break;
-                acc.v[k * T + t] += C::dot(wc, c, sub, qinput_at(cols, inputs + t * bytes));
-            }
+        for (int t = 0; t < T; ++t) {
+            if (T > 1 && t >= count) break;
+            leaf.v[k * T + t] = 0.0f + chunk_dot<C>(wc, c, qinput_at(cols, inputs + t * bytes));
         }
     }
-    return acc;
+    return leaf;
 }
-
-// dot_rows for the warp's format (the same for its R rows), chosen once per warp.
-template <int R, int T>
-__device__ __forceinline__ Sums<R * T> dot_rows_of(int format, Rows<R> w, int first, int last,
-                                                   int lane, int cols, const u8* inputs,
-                                                   int count) {
-    switch (format) {
-        case 2: return dot_rows<ChunkQ4_0, R, T>(w, first, last, lane, cols, inputs, count);
-        case 3: return dot_rows<ChunkQ4_1, R, T>(w, first, last, lane, cols, inputs, count);
-        case 6: return dot_rows<ChunkQ5_0, R, T>(w, first, last, lane, cols, inputs, count);
-        case 7: return dot_rows<ChunkQ5_1, R, T>(w, first, last, lane, cols, inputs, count);
-        case 8: return dot_rows<ChunkQ8_0, R, T>(w, first, last, lane, cols, inputs, count);
-        case 12: return dot_rows<ChunkQ4_K, R, T>(w, first, last, lane, cols, inputs, count);
-        case 39: return dot_rows<ChunkMXFP4, R, T>(w, first, last, lane, cols, inputs, count);
-        default: return dot_rows<ChunkQ6_K, R, T>(w, first, last, lane, cols, inputs, count);
-    }
-}
-
 // What a launch does with its dot products.
 #define QG_STORE 0       // y = W·x + bias
 #define QG_ACCUMULATE 1  // y += W·x (the residual stream)
@@ -614,27 +606,99 @@ __device__ __forceinline__ void qgemv_epilogue(const QMatrix& m0, const QMatrix&
     *dst = mode == QG_ACCUMULATE ? *dst + v : v;
 }
 
+// The pieces of a row: with P warps on a row ("parts"), warp p takes piece p of every segment,
+// its chunks p·W.. < (p + 1)·W (W = 32 / P), a subtree of the segment's tree; its W-lane groups
+// take segments j, j + P, … (j the group). Lane l of a group takes the piece's chunk rev(l)
+// (its log2 W bits reversed), so that the butterfly of reduce_scatter (xor W/2 first) adds the
+// chunks' leaves in the tree's pairs. P = 1: each lane ends with the sequential total of its
+// value *index over all segments; P > 1: the leaders write each segment's piece total to
+// pieces[value][segment] and the caller adds the pieces (piece_tree) and the segments. With
+// S = P token groups (a row of one segment, which would leave all groups but the first idle),
+// every group takes that segment instead, group j on tokens j·T/S.. of the block.
+template <typename C, int R, int T, int P, int S>
+__device__ __forceinline__ float row_pieces(Rows<R> w, int piece, int lane, int cols,
+                                            const u8* inputs, int count,
+                                            float (*pieces)[QG_MAX_SEGMENTS], int* index) {
+    constexpr int W = 32 / P, U = T / S, N = R * U;
+    static_assert(N <= W, "each value's total in W / N lanes");
+    static_assert(S == 1 || (S == P && P > 1), "token groups share one segment");
+    int group = lane / W, l = lane % W, first = S > 1 ? group * U : 0;
+    int offset = piece * W + (W == 1 ? 0 : (int)(__brev((u32)l) >> (32 - log2_of(W))));
+    int chunks = cols >> 5, segments = (chunks + QG_SEG - 1) / QG_SEG;
+    bool leader = (l & (W / N - 1)) == 0;
+    const u8* mine = inputs + (long long)first * qinput_bytes(cols);
+    float total = 0.0f;
+    // Every lane runs every round (the shuffles take the whole warp).
+    for (int s0 = 0; s0 < segments; s0 += S > 1 ? 1 : P) {
+        int s = S > 1 ? s0 : s0 + group, c = s * QG_SEG + offset;
+        Sums<N> leaves =
+            chunk_leaves<C, R, U>(w, c, s < segments && c < chunks, cols, mine, count - first);
+        float v = reduce_scatter<N, W>(leaves, l, index);
+        if (P == 1) {
+            total = total + v;
+        } else if (leader && s < segments) {
+            pieces[(*index / U) * T + first + *index % U][s] = v;
+        }
+    }
+    return total;
+}
+
+// row_pieces for the warp's format (the same for its R rows), chosen once per warp.
+template <int R, int T, int P, int S>
+__device__ __forceinline__ float row_pieces_of(int format, Rows<R> w, int piece, int lane,
+                                               int cols, const u8* inputs, int count,
+                                               float (*pieces)[QG_MAX_SEGMENTS], int* index) {
+#define QG_PIECES(C) row_pieces<C, R, T, P, S>(w, piece, lane, cols, inputs, count, pieces, index)
+    switch (format) {
+        case 2: return QG_PIECES(ChunkQ4_0);
+        case 3: return QG_PIECES(ChunkQ4_1);
+        case 6: return QG_PIECES(ChunkQ5_0);
+        case 7: return QG_PIECES(ChunkQ5_1);
+        case 8: return QG_PIECES(ChunkQ8_0);
+        case 12: return QG_PIECES(ChunkQ4_K);
+        case 39: return QG_PIECES(ChunkMXFP4);
+        default: return QG_PIECES(ChunkQ6_K);
+    }
+#undef QG_PIECES
+}
+
+// The total of this lane's value *index (of the R rows × T tokens) over a whole row, the warp
+// alone on it; each value is held by the 32 / (R·T) lanes of one group, of which the first
+// (lane mod 32 / (R·T) = 0) speaks for it, and the lanes of a row-1 total are those of the
+// row-0 total xor 16.
+template <int R, int T>
+__device__ __forceinline__ float warp_row_totals(int format, Rows<R> w, int lane, int cols,
+                                                 const u8* inputs, int count, int* index) {
+    return row_pieces_of<R, T, 1, 1>(format, w, 0, lane, cols, inputs, count, nullptr, index);
+}
+
+// A segment's total from its P pieces at p[0], p[stride], …: the top levels of its tree.
+template <int P>
+__device__ __forceinline__ float piece_tree(const float* p, int stride) {
+    if (P == 1) return p[0];
+    if (P == 2) return p[0] + p[stride];
+    float a = (p[0] + p[stride]) + (p[2 * stride] + p[3 * stride]);
+    if (P == 4) return a;
+    return a + ((p[4 * stride] + p[5 * stride]) + (p[6 * stride] + p[7 * stride]));
+}
+
 // R rows per warp-slot (R = 2: two consecutive rows of the concatenated matrices, which must
-// then share one format, or with a gated mode a gate row and its up row), `parts` warps per
-// slot (each on a contiguous run of the chunks, summed through shared memory), blockDim.x / 32
-// warps per block (at most QG_WARPS); grid.x over groups of T of the n tokens, grid.y over
-// slots, so that the blocks reading the same weights for different tokens run side by side and
-// DRAM serves each weight once (the others hit L2). With G > 1 the warp is G sub-warps of
-// 32 / G lanes, sub-warp g on tokens g·T/G.. of the block: for a part of few chunks (at most
-// 32 / G lane slots, the launch checks) a sub-warp's lanes hold exactly what lanes 0.. of the
-// one-row kernel hold, and the other lanes would have held zeros, so each token's sum is
-// bit-identical while a lane multiplies its weights by G times fewer tokens.
-template <int R, int T, int G>
+// then share one format, or with a gated mode a gate row and its up row), P warps per slot
+// (pieces of the segments, added through shared memory), blockDim.x / 32 warps per block (at
+// most QG_WARPS), S token groups (row_pieces); grid.x over groups of T of the n tokens, grid.y
+// over slots, so that the blocks reading the same weights for different tokens run side by
+// side and DRAM serves each weight once (the others hit L2).
+template <int R, int T, int P, int S>
 __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, const QRope& rope,
-                      int cols, int parts, int n, const float* x, const u8* pre, const float* norm,
+                      int cols, int n, const float* x, const u8* pre, const float* norm,
                       float eps, int mode) {
-    constexpr int S = 32 / G, U = T / G, N = R * U;
+    constexpr int N = R * T;
     extern __shared__ int4 qgemv_shared[];
-    __shared__ float s_part[QG_WARPS][R * T];
+    __shared__ float s_pieces[P > 1 ? QG_WARPS : 1][N][QG_MAX_SEGMENTS];
     int t0 = blockIdx.x * T, count = min(T, n - t0);
     const u8* inputs = load_inputs<T>(x, pre, norm, eps, cols, t0, (u8*)qgemv_shared);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % parts;
-    int slot = blockIdx.y * ((blockDim.x >> 5) / parts) + warp / parts;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % P;
+    int slot = blockIdx.y * ((blockDim.x >> 5) / P) + warp / P;
     bool gated = mode == QG_SILU || mode == QG_GELU, roped = mode == QG_ROPE;
     int all_rows = gated ? m0.rows : m0.rows + m1.rows + m2.rows;
     int which[R], row[R], format = 0, rotation = -1;
@@ -669,53 +733,59 @@ __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
         w.p[k] = mk.w + (long long)r * mk.row_bytes;
         format = mk.format;
     }
-    int chunks = cols >> 5, first = chunks * part / parts, last = chunks * (part + 1) / parts;
-    int g = lane / S, sub_lane = lane % S;
-    const u8* mine = inputs + (long long)g * U * qinput_bytes(cols);
-    Sums<N> share =
-        dot_rows_of<R, U>(format, w, first, last, sub_lane, cols, mine, count - g * U);
     int index;
-    float total = reduce_scatter<N, S>(share, sub_lane, &index);
-    // The row of the total and its token in the block.
-    int k = index / U, i = g * U + index % U, at = k * T + i;
-    // S / N lanes hold each total; the first of them speaks for it.
-    bool leader = (sub_lane & (S / N - 1)) == 0;
-    if (parts > 1) {
-        if (leader) s_part[warp][at] = total;
+    float total = row_pieces_of<R, T, P, S>(format, w, part, lane, cols, inputs, count,
+                                            s_pieces[P > 1 ? warp : 0], &index);
+    bool leader = (lane & (32 / N - 1)) == 0;
+    int partner = 16;  // the lanes of the other row's total for the same token (R = 2)
+    if (P > 1) {
         __syncthreads();
         if (part != 0) return;
-        total = s_part[warp][at];
-        for (int p = 1; p < parts; ++p) total += s_part[warp + p][at];
+        // Lane v (< N) adds value v's pieces, segment by segment.
+        int segments = ((cols >> 5) + QG_SEG - 1) / QG_SEG;
+        index = lane % N;
+        leader = lane < N;
+        partner = T;
+        total = 0.0f;
+        const float* first = &s_pieces[warp][index][0];
+        for (int s = 0; s < segments; ++s)
+            total = total + piece_tree<P>(first + s, N * QG_MAX_SEGMENTS);
     }
-    // The other row's total for the same token (R = 2), from the lanes xor S/2.
-    float other = R == 2 ? __shfl_xor_sync(0xffffffffu, total, S / 2) : 0.0f;
+    float other = R == 2 ? __shfl_xor_sync(0xffffffffu, total, partner) : 0.0f;
+    int k = index / T, i = index % T;
     if (!leader || i >= count) return;
     qgemv_epilogue(m0, m1, m2, rope, mode, which, row, valid, rotation, R - 1, R == 2 ? k : 0,
                    total, other, t0 + i);
 }
 
-#define QGEMV_KERNEL(R, T, G)                                                                      \
-    extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) qgemv_r##R##_t##T##_g##G(          \
+#define QGEMV_KERNEL(R, T, P, S)                                                                   \
+    extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) qgemv_r##R##_t##T##_p##P##_s##S(   \
         const u8* w0, const u8* w1, const u8* w2, long long rb0, long long rb1, long long rb2,     \
         const float* b0, const float* b1, const float* b2, float* y0, float* y1, float* y2,        \
-        int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int parts, int n,       \
-        const float* x, const u8* pre, const float* norm, float eps, int mode, const int* pos,     \
-        const int* tables, const int* pages, u16* k_cache, u16* v_cache, int head_dim,             \
-        int rope_dims, float theta_scale, float freq_scale, const float* factors,                  \
-        float attn_factor, float yarn_low, float yarn_high, int neox) {                            \
+        int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int n, const float* x,  \
+        const u8* pre, const float* norm, float eps, int mode, const int* pos, const int* tables,  \
+        const int* pages, u16* k_cache, u16* v_cache, int head_dim, int rope_dims,                 \
+        float theta_scale, float freq_scale, const float* factors, float attn_factor,              \
+        float yarn_low, float yarn_high, int neox) {                                               \
         QMatrix m0 = {w0, rb0, b0, y0, rows0, f0}, m1 = {w1, rb1, b1, y1, rows1, f1},              \
                 m2 = {w2, rb2, b2, y2, rows2, f2};                                                 \
         QRope rope = {{pos, tables, pages}, k_cache,     v_cache,   head_dim, rope_dims,           \
                       neox,                 theta_scale, freq_scale, factors, attn_factor,         \
                       yarn_low,             yarn_high};                                            \
-        qgemv<R, T, G>(m0, m1, m2, rope, cols, parts, n, x, pre, norm, eps, mode);                 \
+        qgemv<R, T, P, S>(m0, m1, m2, rope, cols, n, x, pre, norm, eps, mode);                     \
     }
 
-QGEMV_KERNEL(1, 1, 1)
-QGEMV_KERNEL(2, 1, 1)
-QGEMV_KERNEL(1, 8, 1)
-QGEMV_KERNEL(2, 8, 1)
-QGEMV_KERNEL(1, 8, 2)
-QGEMV_KERNEL(2, 8, 2)
-QGEMV_KERNEL(1, 8, 4)
-QGEMV_KERNEL(2, 8, 4)
+QGEMV_KERNEL(1, 1, 1, 1)
+QGEMV_KERNEL(2, 1, 1, 1)
+QGEMV_KERNEL(1, 1, 2, 1)
+QGEMV_KERNEL(2, 1, 2, 1)
+QGEMV_KERNEL(1, 1, 4, 1)
+QGEMV_KERNEL(2, 1, 4, 1)
+QGEMV_KERNEL(1, 1, 8, 1)
+QGEMV_KERNEL(2, 1, 8, 1)
+QGEMV_KERNEL(1, 8, 1, 1)
+QGEMV_KERNEL(2, 8, 1, 1)
+QGEMV_KERNEL(1, 8, 2, 1)
+QGEMV_KERNEL(2, 8, 2, 1)
+QGEMV_KERNEL(1, 8, 2, 2)
+QGEMV_KERNEL(2, 8, 2, 2)

@@ -54,6 +54,8 @@ pub struct Model<'a> {
     pub rope_factors: u64,
     /// The KV page pool.
     pub kv: &'a KvPool,
+    /// Rows from which the quantized projections take the GEMM ([`CudaOptions::gemm_from_rows`](crate::CudaOptions::gemm_from_rows)).
+    pub gemm_from_rows: Option<usize>,
 }
 
 impl Model<'_> {

@@ -57,6 +57,8 @@ use kv::KvPool;
 use scratch::{Need, Scratch};
 use weights::DeviceWeights;
 
+pub use pass::{GEMM_FROM_ROWS, GEMM_FROM_ROWS_LARGE, LARGE_LAUNCH_BYTES};
+
 /// Why the CUDA backend cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
@@ -101,6 +103,21 @@ pub fn check_libraries() -> Result<(), CudaError> {
 pub struct CudaOptions {
     /// CUDA device ordinal (`--gpu-device`).
     pub device: u32,
+    /// Rows of a pass from which its quantized projections take the tensor-core GEMM rather
+    /// than the GEMVs. A row's bits are the same either way (specs/CUDA.md, "One arithmetic"),
+    /// only the time changes: `None` takes the measured thresholds ([`GEMM_FROM_ROWS`], and
+    /// [`GEMM_FROM_ROWS_LARGE`] for large launches); examples set it to compare.
+    pub gemm_from_rows: Option<usize>,
+}
+
+impl CudaOptions {
+    /// Device `device` with the measured defaults.
+    pub fn on_device(device: u32) -> Self {
+        Self {
+            device,
+            gemm_from_rows: None,
+        }
+    }
 }
 
 /// The CUDA backend: one model in VRAM, its KV page pool, and the scratch every pass runs
@@ -117,6 +134,8 @@ pub struct CudaBackend {
     /// The memory pool's reservation once loaded: what it grows beyond is scratch.
     pool_at_load: u64,
     ordinal: u32,
+    /// [`CudaOptions::gemm_from_rows`].
+    gemm_from_rows: Option<usize>,
     /// The sticky error that poisoned the context, once one did: every later step fails with
     /// it at once (`DeviceLost`).
     lost: Option<String>,
@@ -193,6 +212,7 @@ impl Load for CudaBackend {
             runtime,
             pool_at_load,
             ordinal: options.device,
+            gemm_from_rows: options.gemm_from_rows,
             lost: None,
             fault,
             gpu,
@@ -345,6 +365,7 @@ impl CudaBackend {
                 experts: &self.weights.experts,
                 rope_factors: self.weights.rope_factors,
                 kv: &self.kv,
+                gemm_from_rows: self.gemm_from_rows,
             };
             model.forward(&members(pass), chunks.len() == 1, &mut self.scratch)?;
             self.collect(pass, chunks, outputs)?;

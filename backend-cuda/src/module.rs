@@ -55,15 +55,15 @@ pub struct Kernels {
     gemv: Vec<CudaFunction>,
     /// `gemv_gated_*`, in [`WEIGHT_TYPES`] order.
     gemv_gated: Vec<CudaFunction>,
-    /// The one-token int8-activation GEMV (`qgemv_r1_t1_g1`, `qgemv_r2_t1_g1`), by rows per warp.
-    pub qgemv: [CudaFunction; 2],
-    /// The batched one, up to eight tokens per block, `qgemv_batched[g][rows]`: the warp as
-    /// 1, 2 or 4 sub-warps (`qgemv_r1_t8_g1`, …, `qgemv_r2_t8_g4`).
-    pub qgemv_batched: [[CudaFunction; 2]; 3],
-    /// The int8 tensor-core GEMM of a pass of long chunks (`qgemm.cu`), 32×32 tiles.
+    /// The one-token int8-activation GEMV, `qgemv[log2 warps per row][rows per warp - 1]`
+    /// (`qgemv_r1_t1_p1_s1`, …, `qgemv_r2_t1_p8_s1`).
+    pub qgemv: Vec<[CudaFunction; 2]>,
+    /// The batched one, up to eight tokens per block, `qgemv_batched[k][rows per warp - 1]`:
+    /// k = 0 one warp per row, 1 two, 2 two with two token groups for rows of one segment
+    /// (`qgemv_r1_t8_p1_s1`, …, `qgemv_r2_t8_p2_s2`).
+    pub qgemv_batched: Vec<[CudaFunction; 2]>,
+    /// The int8 tensor-core GEMM (`qgemm.cu`), 32×32 tiles.
     pub qgemm_small: CudaFunction,
-    /// The same with 64×64 tiles.
-    pub qgemm_large: CudaFunction,
     /// Quantizes input rows once for the qgemv and qgemm launches that read them.
     pub quantize_rows: CudaFunction,
     /// RMSNorm per row.
@@ -130,6 +130,15 @@ impl Kernels {
                 .map_err(|e| BackendError::Device(format!("loading kernel {name}: {e}")))?;
             Ok(function)
         };
+        let qgemv_table = |tokens: usize, shapes: &[(usize, usize)]| {
+            shapes
+                .iter()
+                .map(|(p, groups)| {
+                    let name = |r: usize| format!("qgemv_r{r}_t{tokens}_p{p}_s{groups}");
+                    Ok([get(&name(1))?, get(&name(2))?])
+                })
+                .collect::<Result<Vec<_>, BackendError>>()
+        };
         let per_type = |prefix: &str| -> Result<Vec<CudaFunction>, BackendError> {
             WEIGHT_TYPES
                 .iter()
@@ -140,14 +149,9 @@ impl Kernels {
             dequant: per_type("dequant")?,
             gemv: per_type("gemv")?,
             gemv_gated: per_type("gemv_gated")?,
-            qgemv: [get("qgemv_r1_t1_g1")?, get("qgemv_r2_t1_g1")?],
-            qgemv_batched: [
-                [get("qgemv_r1_t8_g1")?, get("qgemv_r2_t8_g1")?],
-                [get("qgemv_r1_t8_g2")?, get("qgemv_r2_t8_g2")?],
-                [get("qgemv_r1_t8_g4")?, get("qgemv_r2_t8_g4")?],
-            ],
+            qgemv: qgemv_table(1, &[(1, 1), (2, 1), (4, 1), (8, 1)])?,
+            qgemv_batched: qgemv_table(8, &[(1, 1), (2, 1), (2, 2)])?,
             qgemm_small: get("qgemm_small")?,
-            qgemm_large: with_fold_room(get("qgemm_large")?)?,
             quantize_rows: get("quantize_rows")?,
             rms_norm: get("rms_norm")?,
             rope_store: get("rope_store")?,
@@ -203,20 +207,6 @@ pub struct MoeKernels {
     pub gate_up: [CudaFunction; 3],
     /// `moe_pair_down`, `moe_down`, `moe_gemm_down`.
     pub down: [CudaFunction; 3],
-}
-
-/// `qgemm_large` adds a wide matrix's segments in dynamic shared memory
-/// ([`LARGE_FOLD_BYTES`](crate::qgemm::LARGE_FOLD_BYTES)) on top of its 48 KiB of static tiles,
-/// beyond the default limit a launch may ask for.
-fn with_fold_room(func: CudaFunction) -> Result<CudaFunction, BackendError> {
-    let bytes = i32::try_from(crate::qgemm::LARGE_FOLD_BYTES)
-        .map_err(|e| BackendError::Device(format!("qgemm_large's fold room: {e}")))?;
-    func.set_attribute(
-        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        bytes,
-    )
-    .map_err(|e| BackendError::Device(format!("qgemm_large's shared memory: {e}")))?;
-    Ok(func)
 }
 
 fn type_index(ggml_type: GgmlType) -> Result<usize, BackendError> {

@@ -60,11 +60,10 @@ impl ExpertKernel {
                 rows: 8,
                 gated_slots: 8,
             },
-            // qgemm.cu's QmSmall: 32 rows (16 gate·up slots), the running totals of its 32 × 32
-            // outputs in dynamic shared memory.
+            // qgemm.cu's QmSmall: 32 rows (16 gate·up slots).
             Self::Gemm => ExpertLaunch {
                 threads: 256,
-                shared: 32 * 32 * 4,
+                shared: 0,
                 rows: 32,
                 gated_slots: 16,
             },

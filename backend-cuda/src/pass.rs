@@ -13,6 +13,32 @@ use crate::ops::SplitScratch;
 /// the GEMVs, 2.96 at 24 by the GEMM; SmolLM2 1.60 and 1.97.
 pub const GEMM_MIN_TOKENS: usize = 17;
 
+/// Rows of a pass from which every quantized projection takes the tensor-core GEMM (qgemm.cu)
+/// rather than the GEMVs, for prompts and batches of decodes alike: a row's bits are the same
+/// either way (specs/CUDA.md, "One arithmetic"). Measured on an H200 (`batch_steps`): SmolLM2's
+/// small matrices, which latency bounds, run 16 rows faster by the batched GEMV (1.56 against
+/// 1.77 ms a step) and 32 faster by the GEMM (1.80 against 2.20).
+pub const GEMM_FROM_ROWS: usize = 32;
+/// Rows from which a projection of at least [`LARGE_LAUNCH_BYTES`] of weights takes the GEMM:
+/// the batched GEMV reads the weights once per eight rows, so from a second group of eight on a
+/// launch that DRAM bounds costs twice as much, while the GEMM reads them once. Measured on an
+/// 8B-shaped Q4_K_M model (every layer launch over 8 MiB): 9 rows 14.9 ms a step by the GEMM,
+/// 19.1 by the GEMVs; 8 rows 14.4 by the GEMVs.
+pub const GEMM_FROM_ROWS_LARGE: usize = 9;
+/// Weights of a launch from which [`GEMM_FROM_ROWS_LARGE`] applies.
+pub const LARGE_LAUNCH_BYTES: usize = 8 << 20;
+
+/// Whether a projection of `weight_bytes` over `rows` token rows takes the GEMM: from `from`
+/// rows when given ([`CudaOptions::gemm_from_rows`](crate::CudaOptions::gemm_from_rows)), else
+/// by the measured thresholds above.
+pub fn takes_gemm(rows: usize, weight_bytes: usize, from: Option<usize>) -> bool {
+    match from {
+        Some(from) => rows >= from,
+        None if weight_bytes >= LARGE_LAUNCH_BYTES => rows >= GEMM_FROM_ROWS_LARGE,
+        None => rows >= GEMM_FROM_ROWS,
+    }
+}
+
 /// The rows of one chunk in a pass of long chunks: a float-format matrix gets an SGEMM per
 /// chunk, shaped as if the chunk ran alone, so its results do not depend on the others.
 #[derive(Debug, Clone, Copy)]

@@ -1,13 +1,14 @@
-//! The projections of a pass (`out = norm(input) · Wᵀ`), by the kernels its shape takes: the
-//! int8-activation GEMVs for a pass of short chunks, the int8 tensor-core GEMM over all rows
-//! for a pass of long ones (dequantize + SGEMM per chunk for the float formats).
+//! The projections of a pass (`out = norm(input) · Wᵀ`), by the kernels its shape takes: for the
+//! quantized formats the int8-activation GEMVs or the int8 tensor-core GEMM over all rows, by the
+//! pass's rows (the same bits either way: `pass::takes_gemm`); for the float formats f32 GEMVs
+//! in a pass of short chunks, dequantize + SGEMM per chunk in a pass of long ones.
 
 use worker_common::backend::BackendError;
 use worker_common::model::Activation;
 
 use crate::forward::Model;
 use crate::ops::{DeviceMatrix, Projection, RowNorm};
-use crate::pass::Segment;
+use crate::pass::{Segment, takes_gemm};
 use crate::qgemv::{QgemvInput, QgemvMode, has_qgemv, prequantized};
 use crate::scratch::{Act, Scratch};
 
@@ -125,9 +126,10 @@ impl Model<'_> {
         Ok(quantized)
     }
 
-    /// One int8-activation launch over `n` rows at `x` (through `norm` when given); several
-    /// rows, a wide input, or one read by the many blocks of a large launch are quantized once
-    /// first into [`Act::Quantized`].
+    /// One int8-activation launch over `n` rows at `x` (through `norm` when given): the
+    /// tensor-core GEMM when [`takes_gemm`] says (the same bits), else the GEMV;
+    /// several rows, a wide input, or one read by the many blocks of a large launch are
+    /// quantized once first into [`Act::Quantized`].
     pub(crate) fn qgemv(
         &self,
         parts: &[Projection<'_>],
@@ -137,6 +139,10 @@ impl Model<'_> {
         mode: QgemvMode,
         s: &Scratch,
     ) -> Result<(), BackendError> {
+        let bytes = parts.iter().map(|p| p.w.rows * p.w.row_bytes).sum();
+        if takes_gemm(n, bytes, self.gemm_from_rows) {
+            return self.quantized_gemm(parts, x, norm, n, mode, s);
+        }
         let cols = parts.first().map_or(0, |p| p.w.cols);
         let rows = parts.iter().map(|p| p.w.rows).sum();
         if n > 1 || prequantized(cols, rows) {

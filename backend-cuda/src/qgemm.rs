@@ -2,8 +2,9 @@
 //! quantized formats: the token rows of a pass are quantized once by [`Gpu::quantize_rows`]
 //! (32-element int8 chunks, as the GEMV's and the CPU's activation blocks), every weight chunk
 //! is decoded to int8 in shared memory and multiplied by `mma.sync`, and each output's f32 sum
-//! runs over the chunks in order within segments of [`SEGMENT`] elements, whose sums are added
-//! in order: a token row's results do not depend on the other rows.
+//! follows the GEMV's order (a pairwise tree within each segment of [`SEGMENT`] elements, the
+//! segments in order; `kernels/qgemv.cu`): a token row's results are the GEMV's, bit for bit,
+//! and do not depend on the other rows.
 
 use worker_common::backend::BackendError;
 use worker_common::model::ModelPlan;
@@ -12,9 +13,9 @@ use crate::device::{Arg, Gpu};
 use crate::ops::Projection;
 use crate::qgemv::{QgemvMode, check, int, matrix_args, rope_args};
 
-/// A block shape of qgemm.cu (`QmSmall`, `QmLarge`): weight rows and tokens per block (output
-/// slots of a gated or RoPE block are half as many rows: each slot is two rows, gate and up, or
-/// a rotated pair).
+/// The block shape of qgemm.cu (`QmSmall`): weight rows and tokens per block (output slots of a
+/// gated or RoPE block are half as many rows: each slot is two rows, gate and up, or a rotated
+/// pair).
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     rows: usize,
@@ -25,22 +26,18 @@ const SMALL: Shape = Shape {
     rows: 32,
     tokens: 32,
 };
-const LARGE: Shape = Shape {
-    rows: 64,
-    tokens: 64,
-};
-/// Threads per block of both shapes.
+/// Threads per block.
 const THREADS: u32 = 256;
-/// Blocks a launch of the large shape must fill (two per SM of an H100): below it the small
-/// shape's four times as many blocks keep more SMs busy.
-const LARGE_FROM_BLOCKS: usize = 264;
+/// Below this many blocks (eight per SM of an H100), a launch over several segments runs each
+/// segment in a block of its own (a prompt of a few dozen tokens then still fills the GPU on a
+/// down projection); from it on, each block runs all of its tile's segments, and no split room
+/// is needed. The order of the sums is the same either way.
+const SPLIT_BELOW_BLOCKS: usize = 1056;
 /// Most blocks along a grid's y dimension (the row tiles of a launch).
 const MAX_GRID_Y: usize = 65_535;
-/// Elements of a segment (`QM_SEG` chunks of 32 in qgemm.cu): a wider matrix's products are
-/// summed per segment, and the small shape runs each segment in a block of its own.
-pub const SEGMENT: usize = 1024;
-/// Dynamic shared memory of a large-shape launch: the running totals of its 64 × 64 outputs.
-pub const LARGE_FOLD_BYTES: usize = LARGE.rows * LARGE.tokens * 4;
+/// Elements of a segment (`QG_SEG` chunks of 32): a wider matrix's products are summed per
+/// segment, each segment in a block of its own.
+pub const SEGMENT: usize = crate::qgemv::SEGMENT_CHUNKS * 32;
 /// Bytes of one small tile's totals for one segment.
 const SMALL_TILE_BYTES: usize = SMALL.rows * SMALL.tokens * 4;
 
@@ -60,9 +57,8 @@ pub struct SplitRoom {
 
 impl SplitRoom {
     /// Bytes of totals and counts the GEMM launches of `plan`'s layers need for passes of up to
-    /// `rows` token rows: the largest small-shape launch among those over more than one segment
-    /// (the small shape is taken below [`LARGE_FROM_BLOCKS`] large blocks, so at most four times
-    /// that many small tiles).
+    /// `rows` token rows: the largest launch among those over more than one segment that runs
+    /// its segments apart (fewer than [`SPLIT_BELOW_BLOCKS`] tiles).
     pub fn need(plan: &ModelPlan, rows: usize) -> (usize, usize) {
         let hp = &plan.hp;
         let tiles = |outputs: usize, per_tile: usize| outputs.div_ceil(per_tile);
@@ -81,7 +77,7 @@ impl SplitRoom {
             .iter()
             .filter(|&&(cols, _)| cols > SEGMENT)
             .map(|&(cols, row_tiles)| {
-                let count = (rows.div_ceil(SMALL.tokens) * row_tiles).min(4 * LARGE_FROM_BLOCKS);
+                let count = (rows.div_ceil(SMALL.tokens) * row_tiles).min(SPLIT_BELOW_BLOCKS);
                 (count * cols.div_ceil(SEGMENT) * SMALL_TILE_BYTES, count)
             })
             .fold((0, 0), |(bytes, counts), (b, c)| {
@@ -107,7 +103,7 @@ impl Gpu {
     /// [`has_qgemv`](crate::qgemv::has_qgemv) formats) times the `n` token rows
     /// [`Gpu::quantize_rows`] wrote at `quantized`, with the GEMV's modes ([`QgemvMode`]):
     /// stored (+ bias), added to the outputs, gated (gate and up), or rotated with K and V into
-    /// the cache. A row's results do not depend on the other rows.
+    /// the cache. A row's results are the GEMV's ([`Gpu::qgemv`]), bit for bit.
     pub fn qgemm(
         &self,
         parts: &[Projection<'_>],
@@ -117,20 +113,26 @@ impl Gpu {
         split: SplitRoom,
     ) -> Result<(), BackendError> {
         check(parts, mode)?;
-        let large = row_tiles(parts, mode, LARGE.rows) * n.div_ceil(LARGE.tokens);
-        self.qgemm_shaped(parts, quantized, n, mode, large >= LARGE_FROM_BLOCKS, split)
+        let blocks = row_tiles(parts, mode, SMALL.rows) * n.div_ceil(SMALL.tokens);
+        self.qgemm_shaped(
+            parts,
+            quantized,
+            n,
+            mode,
+            blocks >= SPLIT_BELOW_BLOCKS,
+            split,
+        )
     }
 
-    /// [`Gpu::qgemm`] with the block shape chosen by the caller: `large` (64×64 tiles) or
-    /// small (32×32, a block per segment of a wide matrix, in `split`). Both give every output
-    /// the same bits.
+    /// [`Gpu::qgemm`] with each block on all of its tile's segments (`together`) or on one
+    /// (the segments' totals in `split`). Both give every output the same bits.
     pub(crate) fn qgemm_shaped(
         &self,
         parts: &[Projection<'_>],
         quantized: u64,
         n: usize,
         mode: QgemvMode,
-        large: bool,
+        together: bool,
         split: SplitRoom,
     ) -> Result<(), BackendError> {
         let cols = check(parts, mode)?;
@@ -144,7 +146,7 @@ impl Gpu {
                 "a gated qgemm launch takes gate and up in one format".to_owned(),
             ));
         }
-        let shape = if large { LARGE } else { SMALL };
+        let shape = SMALL;
         let tiles = row_tiles(parts, mode, shape.rows);
         if tiles > MAX_GRID_Y {
             return Err(BackendError::Device(format!(
@@ -161,12 +163,7 @@ impl Gpu {
         rope_args(mode, &mut args)?;
         args.extend([Arg::Ptr(split.partial), Arg::Ptr(split.counters)]);
         let token_tiles = n.div_ceil(shape.tokens);
-        if large {
-            let grid = (int(token_tiles)? as u32, tiles as u32, 1);
-            let block = (THREADS, LARGE_FOLD_BYTES as u32);
-            return self.launch_grid(&self.kernels.qgemm_large, grid, block, &args);
-        }
-        let segments = cols.div_ceil(SEGMENT);
+        let segments = if together { 1 } else { cols.div_ceil(SEGMENT) };
         if segments > 1 {
             let (bytes, counts) = (
                 token_tiles * tiles * segments * SMALL_TILE_BYTES,

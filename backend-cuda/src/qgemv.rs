@@ -1,6 +1,7 @@
-//! Launches of the int8-activation GEMV (`kernels/qgemv.cu`), the decode path for the quantized
-//! formats: the input row is quantized to 32-element int8 chunks (as the CPU backend's Q8
-//! activation blocks) and every weight chunk is one integer dot product.
+//! Launches of the int8-activation GEMV (`kernels/qgemv.cu`), the path of passes of few rows for
+//! the quantized formats: the input row is quantized to 32-element int8 chunks (as the CPU
+//! backend's Q8 activation blocks) and every weight chunk is one integer dot product, summed in
+//! the one order every quantized product follows (the GEMM's too).
 
 use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
@@ -108,15 +109,28 @@ impl QgemvMode {
 const TARGET_BLOCKS: usize = 264;
 /// Fewest 32-element chunks per warp when a row is split over warps to reach that.
 const MIN_CHUNKS_PER_WARP: usize = 4;
+/// Most warps on one row: each takes a piece of every segment (qgemv.cu), at least 4 lanes' worth.
+const MAX_PARTS: usize = 8;
+/// Most warps on one row in the batched kernels (whose 16 totals a warp needs 16 lanes).
+const MAX_BATCHED_PARTS: usize = 2;
+/// Chunks of a segment (`QG_SEG` in qgemv.cu): every quantized product sums a segment by one
+/// pairwise tree and the segments in order, whatever kernel runs it.
+pub const SEGMENT_CHUNKS: usize = 32;
+/// Widest input a launch takes (`QG_MAX_SEGMENTS` segments).
+pub const MAX_COLS: usize = 32 * SEGMENT_CHUNKS * 32;
+/// Static shared memory of a one-token launch beside its quantized input (the pieces' totals and
+/// the norm's partial sums), so that the two stay within [`MAX_SHARED`].
+const STATIC_SHARED: usize = 4096;
 
-/// Warps per output slot: enough that a long row (the FFN down projection) is not one warp's
-/// chain of loads (about 32 chunks, one per lane, per warp), then more while the launch has
-/// too few blocks and every warp keeps a few chunks. (Smaller blocks instead were slower:
-/// each block's input quantization then has fewer warps.)
-fn warps_per_slot(cols: usize, slots: usize) -> usize {
+/// Warps per output slot (a power of two, each on a piece of every segment): enough that a long
+/// row (the FFN down projection) is not one warp's chain of loads (about 32 chunks, one per
+/// lane, per warp), then more while the launch has too few blocks and every warp keeps a few
+/// chunks. (Smaller blocks instead were slower: each block's input quantization then has fewer
+/// warps.) The split changes which warp adds which leaves, never the order.
+fn warps_per_slot(cols: usize, slots: usize, most: usize) -> usize {
     let chunks = cols / 32;
-    let mut parts = chunks.div_ceil(32).next_power_of_two().min(WARPS);
-    while parts < WARPS
+    let mut parts = chunks.div_ceil(32).next_power_of_two().min(most);
+    while parts < most
         && slots * parts < TARGET_BLOCKS * WARPS
         && chunks / (2 * parts) >= MIN_CHUNKS_PER_WARP
     {
@@ -143,8 +157,13 @@ pub(crate) fn check(parts: &[Projection<'_>], mode: QgemvMode) -> Result<usize, 
     if let Some(p) = parts.iter().find(|p| !has_qgemv(p.w.ggml_type)) {
         return refuse(&format!("cannot multiply {}", p.w.ggml_type.name()));
     }
-    if !cols.is_multiple_of(32) || quantized_row_bytes(cols) > MAX_SHARED {
-        return refuse(&format!("cannot quantize an input of {cols}"));
+    if !cols.is_multiple_of(32)
+        || cols > MAX_COLS
+        || quantized_row_bytes(cols) + STATIC_SHARED > MAX_SHARED
+    {
+        return refuse(&format!(
+            "cannot quantize an input of {cols} (multiples of 32 up to {MAX_COLS})"
+        ));
     }
     let gated = matches!(mode, QgemvMode::Gated { .. });
     if gated && (parts.len() != 2 || parts[0].w.rows != parts[1].w.rows) {
@@ -228,7 +247,13 @@ impl Gpu {
         } else {
             total.div_ceil(2)
         };
-        let per_slot = warps_per_slot(cols, slots);
+        let batched = n > 1;
+        let most = if batched {
+            MAX_BATCHED_PARTS
+        } else {
+            MAX_PARTS
+        };
+        let per_slot = warps_per_slot(cols, slots, most);
         let (x, pre, norm) = match input {
             QgemvInput::Rows(x, norm) => (x, 0, norm),
             QgemvInput::Quantized(q) => (0, q, None),
@@ -239,7 +264,6 @@ impl Gpu {
         });
         args.extend([
             Arg::I32(int(cols)?),
-            Arg::I32(int(per_slot)?),
             Arg::I32(int(n)?),
             Arg::Ptr(x),
             Arg::Ptr(pre),
@@ -248,7 +272,6 @@ impl Gpu {
             Arg::I32(mode.code()),
         ]);
         rope_args(mode, &mut args)?;
-        let batched = n > 1;
         let shared = match (batched, pre) {
             (false, _) => quantized_row_bytes(cols),
             (true, 0) => {
@@ -268,30 +291,19 @@ impl Gpu {
         let tokens = if batched { BATCH_TOKENS } else { 1 };
         let grid = (int(n.div_ceil(tokens))? as u32, slot_blocks as u32);
         let rows_per_warp = usize::from(two_rows);
-        let func = if batched {
-            let lanes = parts.iter().map(|p| lanes_per_chunk(p.w.ggml_type)).max();
-            let spread = (cols / 32).div_ceil(per_slot) * lanes.unwrap_or(1);
-            &self.kernels.qgemv_batched[sub_warps(spread)][rows_per_warp]
+        let table = if batched {
+            &self.kernels.qgemv_batched
         } else {
-            &self.kernels.qgemv[rows_per_warp]
+            &self.kernels.qgemv
         };
+        // A batched launch over rows of one segment gives its second warp's lane groups other
+        // tokens (the kernels' token groups) rather than segments the rows lack.
+        let shape = match per_slot.trailing_zeros() as usize {
+            1 if batched && cols <= SEGMENT_CHUNKS * 32 => 2,
+            k => k,
+        };
+        let func = &table[shape][rows_per_warp];
         self.launch_shared(func, grid, ((WARPS * 32) as u32, shared as u32), &args)
-    }
-}
-
-/// Lanes on one 32-element chunk (`LANES` of the format's `Chunk*` in qgemv.cu).
-fn lanes_per_chunk(ggml_type: GgmlType) -> usize {
-    if ggml_type == GgmlType::Q6_K { 8 } else { 1 }
-}
-
-/// Which batched kernel takes a warp whose chunks need `spread` lanes (chunks per warp times
-/// lanes per chunk): as 4 sub-warps of 8 lanes (index 2) when 8 lanes hold them, 2 of 16 when
-/// 16 do, else the whole warp (0). The sub-warps' results are those of the whole warp (qgemv.cu).
-fn sub_warps(spread: usize) -> usize {
-    match spread {
-        0..=8 => 2,
-        9..=16 => 1,
-        _ => 0,
     }
 }
 

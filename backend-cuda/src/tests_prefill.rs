@@ -26,7 +26,7 @@ fn quantize(gpu: &Gpu, x: &Buffer, norm: Option<RowNorm>, rows: usize, cols: usi
 
 /// Room for the small shape's segments of any launch these tests make (the buffers must
 /// outlive the launches).
-fn split_room(gpu: &Gpu) -> (Buffer, Buffer, SplitRoom) {
+pub(crate) fn split_room(gpu: &Gpu) -> (Buffer, Buffer, SplitRoom) {
     let (bytes, counts) = (64 << 20, 1 << 16);
     let partial = gpu.alloc(bytes, "test").unwrap();
     let counters = put(gpu, &vec![0u8; counts * 4]);
@@ -97,7 +97,7 @@ fn qgemm_matches_the_cpu_arithmetic_for_every_quantized_type() {
 }
 
 /// The `cases` over token rows `first..first + count` of the quantized rows at `q` into `outs`
-/// (each output at its rows' offset), in blocks of the `large` shape or the small one.
+/// (each output at its rows' offset), each block on all of its segments (`together`) or on one.
 #[allow(clippy::too_many_arguments)]
 fn run(
     gpu: &Gpu,
@@ -107,7 +107,7 @@ fn run(
     cols: usize,
     first: usize,
     count: usize,
-    large: bool,
+    together: bool,
     split: SplitRoom,
 ) {
     let parts: Vec<Projection<'_>> = cases
@@ -120,7 +120,7 @@ fn run(
         })
         .collect();
     let input = q.ptr() + (first * quantized_row_bytes(cols)) as u64;
-    gpu.qgemm_shaped(&parts, input, count, QgemvMode::Store, large, split)
+    gpu.qgemm_shaped(&parts, input, count, QgemvMode::Store, together, split)
         .unwrap();
 }
 
@@ -133,8 +133,8 @@ fn qgemm_rows_do_not_depend_on_the_launch() {
     let n = 150;
     // The same rows alone, in small launches at other tile offsets, and in the full launch.
     let pieces: [(usize, usize); 5] = [(0, 1), (1, 37), (38, 64), (102, 47), (149, 1)];
-    // 2304 columns are three segments: split over blocks in the small shape, added in order
-    // as they end in the large one.
+    // 2304 columns are three segments: split over blocks, or added in order as they end in
+    // one block.
     for (ggml_type, cols) in TYPES.iter().flat_map(|&t| [(t, 512), (t, 2304)]) {
         let cases = [
             case(&gpu, &mut rng, ggml_type, 130, cols),
@@ -152,8 +152,8 @@ fn qgemm_rows_do_not_depend_on_the_launch() {
         let zeros = |c: &Case| put(&gpu, &vec![0u8; n * c.matrix.rows * 4]);
         let whole: Vec<Buffer> = cases.iter().map(zeros).collect();
         run(&gpu, &all, &whole, &q, cols, 0, n, false, split);
-        let large: Vec<Buffer> = cases.iter().map(zeros).collect();
-        run(&gpu, &all, &large, &q, cols, 0, n, true, split);
+        let together: Vec<Buffer> = cases.iter().map(zeros).collect();
+        run(&gpu, &all, &together, &q, cols, 0, n, true, split);
         let pieced: Vec<Buffer> = cases.iter().map(zeros).collect();
         for (i, &(first, count)) in pieces.iter().enumerate() {
             run(
@@ -188,7 +188,7 @@ fn qgemm_rows_do_not_depend_on_the_launch() {
             let reference = get(&gpu, &whole[i], floats);
             assert!(reference.iter().any(|&v| v != 0.0), "outputs written");
             let others = [
-                ("in 64×64 tiles", &large[i]),
+                ("each block on all segments", &together[i]),
                 ("in pieces", &pieced[i]),
                 ("alone", &alone[i]),
             ];
@@ -336,18 +336,28 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
         let (g, u) = (zeros(n * 100), zeros(n * 100));
         store(&gate, &g, None);
         store(&up, &u, None);
-        for (gelu, large) in [(false, false), (true, false), (false, true)] {
+        for (gelu, together) in [(false, false), (true, false), (false, true)] {
             let (fused, separate) = (zeros(n * 100), zeros(n * 100));
             let parts = [&gate, &up].map(|c| Projection {
                 w: &c.matrix,
                 bias: None,
                 out: fused.ptr(),
             });
-            gpu.qgemm_shaped(&parts, q.ptr(), n, QgemvMode::Gated { gelu }, large, split)
-                .unwrap();
+            gpu.qgemm_shaped(
+                &parts,
+                q.ptr(),
+                n,
+                QgemvMode::Gated { gelu },
+                together,
+                split,
+            )
+            .unwrap();
             gpu.gated(g.ptr(), u.ptr(), separate.ptr(), 100, 100, n, gelu)
                 .unwrap();
-            let what = format!("{} gated (gelu {gelu}, large {large})", ggml_type.name());
+            let what = format!(
+                "{} gated (gelu {gelu}, together {together})",
+                ggml_type.name()
+            );
             same(&separate, &fused, n * 100, &what);
         }
     }
@@ -364,7 +374,7 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
     let pages = PageTable::scrambled(&gpu, &mut rng, start + n);
     let chunk = pages.chunk(&gpu, start, n);
     let cache_floats = pages.rows * n_head_kv * head_dim;
-    for (neox, dims, large) in [(true, 64, false), (false, 64, true), (true, 32, false)] {
+    for (neox, dims, together) in [(true, 64, false), (false, 64, true), (true, 32, false)] {
         let (rope, factors) = scaled_rope(&gpu, neox, dims, head_dim);
         let factors = if dims < head_dim { factors.ptr() } else { 0 };
         let outs: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
@@ -407,7 +417,7 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
                 out: out.ptr(),
             })
             .collect();
-        gpu.qgemm_shaped(&parts, q.ptr(), n, QgemvMode::Rope(target), large, split)
+        gpu.qgemm_shaped(&parts, q.ptr(), n, QgemvMode::Rope(target), together, split)
             .unwrap();
         let what = |part: &str| format!("RoPE mode (neox {neox}, dims {dims}): {part}");
         same(&outs[0], &fused[0], n * n_head * head_dim, &what("queries"));

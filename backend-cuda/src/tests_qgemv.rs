@@ -505,14 +505,16 @@ fn qgemv_rope_equals_projection_then_rope_store() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn batched_launches_equal_one_row_launches_bit_for_bit() {
+fn every_kernel_gives_a_row_the_same_bits() {
     let gpu = gpu();
+    let (_partial, _counters, split) = crate::tests_prefill::split_room(&gpu);
     let mut rng = Rng(0x2545_f491);
-    // 11 rows: a full group of eight and a partial one.
-    let n = 11;
+    // 40 rows: five groups of eight for the batched GEMV, a full and a partial token tile for
+    // the GEMM.
+    let n = 40;
     for (ggml_type, rows, cols) in TYPES
         .iter()
-        .flat_map(|&t| [(t, 67, 512), (t, 8195, 512), (t, 67, 2304)])
+        .flat_map(|&t| [(t, 67, 512), (t, 8195, 512), (t, 67, 2304), (t, 40, 4864)])
     {
         let gate = case(&gpu, &mut rng, ggml_type, rows, cols);
         let up = case(&gpu, &mut rng, ggml_type, rows, cols);
@@ -532,13 +534,14 @@ fn batched_launches_equal_one_row_launches_bit_for_bit() {
             QgemvMode::Gated { gelu: false },
         ];
         for (mode, pre) in modes.into_iter().flat_map(|m| [(m, false), (m, true)]) {
+            let q_at = |t: usize| quantized.ptr() + (t * quantized_row_bytes(cols)) as u64;
             let input = |t: usize| match pre {
-                true => {
-                    QgemvInput::Quantized(quantized.ptr() + (t * quantized_row_bytes(cols)) as u64)
-                }
+                true => QgemvInput::Quantized(q_at(t)),
                 false => QgemvInput::Rows(x.ptr() + (t * cols * 4) as u64, norm),
             };
-            let run = |first: usize, count: usize, out: &Buffer| {
+            // Rows first.. < first + count by the one-row GEMV (count 1), the batched one, or
+            // the GEMM (`gemm`: Some(each block on all segments)).
+            let run = |first: usize, count: usize, out: &Buffer, gemm: Option<bool>| {
                 let out = out.ptr() + (first * rows * 4) as u64;
                 let parts = [&gate, &up].map(|c| Projection {
                     w: &c.matrix,
@@ -550,21 +553,48 @@ fn batched_launches_equal_one_row_launches_bit_for_bit() {
                 } else {
                     &parts[..1]
                 };
-                qgemv(&gpu, parts, input(first), count, mode).unwrap();
+                match gemm {
+                    Some(together) => gpu
+                        .qgemm_shaped(parts, q_at(first), count, mode, together, split)
+                        .unwrap(),
+                    None => qgemv(&gpu, parts, input(first), count, mode).unwrap(),
+                }
             };
-            let (batched, alone) = (put(&gpu, &start), put(&gpu, &start));
-            run(0, n, &batched);
+            let alone = put(&gpu, &start);
             for t in 0..n {
-                run(t, 1, &alone);
+                run(t, 1, &alone, None);
             }
-            let (a, b) = (get(&gpu, &batched, n * rows), get(&gpu, &alone, n * rows));
-            let differ = a.iter().zip(&b).filter(|(a, b)| a.to_bits() != b.to_bits());
-            assert_eq!(
-                differ.count(),
-                0,
-                "{} {rows}×{cols} {mode:?} (prequantized: {pre}): batched rows differ",
-                ggml_type.name()
-            );
+            let batched = put(&gpu, &start);
+            run(0, n, &batched, None);
+            let gemm_split = put(&gpu, &start);
+            run(0, n, &gemm_split, Some(false));
+            let gemm_together = put(&gpu, &start);
+            run(0, n, &gemm_together, Some(true));
+            // Pieces of a pass: one row, a short chunk and a long one.
+            let gemm_pieces = put(&gpu, &start);
+            for (first, count) in [(0, 1), (1, 16), (17, 23)] {
+                run(first, count, &gemm_pieces, Some(first == 1));
+            }
+            let reference = get(&gpu, &alone, n * rows);
+            let others = [
+                ("the batched GEMV", &batched),
+                ("the GEMM, a block per segment", &gemm_split),
+                ("the GEMM, a block on all segments", &gemm_together),
+                ("the GEMM in pieces", &gemm_pieces),
+            ];
+            for (what, other) in others {
+                let other = get(&gpu, other, n * rows);
+                let differ = reference
+                    .iter()
+                    .zip(&other)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits());
+                assert_eq!(
+                    differ.count(),
+                    0,
+                    "{} {rows}×{cols} {mode:?} (prequantized: {pre}): {what} differs from the one-row GEMV",
+                    ggml_type.name()
+                );
+            }
         }
     }
 }

@@ -16,7 +16,7 @@ use worker_common::backend::Want;
 use worker_common::tokenizer::Tokenizer;
 
 fn load(model: impl Asset) -> (Harness<CudaBackend>, Tokenizer) {
-    let (backend, tokenizer) = assets::load(model, &CudaOptions { device: 0 }, 256, Some(16));
+    let (backend, tokenizer) = assets::load(model, &CudaOptions::on_device(0), 256, Some(16));
     (Harness::new(backend), tokenizer)
 }
 

@@ -21,7 +21,7 @@ struct Worker {
 
 impl Worker {
     fn new(model: Model) -> Self {
-        let (backend, tokenizer) = assets::load(model, &CudaOptions { device: 0 }, CONTEXT, None);
+        let (backend, tokenizer) = assets::load(model, &CudaOptions::on_device(0), CONTEXT, None);
         Self { tokenizer, backend }
     }
 

@@ -41,7 +41,7 @@ fn config() -> LoadConfig {
 fn load_gpu(file: &Arc<ModelFile>) -> CudaBackend {
     CudaBackend::load(
         file.clone(),
-        &CudaOptions { device: 0 },
+        &CudaOptions::on_device(0),
         &config(),
         &mut |_| {},
     )
@@ -101,7 +101,7 @@ fn parity(model: Model) {
     )
     .unwrap();
     let mut last_percent = None;
-    let options = CudaOptions { device: 0 };
+    let options = CudaOptions::on_device(0);
     let mut gpu = CudaBackend::load(file.clone(), &options, &config(), &mut |p| {
         last_percent = Some(p.percent());
     })
@@ -174,7 +174,7 @@ fn memory_is_reported_and_bad_steps_leave_the_backend_usable() {
         kv_cache_bytes: Some(1 << 50),
         parallel: None,
     };
-    let refused = CudaBackend::load(file.clone(), &CudaOptions { device: 0 }, &huge, &mut |_| {});
+    let refused = CudaBackend::load(file.clone(), &CudaOptions::on_device(0), &huge, &mut |_| {});
     assert!(
         matches!(refused, Err(BackendError::InsufficientMemory { .. })),
         "{:?}",

@@ -11,7 +11,7 @@ use llorch_tests::synthetic::{Synthetic, assert_parity};
 const MAX_DELTA: f32 = 2.0;
 
 fn check(model: Synthetic, n_ctx: usize) {
-    assert_parity::<CudaBackend>(model, &CudaOptions { device: 0 }, n_ctx, MAX_DELTA);
+    assert_parity::<CudaBackend>(model, &CudaOptions::on_device(0), n_ctx, MAX_DELTA);
 }
 
 #[test]

@@ -29,8 +29,6 @@ struct Cli {
 fn main() -> ExitCode {
     serve_if_renderer();
     let cli = Cli::parse();
-    let options = CudaOptions {
-        device: cli.gpu_device,
-    };
+    let options = CudaOptions::on_device(cli.gpu_device);
     worker_http::run::<CudaBackend>(cli.common, options)
 }
