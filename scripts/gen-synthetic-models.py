@@ -51,9 +51,39 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import gguf
-import numpy as np
-from gguf import GGMLQuantizationType as Q
+
+def _pinned_packages() -> None:
+    """Puts the pinned gguf and numpy that `scripts/fetch-assets.sh synthetic` installs
+    (${LLORCH_ASSETS:-$HOME/.cache/llorch}/python/synthetic) on the path when they are not already
+    importable; says how to get them when neither is there."""
+    try:
+        import gguf  # noqa: F401
+        import numpy  # noqa: F401
+        return
+    except ImportError:
+        pass
+    assets = Path(os.environ.get("LLORCH_ASSETS", Path.home() / ".cache" / "llorch"))
+    pinned = assets / "python" / "synthetic"
+    if pinned.is_dir():
+        sys.path.insert(0, str(pinned))
+        try:
+            import gguf  # noqa: F401
+            import numpy  # noqa: F401
+            return
+        except ImportError:
+            pass
+    sys.exit(
+        f"gen-synthetic-models.py needs the pinned gguf and numpy (scripts/requirements-synthetic.txt), "
+        f"not found on the path nor in {pinned}: run `scripts/fetch-assets.sh synthetic` (it installs "
+        f"them there), or `pip install -r scripts/requirements-synthetic.txt`"
+    )
+
+
+_pinned_packages()
+
+import gguf  # noqa: E402
+import numpy as np  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 ASSETS = Path(os.environ.get("LLORCH_ASSETS", Path.home() / ".cache" / "llorch"))
 

@@ -56,7 +56,7 @@ impl KvPool {
     /// Sizes and allocates the pool for `n_layers` layers of keys `k_width` and values
     /// `v_width` wide: `config.kv_cache_bytes`, or by default [`DEFAULT_CONTEXTS`] contexts (or
     /// `config.parallel` contexts, if more) capped at a quarter of physical memory; never less than one context
-    /// (`InsufficientMemory` on `device` when the budget is smaller).
+    /// (`InvalidInput`, naming `device` and both figures, when the budget is smaller).
     pub fn new(
         n_layers: usize,
         (k_width, v_width): (usize, usize),
@@ -75,12 +75,14 @@ impl KvPool {
             }
         };
         let pages = match config.kv_cache_bytes {
+            // A setting that cannot work, not a lack of device memory (`INSUFFICIENT_VRAM` is the
+            // GPU's): the load fails with `MODEL_LOAD_FAILED`, naming both figures.
             Some(budget) if pages < context_pages => {
-                return Err(BackendError::InsufficientMemory {
-                    device: device.to_owned(),
-                    required: (context_pages * page_bytes) as u64,
-                    available: budget,
-                });
+                return Err(BackendError::InvalidInput(format!(
+                    "a KV cache of {budget} bytes on {device} holds {pages} pages of {PAGE_SIZE} positions, less than one context of {} positions ({} bytes): raise --kv-cache-mb or lower --ctx-size",
+                    config.context_length,
+                    context_pages * page_bytes
+                )));
             }
             _ => pages.max(context_pages),
         };
@@ -194,9 +196,13 @@ mod tests {
         let pool = KvPool::new(1, (2, 2), &config(Some(3 * 128), None), "cpu");
         assert!(matches!(pool, Ok(ref p) if p.pages() == 3));
         let small = KvPool::new(1, (2, 2), &config(Some(128), None), "cpu");
-        assert!(matches!(
-            small,
-            Err(BackendError::InsufficientMemory { .. })
-        ));
+        let message = match small {
+            Err(BackendError::InvalidInput(message)) => message,
+            other => panic!("{:?}", other.map(|p| p.pages())),
+        };
+        assert!(
+            message.contains("128 bytes") && message.contains("256 bytes"),
+            "{message}"
+        );
     }
 }

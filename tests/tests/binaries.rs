@@ -78,3 +78,63 @@ fn worker_orcd_without_a_driver_exits_1_with_a_clean_message() {
         );
     }
 }
+
+#[test]
+fn a_kv_cache_smaller_than_one_context_exits_1_with_model_load_failed() {
+    // 1 MiB holds 7 pages of SmolLM2's 16 positions (30 layers × 2 × 192 × 2 bytes each), far
+    // from a 2,048-position context: a setting that cannot work, not a lack of GPU memory.
+    let model = Model::SmolLm2.path();
+    let args = [
+        "--model",
+        model.to_str().unwrap(),
+        "--ctx-size",
+        "2048",
+        "--kv-cache-mb",
+        "1",
+    ];
+    let output = run("llorch-cpud", &args);
+    assert_eq!(output.status.code(), Some(1));
+    let message = stderr(&output);
+    let error = message
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|line| line["event"] == "error")
+        .unwrap_or_else(|| panic!("no JSON error line: {message}"));
+    assert_eq!(error["code"], "MODEL_LOAD_FAILED", "{message}");
+    assert!(message.contains("less than one context"), "{message}");
+    assert!(!message.contains("panicked"), "{message}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_as_the_model_exits_1_at_once() {
+    let fifo = std::env::temp_dir().join(format!("llorch-model-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success(), "mkfifo");
+    // Opening a FIFO for reading waits for a writer: the worker would hang at load, so it
+    // gets 30 s and is killed after them.
+    let mut child = Command::new(binary("llorch-cpud"))
+        .args(["--model", fifo.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            std::fs::remove_file(&fifo).unwrap();
+            panic!("the worker still waits on the FIFO after 30 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    std::fs::remove_file(&fifo).unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let message = stderr(&output);
+    assert!(
+        message.contains("MODEL_LOAD_FAILED") && message.contains("not a regular file"),
+        "{message}"
+    );
+}

@@ -215,6 +215,17 @@ fn inconsistent_or_hostile_hyper_parameters_are_refused() {
     );
 
     let err = spec_of_edited_smollm2(|copy| {
+        copy.metadata("llama.attention.head_count", OwnedValue::U32(1000));
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("llama.attention.head_count\" = 1000 is invalid")
+            && err.to_string().contains("embedding_length = 576"),
+        "{err}"
+    );
+
+    let err = spec_of_edited_smollm2(|copy| {
         copy.metadata("llama.block_count", OwnedValue::U32(100_000));
     })
     .unwrap_err();

@@ -97,7 +97,9 @@ pub struct CommonFlags {
     #[arg(long, env = "LLORCH_STREAM_STALL_SEC", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub stream_stall_sec: u64,
 
-    /// Require `Authorization: Bearer <key>` on every route but /health and /metrics.
+    /// Require `Authorization: Bearer <key>` on every route but /health and /metrics. A key on
+    /// the command line is visible to every user of the host (`ps`): prefer --api-key-file or
+    /// the LLORCH_API_KEY environment variable.
     #[arg(
         long,
         env = "LLORCH_API_KEY",

@@ -98,10 +98,12 @@ pub async fn submit(
         prompt_tokens,
         cached_tokens,
         queue_position,
-        correlation_id,
+        correlation_id: correlation_id.clone(),
     };
     let events = JobEvents {
         job_id,
+        worker_id: shared.settings.worker_id.clone(),
+        correlation_id,
         receiver,
         cancel,
         ended: false,
@@ -357,6 +359,9 @@ fn fnv1a_from(hash: u64, bytes: &[u8]) -> u64 {
 /// cancels the job, queued or running.
 pub struct JobEvents {
     job_id: String,
+    /// For the log line of a cancel on the client's stall.
+    worker_id: String,
+    correlation_id: String,
     receiver: mpsc::UnboundedReceiver<JobEvent>,
     cancel: CancelToken,
     ended: bool,
@@ -406,7 +411,9 @@ impl Drop for JobEvents {
         if self.connection.as_ref().is_some_and(|c| c.stalled()) {
             tracing::info!(
                 event = "cancel",
+                worker_id = %self.worker_id,
                 job_id = %self.job_id,
+                correlation_id = %self.correlation_id,
                 reason = "client_stalled",
                 "the client stopped reading its stream; cancelling the job"
             );
@@ -430,6 +437,8 @@ mod tests {
         let (sender, receiver) = mpsc::unbounded_channel();
         let mut events = JobEvents {
             job_id: "j".into(),
+            worker_id: "w".into(),
+            correlation_id: "c".into(),
             receiver,
             cancel: CancelToken::new(),
             ended: false,

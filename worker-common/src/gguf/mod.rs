@@ -86,8 +86,14 @@ impl Gguf<Mmap> {
             path: path.to_owned(),
             source,
         };
+        // Looked at before opening: opening a FIFO blocks until a writer comes (the load would
+        // hang), and mapping a directory fails with ENODEV ("No such device"); say what is wrong.
+        let file_type = std::fs::metadata(path).map_err(io_error)?.file_type();
+        if !file_type.is_file() {
+            return Err(not_a_file(path, file_type.is_dir()));
+        }
         let file = File::open(path).map_err(io_error)?;
-        // Mapping a directory fails with ENODEV ("No such device"): say what is wrong instead.
+        // The path could have been replaced between the two calls: check what was opened too.
         let file_type = file.metadata().map_err(io_error)?.file_type();
         if !file_type.is_file() {
             return Err(not_a_file(path, file_type.is_dir()));
@@ -480,6 +486,23 @@ mod tests {
                 dir.display()
             )
         );
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let fifo = std::env::temp_dir().join(format!("llorch-gguf-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_file(&fifo);
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mkfifo");
+        // Opened for reading, a FIFO blocks until a writer opens it: the test would hang.
+        let err = Gguf::open(&fifo).err().unwrap();
+        std::fs::remove_file(&fifo).unwrap();
+        assert!(matches!(err, GgufError::NotAFile { .. }), "{err}");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
     }
 
     #[test]

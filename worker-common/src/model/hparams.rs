@@ -155,6 +155,17 @@ impl HyperParams {
         let n_embd = keys.required_count("embedding_length")?;
         let n_head = uniform_count(gguf, &keys.key("attention.head_count"), n_layers)?
             .ok_or_else(|| ModelError::missing(&keys.key("attention.head_count")))?;
+        // Without explicit key/value widths a head is embedding_length / head_count wide: more
+        // heads than columns would make it 0, which later checks would blame on other keys.
+        let explicit_widths = keys.count("attention.key_length")?.is_some()
+            && keys.count("attention.value_length")?.is_some();
+        if !explicit_widths && n_head > n_embd {
+            return Err(ModelError::invalid(
+                &keys.key("attention.head_count"),
+                n_head,
+                &format!("more heads than embedding_length = {n_embd} columns"),
+            ));
+        }
         let n_head_kv =
             uniform_count(gguf, &keys.key("attention.head_count_kv"), n_layers)?.unwrap_or(n_head);
         if n_head % n_head_kv != 0 {

@@ -15,5 +15,5 @@ pub use error::{ApiError, ErrorCode, ErrorParts, FieldError};
 pub use events::{EndEvent, StartedEvent, StreamEvent, TokenLogprobWire};
 pub use fields::require_json;
 pub use job::{Grammar, JobSpec, Prompt};
-pub use request::{CancelRequest, ExecuteRequest, Limits, MAX_TOKENS_LIMIT};
+pub use request::{CancelRequest, ExecuteRequest, Limits, MAX_JOB_ID_BYTES, MAX_TOKENS_LIMIT};
 pub use sampling::{MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};

@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use bytes::Bytes;
 
 use super::{body_or_error, content_type};
-use crate::api::{ApiError, CancelRequest, ErrorCode, FieldError};
+use crate::api::{ApiError, CancelRequest, ErrorCode, FieldError, MAX_JOB_ID_BYTES};
 use crate::correlation::CorrelationId;
 use crate::job_end::{JobEnd, end_job};
 use crate::state::Shared;
@@ -44,6 +44,19 @@ pub async fn cancel_path(
         };
         ApiError::invalid(vec![error], &correlation_id)
     })?;
+    // The same bound as the body form's (no job can have a longer id).
+    if job_id.len() > MAX_JOB_ID_BYTES {
+        let error = FieldError {
+            field: "job_id".into(),
+            constraint: "max_length(256)".into(),
+            message: format!(
+                "the job id in the path is {} bytes, at most {MAX_JOB_ID_BYTES}",
+                job_id.len()
+            ),
+            value: None,
+        };
+        return Err(ApiError::invalid(vec![error], &correlation_id));
+    }
     Ok(cancel(&shared, &job_id, &correlation_id))
 }
 

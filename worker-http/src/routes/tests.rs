@@ -445,6 +445,25 @@ async fn wrong_methods_bad_paths_and_bodyless_posts_get_the_error_object() {
     let (status, body) = send(&shared, "POST", "/cancel/%ff", None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(error_of(&body)["code"], "INVALID_REQUEST");
+    // A path id longer than any job's (the body form's bound, 256 bytes) is refused alike.
+    let (status, body) = send(
+        &shared,
+        "POST",
+        &format!("/cancel/{}", "x".repeat(257)),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let errors = serde_json::from_str::<Value>(&body).unwrap()["errors"].clone();
+    assert_eq!(errors[0]["constraint"], "max_length(256)", "{body}");
+    let (status, _) = send(
+        &shared,
+        "POST",
+        &format!("/cancel/{}", "x".repeat(256)),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
     let plain = Request::post("/shutdown").header("content-type", "text/plain");
     let (status, body) = send_request(&shared, plain.body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
