@@ -84,6 +84,7 @@ struct QmHalves<ChunkQ6_K> {
         case 7: F<ChunkQ5_1, S>(__VA_ARGS__); break;                \
         case 8: F<ChunkQ8_0, S>(__VA_ARGS__); break;                \
         case 12: F<ChunkQ4_K, S>(__VA_ARGS__); break;               \
+        case 13: F<ChunkQ5_K, S>(__VA_ARGS__); break;               \
         case 39: F<ChunkMXFP4, S>(__VA_ARGS__); break;              \
         default: F<ChunkQ6_K, S>(__VA_ARGS__); break;               \
     }

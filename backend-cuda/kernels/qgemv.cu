@@ -9,8 +9,8 @@
 // 32-element formats each chunk's integer sum and scale are the CPU's; K-quants use the same
 // 32-element activation chunks where the CPU uses 256-element Q8_K blocks.
 //
-// Formats (ggml type ids): Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q6_K 14 (QGEMV_TYPES
-// in ops.rs), and MXFP4 39 for the routed experts (moe.cu). One launch may mix them: the format
+// Formats (ggml type ids): Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14
+// (`has_qgemv` in qgemv.rs), and MXFP4 39 for the routed experts (moe.cu). One launch may mix them: the format
 // is an argument per matrix.
 
 #define QG_WARPS 8
@@ -348,6 +348,33 @@ struct ChunkQ4_K {
     }
 };
 
+// Q5_K: as Q4_K (176-byte super-blocks: d, dmin, 12 bytes of 6-bit scales and mins, 32 bytes
+// of fifth bits, 128 of nibbles; rows are whole super-blocks, so 16-byte aligned), quants 0..31:
+// the fifth bit of element l of sub-block j is bit j of qh[l].
+struct ChunkQ5_K {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+        const u8* b = row + (c >> 3) * 176;
+        int j = c & 7, shift = 4 * (j & 1);
+        WChunk w;
+        scale_min_k4(j, b + 4, &w.sc, &w.mn);
+        w.d = ld_f16(b);
+        w.m = ld_f16(b + 2);
+        const U4* qh = (const U4*)(b + 16);
+        const U4* qs = (const U4*)(b + 48 + 32 * (j >> 1));
+        U4 h0 = qh[0], h1 = qh[1], q0 = qs[0], q1 = qs[1];
+        u32 high[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        u32 low[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            w.q[k] = ((low[k] >> shift) & 0x0F0F0F0Fu) | (((high[k] >> j) & 0x01010101u) << 4);
+        return w;
+    }
+    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float sx,
+                                                    int low, int high) {
+        return ChunkQ4_K::partial(w, dx, sumx, sx, low, high);
+    }
+};
+
 // Q6_K: chunk c is group g of half n of super-block c / 8 (j = c mod 8 = 4n + g): its low four
 // bits in the nibbles of 32 bytes at 64n + 32(g mod 2) (high nibbles for g >= 2), its top two
 // bits at 2g of 32 bytes at 128 + 32n, one signed scale per 16-element half.
@@ -656,6 +683,7 @@ __device__ __forceinline__ float row_pieces_of(int format, Rows<R> w, int piece,
         case 7: return QG_PIECES(ChunkQ5_1);
         case 8: return QG_PIECES(ChunkQ8_0);
         case 12: return QG_PIECES(ChunkQ4_K);
+        case 13: return QG_PIECES(ChunkQ5_K);
         case 39: return QG_PIECES(ChunkMXFP4);
         default: return QG_PIECES(ChunkQ6_K);
     }

@@ -52,6 +52,7 @@ pub fn has_qgemv(ggml_type: GgmlType) -> bool {
             | GgmlType::Q5_1
             | GgmlType::Q8_0
             | GgmlType::Q4_K
+            | GgmlType::Q5_K
             | GgmlType::Q6_K
     )
 }

@@ -43,7 +43,7 @@ pub(crate) fn split_room(gpu: &Gpu) -> (Buffer, Buffer, SplitRoom) {
 /// 32-element formats; K-quant rows are whole 256-element super-blocks), and a wide one.
 fn widths(ggml_type: GgmlType) -> &'static [usize] {
     match ggml_type {
-        GgmlType::Q4_K | GgmlType::Q6_K => &[512, 2304],
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => &[512, 2304],
         _ => &[512, 576, 2304],
     }
 }

@@ -15,13 +15,14 @@ use crate::ops::{DeviceMatrix, Projection, RopeStore, RowNorm};
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, get, gpu, put, random_weights, rel_error, to_bytes};
 
-pub(crate) const TYPES: [GgmlType; 7] = [
+pub(crate) const TYPES: [GgmlType; 8] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
+    GgmlType::Q5_K,
     GgmlType::Q6_K,
 ];
 
