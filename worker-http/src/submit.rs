@@ -320,8 +320,10 @@ fn max_tokens(
     };
     let allowed = context.saturating_sub(wanted);
     if prompt_tokens > allowed {
+        // OpenAI's wording ("maximum context length"), which clients match on.
         let message = format!(
-            "the prompt is {prompt_tokens} tokens; with max_tokens {wanted} the context of {context} leaves room for {allowed}"
+            "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the prompt, {wanted} for the completion): the prompt has room for {allowed}. Please shorten the prompt or lower max_tokens.",
+            prompt_tokens + wanted
         );
         let constraint = format!("context_length({allowed})");
         return Err(invalid(field, constraint, message, correlation_id));

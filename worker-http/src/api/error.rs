@@ -171,6 +171,8 @@ pub struct ErrorParts {
     pub message: String,
     /// The first violated field, if any.
     pub field: Option<String>,
+    /// That field's constraint (`context_length(N)`, …), if any.
+    pub constraint: Option<String>,
 }
 
 impl IntoResponse for ApiError {
@@ -179,6 +181,7 @@ impl IntoResponse for ApiError {
             code: self.code,
             message: self.message.clone(),
             field: self.errors.first().map(|error| error.field.clone()),
+            constraint: self.errors.first().map(|error| error.constraint.clone()),
         };
         let body = serde_json::json!({
             "errors": self.errors,

@@ -42,6 +42,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/health", get(status::health))
         .route("/metrics", get(status::metrics))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*model}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .fallback(not_found)

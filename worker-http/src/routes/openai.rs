@@ -1,4 +1,5 @@
-//! OpenAI's routes: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`. A
+//! OpenAI's routes: `GET /v1/models` (and `/v1/models/{model}`), `POST /v1/chat/completions`,
+//! `POST /v1/completions`. A
 //! request is validated into the same job as `/execute`'s and submitted the same way; only the
 //! answer's shape differs (streamed `data:` chunks ending with `[DONE]`, or one JSON reply).
 
@@ -10,7 +11,7 @@ use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -59,8 +60,33 @@ pub async fn models(
     CorrelationId(correlation_id): CorrelationId,
 ) -> Result<Json<Value>, ApiError> {
     let loaded = accepting(&shared, &correlation_id)?;
+    Ok(Json(
+        json!({"object": "list", "data": [model_object(&shared, &loaded)]}),
+    ))
+}
+
+/// `GET /v1/models/{model}` (the SDKs' `models.retrieve`): the loaded model's object when
+/// `model` is its id, else 404.
+pub async fn model(
+    State(shared): State<Arc<Shared>>,
+    CorrelationId(correlation_id): CorrelationId,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let loaded = accepting(&shared, &correlation_id)?;
+    if id != loaded.model_name {
+        let message = format!(
+            "The model '{id}' does not exist: this worker serves '{}'",
+            loaded.model_name
+        );
+        return Err(ApiError::not_found(message, &correlation_id));
+    }
+    Ok(Json(model_object(&shared, &loaded)))
+}
+
+/// The model object of `/v1/models`.
+fn model_object(shared: &Shared, loaded: &crate::state::Loaded) -> Value {
     let settings = &shared.settings;
-    let model = json!({
+    json!({
         "id": loaded.model_name,
         "object": "model",
         "created": unix_now().saturating_sub(shared.uptime().as_secs()),
@@ -77,8 +103,7 @@ pub async fn models(
             "max_tokens_out": settings.max_tokens_out,
             "capabilities": loaded.capabilities,
         },
-    });
-    Ok(Json(json!({"object": "list", "data": [model]})))
+    })
 }
 
 /// `POST /v1/chat/completions`.

@@ -49,6 +49,58 @@ async fn models_lists_the_loaded_model() {
 }
 
 #[tokio::test]
+async fn a_model_is_retrieved_by_its_id_and_others_are_404() {
+    let shared = worker(counting(), 1);
+    let (status, body) = send(&shared, "GET", "/v1/models/scripted", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let model: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (model["id"].as_str(), model["object"].as_str()),
+        (Some("scripted"), Some("model"))
+    );
+    assert_eq!(model["meta"]["context_length"], 256);
+    let (status, body) = send(&shared, "GET", "/v1/models/org/other", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let error = &serde_json::from_str::<Value>(&body).unwrap()["error"];
+    assert_eq!(error["type"], "not_found_error", "{body}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("'org/other' does not exist"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_prompt_over_the_context_is_openais_context_length_exceeded() {
+    let shared = worker(counting(), 1);
+    // One token a character: 300 tokens in a context of 256.
+    let body = json!({"model": "x", "prompt": "a".repeat(300), "max_tokens": 5});
+    let (status, text) = send(&shared, "POST", "/v1/completions", Some(body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let error = &serde_json::from_str::<Value>(&text).unwrap()["error"];
+    assert_eq!(error["code"], "context_length_exceeded", "{text}");
+    assert_eq!(error["type"], "invalid_request_error", "{text}");
+    assert_eq!(error["param"], "prompt", "{text}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("maximum context length is 256 tokens"),
+        "{message}"
+    );
+    // /execute keeps the contract's code and constraint.
+    let body = json!({"job_id": "j", "prompt": "a".repeat(300), "max_tokens": 5});
+    let (status, text) = send(&shared, "POST", "/execute", Some(body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let reply: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(reply["error"]["code"], "INVALID_REQUEST", "{text}");
+    assert_eq!(
+        reply["errors"][0]["constraint"], "context_length(251)",
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn a_completion_whole_and_streamed_carries_the_same_text_and_usage() {
     let shared = worker(counting(), 2);
     let body = json!({"model": "x", "prompt": "abc", "max_tokens": 5, "temperature": 0});

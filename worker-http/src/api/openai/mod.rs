@@ -50,18 +50,28 @@ pub fn error_body(
 }
 
 /// A contract-shaped error response ([`ErrorParts`] in its extensions) in OpenAI's shape, same
-/// status and headers; any other response unchanged.
+/// status and headers; any other response unchanged. A prompt that does not fit the context
+/// (constraint `context_length(N)`) gets OpenAI's own code, `context_length_exceeded`, which the
+/// SDKs and frameworks built on them (LangChain, LiteLLM) turn into their context-overflow
+/// errors; its message already says "maximum context length" as OpenAI's does.
 pub fn reshape_error(response: Response) -> Response {
     let Some(parts) = response.extensions().get::<ErrorParts>().cloned() else {
         return response;
     };
     let (mut head, _) = response.into_parts();
-    let body = error_body(
+    let mut body = error_body(
         parts.code,
         head.status,
         &parts.message,
         parts.field.as_deref(),
     );
+    let overflow = parts
+        .constraint
+        .as_deref()
+        .is_some_and(|c| c.starts_with("context_length("));
+    if overflow {
+        body["error"]["code"] = json!("context_length_exceeded");
+    }
     head.headers.remove(header::CONTENT_LENGTH);
     let json = HeaderValue::from_static("application/json");
     head.headers.insert(header::CONTENT_TYPE, json);
