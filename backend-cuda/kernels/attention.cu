@@ -1,36 +1,94 @@
-// Causal (optionally sliding-window) attention of the query rows of a pass of long chunks over
-// one layer of the f16 KV pool: row t at its position over its own sequence's keys (StepRows:
-// a pass may hold rows of many sequences). A block takes one head and a tile of consecutive
-// rows; the tile's rows of one sequence share each tile of KEYS keys (from position 0 in steps
-// of KEYS), loaded once into shared memory as f32 (the next tile's loads in flight while the
-// current one is used), and each warp runs the online softmax of its QPW rows over them,
-// reading each key and value row once for all of them. Per row the arithmetic is fixed by its
-// position alone: its key tiles in order, in each one lane per key scoring the whole dot
-// product (keys outside the row's window or past its position skipped), the row's maximum and
-// sum over the warp, then the value rows of its keys added one after another, lanes on pairs
-// of head elements. So a row's result does not depend on the other rows of its tile or pass,
-// nor on how its prompt was cut into chunks. Head widths must be multiples of 32 up to MAX_HEAD
-// (checked at load).
+// Causal (optionally sliding-window) attention over one layer of the f16 KV pool, by two
+// kernels that give a query row the same bits: attention_rows for a pass of long chunks (a block
+// on a tile of rows sharing each tile of keys) and attention_split for decodes (a row's keys
+// spread over blocks, flash-decoding). THE ORDER, fixed by the row's position and window alone
+// (specs/CUDA.md, "One arithmetic"): the keys [first, pos] fall in chunks of ATT_CHUNK keys at
+// absolute positions (chunk c: 128c .. 128c + 127); each chunk's state is its maximum score m,
+// l = (g0 + g1) + (g2 + g3) of its four groups of 32 keys (g the warp butterfly of the group's
+// e = exp(s − m)) and o = (a0 + a1) + (a2 + a3) (a the group's Σ e·v in key order), each score
+// the dot product in element order times the scale; the chunks' states are merged by the
+// pairwise tree in chunk order (att_merge; a tree of the next power of two of leaves, missing
+// ones skipped); then the sink (gpt-oss) and the division. Head widths must be multiples of 32
+// up to MAX_HEAD (checked at load).
 
 #define MAX_HEAD 256
+// Keys per chunk (SPLIT_CHUNK in ops.rs): one per thread of a split block's four warps.
+#define ATT_CHUNK 128
+// Keys per group and per key tile of the prefill kernel.
+#define ATT_GROUP 32
+// Levels of a tree's stack: up to 2^11 chunks (262,144 keys).
+#define ATT_LEVELS 12
 
-// The prefill kernel's sizes for heads of up to HEAD elements: KEYS keys per tile, WARPS warps
-// of QPW rows each (shared memory and registers sized for the widest head would cost the
-// common 64-wide heads occupancy). One row per warp where the tiles fit: a warp's rows take
-// their key tiles one after another, so the rows, not the tiles, are the parallelism (four per
-// warp ran a 512-token prompt's attention 1.4× slower than two).
-template <int HEAD_, int KEYS_, int WARPS_, int QPW_>
-struct AttSize {
-    static const int HEAD = HEAD_, KEYS = KEYS_, WARPS = WARPS_, QPW = QPW_;
-    static const int THREADS = WARPS * 32, QUERIES = WARPS * QPW;
-    // Value column pairs per lane.
-    static const int PAIRS = (HEAD + 63) / 64;
-    // 16-byte units (8 f16) of a key tile, and of a value tile, each thread fetches, at most.
-    static const int UNITS = (KEYS * HEAD / 8 + THREADS - 1) / THREADS;
+// A softmax state over some keys of one query row: maximum m, sum l (0: no key) and this
+// thread's V unnormalized value columns.
+template <int V>
+struct AttState {
+    float m, l;
+    float o[V];
 };
-typedef AttSize<64, 32, 16, 1> AttHead64;
-typedef AttSize<128, 32, 16, 1> AttHead128;
-typedef AttSize<MAX_HEAD, 16, 4, 2> AttHead256;
+
+// The state of keys a then b (a earlier). Written once for both kernels.
+template <int V>
+__device__ __forceinline__ AttState<V> att_merge(const AttState<V>& a, const AttState<V>& b) {
+    if (a.l == 0.0f) return b;
+    if (b.l == 0.0f) return a;
+    AttState<V> r;
+    r.m = fmaxf(a.m, b.m);
+    float alpha = expf(a.m - r.m), beta = expf(b.m - r.m);
+    r.l = a.l * alpha + b.l * beta;
+#pragma unroll
+    for (int v = 0; v < V; ++v) r.o[v] = a.o[v] * alpha + b.o[v] * beta;
+    return r;
+}
+
+// The pairwise tree over states pushed in order (a binary counter's stack): push merges each
+// completed pair of subtrees; finish folds what is left, the latest first, which is the tree
+// of the next power of two of leaves with the missing ones skipped.
+template <int V>
+struct AttTree {
+    AttState<V> s[ATT_LEVELS];
+    int level[ATT_LEVELS];
+    int depth;
+    __device__ __forceinline__ void init() { depth = 0; }
+    __device__ __forceinline__ void push(AttState<V> leaf) {
+        int lv = 0;
+        while (depth > 0 && level[depth - 1] == lv) {
+            leaf = att_merge(s[depth - 1], leaf);
+            --depth;
+            ++lv;
+        }
+        s[depth] = leaf;
+        level[depth] = lv;
+        ++depth;
+    }
+    __device__ __forceinline__ AttState<V> finish() const {
+        AttState<V> r;
+        r.m = -__int_as_float(0x7f800000);
+        r.l = 0.0f;
+#pragma unroll
+        for (int v = 0; v < V; ++v) r.o[v] = 0.0f;
+        if (depth == 0) return r;
+        r = s[depth - 1];
+        for (int i = depth - 2; i >= 0; --i) r = att_merge(s[i], r);
+        return r;
+    }
+};
+
+// The prefill kernel's sizes for heads of up to HEAD elements: WARPS warps of QPW rows each
+// (shared memory and registers sized for the widest head would cost the common 64-wide heads
+// occupancy); one tile of ATT_GROUP keys (or of their values) in shared memory at a time.
+template <int HEAD_, int WARPS_, int QPW_>
+struct AttSize {
+    static const int HEAD = HEAD_, WARPS = WARPS_, QPW = QPW_;
+    static const int THREADS = WARPS * 32, QUERIES = WARPS * QPW;
+    // Value column pairs per lane, and value columns.
+    static const int PAIRS = (HEAD + 63) / 64, V = 2 * PAIRS;
+    // 16-byte units (8 f16) of a tile each thread fetches, at most.
+    static const int UNITS = (ATT_GROUP * HEAD / 8 + THREADS - 1) / THREADS;
+};
+typedef AttSize<64, 16, 1> AttHead64;
+typedef AttSize<128, 16, 1> AttHead128;
+typedef AttSize<MAX_HEAD, 4, 2> AttHead256;
 
 // Key j's row in a tile: float4 unit u (elements 4u..4u+3) stored at unit (u + j) mod units, so
 // that the eight lanes of a quarter-warp reading unit u of keys j..j+7 hit distinct banks.
@@ -39,16 +97,15 @@ __device__ __forceinline__ int key_unit(int j, int u, int units) { return (u + j
 template <typename A>
 struct AttTile {
     float q[A::QUERIES][A::HEAD];
-    F4 k[A::KEYS][A::HEAD / 4];
-    F2 v[A::KEYS][A::HEAD / 2];
+    // One tile: keys as F4 units (swizzled by key_unit) or values as F2 pairs.
+    float kv[ATT_GROUP * A::HEAD];
     int pos[A::QUERIES], first[A::QUERIES], table[A::QUERIES];
 };
 
-// A thread's share of a key tile in registers: units threadIdx.x, + blockDim.x, … of the keys
-// and of the values, as stored (f16).
+// A thread's share of a tile in registers (f16, as stored).
 template <typename A>
 struct AttStage {
-    U4 k[A::UNITS], v[A::UNITS];
+    U4 u[A::UNITS];
 };
 
 // What a block reads: the layer's pool, the head's KV head, the widths.
@@ -58,27 +115,21 @@ struct AttKv {
     int kv_head, n_head_kv, dk, dv;
 };
 
-// This thread's units of keys base.. < base + KEYS of the sequence at `pages` that fall in
-// [lo, hi] (the others are not read; no row uses them).
+// This thread's units of the keys (values: `values`) base.. < base + ATT_GROUP of the sequence
+// at `pages` that fall in [lo, hi] (the others are not read; no row uses them).
 template <typename A>
 __device__ __forceinline__ void att_fetch(AttStage<A>& st, const AttKv& kv, const int* pages,
-                                          int base, int lo, int hi) {
-    int k_units = kv.dk / 8, v_units = kv.dv / 8;
+                                          int base, int lo, int hi, bool values) {
+    int width = values ? kv.dv : kv.dk, units = width / 8;
+    const u16* cache = values ? kv.v_cache : kv.k_cache;
 #pragma unroll
     for (int i = 0; i < A::UNITS; ++i) {
         int unit = threadIdx.x + i * blockDim.x;
-        if (unit < A::KEYS * k_units) {
-            int j = unit / k_units, p = base + j;
+        if (unit < ATT_GROUP * units) {
+            int j = unit / units, p = base + j;
             if (p >= lo && p <= hi) {
                 long long row = kv_row(pages, p) * kv.n_head_kv + kv.kv_head;
-                st.k[i] = ((const U4*)(kv.k_cache + row * kv.dk))[unit - j * k_units];
-            }
-        }
-        if (unit < A::KEYS * v_units) {
-            int j = unit / v_units, p = base + j;
-            if (p >= lo && p <= hi) {
-                long long row = kv_row(pages, p) * kv.n_head_kv + kv.kv_head;
-                st.v[i] = ((const U4*)(kv.v_cache + row * kv.dv))[unit - j * v_units];
+                st.u[i] = ((const U4*)(cache + row * width))[unit - j * units];
             }
         }
     }
@@ -93,105 +144,49 @@ __device__ __forceinline__ void widen(const U4& u, F4* lo, F4* hi) {
 }
 
 template <typename A>
-__device__ __forceinline__ void att_store(AttTile<A>& sh, const AttStage<A>& st,
-                                          const AttKv& kv) {
-    int k_units = kv.dk / 8, v_units = kv.dv / 8, k4 = kv.dk / 4;
+__device__ __forceinline__ void att_store(AttTile<A>& sh, const AttStage<A>& st, const AttKv& kv,
+                                          bool values) {
+    int width = values ? kv.dv : kv.dk, units = width / 8, k4 = kv.dk / 4;
 #pragma unroll
     for (int i = 0; i < A::UNITS; ++i) {
         int unit = threadIdx.x + i * blockDim.x;
+        if (unit >= ATT_GROUP * units) continue;
+        int j = unit / units, u = unit - j * units;
         F4 lo, hi;
-        if (unit < A::KEYS * k_units) {
-            int j = unit / k_units, u = unit - j * k_units;
-            widen(st.k[i], &lo, &hi);
-            sh.k[j][key_unit(j, 2 * u, k4)] = lo;
-            sh.k[j][key_unit(j, 2 * u + 1, k4)] = hi;
-        }
-        if (unit < A::KEYS * v_units) {
-            int j = unit / v_units, u = unit - j * v_units;
-            widen(st.v[i], &lo, &hi);
-            F4* row = (F4*)sh.v[j];
+        widen(st.u[i], &lo, &hi);
+        if (values) {
+            F4* row = (F4*)(sh.kv + j * A::HEAD);
             row[2 * u] = lo;
             row[2 * u + 1] = hi;
+        } else {
+            F4* row = (F4*)(sh.kv + j * A::HEAD);
+            row[key_unit(j, 2 * u, k4)] = lo;
+            row[key_unit(j, 2 * u + 1, k4)] = hi;
         }
     }
 }
 
-// One online-softmax state per row of a warp: running maximum, sum and weighted value pairs.
+// The score of key `base + lane` (of the tile in shared memory) for row r: the dot product in
+// element order times the scale, or -inf when the key is outside the row's range.
 template <typename A>
-struct AttRows {
-    float m[A::QPW], l[A::QPW];
-    F2 acc[A::QPW][A::PAIRS];
-};
-
-// The warp's rows r0.. (those `active` in this tile) over the keys base.. of the tile: each
-// key row read once for all of them, each row's arithmetic its own.
-template <typename A>
-__device__ __forceinline__ void att_rows_tile(const AttTile<A>& sh, int r0, const bool* active,
-                                              int base, int lane, int dk, int dv, float scale,
-                                              AttRows<A>& st) {
-    const int Q = A::QPW;
+__device__ __forceinline__ float att_score(const AttTile<A>& sh, int r, int base, int lane,
+                                           int dk, float scale) {
     int p = base + lane;
-    bool valid[Q];
-    float dot[Q];
-#pragma unroll
-    for (int i = 0; i < Q; ++i) {
-        valid[i] = active[i] && lane < A::KEYS && p >= sh.first[r0 + i] && p <= sh.pos[r0 + i];
-        dot[i] = 0.0f;
-    }
+    if (p < sh.first[r] || p > sh.pos[r]) return -__int_as_float(0x7f800000);
     int units = dk / 4, unit = key_unit(lane, 0, units);
-    const F4* key = sh.k[lane % A::KEYS];
+    const F4* key = (const F4*)(sh.kv + lane * A::HEAD);
+    float dot = 0.0f;
 #pragma unroll 4
     for (int u = 0; u < units; ++u) {
         F4 k = key[unit];
         unit = unit + 1 == units ? 0 : unit + 1;
-#pragma unroll
-        for (int i = 0; i < Q; ++i) {
-            if (!valid[i]) continue;
-            F4 q = ld_f4(sh.q[r0 + i] + 4 * u);
-            dot[i] = fmaf(q.x, k.x, dot[i]);
-            dot[i] = fmaf(q.y, k.y, dot[i]);
-            dot[i] = fmaf(q.z, k.z, dot[i]);
-            dot[i] = fmaf(q.w, k.w, dot[i]);
-        }
+        F4 q = ld_f4(sh.q[r] + 4 * u);
+        dot = fmaf(q.x, k.x, dot);
+        dot = fmaf(q.y, k.y, dot);
+        dot = fmaf(q.z, k.z, dot);
+        dot = fmaf(q.w, k.w, dot);
     }
-    float e[Q];
-    int j_lo = A::KEYS, j_hi = -1;
-#pragma unroll
-    for (int i = 0; i < Q; ++i) {
-        if (!active[i]) continue;
-        float s = valid[i] ? dot[i] * scale : -__int_as_float(0x7f800000);
-        // The tile holds at least one of the row's keys, so the maximum is finite.
-        float m_new = fmaxf(st.m[i], warp_max(s));
-        float correction = expf(st.m[i] - m_new);
-        e[i] = expf(s - m_new);
-        st.l[i] = st.l[i] * correction + warp_sum(e[i]);
-#pragma unroll
-        for (int c = 0; c < A::PAIRS; ++c) {
-            st.acc[i][c].x *= correction;
-            st.acc[i][c].y *= correction;
-        }
-        st.m[i] = m_new;
-        j_lo = min(j_lo, max(sh.first[r0 + i] - base, 0));
-        j_hi = max(j_hi, min(sh.pos[r0 + i] - base, A::KEYS - 1));
-    }
-    int pairs = dv / 2;
-    for (int j = j_lo; j <= j_hi; ++j) {
-        F2 v[A::PAIRS];
-#pragma unroll
-        for (int c = 0; c < A::PAIRS; ++c)
-            v[c] = lane + 32 * c < pairs ? sh.v[j][lane + 32 * c] : F2{0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < Q; ++i) {
-            if (!active[i]) continue;
-            float ej = __shfl_sync(0xffffffffu, e[i], j);
-            if (base + j < sh.first[r0 + i] || base + j > sh.pos[r0 + i]) continue;
-#pragma unroll
-            for (int c = 0; c < A::PAIRS; ++c) {
-                st.acc[i][c].x = fmaf(ej, v[c].x, st.acc[i][c].x);
-                st.acc[i][c].y = fmaf(ej, v[c].y, st.acc[i][c].y);
-            }
-        }
-    }
+    return dot * scale;
 }
 
 // A head's sink (gpt-oss: a logit joining the softmax without a value) folded into a finished
@@ -209,16 +204,41 @@ __device__ __forceinline__ void sink_weights(const float* sinks, int h, float m,
     *total = l * *keep + expf(s - m_new);
 }
 
-// grid.x = heads, grid.y = tiles of A::QUERIES of the n rows.
+// The final values of a row's state: sink (gpt-oss) folded in, divided by the total.
+__device__ __forceinline__ float att_value(float o, float keep, float total) {
+    return o * keep / total;
+}
+
+// Where a tile step of the prefill kernel is: chunk c's key tiles 0..3, then its value tiles.
+struct AttStep {
+    int chunk, tile;
+    bool values;
+};
+
+__device__ __forceinline__ AttStep att_step(int c_lo, int step) {
+    int per = 2 * (ATT_CHUNK / ATT_GROUP);
+    return AttStep{c_lo + step / per, step % (per / 2), (step % per) >= per / 2};
+}
+
+// Whether rows r.. of the warp have a key in chunk c.
+__device__ __forceinline__ bool att_row_in(int first, int pos, int c) {
+    return first <= ATT_CHUNK * c + ATT_CHUNK - 1 && pos >= ATT_CHUNK * c;
+}
+
+// grid.x = heads, grid.y = tiles of A::QUERIES of the n rows. The tile's rows of one sequence
+// share each key and value tile (chunk by chunk: its four key tiles, then its four value
+// tiles), each warp computing its rows' chunk states in the order above; the next tile's loads
+// are in flight while the current one is used.
 template <typename A>
 __device__ void attention_rows(const float* q, const u16* k_cache, const u16* v_cache,
                                const int* pos_of, const int* tables, const int* all_pages,
                                float* out, int n_head, int n_head_kv, int dk, int dv, float scale,
                                int window, const float* sinks, int n) {
     __shared__ __align__(16) AttTile<A> sh;
+    const int Q = A::QPW, TILES = ATT_CHUNK / ATT_GROUP;
     int h = blockIdx.x, t0 = blockIdx.y * A::QUERIES;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int count = min(A::QUERIES, n - t0), r0 = warp * A::QPW;
+    int count = min(A::QUERIES, n - t0), r0 = warp * Q;
     AttKv kv = {k_cache, v_cache, h / (n_head / n_head_kv), n_head_kv, dk, dv};
     for (int i = threadIdx.x; i < A::QUERIES * dk; i += blockDim.x) {
         int r = i / dk, d = i - r * dk;
@@ -231,14 +251,9 @@ __device__ void attention_rows(const float* q, const u16* k_cache, const u16* v_
         sh.table[threadIdx.x] = tables[t];
     }
     __syncthreads();
-    AttRows<A> rows;
+    AttTree<A::V> tree[Q];
 #pragma unroll
-    for (int i = 0; i < A::QPW; ++i) {
-        rows.m[i] = -__int_as_float(0x7f800000);
-        rows.l[i] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < A::PAIRS; ++c) rows.acc[i][c] = F2{0.0f, 0.0f};
-    }
+    for (int i = 0; i < Q; ++i) tree[i].init();
     AttStage<A> st;
     // The tile's rows, one sequence (page table) at a time; the same in every thread.
     unsigned done = 0;
@@ -254,38 +269,103 @@ __device__ void attention_rows(const float* q, const u16* k_cache, const u16* v_
         }
         done |= group;
         const int* pages = all_pages + table;
-        int first_base = lo - lo % A::KEYS;
-        att_fetch(st, kv, pages, first_base, lo, hi);
-        for (int base = first_base; base <= hi; base += A::KEYS) {
+        int c_lo = lo / ATT_CHUNK, steps = (hi / ATT_CHUNK - c_lo + 1) * 2 * TILES;
+        bool mine[Q];
+        float e[Q][TILES];
+        float o01[Q][A::V], o23[Q][A::V], mx[Q], l[Q];
+        AttStep next = att_step(c_lo, 0);
+        att_fetch(st, kv, pages, ATT_CHUNK * next.chunk + ATT_GROUP * next.tile, lo, hi, next.values);
+        for (int step = 0; step < steps; ++step) {
+            AttStep at = att_step(c_lo, step);
+            int base = ATT_CHUNK * at.chunk + ATT_GROUP * at.tile;
             __syncthreads();  // the previous tile's readers are done
-            att_store(sh, st, kv);
+            att_store(sh, st, kv, at.values);
             __syncthreads();
-            if (base + A::KEYS <= hi) att_fetch(st, kv, pages, base + A::KEYS, lo, hi);
-            bool active[A::QPW];
-            bool any = false;
-#pragma unroll
-            for (int i = 0; i < A::QPW; ++i) {
-                int r = r0 + i;
-                active[i] = r < count && ((group >> r) & 1) && base <= sh.pos[r] &&
-                            base + A::KEYS > sh.first[r];
-                any = any || active[i];
+            if (step + 1 < steps) {
+                next = att_step(c_lo, step + 1);
+                att_fetch(st, kv, pages, ATT_CHUNK * next.chunk + ATT_GROUP * next.tile, lo, hi,
+                          next.values);
             }
-            if (any) att_rows_tile(sh, r0, active, base, lane, dk, dv, scale, rows);
+#pragma unroll
+            for (int i = 0; i < Q; ++i) {
+                int r = r0 + i;
+                bool row = r < count && ((group >> r) & 1);
+                if (at.tile == 0 && !at.values)
+                    mine[i] = row && att_row_in(sh.first[r], sh.pos[r], at.chunk);
+                if (!mine[i]) continue;
+                if (!at.values) {
+                    // Key tile: this lane's key's score, kept until the chunk's maximum is known.
+                    float s = att_score(sh, r, base, lane, dk, scale);
+#pragma unroll
+                    for (int t = 0; t < TILES; ++t)
+                        if (t == at.tile) e[i][t] = s;
+                    if (at.tile == TILES - 1) {
+                        float m = fmaxf(fmaxf(e[i][0], e[i][1]), fmaxf(e[i][2], e[i][3]));
+                        mx[i] = warp_max(m);
+                        float g[TILES];
+#pragma unroll
+                        for (int t = 0; t < TILES; ++t) {
+                            e[i][t] = e[i][t] == -__int_as_float(0x7f800000)
+                                          ? 0.0f
+                                          : expf(e[i][t] - mx[i]);
+                            g[t] = warp_sum(e[i][t]);
+                        }
+                        l[i] = (g[0] + g[1]) + (g[2] + g[3]);
+                    }
+                    continue;
+                }
+                // Value tile: the group's Σ e·v in key order, then the chunk's tree of groups.
+                float a[A::V];
+#pragma unroll
+                for (int v = 0; v < A::V; ++v) a[v] = 0.0f;
+                float et = 0.0f;
+#pragma unroll
+                for (int t = 0; t < TILES; ++t)
+                    if (t == at.tile) et = e[i][t];
+                int j_lo = max(sh.first[r] - base, 0), j_hi = min(sh.pos[r] - base, ATT_GROUP - 1);
+                for (int j = 0; j < ATT_GROUP; ++j) {
+                    float ej = __shfl_sync(0xffffffffu, et, j);
+                    if (j < j_lo || j > j_hi) continue;
+                    const F2* vrow = (const F2*)(sh.kv + j * A::HEAD);
+#pragma unroll
+                    for (int c = 0; c < A::PAIRS; ++c) {
+                        F2 v = lane + 32 * c < dv / 2 ? vrow[lane + 32 * c] : F2{0.0f, 0.0f};
+                        a[2 * c] = fmaf(ej, v.x, a[2 * c]);
+                        a[2 * c + 1] = fmaf(ej, v.y, a[2 * c + 1]);
+                    }
+                }
+#pragma unroll
+                for (int v = 0; v < A::V; ++v) {
+                    if (at.tile == 0) o01[i][v] = a[v];
+                    if (at.tile == 1) o01[i][v] = o01[i][v] + a[v];
+                    if (at.tile == 2) o23[i][v] = a[v];
+                    if (at.tile == 3) o23[i][v] = o23[i][v] + a[v];
+                }
+                if (at.tile == TILES - 1) {
+                    AttState<A::V> leaf;
+                    leaf.m = mx[i];
+                    leaf.l = l[i];
+#pragma unroll
+                    for (int v = 0; v < A::V; ++v) leaf.o[v] = o01[i][v] + o23[i][v];
+                    tree[i].push(leaf);
+                }
+            }
         }
     }
 #pragma unroll
-    for (int i = 0; i < A::QPW; ++i) {
+    for (int i = 0; i < Q; ++i) {
         int r = r0 + i;
         if (r >= count) continue;
+        AttState<A::V> final_state = tree[i].finish();
         float* dst = out + ((long long)(t0 + r) * n_head + h) * dv;
         float keep, total;
-        sink_weights(sinks, h, rows.m[i], rows.l[i], &keep, &total);
+        sink_weights(sinks, h, final_state.m, final_state.l, &keep, &total);
 #pragma unroll
         for (int c = 0; c < A::PAIRS; ++c) {
             int pair = lane + 32 * c;
             if (pair < dv / 2) {
-                dst[2 * pair] = rows.acc[i][c].x * keep / total;
-                dst[2 * pair + 1] = rows.acc[i][c].y * keep / total;
+                dst[2 * pair] = att_value(final_state.o[2 * c], keep, total);
+                dst[2 * pair + 1] = att_value(final_state.o[2 * c + 1], keep, total);
             }
         }
     }
@@ -304,30 +384,33 @@ ATTENTION_KERNEL(attention_h64, AttHead64)
 ATTENTION_KERNEL(attention_h128, AttHead128)
 ATTENTION_KERNEL(attention_h256, AttHead256)
 
-// Value column pairs (f16x2) per lane of the split decode kernel.
+// Value column pairs (f16x2) per lane of the split kernel.
 #define PAIRS_PER_LANE (MAX_HEAD / 64)
+// Value columns a thread of the split kernel holds (MAX_HEAD over its 128 threads).
+#define SPLIT_COLUMNS (MAX_HEAD / ATT_CHUNK)
+#define SPLIT_WARPS (ATT_CHUNK / 32)
+
+// The smallest power of two at least n (n ≥ 1).
+__device__ __forceinline__ int pow2_at_least(int n) { return n <= 1 ? 1 : 1 << (32 - __clz(n - 1)); }
 
 // Decode attention (a few queries over a long cache), split over the keys as flash-decoding
 // does, because one block per head leaves most of the GPU idle: grid.x = n_head · splits,
-// grid.y = queries. The keys from the window start on are cut into chunks of SPLIT_CHUNK; block
-// s of a head takes chunks s, s + splits, … with one online softmax for the whole block (one
-// lane per key for the scores, then each warp adds up a quarter of the chunk's value rows).
-// Every block writes its partial result (max, sum, unnormalized values); the last one to finish,
-// counted per query and head with an atomic, merges them and resets its count for the next
-// replay, so no second launch is needed. The grid is sized for the longest sequence while the
-// position is only known on the device, so blocks past the last chunk return at once.
-
-#define SPLIT_WARPS 4
-#define SPLIT_CHUNK (SPLIT_WARPS * 32)
-
-extern "C" __global__ void __launch_bounds__(SPLIT_CHUNK)
+// grid.y = queries, a thread per key of a chunk. A row of N chunks has a tree
+// of N' = pow2_at_least(N) leaves: from N' ≥ splits on, block s takes the aligned subtree of
+// leaves s·N'/splits..; below, block s takes leaf s. Each block computes its leaves' chunk states
+// in the order above and their subtree; the last block to finish (an atomic count per query
+// and head, after a __threadfence) adds the blocks' subtrees by the tree's top levels and
+// resets the count for the next replay, so no second launch is needed. With one block of
+// leaves the block writes the result itself. The grid is sized for the longest row of the pass
+// (positions are only known on the device); blocks without leaves return at once.
+extern "C" __global__ void __launch_bounds__(ATT_CHUNK)
 attention_split(const float* q, const u16* k_cache, const u16* v_cache, const int* pos_of,
                 const int* tables, const int* all_pages, float* out, int n_head, int n_head_kv,
                 int dk, int dv, float scale, int window, const float* sinks, int splits,
                 float* partial, u32* counters) {
     __shared__ float s_q[MAX_HEAD];
-    __shared__ float s_e[SPLIT_CHUNK];
-    __shared__ long long s_row[SPLIT_CHUNK];
+    __shared__ float s_e[ATT_CHUNK];
+    __shared__ long long s_row[ATT_CHUNK];
     __shared__ float s_max[SPLIT_WARPS], s_sum[SPLIT_WARPS];
     __shared__ float s_acc[SPLIT_WARPS][MAX_HEAD];
     __shared__ int s_last;
@@ -336,25 +419,30 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, const in
     int pos = pos_of[t];
     const int* pages = all_pages + tables[t];
     int first = window > 0 ? max(0, pos + 1 - window) : 0;
-    int chunks = (pos - first) / SPLIT_CHUNK + 1;
-    int active = min(splits, chunks);
-    if (split >= active) return;
+    int c0 = first / ATT_CHUNK, leaves = pos / ATT_CHUNK - c0 + 1;
+    // Blocks past the largest power of two in `splits` take no leaves (the host sends powers
+    // of two; any count gives the same bits).
+    int blocks = 1 << (31 - __clz(splits)), padded = pow2_at_least(leaves);
+    int per = padded >= blocks ? padded / blocks : 1;
+    int lo_leaf = split * per, hi_leaf = min(leaves, lo_leaf + per);
+    int active = (leaves + per - 1) / per;
+    if (split >= blocks || lo_leaf >= hi_leaf) return;
     int kv_head = h / (n_head / n_head_kv);
     int k_width = n_head_kv * dk, v_width = n_head_kv * dv, pairs = dv / 2;
     const float* query = q + ((long long)t * n_head + h) * dk;
     for (int j = threadIdx.x; j < dk; j += blockDim.x) s_q[j] = query[j];
     __syncthreads();
-    float acc[2 * PAIRS_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < 2 * PAIRS_PER_LANE; ++i) acc[i] = 0.0f;
-    float m = -__int_as_float(0x7f800000), l = 0.0f;  // -inf
-    for (int c = split; c < chunks; c += splits) {
-        int base = first + c * SPLIT_CHUNK, p = base + threadIdx.x;
+    AttTree<SPLIT_COLUMNS> tree;
+    tree.init();
+    for (int leaf = lo_leaf; leaf < hi_leaf; ++leaf) {
+        int base = ATT_CHUNK * (c0 + leaf), p = base + threadIdx.x;
+        bool valid = p >= first && p <= pos;
         float s = -__int_as_float(0x7f800000);
-        // Each thread looks up its key's row once; the value loop reads them from shared memory.
-        long long my_row = p <= pos ? kv_row(pages, p) : 0;
+        // Each thread looks up its key's row once (keys outside the range read the nearest
+        // valid one, with weight 0); the value loop reads them from shared memory.
+        long long my_row = kv_row(pages, min(max(p, first), pos));
         s_row[threadIdx.x] = my_row;
-        if (p <= pos) {
+        if (valid) {
             const U4* key = (const U4*)(k_cache + my_row * k_width + kv_head * dk);
             float dot = 0.0f;
 #pragma unroll 8
@@ -372,27 +460,26 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, const in
         float wm = warp_max(s);
         if (lane == 0) s_max[warp] = wm;
         __syncthreads();
-        // Thread 0's key (base ≤ pos) is always valid, so the chunk's maximum is finite.
-        float m_new = fmaxf(m, fmaxf(fmaxf(s_max[0], s_max[1]), fmaxf(s_max[2], s_max[3])));
-        float correction = expf(m - m_new), e = expf(s - m_new);
+        // The chunk holds at least one of the row's keys, so its maximum is finite.
+        float m = fmaxf(fmaxf(s_max[0], s_max[1]), fmaxf(s_max[2], s_max[3]));
+        float e = valid ? expf(s - m) : 0.0f;
         s_e[threadIdx.x] = e;
         float ws = warp_sum(e);
         if (lane == 0) s_sum[warp] = ws;
         __syncthreads();
-        l = l * correction + ((s_sum[0] + s_sum[1]) + (s_sum[2] + s_sum[3]));
+        float l = (s_sum[0] + s_sum[1]) + (s_sum[2] + s_sum[3]);
+        // Warp w: its group's keys 32w.. in order, eight rows' loads in flight.
+        float acc[2 * PAIRS_PER_LANE];
 #pragma unroll
-        for (int i = 0; i < 2 * PAIRS_PER_LANE; ++i) acc[i] *= correction;
-        int count = min(SPLIT_CHUNK, pos - base + 1);
+        for (int i = 0; i < 2 * PAIRS_PER_LANE; ++i) acc[i] = 0.0f;
         const u32* value = (const u32*)(v_cache + kv_head * dv);
-        // Eight rows at a time with no branch, so their loads are in flight together: rows
-        // past the position are read at the last valid one and weigh e = 0.
-#pragma unroll 4
-        for (int j0 = warp; j0 < count; j0 += 8 * SPLIT_WARPS) {
+#pragma unroll
+        for (int j0 = 0; j0 < 32; j0 += 8) {
 #pragma unroll
             for (int u = 0; u < 8; ++u) {
-                int j = j0 + u * SPLIT_WARPS;
-                float ej = j < count ? s_e[j] : 0.0f;
-                const u32* row = value + s_row[min(j, count - 1)] * (v_width / 2);
+                int j = 32 * warp + j0 + u;
+                float ej = s_e[j];
+                const u32* row = value + s_row[j] * (v_width / 2);
 #pragma unroll
                 for (int i = 0; i < PAIRS_PER_LANE; ++i) {
                     int col = lane + 32 * i;
@@ -404,33 +491,48 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, const in
                 }
             }
         }
-        m = m_new;
-        __syncthreads();
-    }
 #pragma unroll
-    for (int i = 0; i < PAIRS_PER_LANE; ++i) {
-        int col = lane + 32 * i;
-        if (col < pairs) {
-            s_acc[warp][2 * col] = acc[2 * i];
-            s_acc[warp][2 * col + 1] = acc[2 * i + 1];
+        for (int i = 0; i < PAIRS_PER_LANE; ++i) {
+            int col = lane + 32 * i;
+            if (col < pairs) {
+                s_acc[warp][2 * col] = acc[2 * i];
+                s_acc[warp][2 * col + 1] = acc[2 * i + 1];
+            }
         }
+        __syncthreads();
+        AttState<SPLIT_COLUMNS> state;
+        state.m = m;
+        state.l = l;
+#pragma unroll
+        for (int c = 0; c < SPLIT_COLUMNS; ++c) {
+            int j = threadIdx.x + ATT_CHUNK * c;
+            state.o[c] = j < dv ? (s_acc[0][j] + s_acc[1][j]) + (s_acc[2][j] + s_acc[3][j]) : 0.0f;
+        }
+        tree.push(state);
+        __syncthreads();  // s_e, s_row and s_acc are reused by the next chunk
     }
-    __syncthreads();
+    AttState<SPLIT_COLUMNS> mine = tree.finish();
     long long head = (long long)t * n_head + h;
     float* dst = out + head * dv;
     if (active == 1) {
         float keep, total;
-        sink_weights(sinks, h, m, l, &keep, &total);
-        for (int j = threadIdx.x; j < dv; j += blockDim.x)
-            dst[j] = ((s_acc[0][j] + s_acc[1][j]) + (s_acc[2][j] + s_acc[3][j])) * keep / total;
+        sink_weights(sinks, h, mine.m, mine.l, &keep, &total);
+#pragma unroll
+        for (int c = 0; c < SPLIT_COLUMNS; ++c) {
+            int j = threadIdx.x + ATT_CHUNK * c;
+            if (j < dv) dst[j] = att_value(mine.o[c], keep, total);
+        }
         return;
     }
-    float* mine = partial + (head * splits + split) * (dv + 2);
-    for (int j = threadIdx.x; j < dv; j += blockDim.x)
-        mine[2 + j] = (s_acc[0][j] + s_acc[1][j]) + (s_acc[2][j] + s_acc[3][j]);
+    float* slot = partial + (head * splits + split) * (dv + 2);
+#pragma unroll
+    for (int c = 0; c < SPLIT_COLUMNS; ++c) {
+        int j = threadIdx.x + ATT_CHUNK * c;
+        if (j < dv) slot[2 + j] = mine.o[c];
+    }
     if (threadIdx.x == 0) {
-        mine[0] = m;
-        mine[1] = l;
+        slot[0] = mine.m;
+        slot[1] = mine.l;
     }
     // The partial result must be visible to the block that merges before it is counted.
     __threadfence();
@@ -443,28 +545,28 @@ attention_split(const float* q, const u16* k_cache, const u16* v_cache, const in
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    // The merge, in two round trips to L2: lane s of warp 0 reads split s's max and sum (at
-    // most 32 splits) and weighs it, then each thread sums its value columns over the splits
-    // with several loads in flight.
-    __shared__ float s_weight[32];
-    __shared__ float s_total;
+    // The blocks' subtrees, in block order, by the tree's top levels.
     const float* parts = partial + head * splits * (dv + 2);
-    if (warp == 0) {
-        bool mine_valid = lane < active;
-        float m_s = mine_valid ? __ldcg(parts + lane * (dv + 2)) : -__int_as_float(0x7f800000);
-        float l_s = mine_valid ? __ldcg(parts + lane * (dv + 2) + 1) : 0.0f;
-        float merged_max = warp_max(m_s);
-        float weight = mine_valid ? expf(m_s - merged_max) : 0.0f;
-        float keep, total;
-        sink_weights(sinks, h, merged_max, warp_sum(l_s * weight), &keep, &total);
-        s_weight[lane] = weight * keep;
-        if (lane == 0) s_total = total;
+    AttTree<SPLIT_COLUMNS> top;
+    top.init();
+    for (int b = 0; b < active; ++b) {
+        const float* part = parts + b * (dv + 2);
+        AttState<SPLIT_COLUMNS> state;
+        state.m = __ldcg(part);
+        state.l = __ldcg(part + 1);
+#pragma unroll
+        for (int c = 0; c < SPLIT_COLUMNS; ++c) {
+            int j = threadIdx.x + ATT_CHUNK * c;
+            state.o[c] = j < dv ? __ldcg(part + 2 + j) : 0.0f;
+        }
+        top.push(state);
     }
-    __syncthreads();
-    for (int j = threadIdx.x; j < dv; j += blockDim.x) {
-        float v = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < active; ++s) v = fmaf(__ldcg(parts + s * (dv + 2) + 2 + j), s_weight[s], v);
-        dst[j] = v / s_total;
+    AttState<SPLIT_COLUMNS> all = top.finish();
+    float keep, total;
+    sink_weights(sinks, h, all.m, all.l, &keep, &total);
+#pragma unroll
+    for (int c = 0; c < SPLIT_COLUMNS; ++c) {
+        int j = threadIdx.x + ATT_CHUNK * c;
+        if (j < dv) dst[j] = att_value(all.o[c], keep, total);
     }
 }

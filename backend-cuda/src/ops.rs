@@ -20,7 +20,8 @@ const SPLIT_GATED_MAX_WARPS: usize = 8192;
 /// widest head each takes, its query rows per block and its threads (`AttSize::QUERIES`,
 /// `AttSize::THREADS`).
 const ATTENTION_KERNELS: [(usize, usize, u32); 3] = [(64, 16, 512), (128, 16, 512), (256, 8, 128)];
-/// Keys per chunk of the split attention kernel, one per thread (`SPLIT_CHUNK` in attention.cu).
+/// Keys per chunk of the attention's one order, one per thread of a split block (`ATT_CHUNK` in
+/// attention.cu).
 pub const SPLIT_CHUNK: usize = 128;
 /// Most blocks per query head of the split attention kernel: enough to spread a few thousand
 /// positions over the GPU, few enough that the blocks past a short context cost little.

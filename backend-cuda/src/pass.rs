@@ -133,10 +133,10 @@ pub fn segments(chunks: &[&Chunk<'_>]) -> Vec<Segment> {
 }
 
 /// Blocks per head of the split decode attention for a chunk ending at `end_pos`: enough for
-/// its longest query, rounded up to a power of two so that few graphs are captured. Any count
-/// from a query's number of key chunks up gives each block one chunk, merged in chunk order,
-/// so the result depends on the positions alone (up to 4,096 positions; from there on every
-/// chunk takes [`MAX_SPLITS`](crate::ops::MAX_SPLITS)).
+/// its longest query (a block per 128-key chunk up to [`MAX_SPLITS`](crate::ops::MAX_SPLITS)),
+/// rounded up to a power of two so that few graphs are captured. Any count gives the same bits
+/// (the attention's one order, `kernels/attention.cu`), so the result depends on the positions
+/// alone.
 pub fn decode_splits(end_pos: usize) -> usize {
     SplitScratch::splits_for(end_pos)
         .next_power_of_two()

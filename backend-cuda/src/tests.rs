@@ -519,6 +519,11 @@ fn attention_matches_the_reference() {
         // Many query tiles and key tiles, neither starting on a tile boundary.
         (14, 2, 64, 45, 70, None),
         (4, 1, 256, 10, 40, Some(16)),
+        // Heads of 128; more chunks (40) than the split kernel's 32 blocks; a window across
+        // chunk boundaries.
+        (8, 2, 128, 5000, 3, None),
+        (8, 2, 128, 100, 20, Some(200)),
+        (4, 1, 256, 4100, 2, Some(300)),
     ] {
         let len = start + n;
         let (kw, vw) = (n_head_kv * dim, n_head_kv * dim);
@@ -574,7 +579,7 @@ fn attention_matches_the_reference() {
                 .alloc(n * SplitScratch::partial_floats(n_head, dim) * 4, "test")
                 .unwrap();
             let counters = put(&gpu, &vec![0; n * n_head * 4]);
-            for max_len in [len, 4 * len + 1000, len] {
+            for max_len in [len, 4 * len + 1000, len, 129, 1] {
                 let split = SplitScratch {
                     splits: SplitScratch::splits_for(max_len),
                     partial: partial.ptr(),
@@ -616,6 +621,19 @@ fn attention_matches_the_reference() {
                         }
                     }
                 }
+            }
+            // One arithmetic: every kernel and split count gives every row the same bits.
+            let (_, reference) = &results[0];
+            for (kernel, ours) in &results[1..] {
+                let differ = reference
+                    .iter()
+                    .zip(ours)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(
+                    differ, 0,
+                    "attention ({kernel}, sinks {with_sinks}) {n_head}/{n_head_kv}x{dim} at {start}+{n}: {differ} values differ from the prefill kernel's"
+                );
             }
             for (kernel, ours) in &results {
                 let err = rel_error(ours, &expected);
