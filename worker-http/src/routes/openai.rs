@@ -182,6 +182,18 @@ async fn answer(
         connection,
     };
     let logprobs = request.job.sampling.logprobs.is_some();
+    // A "call" to a function the request did not offer is content.
+    let offered: Vec<String> = request.tools.as_ref().map_or_else(Vec::new, |tools| {
+        tools
+            .functions
+            .iter()
+            .map(|(name, _)| name.clone())
+            .collect()
+    });
+    let calls = |parser: fn(ToolFormat) -> ToolCallParser| {
+        let offered = offered.clone();
+        move |format| parser(format).offering(offered)
+    };
     let accepted = submit(shared, origin, request.job).await?;
     let reply = Reply {
         endpoint,
@@ -194,7 +206,7 @@ async fn answer(
     if request.stream {
         let parser = TextParser {
             reasoning: reasoning.map(ReasoningParser::new),
-            tools: tool_format.map(ToolCallParser::streaming),
+            tools: tool_format.map(calls(ToolCallParser::streaming)),
         };
         let chunks = ChunkStream::new(reply, accepted.events, request.include_usage, parser);
         let sse = Sse::new(chunks).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
@@ -202,7 +214,7 @@ async fn answer(
     }
     let parser = TextParser {
         reasoning: reasoning.map(ReasoningParser::new),
-        tools: tool_format.map(ToolCallParser::new),
+        tools: tool_format.map(calls(ToolCallParser::new)),
     };
     let whole = whole(&reply, accepted.events, parser, &correlation_id).await?;
     Ok(Json(whole).into_response())

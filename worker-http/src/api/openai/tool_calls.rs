@@ -75,6 +75,9 @@ pub struct ToolCallParser {
     streaming: bool,
     /// The current streamed call's progress.
     streamed: Streamed,
+    /// The functions the request offered ([`Self::offering`]); a "call" to any other is text
+    /// (small models invent functions: `say`, `sayHelloWorld`). `None`: any name.
+    offered: Option<Vec<String>>,
 }
 
 impl ToolCallParser {
@@ -88,7 +91,23 @@ impl ToolCallParser {
             calls: 0,
             streaming: false,
             streamed: Streamed::Header,
+            offered: None,
         }
+    }
+
+    /// The parser taking calls to `names` only: a call to another function stays content.
+    pub fn offering(self, names: Vec<String>) -> Self {
+        Self {
+            offered: Some(names),
+            ..self
+        }
+    }
+
+    /// Whether a call to `name` is one the request offered.
+    fn offers(&self, name: &str) -> bool {
+        self.offered
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|n| n == name))
     }
 
     /// A parser for a streamed reply: Hermes calls come out as [`Piece::CallStart`] and
@@ -229,6 +248,8 @@ impl ToolCallParser {
                     match header(body) {
                         Header::NeedMore => return Flow::Wait,
                         Header::NoMatch => return Flow::Whole,
+                        // A function never offered: the whole text, once closed, is content.
+                        Header::Match { name, .. } if !self.offers(&name) => return Flow::Whole,
                         Header::Match { name, arguments_at } => {
                             self.held.drain(..open.len() + arguments_at);
                             out.push(Piece::CallStart(self.new_call(name, String::new())));
@@ -268,6 +289,9 @@ impl ToolCallParser {
         let body = body.strip_prefix("<|python_tag|>").unwrap_or(body);
         let value: Value = serde_json::from_str(body).ok()?;
         let name = value.get("name")?.as_str()?.to_owned();
+        if !self.offers(&name) {
+            return None;
+        }
         let arguments = value
             .get("arguments")
             .or_else(|| value.get("parameters"))
@@ -470,6 +494,43 @@ mod tests {
             Piece::Call(call) => (call.name.as_str(), call.arguments.as_str()),
             other => panic!("not a call: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_call_to_a_function_never_offered_is_content() {
+        let text =
+            "<tool_call>\n{\"name\": \"say\", \"arguments\": {\"text\": \"hi\"}}\n</tool_call>";
+        for streaming in [false, true] {
+            let parser = match streaming {
+                false => ToolCallParser::new(ToolFormat::Hermes),
+                true => ToolCallParser::streaming(ToolFormat::Hermes),
+            };
+            let offered = vec!["get_weather".to_owned()];
+            let (out, _) = feed(parser.offering(offered.clone()), &split(text, 7));
+            assert_eq!(
+                out,
+                [Piece::Content(text.to_owned())],
+                "streaming {streaming}"
+            );
+            let parser = match streaming {
+                false => ToolCallParser::new(ToolFormat::Hermes),
+                true => ToolCallParser::streaming(ToolFormat::Hermes),
+            };
+            let weather = text.replace("say", "get_weather");
+            let (out, _) = feed(parser.offering(offered), &split(&weather, 7));
+            let names: Vec<&str> = out
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::Call(call) | Piece::CallStart(call) => Some(call.name.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(names, ["get_weather"], "streaming {streaming}: {out:?}");
+        }
+        let llama = "{\"name\": \"say\", \"parameters\": {}}";
+        let parser = ToolCallParser::new(ToolFormat::Llama3).offering(vec!["f".into()]);
+        let (out, _) = feed(parser, &[llama]);
+        assert_eq!(out, [Piece::Content(llama.to_owned())]);
     }
 
     #[test]

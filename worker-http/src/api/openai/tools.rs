@@ -71,9 +71,12 @@ impl Tools {
             ToolChoice::Named(name) => self.functions.iter().filter(|(n, _)| n == name).collect(),
         };
         let key = format.arguments_key();
+        let mut defs = serde_json::Map::new();
         let calls: Vec<Value> = allowed
             .iter()
-            .map(|(name, parameters)| {
+            .enumerate()
+            .map(|(i, (name, parameters))| {
+                let parameters = hoisted(i, parameters, &mut defs);
                 json!({
                     "type": "object",
                     "properties": {"name": {"const": name}, key: parameters},
@@ -82,10 +85,13 @@ impl Tools {
                 })
             })
             .collect();
-        let schema = json!({
+        let mut schema = json!({
             "anyOf": calls,
             "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
         });
+        if !defs.is_empty() {
+            schema["$defs"] = Value::Object(defs);
+        }
         Some(match format {
             ToolFormat::Hermes => {
                 format!(
@@ -94,6 +100,69 @@ impl Tools {
             }
             ToolFormat::Llama3 => format!("start: %json {schema}\n"),
         })
+    }
+}
+
+/// Function `i`'s parameter schema as it sits inside the call grammar's schema: a schema with
+/// references (a pydantic model with a nested one has `$defs` and `"$ref": "#/$defs/City"`) is
+/// moved to the root's `defs` as `tool{i}`, its `$defs` and `definitions` beside it as
+/// `tool{i}_<name>`, every `$ref` of it rewritten to where its target now lives, and a `$ref` to it
+/// is returned; a schema without references is returned as it is.
+fn hoisted(i: usize, parameters: &Value, defs: &mut serde_json::Map<String, Value>) -> Value {
+    if !has_ref(parameters) {
+        return parameters.clone();
+    }
+    let own = format!("tool{i}");
+    let mut root = parameters.clone();
+    for section in ["$defs", "definitions"] {
+        let taken = root.as_object_mut().and_then(|o| o.remove(section));
+        if let Some(Value::Object(entries)) = taken {
+            for (name, mut schema) in entries {
+                rewrite_refs(&mut schema, &own);
+                defs.insert(format!("{own}_{name}"), schema);
+            }
+        }
+    }
+    rewrite_refs(&mut root, &own);
+    defs.insert(own.clone(), root);
+    json!({"$ref": format!("#/$defs/{own}")})
+}
+
+/// Whether `schema` holds a `$ref` anywhere.
+fn has_ref(schema: &Value) -> bool {
+    match schema {
+        Value::Object(o) => o.contains_key("$ref") || o.values().any(has_ref),
+        Value::Array(items) => items.iter().any(has_ref),
+        _ => false,
+    }
+}
+
+/// Rewrites the local references of a schema that moved to `#/$defs/{own}` (its definitions to
+/// `#/$defs/{own}_<name>`): `#` and `#/…` into it, `#/$defs/<name>…` and `#/definitions/<name>…`
+/// to its hoisted definitions. Other references (URLs) are left as they are.
+fn rewrite_refs(schema: &mut Value, own: &str) {
+    match schema {
+        Value::Object(o) => {
+            if let Some(Value::String(reference)) = o.get_mut("$ref") {
+                let pointer = reference.strip_prefix('#').map(str::to_owned);
+                if let Some(pointer) = pointer {
+                    let section = ["/$defs/", "/definitions/"]
+                        .iter()
+                        .find_map(|s| pointer.strip_prefix(s));
+                    *reference = match section {
+                        Some(rest) => format!("#/$defs/{own}_{rest}"),
+                        None => format!("#/$defs/{own}{pointer}"),
+                    };
+                }
+            }
+            for (key, value) in o.iter_mut() {
+                if key != "$ref" {
+                    rewrite_refs(value, own);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| rewrite_refs(v, own)),
+        _ => {}
     }
 }
 
@@ -314,6 +383,45 @@ mod tests {
             ..tools
         };
         assert_eq!(auto.forced_call(ToolFormat::Hermes), None);
+    }
+
+    #[test]
+    fn a_forced_call_keeps_its_schemas_definitions() {
+        use worker_common::grammar::{GrammarSpec, Grammars};
+        // pydantic's schema of a model with a nested one, and a recursive one.
+        let city = json!({
+            "$defs": {"City": {"type": "object", "properties": {"name": {"type": "string"}},
+                "required": ["name"]}},
+            "type": "object",
+            "properties": {"city": {"$ref": "#/$defs/City"},
+                "others": {"type": "array", "items": {"$ref": "#/$defs/City"}}},
+            "required": ["city"],
+        });
+        let tree = json!({
+            "definitions": {"Node": {"type": "object", "properties": {
+                "children": {"type": "array", "items": {"$ref": "#/definitions/Node"}}}}},
+            "type": "object",
+            "properties": {"root": {"$ref": "#/definitions/Node"}, "again": {"$ref": "#"}},
+        });
+        let tools = Tools {
+            json: String::new(),
+            functions: vec![
+                ("where".into(), city),
+                ("grow".into(), tree),
+                ("plain".into(), json!({"type": "object"})),
+            ],
+            choice: ToolChoice::Required,
+        };
+        let grammars = Grammars::new(&worker_common::testing::tiny_tokenizer()).unwrap();
+        for format in [ToolFormat::Hermes, ToolFormat::Llama3] {
+            let lark = tools.forced_call(format).unwrap();
+            assert!(lark.contains(r##""$ref":"#/$defs/tool0_City""##), "{lark}");
+            assert!(lark.contains(r##""$ref":"#/$defs/tool1_Node""##), "{lark}");
+            assert!(lark.contains(r##""$ref":"#/$defs/tool1""##), "{lark}");
+            if let Err(error) = grammars.compile(&GrammarSpec::Lark(lark.clone())) {
+                panic!("{error}: {lark}");
+            }
+        }
     }
 
     #[test]
