@@ -10,6 +10,7 @@ mod job;
 pub mod openai;
 mod request;
 mod sampling;
+mod tokens;
 
 pub use error::{ApiError, ErrorCode, ErrorParts, FieldError};
 pub use events::{EndEvent, StartedEvent, StreamEvent, TokenLogprobWire};
@@ -17,3 +18,4 @@ pub use fields::require_json;
 pub use job::{Grammar, JobSpec, Prompt};
 pub use request::{CancelRequest, ExecuteRequest, Limits, MAX_JOB_ID_BYTES, MAX_TOKENS_LIMIT};
 pub use sampling::{MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};
+pub use tokens::{DetokenizeRequest, MAX_DETOKENIZE_IDS, TokenizeRequest};

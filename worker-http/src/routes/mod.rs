@@ -5,6 +5,7 @@ mod execute;
 mod guard;
 mod openai;
 mod status;
+mod tokens;
 
 pub use guard::Access;
 
@@ -39,6 +40,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/cancel", post(control::cancel_body))
         .route("/cancel/{job_id}", post(control::cancel_path))
         .route("/shutdown", post(control::shutdown))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route("/health", get(status::health))
         .route("/metrics", get(status::metrics))
         .route("/v1/models", get(openai::models))

@@ -524,3 +524,65 @@ fn the_body_limit_grows_with_the_context_beyond_32k_tokens() {
     assert_eq!(body_limit(Some(32768)), MAX_BODY_BYTES);
     assert_eq!(body_limit(Some(131_072)), 4 << 20);
 }
+
+#[tokio::test]
+async fn tokenize_and_detokenize_use_the_models_tokenizer() {
+    let shared = worker(counting(), 1);
+    let (status, body) = send(
+        &shared,
+        "POST",
+        "/tokenize",
+        Some(json!({"content": "abc"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let tokens = serde_json::from_str::<Value>(&body).unwrap()["tokens"].clone();
+    assert_eq!(tokens, json!([1, 2, 3]));
+    let with_pieces = json!({"content": "abc", "with_pieces": true});
+    let (status, body) = send(&shared, "POST", "/tokenize", Some(with_pieces)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let tokens = serde_json::from_str::<Value>(&body).unwrap()["tokens"].clone();
+    assert_eq!(tokens[0], json!({"id": 1, "piece": "a"}), "{body}");
+    assert_eq!(tokens.as_array().unwrap().len(), 3);
+    let (status, body) = send(
+        &shared,
+        "POST",
+        "/detokenize",
+        Some(json!({"tokens": [1, 2, 3]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["content"],
+        "abc"
+    );
+
+    // Refusals: a missing field, ids that are not ids, an id outside the vocabulary.
+    let (status, body) = send(&shared, "POST", "/tokenize", Some(json!({}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&body)["code"], "INVALID_REQUEST");
+    let (status, _) = send(
+        &shared,
+        "POST",
+        "/detokenize",
+        Some(json!({"tokens": [1, -2]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body) = send(
+        &shared,
+        "POST",
+        "/detokenize",
+        Some(json!({"tokens": [1, 4000000]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let errors = serde_json::from_str::<Value>(&body).unwrap()["errors"].clone();
+    assert!(
+        errors[0]["constraint"]
+            .as_str()
+            .unwrap()
+            .starts_with("vocabulary("),
+        "{body}"
+    );
+}
