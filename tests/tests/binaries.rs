@@ -81,8 +81,9 @@ fn worker_orcd_without_a_driver_exits_1_with_a_clean_message() {
 
 #[test]
 fn a_kv_cache_smaller_than_one_context_exits_1_with_model_load_failed() {
-    // 1 MiB holds 7 pages of SmolLM2's 16 positions (30 layers × 2 × 192 × 2 bytes each), far
-    // from a 2,048-position context: a setting that cannot work, not a lack of GPU memory.
+    // 1 MiB holds 2 pages of SmolLM2's 16 positions (16 × 30 layers × 2 × 192 × 2 bytes =
+    // 368,640 bytes each), far from a 2,048-position context's 128: a setting that cannot work,
+    // not a lack of GPU memory.
     let model = Model::SmolLm2.path();
     let args = [
         "--model",
