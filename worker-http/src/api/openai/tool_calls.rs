@@ -151,8 +151,8 @@ impl ToolCallParser {
                 ToolFormat::Hermes => held.strip_prefix(WRAPPERS[wrapper].0).unwrap_or(&held),
                 ToolFormat::Llama3 => &held,
             };
-            if let Some(call) = self.parse(body) {
-                return vec![Piece::Call(call)];
+            if let Some(calls) = self.parse_calls(body) {
+                return calls.into_iter().map(Piece::Call).collect();
             }
         }
         vec![Piece::Content(held)]
@@ -180,8 +180,8 @@ impl ToolCallParser {
                     return out;
                 };
                 let text: String = self.held.drain(..end + close.len()).collect();
-                match self.parse(&text[open.len()..end]) {
-                    Some(call) => out.push(Piece::Call(call)),
+                match self.parse_calls(&text[open.len()..end]) {
+                    Some(calls) => out.extend(calls.into_iter().map(Piece::Call)),
                     None => out.push(Piece::Content(text)),
                 }
                 self.in_call = None;
@@ -270,6 +270,31 @@ impl ToolCallParser {
                     self.streamed = Streamed::Tail;
                 }
                 Streamed::Tail => {
+                    // After the arguments, the call's own closing brace; then either the
+                    // wrapper's end or another call in the same wrapper (Qwen fences its
+                    // parallel calls together), which streams as a call of its own.
+                    let trimmed = self.held.trim_start();
+                    let Some(after) = trimmed.strip_prefix('}') else {
+                        if trimmed.is_empty() {
+                            return Flow::Wait;
+                        }
+                        let Some(at) = self.held.find(close) else {
+                            return Flow::Wait;
+                        };
+                        self.held.drain(..at + close.len());
+                        self.in_call = None;
+                        self.streamed = Streamed::Header;
+                        return Flow::Closed;
+                    };
+                    let next = after.trim_start_matches(|c: char| c.is_whitespace() || c == ',');
+                    if next.starts_with('{') {
+                        self.held = format!("{open}{next}");
+                        self.streamed = Streamed::Header;
+                        continue;
+                    }
+                    if next.is_empty() {
+                        return Flow::Wait;
+                    }
                     let Some(at) = self.held.find(close) else {
                         return Flow::Wait;
                     };
@@ -281,6 +306,46 @@ impl ToolCallParser {
                 Streamed::Whole => return Flow::Whole,
             }
         }
+    }
+
+    /// The calls of one wrapper's body: one call object, several one after another (Qwen's
+    /// parallel calls in one fence), or an array of them; `None` unless every one is a call.
+    fn parse_calls(&mut self, body: &str) -> Option<Vec<ToolCall>> {
+        let trimmed = body.trim();
+        let trimmed = trimmed.strip_prefix("<|python_tag|>").unwrap_or(trimmed);
+        let pieces: Vec<String> = if trimmed.starts_with('[') {
+            match serde_json::from_str::<Value>(trimmed).ok()? {
+                Value::Array(items) => items.iter().map(Value::to_string).collect(),
+                _ => return None,
+            }
+        } else {
+            let mut stream = serde_json::Deserializer::from_str(trimmed).into_iter::<Value>();
+            let mut pieces = Vec::new();
+            let mut start = 0;
+            while let Some(value) = stream.next() {
+                value.ok()?;
+                let end = stream.byte_offset();
+                let piece =
+                    trimmed[start..end].trim_start_matches(|c: char| c.is_whitespace() || c == ',');
+                pieces.push(piece.to_owned());
+                start = end;
+            }
+            pieces
+        };
+        if pieces.is_empty() {
+            return None;
+        }
+        // Checked before any call is counted: a reply with one invented call is content whole.
+        let all_calls = pieces.iter().all(|piece| {
+            serde_json::from_str::<Value>(piece)
+                .ok()
+                .and_then(|v| v.get("name")?.as_str().map(|name| self.offers(name)))
+                .unwrap_or(false)
+        });
+        if !all_calls {
+            return None;
+        }
+        pieces.iter().map(|piece| self.parse(piece)).collect()
     }
 
     /// A call's JSON: `{"name": …, "arguments"|"parameters": {…}}`.
@@ -494,6 +559,38 @@ mod tests {
             Piece::Call(call) => (call.name.as_str(), call.arguments.as_str()),
             other => panic!("not a call: {other:?}"),
         }
+    }
+
+    #[test]
+    fn several_calls_in_one_fence_are_each_a_call() {
+        let fenced = "```json\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n{\"name\": \"b\", \"arguments\": {\"y\": [2]}}\n```";
+        let expected = [("a", r#"{"x": 1}"#), ("b", r#"{"y": [2]}"#)];
+        let whole = run(ToolFormat::Hermes, &[fenced]);
+        let calls: Vec<(&str, &str)> = whole.iter().map(call).collect();
+        assert_eq!(calls, expected, "{whole:?}");
+        for size in [1, 3, 8, 1000] {
+            let (out, _) = run_streaming(ToolFormat::Hermes, &split(fenced, size));
+            let mut calls: Vec<(String, String)> = Vec::new();
+            for piece in &out {
+                match piece {
+                    Piece::CallStart(start) => calls.push((start.name.clone(), String::new())),
+                    Piece::Arguments(text) => calls.last_mut().unwrap().1.push_str(text),
+                    Piece::Call(c) => calls.push((c.name.clone(), c.arguments.clone())),
+                    Piece::Content(text) | Piece::Reasoning(text) => {
+                        assert!(text.trim().is_empty(), "{out:?}")
+                    }
+                }
+            }
+            let calls: Vec<(&str, &str)> = calls
+                .iter()
+                .map(|(n, a)| (n.as_str(), a.as_str()))
+                .collect();
+            assert_eq!(calls, expected, "pieces of {size}: {out:?}");
+        }
+        let array = "<tool_call>\n[{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"arguments\": {}}]\n</tool_call>";
+        let out = run(ToolFormat::Hermes, &[array]);
+        let names: Vec<&str> = out.iter().map(|p| call(p).0).collect();
+        assert_eq!(names, ["a", "b"], "{out:?}");
     }
 
     #[test]
