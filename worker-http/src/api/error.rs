@@ -116,6 +116,22 @@ impl ApiError {
         }
     }
 
+    /// 400 `INVALID_REQUEST` for one field: `field` breaks `constraint`, as `message` says.
+    pub fn invalid_field(
+        field: &str,
+        constraint: &str,
+        message: String,
+        correlation_id: &str,
+    ) -> Self {
+        let error = FieldError {
+            field: field.into(),
+            constraint: constraint.into(),
+            message,
+            value: None,
+        };
+        Self::invalid(vec![error], correlation_id)
+    }
+
     /// A 400 listing every violated rule.
     pub fn invalid(errors: Vec<FieldError>, correlation_id: &str) -> Self {
         let message = match errors.as_slice() {

@@ -46,16 +46,16 @@ pub async fn cancel_path(
     })?;
     // The same bound as the body form's (no job can have a longer id).
     if job_id.len() > MAX_JOB_ID_BYTES {
-        let error = FieldError {
-            field: "job_id".into(),
-            constraint: "max_length(256)".into(),
-            message: format!(
-                "the job id in the path is {} bytes, at most {MAX_JOB_ID_BYTES}",
-                job_id.len()
-            ),
-            value: None,
-        };
-        return Err(ApiError::invalid(vec![error], &correlation_id));
+        let message = format!(
+            "the job id in the path is {} bytes, at most {MAX_JOB_ID_BYTES}",
+            job_id.len()
+        );
+        return Err(ApiError::invalid_field(
+            "job_id",
+            "max_length(256)",
+            message,
+            &correlation_id,
+        ));
     }
     Ok(cancel(&shared, &job_id, &correlation_id))
 }

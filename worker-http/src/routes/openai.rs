@@ -29,7 +29,7 @@ use crate::api::openai::{
     Endpoint, Logprobs, OpenAiRequest, Piece, ReasoningFormat, ReasoningParser, Reply,
     ToolCallParser, ToolFormat, error_body, reshape_error,
 };
-use crate::api::{ApiError, ErrorCode, FieldError, Grammar, Limits};
+use crate::api::{ApiError, ErrorCode, Grammar, Limits};
 use crate::connections::Connection;
 use crate::correlation::CorrelationId;
 use crate::job_end::{JobEnd, JobEvent};
@@ -233,13 +233,7 @@ fn tool_format(
     };
     let loaded = accepting(shared, correlation_id)?;
     let refuse = |field: &str, constraint: &str, message: String| {
-        let error = FieldError {
-            field: field.into(),
-            constraint: constraint.into(),
-            message,
-            value: None,
-        };
-        ApiError::invalid(vec![error], correlation_id)
+        ApiError::invalid_field(field, constraint, message, correlation_id)
     };
     let format = loaded
         .formatter

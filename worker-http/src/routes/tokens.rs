@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use worker_common::tokenizer::Tokenizer;
 
 use super::{body_or_error, content_type};
-use crate::api::{ApiError, DetokenizeRequest, FieldError, TokenizeRequest};
+use crate::api::{ApiError, DetokenizeRequest, TokenizeRequest};
 use crate::correlation::CorrelationId;
 use crate::state::Shared;
 use crate::submit::accepting;
@@ -31,7 +31,9 @@ pub async fn tokenize(
     let tokenizer = &loaded.tokenizer;
     let ids = tokenizer
         .encode(&request.content, request.add_special, request.parse_special)
-        .map_err(|err| invalid("content", "tokenizable", err.to_string(), &correlation_id))?;
+        .map_err(|err| {
+            ApiError::invalid_field("content", "tokenizable", err.to_string(), &correlation_id)
+        })?;
     let tokens: Vec<Value> = if request.with_pieces {
         ids.iter()
             .map(|&id| json!({"id": id, "piece": piece(tokenizer, id)}))
@@ -57,7 +59,12 @@ pub async fn detokenize(
     if let Some(&id) = request.tokens.iter().find(|&&id| id as usize >= vocab) {
         let message = format!("token id {id} is outside the vocabulary of {vocab}");
         let constraint = format!("vocabulary({vocab})");
-        return Err(invalid("tokens", &constraint, message, &correlation_id));
+        return Err(ApiError::invalid_field(
+            "tokens",
+            &constraint,
+            message,
+            &correlation_id,
+        ));
     }
     Ok(Json(
         json!({"content": loaded.tokenizer.decode(&request.tokens)}),
@@ -77,14 +84,4 @@ fn piece(tokenizer: &Tokenizer, id: u32) -> Value {
         Ok(text) => json!(text),
         Err(err) => json!(err.into_bytes()),
     }
-}
-
-fn invalid(field: &str, constraint: &str, message: String, correlation_id: &str) -> ApiError {
-    let error = FieldError {
-        field: field.into(),
-        constraint: constraint.into(),
-        message,
-        value: None,
-    };
-    ApiError::invalid(vec![error], correlation_id)
 }

@@ -274,26 +274,18 @@ impl ToolCallParser {
                     // wrapper's end or another call in the same wrapper (Qwen fences its
                     // parallel calls together), which streams as a call of its own.
                     let trimmed = self.held.trim_start();
-                    let Some(after) = trimmed.strip_prefix('}') else {
-                        if trimmed.is_empty() {
-                            return Flow::Wait;
+                    let next = trimmed.strip_prefix('}').map(|after| {
+                        after.trim_start_matches(|c: char| c.is_whitespace() || c == ',')
+                    });
+                    match next {
+                        Some(next) if next.starts_with('{') => {
+                            self.held = format!("{open}{next}");
+                            self.streamed = Streamed::Header;
+                            continue;
                         }
-                        let Some(at) = self.held.find(close) else {
-                            return Flow::Wait;
-                        };
-                        self.held.drain(..at + close.len());
-                        self.in_call = None;
-                        self.streamed = Streamed::Header;
-                        return Flow::Closed;
-                    };
-                    let next = after.trim_start_matches(|c: char| c.is_whitespace() || c == ',');
-                    if next.starts_with('{') {
-                        self.held = format!("{open}{next}");
-                        self.streamed = Streamed::Header;
-                        continue;
-                    }
-                    if next.is_empty() {
-                        return Flow::Wait;
+                        Some("") => return Flow::Wait,
+                        _ if trimmed.is_empty() => return Flow::Wait,
+                        _ => {}
                     }
                     let Some(at) = self.held.find(close) else {
                         return Flow::Wait;
