@@ -1,16 +1,18 @@
 //! The shape of a pass: which of a step's chunks run together, and with which kernels. A pass
 //! holds either chunks of at least [`GEMM_MIN_TOKENS`] tokens (the int8 tensor-core GEMM over all
-//! rows; float formats dequantize + SGEMM, one SGEMM per chunk) or shorter ones (the
-//! int8-activation GEMVs over all rows), never both.
+//! rows, the prefill attention; float formats dequantize + SGEMM, one SGEMM per chunk) or
+//! shorter ones (the split decode attention; the int8 formats' projections by the GEMVs or, from
+//! [`takes_gemm`]'s row counts, the GEMM; float formats the f32 GEMVs), never both.
 
 use worker_common::backend::{BackendError, Chunk, PAGE_SIZE};
 
 use crate::ops::SplitScratch;
 
-/// From this many tokens, a chunk's projections take the tensor-core GEMM (qgemm.cu); below it,
-/// the GEMV kernels, which read each weight chunk once per eight rows. Measured on an H100 (time
-/// to first token of a fresh sequence, `examples/bench.rs`): Qwen 0.5B 2.56 ms at 16 tokens by
-/// the GEMVs, 2.96 at 24 by the GEMM; SmolLM2 1.60 and 1.97.
+/// From this many tokens a chunk joins the pass of long chunks (the GEMM for every projection,
+/// the prefill attention); a shorter one the pass of short chunks. Measured on an H100 when the
+/// short pass always took the GEMVs (time to first token of a fresh sequence,
+/// `examples/bench.rs`): Qwen 0.5B 2.56 ms at 16 tokens by the GEMVs, 2.96 at 24 by the GEMM;
+/// SmolLM2 1.60 and 1.97.
 pub const GEMM_MIN_TOKENS: usize = 17;
 
 /// Rows of a pass from which every quantized projection takes the tensor-core GEMM (qgemm.cu)

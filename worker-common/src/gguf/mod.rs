@@ -498,9 +498,19 @@ mod tests {
             .status()
             .unwrap();
         assert!(status.success(), "mkfifo");
-        // Opened for reading, a FIFO blocks until a writer opens it: the test would hang.
-        let err = Gguf::open(&fifo).err().unwrap();
+        // Opened for reading, a FIFO blocks until a writer opens it: a regression would hang
+        // here, so the open runs on a thread given 10 s, after which a writer releases it.
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || sender.send(Gguf::open(&path).err()));
+        let outcome = receiver.recv_timeout(std::time::Duration::from_secs(10));
+        if outcome.is_err() {
+            let _writer = std::fs::OpenOptions::new().write(true).open(&fifo);
+            std::fs::remove_file(&fifo).unwrap();
+            panic!("Gguf::open waited on the FIFO for a writer");
+        }
         std::fs::remove_file(&fifo).unwrap();
+        let err = outcome.unwrap().unwrap();
         assert!(matches!(err, GgufError::NotAFile { .. }), "{err}");
         assert!(err.to_string().contains("not a regular file"), "{err}");
     }
