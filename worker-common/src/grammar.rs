@@ -3,11 +3,13 @@
 //! mistral.rs use, built once per model from our vocabulary. A [`Constraint`] is one job's
 //! parser state: it says which tokens may come next and takes each chosen token.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{StopReason, TopLevelGrammar};
+use llguidance::earley::{CGrammar, CSymIdx};
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
@@ -37,10 +39,24 @@ pub enum GrammarError {
     /// The grammar does not compile (an unsupported schema feature, a syntax error).
     #[error("the grammar does not compile: {0}")]
     Compile(String),
+    /// The grammar compiles but admits no output: a rule or `$ref` that only refers to
+    /// itself, an impossible pattern, or text the vocabulary cannot start.
+    #[error("the grammar cannot produce any output: {0}")]
+    Unsatisfiable(&'static str),
     /// The parser failed on a token (a bug, or a grammar beyond llguidance's limits).
     #[error("the grammar parser failed: {0}")]
     Step(String),
 }
+
+/// Why a grammar has no string: every derivation loops back into itself.
+const NO_STRING: &str = "a rule or $ref refers back to itself with no way to end";
+
+/// Why a grammar allows no first token.
+const NO_START: &str =
+    "no token can start it (an impossible pattern, or text this model's vocabulary cannot write)";
+
+/// Longest llguidance message a client is shown, in characters.
+const MAX_MESSAGE_CHARS: usize = 300;
 
 /// Builds the [`Constraint`]s of one model's jobs.
 pub struct Grammars {
@@ -99,42 +115,146 @@ impl Grammars {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
+        // Verbose errors carry llguidance's parser state (the job's tokens so far) and the
+        // whole grammar: not for clients, and not worth building for a log line.
+        factory.limits_mut().verbose_errors = false;
         Ok(Self {
             factory,
             end: end.into(),
         })
     }
 
-    /// A fresh parser for `spec`.
+    /// A fresh parser for `spec`, its first mask computed. A grammar that admits no output
+    /// is refused here ([`GrammarError::Unsatisfiable`]), before any job runs it: unrefused,
+    /// it fails the job's first step.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint, GrammarError> {
-        let grammar = match spec {
-            GrammarSpec::JsonObject => {
-                TopLevelGrammar::from_json_schema(compact_json(&json!({"type": "object"})))
-            }
-            GrammarSpec::JsonSchema(schema) => {
-                TopLevelGrammar::from_json_schema(compact_json(schema))
-            }
-            GrammarSpec::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
-            GrammarSpec::Regex(regex) => TopLevelGrammar::from_regex(regex),
-        };
         let parser = self
             .factory
-            .create_parser(grammar)
-            .map_err(|e| GrammarError::Compile(e.to_string()))?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(error) = matcher.get_error() {
-            return Err(GrammarError::Compile(error));
+            .create_parser(top_level(spec))
+            .map_err(|e| GrammarError::Compile(headline(&e)))?;
+        if !derives_a_string(parser.parser.grammar()) {
+            return Err(GrammarError::Unsatisfiable(NO_STRING));
         }
+        let mut matcher = Matcher::new(Ok(parser));
+        if let Some(error) = matcher.get_error() {
+            return Err(GrammarError::Compile(headline(&error)));
+        }
+        let first = first_mask(&mut matcher, &self.end)?;
         Ok(Constraint {
             matcher,
+            first,
             end: self.end.clone(),
         })
     }
 }
 
-/// A parser failure (llguidance reports `anyhow` errors) as a [`GrammarError::Step`].
+/// `spec` as llguidance's grammar.
+fn top_level(spec: &GrammarSpec) -> TopLevelGrammar {
+    match spec {
+        GrammarSpec::JsonObject => {
+            TopLevelGrammar::from_json_schema(compact_json(&json!({"type": "object"})))
+        }
+        GrammarSpec::JsonSchema(schema) => TopLevelGrammar::from_json_schema(compact_json(schema)),
+        GrammarSpec::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+        GrammarSpec::Regex(regex) => TopLevelGrammar::from_regex(regex),
+    }
+}
+
+/// The first mask of a fresh parser. llguidance stops with `NoExtensionBias` when it allows
+/// no token at all: nothing can start the grammar. Any other failure (a limit of
+/// llguidance's) is the grammar's too.
+fn first_mask(matcher: &mut Matcher, end: &[u32]) -> Result<Vec<u32>, GrammarError> {
+    let mask = compute(matcher, end).map_err(|error| match error {
+        GrammarError::Step(why) if why == StopReason::NoExtensionBias.to_string() => {
+            GrammarError::Unsatisfiable(NO_START)
+        }
+        GrammarError::Step(why) => GrammarError::Compile(why),
+        other => other,
+    })?;
+    match mask.iter().any(|&word| word != 0) {
+        true => Ok(mask),
+        false => Err(GrammarError::Unsatisfiable(NO_START)),
+    }
+}
+
+/// Whether `grammar`'s start symbol derives any finite string: the symbols that do, found
+/// from those that do alone (see [`derives_alone`]) up through every rule whose right-hand
+/// symbols all do. Rule conditions are ignored and lexemes count as deriving, so this errs
+/// towards yes: a grammar it refuses has no string at all (`{"$ref": "#"}`, `a: "x" a`).
+/// Linear in the reachable rules, as a grammar may be large.
+fn derives_a_string(grammar: &CGrammar) -> bool {
+    let (symbols, rules) = reachable(grammar);
+    // Per rule, how many of its right-hand symbols are not known to derive yet; per symbol,
+    // the rules it appears in, once per occurrence.
+    let mut missing: Vec<usize> = rules.iter().map(|(_, rhs)| rhs.len()).collect();
+    let mut uses: HashMap<CSymIdx, Vec<usize>> = HashMap::new();
+    for (rule, (_, rhs)) in rules.iter().enumerate() {
+        rhs.iter()
+            .for_each(|&sym| uses.entry(sym).or_default().push(rule));
+    }
+    let mut derives: HashSet<CSymIdx> = symbols
+        .into_iter()
+        .filter(|&sym| derives_alone(grammar, sym))
+        .collect();
+    let mut queue: Vec<CSymIdx> = derives.iter().copied().collect();
+    while let Some(sym) = queue.pop() {
+        for &rule in uses.get(&sym).into_iter().flatten() {
+            missing[rule] = missing[rule].saturating_sub(1);
+            let lhs = rules[rule].0;
+            if missing[rule] == 0 && derives.insert(lhs) {
+                queue.push(lhs);
+            }
+        }
+    }
+    derives.contains(&grammar.start())
+}
+
+/// Symbols, and rules as (left-hand symbol, right-hand symbols).
+type Reachable = (Vec<CSymIdx>, Vec<(CSymIdx, Vec<CSymIdx>)>);
+
+/// The symbols reachable from `grammar`'s start, and their rules (empty rules are not
+/// stored: `is_nullable` says them).
+fn reachable(grammar: &CGrammar) -> Reachable {
+    let mut seen = HashSet::from([grammar.start()]);
+    let mut stack = vec![grammar.start()];
+    let mut rules = Vec::new();
+    while let Some(sym) = stack.pop() {
+        for &rule in grammar.rules_of(sym) {
+            let rhs = grammar.rule_rhs(rule).0.to_vec();
+            stack.extend(rhs.iter().copied().filter(|&next| seen.insert(next)));
+            rules.push((sym, rhs));
+        }
+    }
+    (seen.into_iter().collect(), rules)
+}
+
+/// A symbol that derives a string whatever its rules: a lexeme (an impossible pattern is
+/// left to the first mask), one with an empty rule (under a condition too), or a nested
+/// grammar's reference left unlinked.
+fn derives_alone(grammar: &CGrammar, sym: CSymIdx) -> bool {
+    let data = grammar.sym_data(sym);
+    data.is_terminal
+        || data.lexeme.is_some()
+        || data.is_nullable
+        || !data.cond_nullable.is_empty()
+        || (data.gen_grammar.is_some() && data.rules.is_empty())
+}
+
+/// The first line of an llguidance message, cut to [`MAX_MESSAGE_CHARS`]: what went wrong,
+/// never the parser state or grammar that may follow it.
+fn headline(message: &impl fmt::Display) -> String {
+    let message = message.to_string();
+    let line = message.lines().next().unwrap_or_default();
+    match line.char_indices().nth(MAX_MESSAGE_CHARS) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_owned(),
+    }
+}
+
+/// A parser failure (llguidance reports `anyhow` errors) as a [`GrammarError::Step`], its
+/// headline only: it reaches the client in the job's error.
 fn step(error: impl fmt::Display) -> GrammarError {
-    GrammarError::Step(error.to_string())
+    GrammarError::Step(headline(&error))
 }
 
 /// One job's compiled grammar, before it runs (a job's request is cloned, so this is `Clone`;
@@ -142,6 +262,8 @@ fn step(error: impl fmt::Display) -> GrammarError {
 #[derive(Clone)]
 pub struct Constraint {
     matcher: Matcher,
+    /// The first mask, computed when the grammar was checked.
+    first: Vec<u32>,
     end: Arc<[u32]>,
 }
 
@@ -154,10 +276,10 @@ impl fmt::Debug for Constraint {
 }
 
 impl Constraint {
-    /// The running grammar of a job, its first mask computing in the background.
+    /// The running grammar of a job, its first mask the one [`Grammars::compile`] computed.
     pub fn start(self) -> Guide {
         Guide {
-            next: Next::compute(Box::new(self.matcher), self.end.clone()),
+            next: Next::ready(Box::new(self.matcher), self.first),
             end: self.end,
         }
     }
@@ -172,6 +294,14 @@ struct Next {
 }
 
 impl Next {
+    /// A parser whose next mask is known already.
+    fn ready(matcher: Box<Matcher>, mask: Vec<u32>) -> Arc<Next> {
+        Arc::new(Next {
+            mask: OnceLock::from(Ok(mask)),
+            matcher: Mutex::new(Some(matcher)),
+        })
+    }
+
     /// Starts computing `matcher`'s next mask on rayon's pool. A panic inside llguidance
     /// (rayon would abort the process on it) becomes this mask's error, and the parser is
     /// dropped: the job ends with `GrammarError::Step`, nobody waits forever.
@@ -264,7 +394,7 @@ impl AllowedIds for Guide {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{TINY_EOS, tiny_tokenizer};
+    use crate::testing::{TINY_EOS, ascii_tokenizer, tiny_tokenizer};
 
     fn allowed_ids(guide: &mut Guide) -> Vec<u32> {
         let mask = guide.allowed().unwrap();
@@ -306,5 +436,94 @@ mod tests {
         assert!(matches!(error, GrammarError::Compile(_)), "{error}");
         let bad_lark = grammars.compile(&GrammarSpec::Lark("start: (".into()));
         assert!(matches!(bad_lark, Err(GrammarError::Compile(_))));
+    }
+
+    #[test]
+    fn grammars_that_cannot_produce_any_output_are_refused() {
+        let grammars = Grammars::new(&ascii_tokenizer()).unwrap();
+        let cycle = json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+            "$ref": "#/$defs/a"});
+        let needs_itself = json!({"type": "object", "properties": {"x": {"$ref": "#"}},
+            "required": ["x"]});
+        // Loops are found in the compiled rules; impossible patterns by the first mask.
+        let unsatisfiable = [
+            (GrammarSpec::JsonSchema(json!({"$ref": "#"})), NO_STRING),
+            (GrammarSpec::JsonSchema(cycle), NO_STRING),
+            (GrammarSpec::JsonSchema(needs_itself), NO_STRING),
+            (GrammarSpec::Lark("start: a\na: \"x\" a".into()), NO_STRING),
+            (
+                GrammarSpec::Lark("start: \"a\" b\nb: \"b\" b".into()),
+                NO_STRING,
+            ),
+            (GrammarSpec::Lark("start: a\na: a".into()), NO_STRING),
+            (GrammarSpec::Lark(r"start: /[^\s\S]/".into()), NO_START),
+            (GrammarSpec::Regex(r"[^\s\S]".into()), NO_START),
+            (GrammarSpec::Regex("[a&&b]".into()), NO_START),
+        ];
+        for (spec, why) in unsatisfiable {
+            let error = grammars.compile(&spec).unwrap_err();
+            assert!(
+                matches!(error, GrammarError::Unsatisfiable(reason) if reason == why),
+                "{spec:?}: {error}"
+            );
+            assert!(!error.to_string().contains('\n'), "{error}");
+        }
+    }
+
+    #[test]
+    fn recursive_grammars_with_a_way_out_compile() {
+        let grammars = Grammars::new(&ascii_tokenizer()).unwrap();
+        let list = json!({"type": "object", "properties": {"next": {"$ref": "#"}}});
+        let tree = json!({"$defs": {"node": {"type": "object", "properties": {
+            "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+            "$ref": "#/$defs/node"});
+        let satisfiable = [
+            GrammarSpec::JsonObject,
+            GrammarSpec::JsonSchema(list),
+            GrammarSpec::JsonSchema(tree),
+            GrammarSpec::Lark("start: a\na: \"x\" a | \"y\"".into()),
+            GrammarSpec::Lark("start: \"<\" %json{\"type\": \"integer\"} \">\"".into()),
+            GrammarSpec::Regex("".into()),
+        ];
+        for spec in satisfiable {
+            if let Err(error) = grammars.compile(&spec) {
+                panic!("{spec:?}: {error}");
+            }
+        }
+        let lark = GrammarSpec::Lark("start: a\na: \"x\" a | \"y\"".into());
+        let mut guide = grammars.compile(&lark).unwrap().start();
+        assert_eq!(
+            allowed_ids(&mut guide),
+            [7, 8],
+            "`x` or `y`, from the first mask"
+        );
+    }
+
+    #[test]
+    fn a_grammar_the_vocabulary_cannot_start_is_refused() {
+        let grammars = Grammars::new(&tiny_tokenizer()).unwrap();
+        let error = grammars.compile(&GrammarSpec::JsonObject).unwrap_err();
+        assert!(
+            matches!(error, GrammarError::Unsatisfiable(NO_START)),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_parser_failure_shows_no_parser_state() {
+        let grammars = Grammars::new(&tiny_tokenizer()).unwrap();
+        let constraint = grammars.compile(&GrammarSpec::Regex("ab+".into())).unwrap();
+        let mut guide = constraint.start();
+        let error = guide.accept(9).unwrap_err();
+        assert!(matches!(error, GrammarError::Step(_)), "{error}");
+        let message = error.to_string();
+        assert!(
+            !message.contains('\n') && !message.contains('<'),
+            "{message}"
+        );
+        let long = format!("{}\n<state>Tokens: ⟦a⟧</state>", "é".repeat(400));
+        let cut = headline(&long);
+        assert_eq!(cut.chars().count(), MAX_MESSAGE_CHARS + 1, "{cut}");
+        assert!(cut.ends_with('…'));
     }
 }

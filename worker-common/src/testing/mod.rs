@@ -6,4 +6,4 @@ mod scripted;
 mod tokenizer;
 
 pub use scripted::{Script, ScriptedBackend, StepRecord};
-pub use tokenizer::{TINY_EOS, harmony_tokenizer, tiny_tokenizer};
+pub use tokenizer::{TINY_EOS, ascii_tokenizer, harmony_tokenizer, tiny_tokenizer};

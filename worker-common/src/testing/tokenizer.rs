@@ -39,6 +39,23 @@ pub fn tiny_tokenizer() -> Tokenizer {
     tokenizer_of(&TOKENS, None)
 }
 
+/// The tiny tokenizer's ten tokens, then every other printable ASCII character and the
+/// newline (`Ċ`), one token each (ids 10…): a vocabulary that can write JSON and tool-call
+/// markup, for grammars the tiny one cannot start.
+pub fn ascii_tokenizer() -> Tokenizer {
+    let printable = (b'!'..=b'~').map(char::from).map(String::from);
+    let extra: Vec<String> = printable
+        .chain([String::from("Ċ")])
+        .filter(|token| !TOKENS.contains(&token.as_str()))
+        .collect();
+    let tokens: Vec<&str> = TOKENS
+        .iter()
+        .copied()
+        .chain(extra.iter().map(String::as_str))
+        .collect();
+    tokenizer_of(&tokens, None)
+}
+
 /// The tiny tokenizer with harmony's tokens: ids 0–9 as in [`tiny_tokenizer`] except that 0 is
 /// `<|return|>` (the end of generation), then `<|channel|>`=10, `<|message|>`=11,
 /// `<|start|>`=12, `<|end|>`=13 (as in gpt-oss's vocabulary, user-defined: it is text, not an

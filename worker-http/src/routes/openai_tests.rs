@@ -310,3 +310,46 @@ async fn a_grammar_overrules_what_the_model_prefers() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(openai_error(&body)["param"], "ignore_eos");
 }
+
+#[tokio::test]
+async fn grammars_that_cannot_produce_any_output_are_refused_before_the_queue() {
+    let shared = chat_worker();
+    // A rule with no way to end, and a pattern nothing matches: 400, not a job that ends INTERNAL.
+    for grammar in [
+        json!({"type": "lark", "grammar": "start: a\na: \"x\" a"}),
+        json!({"type": "regex", "pattern": "[^\\s\\S]"}),
+    ] {
+        let body = json!({"job_id": "g", "prompt": "abc", "raw": true, "max_tokens": 3,
+            "grammar": grammar});
+        let (status, body) = send(&shared, "POST", "/execute", Some(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        let value: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(value["error"]["code"], "INVALID_REQUEST", "{body}");
+        let field = &value["errors"][0];
+        assert_eq!(
+            (&field["field"], &field["constraint"]),
+            (&json!("grammar"), &json!("grammar"))
+        );
+        let message = field["message"].as_str().unwrap();
+        assert!(message.contains("cannot produce any output"), "{message}");
+        assert!(
+            !message.contains('\n') && !message.contains("<state>"),
+            "{message}"
+        );
+    }
+
+    let chat = json!({"messages": [{"role": "user", "content": "abc"}], "max_tokens": 3,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"$ref": "#"}}}});
+    let (status, body) = send(&shared, "POST", "/v1/chat/completions", Some(chat)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let error = openai_error(&body);
+    assert_eq!(error["type"], "invalid_request_error", "{error}");
+    assert_eq!(error["param"], "response_format", "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("cannot produce any output"), "{message}");
+    assert!(
+        !message.contains('\n') && !message.contains("<state>"),
+        "{message}"
+    );
+    assert_eq!(shared.queue.len(), 0, "nothing was queued");
+}

@@ -412,7 +412,7 @@ mod tests {
             ],
             choice: ToolChoice::Required,
         };
-        let grammars = Grammars::new(&worker_common::testing::tiny_tokenizer()).unwrap();
+        let grammars = Grammars::new(&worker_common::testing::ascii_tokenizer()).unwrap();
         for format in [ToolFormat::Hermes, ToolFormat::Llama3] {
             let lark = tools.forced_call(format).unwrap();
             assert!(lark.contains(r##""$ref":"#/$defs/tool0_City""##), "{lark}");
