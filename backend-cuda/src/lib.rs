@@ -260,9 +260,11 @@ impl InferenceBackend for CudaBackend {
     }
 
     fn chunking_invariant(&self) -> bool {
-        // Chunks under 17 rows take the int8 GEMVs and the split attention, longer ones the
-        // tensor-core GEMM and the tiled attention: the same rows, other bits.
-        false
+        // Every quantized product and the attention follow one order whatever the rows of
+        // their pass (specs/CUDA.md, "One arithmetic"). Not yet: float-format layer matrices
+        // (f32 GEMVs in a pass of short chunks, dequantize + SGEMM in one of long chunks) and
+        // routed experts (grouped GEMV against the GEMM).
+        self.weights.max_layer_matrix == 0 && self.weights.experts.iter().all(Option::is_none)
     }
 
     fn prefill_chunk(&self) -> usize {

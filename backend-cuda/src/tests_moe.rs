@@ -325,8 +325,8 @@ impl Rows<'_> {
 }
 
 /// At gpt-oss-20b's shapes: the GEMM's pairs over 150 rows (several tiles of pairs for the
-/// busiest expert), over 20, 16 and one of them; the grouped GEMV's over 16 rows and one row
-/// at a time by the pair kernels.
+/// busiest expert), over 20, 16 and one of them; the grouped GEMV's over 16 rows (the GEMM's
+/// bits) and one row at a time by the pair kernels.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn a_pairs_bits_do_not_depend_on_the_other_pairs() {
@@ -353,6 +353,10 @@ fn a_pairs_bits_do_not_depend_on_the_other_pairs() {
         );
     }
     let grouped = rows.run(&gpu, &m, 0..16, ExpertKernel::Gemv);
+    assert!(
+        grouped == all[..16 * pair],
+        "the grouped GEMV's pairs differ from the GEMM's"
+    );
     for t in 0..16 {
         let alone = rows.run(&gpu, &m, t..t + 1, ExpertKernel::Pairs);
         assert!(

@@ -173,6 +173,83 @@ pub fn together<B: InferenceBackend>(
     got
 }
 
+/// The last logits of `prompt` prefilled in chunks of `size` tokens (its whole length: one
+/// chunk) in pages `table`, and those of a decode step after it (which reads every stored key
+/// and value).
+fn split_prefill<B: InferenceBackend>(
+    h: &mut Harness<B>,
+    prompt: &[u32],
+    table: &[PageId],
+    size: usize,
+) -> (Got, Got) {
+    let mut last = Got::Nothing;
+    for (i, part) in prompt.chunks(size).enumerate() {
+        let end = (i + 1) * size >= prompt.len();
+        let want = if end { Want::Logits } else { Want::Nothing };
+        last = h.step(&[chunk(part, i * size, table, want)]).remove(0).0;
+    }
+    let decode = h
+        .step(&[chunk(&[42], prompt.len(), table, Want::Logits)])
+        .remove(0)
+        .0;
+    (last, decode)
+}
+
+/// Asserts that `prompt` prefilled in chunks of each of `sizes` tokens gives the last logits,
+/// and the logits of a decode step after it, of the prompt prefilled in one chunk.
+pub fn assert_split_prefill_matches_one_chunk<B: InferenceBackend>(
+    h: &mut Harness<B>,
+    prompt: &[u32],
+    sizes: &[usize],
+) {
+    let table = pages(&[3, 11, 6, 9]);
+    assert!(
+        table.len() * PAGE_SIZE > prompt.len(),
+        "a longer page table"
+    );
+    let whole = split_prefill(h, prompt, &table, prompt.len());
+    for &size in sizes {
+        let (last, decode) = split_prefill(h, prompt, &table, size);
+        assert!(
+            last == whole.0,
+            "prompt end, chunks of {size}: {}",
+            difference(&last, &whole.0)
+        );
+        assert!(
+            decode == whole.1,
+            "decode after chunks of {size}: {}",
+            difference(&decode, &whole.1)
+        );
+    }
+}
+
+/// Asserts that a sequence sharing `a`'s first two full pages by reference, prefilled only
+/// from that boundary (`tail` after it), gets the logits of the same tokens prefilled from
+/// position 0 in pages of its own.
+pub fn assert_shared_prefix_matches_own_prefill<B: InferenceBackend>(
+    h: &mut Harness<B>,
+    a: &[u32],
+    tail: &[u32],
+) {
+    let shared = 2 * PAGE_SIZE;
+    let b: Vec<u32> = a[..shared].iter().chain(tail).copied().collect();
+    let own = h
+        .step(&[chunk(&b, 0, &pages(&[10, 12, 14, 15]), Want::Logits)])
+        .remove(0)
+        .0;
+    h.step(&[chunk(a, 0, &pages(&[3, 6, 1]), Want::Nothing)]);
+    let b_table = pages(&[3, 6, 8, 13]);
+    let suffix = h
+        .step(&[chunk(&b[shared..], shared, &b_table, Want::Logits)])
+        .remove(0)
+        .0;
+    assert!(
+        own == suffix,
+        "a prefix shared by page reference gives other logits: {}",
+        difference(&suffix, &own)
+    );
+}
+
 /// Asserts that every sequence's outputs together equal its outputs alone.
 pub fn assert_same(got: &[Vec<Got>], expected: &[Vec<Got>]) {
     for (s, (got, expected)) in got.iter().zip(expected).enumerate() {

@@ -9,10 +9,11 @@
 use backend_cpu::{CpuBackend, CpuOptions};
 use llorch_tests::assets::{self, Asset, Model};
 use llorch_tests::invariance::{
-    Got, Harness, TEXTS, alone, assert_same, chunk, pages, prompt, together,
+    Got, Harness, TEXTS, alone, assert_same, assert_shared_prefix_matches_own_prefill,
+    assert_split_prefill_matches_one_chunk, prompt, together,
 };
 use llorch_tests::synthetic::Synthetic;
-use worker_common::backend::{PAGE_SIZE, Want};
+use worker_common::backend::Want;
 
 struct Fixture {
     harness: Harness<CpuBackend>,
@@ -33,11 +34,6 @@ impl Fixture {
             ],
         }
     }
-
-    /// The logits' bits of a one-chunk step.
-    fn logits(&mut self, chunk: worker_common::backend::Chunk<'_>) -> Got {
-        self.harness.step(&[chunk]).remove(0).0
-    }
 }
 
 /// (a) Three sequences in interleaved pages, staggered: A and B prefill together, then C
@@ -49,53 +45,15 @@ fn mixed_steps_match_alone(fixture: &mut Fixture) {
     assert_same(&together(h, &prompts, Want::Logits), &expected);
 }
 
-/// (b) One prompt in one chunk vs in chunks of 7 and of 16 tokens: the last logits, and those
-/// of a decode step after it (which read every stored key and value), are bit-identical.
-fn split_prefill_matches_one_chunk(fixture: &mut Fixture) {
-    let prompt = fixture.prompts[0].clone();
-    let table = pages(&[3, 11, 6]);
-    let next = [42u32];
-    let mut run = |size: usize| {
-        let mut last = Got::Nothing;
-        for (i, part) in prompt.chunks(size).enumerate() {
-            let end = (i + 1) * size >= prompt.len();
-            let want = if end { Want::Logits } else { Want::Nothing };
-            last = fixture.logits(chunk(part, i * size, &table, want));
-        }
-        let decode = fixture.logits(chunk(&next, prompt.len(), &table, Want::Logits));
-        (last, decode)
-    };
-    let whole = run(prompt.len());
-    assert!(run(7) == whole, "chunks of 7 differ from one chunk");
-    assert!(run(16) == whole, "chunks of 16 differ from one chunk");
-}
-
-/// (c) Sequence B shares A's first two full pages by reference and prefills only from that
-/// boundary: its logits equal B prefilled from position 0 in pages of its own.
-fn shared_prefix_matches_own_prefill(fixture: &mut Fixture) {
-    let a = fixture.prompts[0].clone();
-    let shared = 2 * PAGE_SIZE;
-    let b: Vec<u32> = a[..shared]
-        .iter()
-        .chain(&fixture.prompts[1][..12])
-        .copied()
-        .collect();
-    let own = fixture.logits(chunk(&b, 0, &pages(&[10, 12, 14]), Want::Logits));
-    let a_table = pages(&[3, 6, 1]);
-    fixture.logits(chunk(&a, 0, &a_table, Want::Nothing));
-    let b_table = pages(&[3, 6, 8]);
-    let suffix = fixture.logits(chunk(&b[shared..], shared, &b_table, Want::Logits));
-    assert!(
-        own == suffix,
-        "a prefix shared by page reference gives other logits"
-    );
-}
-
 fn invariance(model: impl Asset) {
     let mut fixture = Fixture::new(model);
     mixed_steps_match_alone(&mut fixture);
-    split_prefill_matches_one_chunk(&mut fixture);
-    shared_prefix_matches_own_prefill(&mut fixture);
+    // (b) One prompt in one chunk vs in chunks of 7 and of 16 tokens; (c) B sharing A's first
+    // two pages by reference, prefilled only from that boundary.
+    let [a, b, _] = &fixture.prompts;
+    let h = &mut fixture.harness;
+    assert_split_prefill_matches_one_chunk(h, a, &[7, 16]);
+    assert_shared_prefix_matches_own_prefill(h, a, &b[..12]);
 }
 
 #[test]

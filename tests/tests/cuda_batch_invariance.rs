@@ -2,17 +2,22 @@
 //! Phi-3, MXFP4): a sequence's logits and greedy choices are bit-identical whatever else is in the
 //! step, for prompts prefilled in a pass of their own (the tensor-core GEMM) and for short
 //! prompts and decodes batched into one pass with up to 16 other sequences, launched kernel by
-//! kernel or replayed from a captured graph. (Unlike the CPU backend, the CUDA backend's
-//! numerics depend on a chunk's length, so how a prompt is cut into chunks is not tested here:
-//! `chunking_invariant` is false.) Needs an NVIDIA GPU: `--ignored`.
+//! kernel or replayed from a captured graph; and, where the backend says its results do not
+//! depend on chunking (every layer matrix quantized, no routed experts: the one order of
+//! specs/CUDA.md), however a prompt is cut into chunks (one token at a time, short chunks the
+//! GEMVs take, long ones the GEMM takes) and whether its prefix is shared by page reference.
+//! Needs an NVIDIA GPU: `--ignored`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use backend_cuda::{CudaBackend, CudaOptions};
 use llorch_tests::assets::{self, Asset, Model};
-use llorch_tests::invariance::{Got, Harness, TEXTS, alone, assert_same, prompt, together};
+use llorch_tests::invariance::{
+    Got, Harness, TEXTS, alone, assert_same, assert_shared_prefix_matches_own_prefill,
+    assert_split_prefill_matches_one_chunk, prompt, together,
+};
 use llorch_tests::synthetic::Synthetic;
-use worker_common::backend::Want;
+use worker_common::backend::{InferenceBackend, Want};
 use worker_common::tokenizer::Tokenizer;
 
 fn load(model: impl Asset) -> (Harness<CudaBackend>, Tokenizer) {
@@ -36,7 +41,15 @@ fn prompts(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Whether the backend must call the model in `path` chunking invariant: every model here but
+/// gpt-oss (routed experts) has only quantized layer matrices.
+fn must_be_chunking_invariant(path: &std::path::Path) -> bool {
+    !path.ends_with("synthetic-gpt-oss.gguf")
+}
+
 fn invariance(model: impl Asset) {
+    let path = model.path();
+    let name = path.display();
     let (mut h, tokenizer) = load(model);
     let prompts = prompts(&tokenizer);
     for want in [Want::Logits, Want::Greedy] {
@@ -47,6 +60,21 @@ fn invariance(model: impl Asset) {
         let some: Vec<Vec<u32>> = few.iter().map(|&s| prompts[s].clone()).collect();
         let some_expected: Vec<Vec<Got>> = few.iter().map(|&s| expected[s].clone()).collect();
         assert_same(&together(&mut h, &some, want), &some_expected);
+    }
+    let invariant = h.backend.chunking_invariant();
+    if must_be_chunking_invariant(&path) {
+        assert!(
+            invariant,
+            "{name}: the backend says its results depend on chunking"
+        );
+    }
+    if invariant {
+        // 40 tokens: one chunk takes the GEMM; chunks of 1, 7 and 16 the GEMVs; of 17 and 33
+        // the GEMM, then the GEMVs for the rest.
+        assert_split_prefill_matches_one_chunk(&mut h, &prompts[0], &[1, 7, 16, 17, 33]);
+        assert_shared_prefix_matches_own_prefill(&mut h, &prompts[0], &prompts[1][..12]);
+    } else {
+        eprintln!("{name}: not chunking invariant, chunking not tested");
     }
 }
 

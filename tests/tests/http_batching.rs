@@ -102,22 +102,19 @@ fn a_second_job_sharing_a_long_prefix_is_served_from_the_kv_cache() {
     let second = run(worker.addr, &body("second", "and the second"));
     let prompt_tokens = second[0].data["prompt_tokens"].as_u64().unwrap();
     let cached = terminal(&second)["cached_tokens"].as_u64().unwrap();
-    if worker_binary() == "worker-orcd" {
-        // The CUDA kernels still depend on prompt chunking: the worker turns sharing off
-        // rather than change tokens (specs/BATCHING.md).
-        assert_eq!(cached, 0);
-        assert!(
-            worker
-                .logs()
-                .iter()
-                .any(|l| l["event"] == "prefix_cache_off")
-        );
-        return;
-    }
+    let (cold, warm) = (first_token_ms(&first), first_token_ms(&second));
     eprintln!(
-        "prompt {prompt_tokens} tokens, {cached} from the cache; time to first token {:.1} ms then {:.1} ms",
-        first_token_ms(&first),
-        first_token_ms(&second)
+        "{}: prompt {prompt_tokens} tokens, {cached} from the cache; time to first token \
+         {cold:.1} ms then {warm:.1} ms ({:.0} %)",
+        worker_binary(),
+        100.0 * warm / cold
+    );
+    assert!(
+        !worker
+            .logs()
+            .iter()
+            .any(|l| l["event"] == "prefix_cache_off"),
+        "SmolLM2's layer matrices are all quantized: the cache must be on"
     );
     assert!(prompt_tokens > 900, "{prompt_tokens}");
     assert_eq!(terminal(&first)["cached_tokens"], 0);
