@@ -177,6 +177,12 @@ impl Gpu {
             }
         }
         let grid = (int(token_tiles)? as u32, tiles as u32, segments as u32);
-        self.launch_grid(&self.kernels.qgemm_small, grid, (THREADS, 0), &args)
+        let first = parts[0].w.ggml_type;
+        let one_format = parts
+            .iter()
+            .all(|p| p.w.ggml_type == first)
+            .then_some(first);
+        let kernel = self.kernels.qgemm(one_format);
+        self.launch_grid(kernel, grid, (THREADS, 0), &args)
     }
 }
