@@ -92,9 +92,19 @@ pub fn passes(chunks: &[Chunk<'_>]) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// Refuses a pass the kernels cannot run: positions past an `int`, page tables too short for
-/// their chunks, long and short chunks mixed.
+/// Most token rows in one pass: kernels run a block per row along a grid's y dimension, which
+/// CUDA bounds at 65,535.
+pub const MAX_PASS_ROWS: usize = 65_535;
+
+/// Refuses a pass the kernels cannot run: more than [`MAX_PASS_ROWS`] rows, positions past an
+/// `int`, page tables too short for their chunks, long and short chunks mixed.
 pub fn check_pass(chunks: &[&Chunk<'_>]) -> Result<(), BackendError> {
+    let rows: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+    if rows > MAX_PASS_ROWS {
+        return Err(BackendError::InvalidInput(format!(
+            "a pass of {rows} token rows (at most {MAX_PASS_ROWS}: run fewer or shorter chunks a step)"
+        )));
+    }
     for chunk in chunks {
         if i32::try_from(chunk.end_pos()).is_err() {
             return Err(BackendError::InvalidInput(format!(
@@ -143,4 +153,31 @@ pub fn decode_splits(end_pos: usize) -> usize {
     SplitScratch::splits_for(end_pos)
         .next_power_of_two()
         .min(crate::ops::MAX_SPLITS)
+}
+
+#[cfg(test)]
+mod tests {
+    use worker_common::backend::{PageId, Want};
+
+    use super::*;
+
+    #[test]
+    fn a_pass_over_the_grid_limit_is_refused() {
+        let tokens = vec![0u32; MAX_PASS_ROWS + 1];
+        let pages: Vec<PageId> = (0..tokens.len().div_ceil(PAGE_SIZE) as u32)
+            .map(PageId)
+            .collect();
+        let chunk = |tokens| Chunk {
+            tokens,
+            start_pos: 0,
+            pages: &pages,
+            want: Want::Nothing,
+        };
+        let refused = check_pass(&[&chunk(&tokens)]);
+        assert!(
+            matches!(&refused, Err(BackendError::InvalidInput(why)) if why.contains("65535")),
+            "{refused:?}"
+        );
+        assert!(check_pass(&[&chunk(&tokens[1..])]).is_ok());
+    }
 }

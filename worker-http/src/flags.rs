@@ -61,8 +61,9 @@ pub struct CommonFlags {
     pub parallel: Option<u32>,
 
     /// Most tokens in one engine step: every running decode's token, then prefill chunks (raised
-    /// to one prefill chunk plus one decode per slot when smaller).
-    #[arg(long, env = "LLORCH_BATCH_TOKENS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(256..=65536))]
+    /// to one prefill chunk plus one decode per slot when smaller); at most 65,535, the rows a
+    /// CUDA pass can hold.
+    #[arg(long, env = "LLORCH_BATCH_TOKENS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(256..=65535))]
     pub batch_tokens: u32,
 
     /// MiB for the KV page pool (default: the backend's, see specs/BATCHING.md).
