@@ -305,6 +305,19 @@ def run_peer(port, job_id, prompt, tokens, ignore_eos, deadline):
     return r
 
 
+def release_together(client, n, barrier, deadline):
+    """Runs `client(i)` for each i < n in a thread of its own, each waiting on `barrier` (n + 1
+    parties), releases them together and waits for them; returns the time of the release."""
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    barrier.wait(timeout=60)
+    released = time.perf_counter()
+    for t in threads:
+        t.join(timeout=max(1.0, deadline.left() + 5))
+    return released
+
+
 def measure_round(job_fn, port, n, rnd, args, ignore_eos, deadline):
     """N threads, one job each, released together; returns (results, wall seconds)."""
     results = [None] * n
@@ -321,13 +334,7 @@ def measure_round(job_fn, port, n, rnd, args, ignore_eos, deadline):
         results[i] = job_fn(port, f"bench-n{n}-r{rnd}-c{i}-{os.getpid()}", prompt, args.tokens,
                             ignore_eos, deadline)
 
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    barrier.wait(timeout=60)
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join(timeout=max(1.0, deadline.left() + 5))
+    t0 = release_together(client, n, barrier, deadline)
     ends = [r.done for r in results if r is not None and r.done is not None]
     wall = (max(ends) if ends else time.perf_counter()) - t0
     for i, r in enumerate(results):
@@ -633,17 +640,32 @@ def report(header, rows, notes):
     return "\n".join(out)
 
 
-def parse_args(argv):
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+def split_worker_flags(argv):
+    """(the script's arguments, the worker's extra flags after `--`)."""
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
+def server_parser(doc):
+    """A parser with `doc` as its help and the arguments every benchmark of ours vs the peer
+    takes: --binary, --model, --peer, --json, --timeout."""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[1])
     parser.add_argument("--binary", help="our worker (llorch-cpud or worker-orcd)")
     parser.add_argument("--model", required=True, help="GGUF file")
     parser.add_argument("--peer", help="llama-server binary (skipped when absent)")
+    parser.add_argument("--json", help="write all numbers to this file")
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="wall-clock budget of the whole run, seconds (default 600)")
+    return parser
+
+
+def parse_args(argv):
+    argv, extra = split_worker_flags(argv)
+    parser = server_parser(__doc__)
     parser.add_argument("--clients", default="1,2,4,8,16", help="comma-separated N values")
     parser.add_argument("--tokens", type=int, default=128, help="generated tokens per client")
     parser.add_argument("--prompt-tokens", type=int, default=64,
@@ -657,9 +679,6 @@ def parse_args(argv):
     parser.add_argument("--peer-flag", dest="peer_flags", action="append", default=[],
                         help="extra llama-server argument (repeatable, e.g. --peer-flag=--no-mmap)")
     parser.add_argument("--skip-ours", action="store_true", help="run the peer only")
-    parser.add_argument("--json", help="write all numbers to this file")
-    parser.add_argument("--timeout", type=float, default=600,
-                        help="wall-clock budget of the whole run, seconds (default 600)")
     args = parser.parse_args(argv)
     args.worker_flags = extra
     args.clients_list = [int(x) for x in args.clients.split(",") if x.strip()]

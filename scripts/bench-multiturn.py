@@ -176,14 +176,7 @@ def conversations(side, port, args, system, deadline):
                 return
             history.append((question, "".join(turn.text)))
 
-    threads = [threading.Thread(target=client, args=(c,), daemon=True)
-               for c in range(args.clients)]
-    for thread in threads:
-        thread.start()
-    barrier.wait(timeout=60)
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join(timeout=max(1.0, deadline.left() + 5))
+    start = bc.release_together(client, args.clients, barrier, deadline)
     ends = [t.done for ts in turns for t in ts if t.done is not None]
     return [t for ts in turns for t in ts], (max(ends) if ends else time.perf_counter()) - start
 
@@ -294,16 +287,8 @@ def report(header, results):
 
 
 def parse_args(argv):
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("--binary", help="our worker (llorch-cpud or worker-orcd)")
-    parser.add_argument("--model", required=True, help="GGUF file")
-    parser.add_argument("--peer", help="llama-server binary (skipped when absent)")
+    argv, extra = bc.split_worker_flags(argv)
+    parser = bc.server_parser(__doc__)
     parser.add_argument("--clients", type=int, default=16, help="conversations at once")
     parser.add_argument("--turns", type=int, default=4, help="turns per conversation")
     parser.add_argument("--tokens", type=int, default=64, help="generated tokens per turn")
@@ -311,9 +296,6 @@ def parse_args(argv):
                         help="approximate tokens of the shared system prompt")
     parser.add_argument("--ctx", type=int, default=2048, help="context per sequence")
     parser.add_argument("--gpu", action="store_true", help="GPU run: peer gets -fa on -ngl 99")
-    parser.add_argument("--json", help="write all numbers to this file")
-    parser.add_argument("--timeout", type=float, default=600,
-                        help="wall-clock budget of the whole run, seconds (default 600)")
     args = parser.parse_args(argv)
     args.worker_flags = extra
     if args.clients < 1 or args.turns < 1:
