@@ -40,12 +40,18 @@ def program_files() -> list[str]:
 
 
 def compile_options(arch: str) -> list[str]:
-    """program.rs's `compile_options`, read from the source so the two cannot drift."""
+    """program.rs's `compile_options`, read from the source so the two cannot drift: its fixed
+    options and a -D for each entry of KERNEL_CONSTANTS."""
     text = PROGRAM_RS.read_text()
     body = text[text.index("pub fn compile_options"):]
     body = body[: body.index("\n}")]
     options = [o for o in re.findall(r'"(--[^"]+)"', body) if "{" not in o]
-    return [f"--gpu-architecture={arch}"] + options
+    values = dict(re.findall(r"pub const ([A-Z_0-9]+): usize = (\d+);", text))
+    table = text[text.index("pub const KERNEL_CONSTANTS"):]
+    table = table[: table.index("];")]
+    defines = [f"-D{name}={values[const]}"
+               for name, const in re.findall(r'\("([A-Z_0-9]+)", ([A-Z_0-9]+)\)', table)]
+    return [f"--gpu-architecture={arch}"] + options + defines
 
 
 def find_nvrtc(given: str | None) -> ctypes.CDLL:

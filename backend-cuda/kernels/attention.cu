@@ -11,9 +11,8 @@
 // ones skipped); then the sink (gpt-oss) and the division. Head widths must be multiples of 32
 // up to MAX_HEAD (checked at load).
 
-#define MAX_HEAD 256
-// Keys per chunk (SPLIT_CHUNK in ops.rs): one per thread of a split block's four warps.
-#define ATT_CHUNK 128
+// MAX_HEAD and ATT_CHUNK (keys per chunk: one per thread of a split block's four warps) come
+// from src/program.rs.
 // Keys per group and per key tile of the prefill kernel.
 #define ATT_GROUP 32
 // Levels of a tree's stack: up to 2^11 chunks (262,144 keys).

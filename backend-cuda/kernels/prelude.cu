@@ -53,8 +53,9 @@ struct alignas(8) F2 {
 __device__ __forceinline__ F4 ld_f4(const float* p) { return *(const F4*)p; }
 __device__ __forceinline__ F2 ld_f2(const float* p) { return *(const F2*)p; }
 
-// Positions per KV page (worker_common::backend::PAGE_SIZE, checked by a test in module.rs).
-#define PAGE_SIZE 16
+// PAGE_SIZE, positions per KV page, and the other constants the Rust side shares (GEMV_WARPS,
+// QG_WARPS, QG_SEG, QG_MAX_SEGMENTS, ATT_CHUNK, MAX_HEAD) are defined once, in
+// src/program.rs, and passed as -D.
 
 // The row of position p in the KV pool: page pages[p / PAGE_SIZE] of the sequence's page
 // table, slot p % PAGE_SIZE. Every kernel that reads or writes keys and values goes through it.

@@ -13,7 +13,7 @@
 // (`has_qgemv` in qgemv.rs), and MXFP4 39 for the routed experts (moe.cu). One launch may mix them: the format
 // is an argument per matrix.
 
-#define QG_WARPS 8
+// QG_WARPS (warps a block) comes from src/program.rs.
 // Input chunks a warp quantizes at once.
 #define QUANT_BATCH 4
 
@@ -435,9 +435,8 @@ __device__ __forceinline__ float chunk_dot<ChunkQ6_K>(const WChunk& w, int c, co
 // has +0 leaves) are added by the pairwise tree in chunk order, ((l0 + l1) + (l2 + l3)) + …;
 // the segments' totals are added in order to 0: (0 + S0) + S1 + …. Nothing in it depends on
 // the number of rows, the kernel or the launch, so a row's bits are the same in every pass.
-#define QG_SEG 32
-// Segments of the widest input a launch takes (32 of them: 32,768 columns).
-#define QG_MAX_SEGMENTS 32
+// QG_SEG (chunks a segment) and QG_MAX_SEGMENTS (segments of the widest input a launch takes)
+// come from src/program.rs.
 
 __host__ __device__ constexpr int log2_of(int w) { return w <= 1 ? 0 : 1 + log2_of(w / 2); }
 

@@ -147,8 +147,7 @@ __device__ __forceinline__ float row_dot(const u8* row, const float* x, int cols
     return acc0 + acc1;
 }
 
-// Warps per block of the GEMV kernels (GEMV_WARPS in ops.rs).
-#define GEMV_WARPS 4
+// GEMV_WARPS (warps per block of the GEMV kernels) comes from src/program.rs.
 
 // The input row of token blockIdx.y, RMS-normalized into shared memory when `norm` is given
 // (as rms_norm in ops.cu computes it: f64 sum of squares, then (x · scale) · w), so that a GEMV

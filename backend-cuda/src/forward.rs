@@ -11,12 +11,10 @@ use crate::kv::KvPool;
 use crate::moe::ExpertTables;
 use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch, StepRows};
 use crate::pass::{Pass, check_pass, decode_splits, is_long, segments};
+use crate::program::MAX_HEAD;
 use crate::qgemv::{QgemvMode, RopeTarget, has_qgemv};
 use crate::scratch::{Act, Scratch};
 use crate::weights::{DeviceVector, Layer, Weights};
-
-/// Largest head width the attention kernel holds in registers (`MAX_HEAD` in attention.cu).
-const MAX_HEAD_DIM: usize = 256;
 
 /// Refuses what the kernels cannot run: head widths beyond the attention kernel's registers,
 /// RoPE over an odd or too wide span.
@@ -27,9 +25,9 @@ pub fn check_supported(plan: &ModelPlan) -> Result<(), BackendError> {
         what,
     };
     for (what, dim) in [("key", hp.head_dim_k), ("value", hp.head_dim_v)] {
-        if !dim.is_multiple_of(32) || dim > MAX_HEAD_DIM {
+        if !dim.is_multiple_of(32) || dim > MAX_HEAD {
             return Err(unsupported(format!(
-                "{what} head width {dim} (must be a multiple of 32 up to {MAX_HEAD_DIM})"
+                "{what} head width {dim} (must be a multiple of 32 up to {MAX_HEAD})"
             )));
         }
     }

@@ -57,6 +57,9 @@ use kv::KvPool;
 use scratch::{Need, Scratch};
 use weights::DeviceWeights;
 
+// The kernels address the KV pool in the seam's pages: one definition each side, held equal.
+const _: () = assert!(program::PAGE_SIZE == PAGE_SIZE);
+
 pub use pass::{GEMM_FROM_ROWS, GEMM_FROM_ROWS_LARGE, LARGE_LAUNCH_BYTES};
 
 /// Why the CUDA backend cannot start.

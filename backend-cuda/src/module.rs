@@ -397,12 +397,6 @@ fn fnv1a(parts: &[&str]) -> u64 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn kernels_page_size_is_the_seams() {
-        let define = format!("#define PAGE_SIZE {}\n", worker_common::backend::PAGE_SIZE);
-        assert!(SOURCE.contains(&define), "prelude.cu must {define}");
-    }
-
     /// An embedded cubin is what NVRTC compiles here, when it is the version that built it: the
     /// same bits whichever way a start gets its kernels.
     #[test]

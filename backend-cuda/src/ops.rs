@@ -6,11 +6,10 @@ use worker_common::gguf::GgmlType;
 use worker_common::model::{AttentionShape, RopePlan, RopeStyle};
 
 use crate::device::{Arg, Gpu};
+use crate::program::{ATT_CHUNK, GEMV_WARPS};
 
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
-/// Warps per block of the GEMV kernels (`GEMV_WARPS` in quant.cu).
-const GEMV_WARPS: usize = 4;
 /// Most dynamic shared memory a launch gets without raising the kernel's limit: the widest
 /// input a GEMV can RMS-normalize itself ([`RowNorm`]).
 const MAX_DYNAMIC_SHARED: usize = 48 * 1024;
@@ -20,9 +19,6 @@ const SPLIT_GATED_MAX_WARPS: usize = 8192;
 /// widest head each takes, its query rows per block and its threads (`AttSize::QUERIES`,
 /// `AttSize::THREADS`).
 const ATTENTION_KERNELS: [(usize, usize, u32); 3] = [(64, 16, 512), (128, 16, 512), (256, 8, 128)];
-/// Keys per chunk of the attention's one order, one per thread of a split block (`ATT_CHUNK` in
-/// attention.cu).
-pub const SPLIT_CHUNK: usize = 128;
 /// Most blocks per query head of the split attention kernel: enough to spread a few thousand
 /// positions over the GPU, few enough that the blocks past a short context cost little.
 pub const MAX_SPLITS: usize = 32;
@@ -456,12 +452,7 @@ impl Gpu {
             Arg::Ptr(split.counters),
         ]);
         let grid = (int(shape.n_head * splits)? as u32, int(n)? as u32);
-        self.launch(
-            &self.kernels.attention_split,
-            grid,
-            SPLIT_CHUNK as u32,
-            &args,
-        )
+        self.launch(&self.kernels.attention_split, grid, ATT_CHUNK as u32, &args)
     }
 }
 
@@ -607,6 +598,6 @@ impl SplitScratch {
 
     /// Blocks per head for sequences of up to `max_len` positions.
     pub fn splits_for(max_len: usize) -> usize {
-        max_len.div_ceil(SPLIT_CHUNK).clamp(1, MAX_SPLITS)
+        max_len.div_ceil(ATT_CHUNK).clamp(1, MAX_SPLITS)
     }
 }

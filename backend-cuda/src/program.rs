@@ -15,12 +15,48 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/attention.cu"),
 );
 
-/// NVRTC options: a cubin for exactly this GPU (no PTX left for the driver to compile), and
-/// no contraction of products and sums into fused multiply-adds (see prelude.cu).
+/// Positions per KV page: the seam's `worker_common::backend::PAGE_SIZE` (lib.rs asserts the two
+/// equal at compile time).
+pub const PAGE_SIZE: usize = 16;
+/// Warps per block of the f32 GEMV kernels (quant.cu).
+pub const GEMV_WARPS: usize = 4;
+/// Warps per block of the int8-activation GEMV kernels (qgemv.cu).
+pub const QG_WARPS: usize = 8;
+/// 32-element chunks per segment of the quantized products' one order (qgemv.cu): a segment is
+/// summed by one pairwise tree, the segments in order.
+pub const QG_SEG: usize = 32;
+/// Segments of the widest input a quantized launch takes.
+pub const QG_MAX_SEGMENTS: usize = 32;
+/// Keys per chunk of the attention's one order, one per thread of a split block (attention.cu).
+pub const ATT_CHUNK: usize = 128;
+/// Widest head the attention kernels hold in registers (attention.cu).
+pub const MAX_HEAD: usize = 256;
+
+/// The constants above that the kernels read, by the names they read them under: each is
+/// defined here alone and passed to NVRTC as `-D` (no `.cu` file defines it).
+pub const KERNEL_CONSTANTS: [(&str, usize); 7] = [
+    ("PAGE_SIZE", PAGE_SIZE),
+    ("GEMV_WARPS", GEMV_WARPS),
+    ("QG_WARPS", QG_WARPS),
+    ("QG_SEG", QG_SEG),
+    ("QG_MAX_SEGMENTS", QG_MAX_SEGMENTS),
+    ("ATT_CHUNK", ATT_CHUNK),
+    ("MAX_HEAD", MAX_HEAD),
+];
+
+/// NVRTC options: a cubin for exactly this GPU (no PTX left for the driver to compile), no
+/// contraction of products and sums into fused multiply-adds (see prelude.cu), and the shared
+/// constants.
 pub fn compile_options(arch: &str) -> Vec<String> {
-    vec![
+    let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--fmad=false".to_owned(),
         "--std=c++17".to_owned(),
-    ]
+    ];
+    options.extend(
+        KERNEL_CONSTANTS
+            .iter()
+            .map(|(name, value)| format!("-D{name}={value}")),
+    );
+    options
 }

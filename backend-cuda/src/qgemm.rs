@@ -37,7 +37,7 @@ const SPLIT_BELOW_BLOCKS: usize = 1056;
 const MAX_GRID_Y: usize = 65_535;
 /// Elements of a segment (`QG_SEG` chunks of 32): a wider matrix's products are summed per
 /// segment, each segment in a block of its own.
-pub const SEGMENT: usize = crate::qgemv::SEGMENT_CHUNKS * 32;
+pub const SEGMENT: usize = crate::program::QG_SEG * 32;
 /// Bytes of one small tile's totals for one segment.
 const SMALL_TILE_BYTES: usize = SMALL.rows * SMALL.tokens * 4;
 

@@ -9,9 +9,8 @@ use worker_common::model::{RopePlan, RopeStyle};
 
 use crate::device::{Arg, Gpu};
 use crate::ops::{Projection, RowNorm, StepRows};
+use crate::program::{QG_MAX_SEGMENTS, QG_SEG, QG_WARPS};
 
-/// Warps per block (`QG_WARPS` in qgemv.cu).
-const WARPS: usize = 8;
 /// Token rows per block of the batched kernels (`qgemv_r*_t8`): each weight chunk a warp loads
 /// is multiplied by up to this many inputs.
 const BATCH_TOKENS: usize = 8;
@@ -114,11 +113,8 @@ const MIN_CHUNKS_PER_WARP: usize = 4;
 const MAX_PARTS: usize = 8;
 /// Most warps on one row in the batched kernels (whose 16 totals a warp needs 16 lanes).
 const MAX_BATCHED_PARTS: usize = 2;
-/// Chunks of a segment (`QG_SEG` in qgemv.cu): every quantized product sums a segment by one
-/// pairwise tree and the segments in order, whatever kernel runs it.
-pub const SEGMENT_CHUNKS: usize = 32;
-/// Widest input a launch takes (`QG_MAX_SEGMENTS` segments).
-pub const MAX_COLS: usize = 32 * SEGMENT_CHUNKS * 32;
+/// Widest input a launch takes ([`QG_MAX_SEGMENTS`] segments of [`QG_SEG`] chunks).
+pub const MAX_COLS: usize = QG_MAX_SEGMENTS * QG_SEG * 32;
 /// Static shared memory of a one-token launch beside its quantized input (the pieces' totals and
 /// the norm's partial sums), so that the two stay within [`MAX_SHARED`].
 const STATIC_SHARED: usize = 4096;
@@ -132,7 +128,7 @@ fn warps_per_slot(cols: usize, slots: usize, most: usize) -> usize {
     let chunks = cols / 32;
     let mut parts = chunks.div_ceil(32).next_power_of_two().min(most);
     while parts < most
-        && slots * parts < TARGET_BLOCKS * WARPS
+        && slots * parts < TARGET_BLOCKS * QG_WARPS
         && chunks / (2 * parts) >= MIN_CHUNKS_PER_WARP
     {
         parts *= 2;
@@ -216,8 +212,8 @@ impl Gpu {
             Arg::Ptr(out),
         ];
         let func = &self.kernels.quantize_rows;
-        let grid = ((cols / 32).div_ceil(WARPS) as u32, int(n)? as u32);
-        self.launch(func, grid, (WARPS * 32) as u32, &args)
+        let grid = ((cols / 32).div_ceil(QG_WARPS) as u32, int(n)? as u32);
+        self.launch(func, grid, (QG_WARPS * 32) as u32, &args)
     }
 
     /// `parts` (up to three matrices of one width, any mix of the [`has_qgemv`] formats)
@@ -283,7 +279,7 @@ impl Gpu {
             // The batched kernel reads the quantized rows in place.
             (true, _) => 0,
         };
-        let slot_blocks = slots.div_ceil(WARPS / per_slot);
+        let slot_blocks = slots.div_ceil(QG_WARPS / per_slot);
         if slot_blocks > MAX_GRID_Y {
             return Err(BackendError::Device(format!(
                 "a qgemv launch of {total} rows needs {slot_blocks} blocks (at most {MAX_GRID_Y})"
@@ -300,11 +296,11 @@ impl Gpu {
         // A batched launch over rows of one segment gives its second warp's lane groups other
         // tokens (the kernels' token groups) rather than segments the rows lack.
         let shape = match per_slot.trailing_zeros() as usize {
-            1 if batched && cols <= SEGMENT_CHUNKS * 32 => 2,
+            1 if batched && cols <= QG_SEG * 32 => 2,
             k => k,
         };
         let func = &table[shape][rows_per_warp];
-        self.launch_shared(func, grid, ((WARPS * 32) as u32, shared as u32), &args)
+        self.launch_shared(func, grid, ((QG_WARPS * 32) as u32, shared as u32), &args)
     }
 }
 
