@@ -270,14 +270,15 @@ impl Gpu {
         ]);
         rope_args(mode, &mut args)?;
         let shared = match (batched, pre) {
-            (false, _) => quantized_row_bytes(cols),
+            // One row, quantized in each block into shared memory.
+            (false, 0) => quantized_row_bytes(cols),
             (true, 0) => {
                 return Err(BackendError::Device(format!(
                     "a qgemv launch of {n} rows takes them quantized (quantize_rows)"
                 )));
             }
-            // The batched kernel reads the quantized rows in place.
-            (true, _) => 0,
+            // Quantized rows are read in place.
+            (_, _) => 0,
         };
         let slot_blocks = slots.div_ceil(QG_WARPS / per_slot);
         if slot_blocks > MAX_GRID_Y {
