@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use llguidance::api::{StopReason, TopLevelGrammar};
 use llguidance::earley::{CGrammar, CSymIdx};
@@ -144,6 +145,8 @@ impl Grammars {
             matcher,
             first,
             end: self.end.clone(),
+            #[cfg(test)]
+            mask_delay: Duration::ZERO,
         })
     }
 }
@@ -265,6 +268,9 @@ pub struct Constraint {
     /// The first mask, computed when the grammar was checked.
     first: Vec<u32>,
     end: Arc<[u32]>,
+    /// Tests: how long each mask after the first takes at least (a slow grammar).
+    #[cfg(test)]
+    mask_delay: Duration,
 }
 
 impl fmt::Debug for Constraint {
@@ -281,8 +287,48 @@ impl Constraint {
         Guide {
             next: Next::ready(Box::new(self.matcher), self.first),
             end: self.end,
+            #[cfg(test)]
+            mask_delay: self.mask_delay,
         }
     }
+
+    /// Tests: the same grammar, each of whose masks after the first takes at least `delay`.
+    #[cfg(test)]
+    pub(crate) fn with_mask_delay(mut self, delay: Duration) -> Self {
+        self.mask_delay = delay;
+        self
+    }
+}
+
+/// Runs `job` on the threads the masks are computed on: a rayon pool of its own at a lower
+/// priority (nice 10) than the engine and the CPU backend's team, so that a grammar whose masks
+/// are costly (arrays nested forty deep cost 0.3-0.6 s a mask) takes the cores the steps
+/// leave, not the steps' share; its sequence waits alone (the scheduler leaves a sequence with
+/// a late mask out of the step). Without that pool (threads refused), rayon's global one.
+fn spawn_mask(job: impl FnOnce() + Send + 'static) {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("grammar-mask-{i}"))
+            .start_handler(|_| lower_this_threads_priority())
+            .build()
+            .ok()
+    });
+    match pool {
+        Some(pool) => pool.spawn(job),
+        None => rayon::spawn(job),
+    }
+}
+
+/// Niceness of the mask threads: under Linux's scheduler a nice-10 thread gets about a tenth
+/// of a core that nice-0 threads want.
+const MASK_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's priority to [`MASK_NICE`] (on Linux, `setpriority` with who = 0
+/// applies to the calling thread alone). Best effort: a refusal leaves it as it was.
+fn lower_this_threads_priority() {
+    // SAFETY: setpriority takes plain integers and changes only the calling thread's niceness.
+    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS as _, 0, MASK_NICE) };
 }
 
 /// The mask of the next token and the parser, handed back by the background computation.
@@ -302,16 +348,19 @@ impl Next {
         })
     }
 
-    /// Starts computing `matcher`'s next mask on rayon's pool. A panic inside llguidance
+    /// Starts computing `matcher`'s next mask on the mask threads. A panic inside llguidance
     /// (rayon would abort the process on it) becomes this mask's error, and the parser is
     /// dropped: the job ends with `GrammarError::Step`, nobody waits forever.
-    fn compute(mut matcher: Box<Matcher>, end: Arc<[u32]>) -> Arc<Next> {
+    fn compute(mut matcher: Box<Matcher>, end: Arc<[u32]>, delay: Duration) -> Arc<Next> {
         let next = Arc::new(Next {
             mask: OnceLock::new(),
             matcher: Mutex::new(None),
         });
         let slot = next.clone();
-        rayon::spawn(move || {
+        spawn_mask(move || {
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
             let computed = catch_unwind(AssertUnwindSafe(|| compute(&mut matcher, &end)));
             let mask = match computed {
                 Ok(mask) => {
@@ -335,6 +384,8 @@ impl Next {
 pub struct Guide {
     next: Arc<Next>,
     end: Arc<[u32]>,
+    #[cfg(test)]
+    mask_delay: Duration,
 }
 
 impl fmt::Debug for Guide {
@@ -368,6 +419,13 @@ impl Guide {
         }
     }
 
+    /// Whether the next mask is computed (or its computation failed): [`Guide::allowed`] would
+    /// not wait. The scheduler leaves a sequence whose mask is late out of the step, so that
+    /// one grammar's slow mask never holds the others' tokens.
+    pub fn is_ready(&self) -> bool {
+        self.next.mask.get().is_some()
+    }
+
     /// Advances past `token` and starts computing the next mask in the background.
     pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
         self.allowed()?;
@@ -380,8 +438,20 @@ impl Guide {
         let mut matcher =
             matcher.ok_or_else(|| GrammarError::Step("the grammar parser was lost".into()))?;
         matcher.consume_token(token).map_err(step)?;
-        self.next = Next::compute(matcher, self.end.clone());
+        self.next = Next::compute(matcher, self.end.clone(), self.mask_delay());
         Ok(())
+    }
+}
+
+impl Guide {
+    #[cfg(test)]
+    fn mask_delay(&self) -> Duration {
+        self.mask_delay
+    }
+
+    #[cfg(not(test))]
+    fn mask_delay(&self) -> Duration {
+        Duration::ZERO
     }
 }
 

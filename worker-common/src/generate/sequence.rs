@@ -159,6 +159,12 @@ impl Sequence {
         }
     }
 
+    /// Whether the sequence's next token waits for its grammar's mask, still being computed:
+    /// a step now would hold every other sequence until the mask is there.
+    pub fn waits_for_mask(&self) -> bool {
+        self.pending() == 1 && self.grammar.as_ref().is_some_and(|g| !g.is_ready())
+    }
+
     /// Marks a chunk of this sequence as being run now (the prefill clock starts at the first).
     pub fn chunk_started(&mut self, at: Instant) {
         self.first_chunk_at.get_or_insert(at);

@@ -99,6 +99,10 @@ struct Entry<J> {
     parent_hash: u64,
 }
 
+/// How long a step with nothing to run (every sequence waiting for its grammar's mask) pauses
+/// before the engine looks again: well under a token's time, long enough not to spin.
+const MASK_POLL: Duration = Duration::from_micros(200);
+
 /// Sequences, pages and the step loop of one backend.
 pub struct Scheduler<J> {
     config: SchedulerConfig,
@@ -228,6 +232,11 @@ impl<J: EventSink> Scheduler<J> {
         self.resume_preempted();
         let plan = self.plan();
         if plan.is_empty() {
+            if ended.is_empty() {
+                // Every sequence waits for its grammar's mask: a short pause rather than a
+                // loop that would take the core the masks are computed on.
+                std::thread::sleep(MASK_POLL);
+            }
             return ended;
         }
         let started = Instant::now();
@@ -355,7 +364,8 @@ impl<J: EventSink> Scheduler<J> {
             let mut budget = self.config.step_tokens;
             for (i, entry) in self.running.iter().enumerate() {
                 let has_page = entry.pages.len() * PAGE_SIZE > entry.seq.computed();
-                if entry.seq.pending() == 1 && has_page && budget > 0 {
+                let ready = !entry.seq.waits_for_mask();
+                if entry.seq.pending() == 1 && has_page && ready && budget > 0 {
                     plan.push((i, 1));
                     budget -= 1;
                 }
@@ -373,8 +383,10 @@ impl<J: EventSink> Scheduler<J> {
                 budget -= len;
             }
             // Nothing fits although sequences wait: prefills hold every page. The youngest
-            // gives its pages back so the oldest can go on.
-            if !plan.is_empty() || self.running.is_empty() {
+            // gives its pages back so the oldest can go on — unless a sequence only waits for
+            // its grammar's mask, which frees nothing but will run.
+            let waiting = self.running.iter().any(|e| e.seq.waits_for_mask());
+            if !plan.is_empty() || self.running.is_empty() || waiting {
                 return plan;
             }
             self.preempt_youngest();

@@ -478,3 +478,45 @@ fn non_finite_logits_end_only_the_jobs_whose_tokens_made_them() {
     assert_eq!(streamed, 4, "{:?}", results[2].0.events);
     assert_eq!(tokens(&results[3].1), vec![1, 1, 1], "the job beside them");
 }
+
+/// A job whose grammar's masks are slow (300 ms each after the first) beside a plain one: the
+/// plain job's decodes never wait for them. It finishes all its tokens before the slow job's
+/// first decode, and both get the tokens they get alone.
+#[test]
+fn a_slow_grammar_mask_holds_only_its_own_sequence() {
+    use crate::grammar::{GrammarSpec, Grammars};
+    let grammars = Grammars::new(&tiny_tokenizer()).unwrap();
+    let slow = |mut r: GenerateRequest| {
+        let spec = GrammarSpec::Regex("[abc]+".into());
+        let constraint = grammars.compile(&spec).unwrap();
+        r.grammar = Some(constraint.with_mask_delay(Duration::from_millis(300)));
+        r
+    };
+    // Prompts of 5 and 14 tokens: their decodes are told apart by position.
+    let requests = vec![slow(request(prompt(5, 0), 4)), request(prompt(14, 1), 20)];
+    let alone = each_alone(&requests);
+    let mut backend = ScriptedBackend::new(64, 10, script());
+    let steps = backend.steps();
+    let together = run_all(config(2), &mut backend, requests);
+    for (i, (_, result)) in together.iter().enumerate() {
+        assert_eq!(tokens(result), alone[i], "job {i}");
+    }
+    let steps = steps.lock().unwrap();
+    let decodes_at = |from: usize, to: usize| -> Vec<usize> {
+        (0..steps.len())
+            .filter(|&k| {
+                steps[k]
+                    .chunks
+                    .iter()
+                    .any(|&(p, n)| n == 1 && (from..to).contains(&p))
+            })
+            .collect()
+    };
+    let slow_decodes = decodes_at(5, 9);
+    let plain_decodes = decodes_at(14, 34);
+    assert_eq!((slow_decodes.len(), plain_decodes.len()), (3, 19));
+    assert!(
+        plain_decodes.last() < slow_decodes.first(),
+        "the plain job waited: its decodes in steps {plain_decodes:?}, the slow job's in {slow_decodes:?}"
+    );
+}
