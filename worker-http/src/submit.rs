@@ -12,7 +12,9 @@ use tokio::sync::mpsc;
 use worker_common::generate::{CancelToken, GenerateRequest, PromptError};
 use worker_common::grammar::Constraint;
 
-use crate::api::{ApiError, ErrorCode, FieldError, Grammar, JobSpec, Prompt, StartedEvent};
+use crate::api::{
+    ApiError, ContextOverflow, ErrorCode, FieldError, Grammar, JobSpec, Prompt, StartedEvent,
+};
 use crate::clock::rfc3339;
 use crate::connections::Connection;
 use crate::job_end::{JobEnd, JobEvent, end_job};
@@ -318,15 +320,13 @@ fn max_tokens(
         Some(max_tokens) => max_tokens as usize,
         None => cap.min(context.saturating_sub(prompt_tokens)).max(1),
     };
-    let allowed = context.saturating_sub(wanted);
-    if prompt_tokens > allowed {
-        // OpenAI's wording ("maximum context length"), which clients match on.
-        let message = format!(
-            "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the prompt, {wanted} for the completion): the prompt has room for {allowed}. Please shorten the prompt or lower max_tokens.",
-            prompt_tokens + wanted
-        );
-        let constraint = format!("context_length({allowed})");
-        return Err(invalid(field, constraint, message, correlation_id));
+    if prompt_tokens > context.saturating_sub(wanted) {
+        let overflow = ContextOverflow {
+            prompt_tokens,
+            max_tokens: wanted,
+            context,
+        };
+        return Err(ApiError::context_overflow(field, overflow, correlation_id));
     }
     Ok(wanted)
 }

@@ -41,7 +41,8 @@ pub fn tiny_tokenizer() -> Tokenizer {
 
 /// The tiny tokenizer's ten tokens, then every other printable ASCII character and the
 /// newline (`Ċ`), one token each (ids 10…): a vocabulary that can write JSON and tool-call
-/// markup, for grammars the tiny one cannot start.
+/// markup, for grammars the tiny one cannot start. BOS and EOS are `<|im_end|>` (id 0): without
+/// them llama.cpp's BPE default, id 11, would make `"` end generation.
 pub fn ascii_tokenizer() -> Tokenizer {
     let printable = (b'!'..=b'~').map(char::from).map(String::from);
     let extra: Vec<String> = printable
@@ -53,7 +54,7 @@ pub fn ascii_tokenizer() -> Tokenizer {
         .copied()
         .chain(extra.iter().map(String::as_str))
         .collect();
-    tokenizer_of(&tokens, None)
+    tokenizer_of(&tokens, Some(TINY_EOS))
 }
 
 /// The tiny tokenizer with harmony's tokens: ids 0–9 as in [`tiny_tokenizer`] except that 0 is

@@ -94,6 +94,24 @@ pub struct FieldError {
     pub value: Option<serde_json::Value>,
 }
 
+/// A prompt that leaves the context no room for the tokens the job may generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextOverflow {
+    /// The prompt's tokens, after templating.
+    pub prompt_tokens: usize,
+    /// The tokens the job may generate (`max_tokens`, or its default).
+    pub max_tokens: usize,
+    /// The context length.
+    pub context: usize,
+}
+
+impl ContextOverflow {
+    /// The most prompt tokens the context has room for beside `max_tokens`.
+    pub fn room(&self) -> usize {
+        self.context.saturating_sub(self.max_tokens)
+    }
+}
+
 /// A non-stream error response: `{"errors":[…], "error":{code, message, correlation_id}}`.
 #[derive(Debug)]
 pub struct ApiError {
@@ -102,6 +120,7 @@ pub struct ApiError {
     message: String,
     errors: Vec<FieldError>,
     correlation_id: String,
+    overflow: Option<ContextOverflow>,
 }
 
 impl ApiError {
@@ -113,6 +132,7 @@ impl ApiError {
             message: message.into(),
             errors: Vec::new(),
             correlation_id: correlation_id.to_owned(),
+            overflow: None,
         }
     }
 
@@ -141,6 +161,27 @@ impl ApiError {
         Self {
             errors,
             ..Self::new(ErrorCode::InvalidRequest, message, correlation_id)
+        }
+    }
+
+    /// 400 for a prompt (in `field`) that does not fit the context with `max_tokens`:
+    /// constraint `context_length(<room>)`, in OpenAI's wording ("maximum context length"),
+    /// which clients match on; the numbers stay in the error for the other APIs' wordings.
+    pub fn context_overflow(field: &str, overflow: ContextOverflow, correlation_id: &str) -> Self {
+        let ContextOverflow {
+            prompt_tokens,
+            max_tokens,
+            context,
+        } = overflow;
+        let room = overflow.room();
+        let message = format!(
+            "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion): the prompt has room for {room}. Please shorten the prompt or lower max_tokens.",
+            prompt_tokens + max_tokens
+        );
+        let constraint = format!("context_length({room})");
+        Self {
+            overflow: Some(overflow),
+            ..Self::invalid_field(field, &constraint, message, correlation_id)
         }
     }
 
@@ -189,6 +230,8 @@ pub struct ErrorParts {
     pub field: Option<String>,
     /// That field's constraint (`context_length(N)`, …), if any.
     pub constraint: Option<String>,
+    /// The numbers of a prompt over the context ([`ApiError::context_overflow`]).
+    pub overflow: Option<ContextOverflow>,
 }
 
 impl IntoResponse for ApiError {
@@ -198,6 +241,7 @@ impl IntoResponse for ApiError {
             message: self.message.clone(),
             field: self.errors.first().map(|error| error.field.clone()),
             constraint: self.errors.first().map(|error| error.constraint.clone()),
+            overflow: self.overflow,
         };
         let body = serde_json::json!({
             "errors": self.errors,

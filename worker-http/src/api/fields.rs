@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::FieldError;
-use super::request::{MAX_JOB_ID_BYTES, MAX_STOP_BYTES, MAX_STOPS};
+use super::request::{Limits, MAX_JOB_ID_BYTES, MAX_STOP_BYTES, MAX_STOPS};
 
 pub(super) fn body_error(constraint: &str, message: String) -> Vec<FieldError> {
     vec![FieldError {
@@ -173,6 +173,16 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A token budget in `field`: an integer of at least 1, however large, capped by
+    /// `--max-tokens-out` (a budget the context has no room for is refused at submission, where
+    /// the prompt's length is known); `None` when absent or invalid.
+    pub(super) fn max_tokens(&mut self, field: &str, limits: Limits) -> Option<u32> {
+        let constraint = "range(1..=4294967295)";
+        let wanted = self.integer(field, 1, u64::from(u32::MAX), constraint)?;
+        let capped = wanted.min(u64::from(limits.max_tokens_out));
+        Some(u32::try_from(capped).unwrap_or(limits.max_tokens_out))
+    }
+
     /// A number accepted by `valid`, or `default` when absent (and after an error).
     pub(super) fn float(&mut self, field: &str, default: f32, valid: impl Fn(f64) -> bool) -> f32 {
         let Some(value) = self.get(field) else {
@@ -252,28 +262,29 @@ impl<'a> Fields<'a> {
         false
     }
 
-    /// `stop`: an array of at most [`MAX_STOPS`] non-empty strings; with `lone_string`, a single
-    /// string is accepted too (OpenAI's form).
-    pub(super) fn stop(&mut self, lone_string: bool) -> Vec<String> {
-        let Some(value) = self.get("stop") else {
+    /// Stop strings in the field `name` (`stop`, Anthropic's `stop_sequences`): an array of at most
+    /// [`MAX_STOPS`] non-empty strings; with `lone_string`, a single string is accepted too
+    /// (OpenAI's form).
+    pub(super) fn stop(&mut self, name: &str, lone_string: bool) -> Vec<String> {
+        let Some(value) = self.get(name) else {
             return Vec::new();
         };
         let items = match value {
             Value::Array(items) => items.as_slice(),
             Value::String(_) if lone_string => std::slice::from_ref(value),
             _ => {
-                self.wrong_type("stop", "array", value);
+                self.wrong_type(name, "array", value);
                 return Vec::new();
             }
         };
-        if !self.within_count("stop", items.len(), MAX_STOPS, "stop strings") {
+        if !self.within_count(name, items.len(), MAX_STOPS, "stop strings") {
             return Vec::new();
         }
         let mut stops = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let field = match value {
-                Value::Array(_) => format!("stop[{i}]"),
-                _ => "stop".to_owned(),
+                Value::Array(_) => format!("{name}[{i}]"),
+                _ => name.to_owned(),
             };
             match item {
                 Value::String(text) if text.is_empty() => {

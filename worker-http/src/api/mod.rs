@@ -1,7 +1,9 @@
 //! The wire types: `specs/CONTRACT.md`'s `/execute` request and its validation, the stream
-//! events, the error codes with their HTTP mapping, and OpenAI's `/v1` shapes
-//! (`specs/OPENAI.md`). They exist once, here; both APIs validate into one [`JobSpec`].
+//! events, the error codes with their HTTP mapping, OpenAI's `/v1` shapes (`specs/OPENAI.md`)
+//! and Anthropic's `/v1/messages` shapes (`specs/MESSAGES.md`). They exist once, here; every
+//! API validates into one [`JobSpec`].
 
+pub mod anthropic;
 mod error;
 mod events;
 mod fields;
@@ -12,7 +14,7 @@ mod request;
 mod sampling;
 mod tokens;
 
-pub use error::{ApiError, ErrorCode, ErrorParts, FieldError};
+pub use error::{ApiError, ContextOverflow, ErrorCode, ErrorParts, FieldError};
 pub use events::{EndEvent, StartedEvent, StreamEvent, TokenLogprobWire};
 pub use fields::require_json;
 pub use job::{Grammar, JobSpec, Prompt};

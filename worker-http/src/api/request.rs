@@ -61,7 +61,7 @@ impl ExecuteRequest {
         let max_tokens = fields.integer("max_tokens", 1, MAX_TOKENS_LIMIT, "range(1..=2048)");
         let mut sampling = fields.sampling();
         sampling.logprobs = fields.top_logprobs("logprobs");
-        let stop = fields.stop(false);
+        let stop = fields.stop("stop", false);
         let seed = fields.seed();
         let raw = fields.boolean("raw");
         let ignore_eos = fields.boolean("ignore_eos");

@@ -19,7 +19,8 @@ use crate::state::Shared;
 /// Who may use the routes, fixed at start-up.
 #[derive(Debug, Clone, Default)]
 pub struct Access {
-    /// The bearer key every route but `/health` and `/metrics` requires.
+    /// The key every route but `/health` and `/metrics` requires (as a bearer token or in
+    /// `x-api-key`).
     pub api_key: Option<ApiKey>,
     /// The `Host` names accepted (without port), when the worker listens on loopback; `None`
     /// accepts any.
@@ -148,20 +149,40 @@ fn host_name(host: &str) -> &str {
     host.rsplit_once(':').map_or(host, |(name, _port)| name)
 }
 
+/// The key's header Anthropic's clients send (OpenAI's and the contract's send
+/// `Authorization: Bearer`).
+const X_API_KEY: &str = "x-api-key";
+
+/// The key as `Authorization: Bearer <key>` or `x-api-key: <key>`: at least one of them, each
+/// at most once, and every one given holds the key.
 fn check_key(headers: &HeaderMap, key: &ApiKey) -> Result<(), Refusal> {
-    let mut values = headers.get_all(header::AUTHORIZATION).iter();
-    let (Some(value), None) = (values.next(), values.next()) else {
+    let bearer: Vec<&[u8]> = headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .map(|value| value.as_bytes())
+        .collect();
+    let api_key: Vec<&[u8]> = headers
+        .get_all(X_API_KEY)
+        .iter()
+        .map(|value| value.as_bytes())
+        .collect();
+    if bearer.len() > 1 || api_key.len() > 1 || bearer.len() + api_key.len() == 0 {
         return Err(Refusal::Unauthorized(
-            "this worker requires `Authorization: Bearer <key>` (one header)",
+            "this worker requires its key as `Authorization: Bearer <key>` or `x-api-key: <key>` (each header once)",
         ));
-    };
-    let bytes = value.as_bytes();
-    let scheme_ok = bytes.len() > 7 && bytes[..7].eq_ignore_ascii_case(b"bearer ");
-    if scheme_ok && constant_time_eq(&bytes[7..], key.as_bytes()) {
+    }
+    let bearer_ok = bearer.iter().all(|bytes| {
+        let scheme_ok = bytes.len() > 7 && bytes[..7].eq_ignore_ascii_case(b"bearer ");
+        scheme_ok && constant_time_eq(&bytes[7..], key.as_bytes())
+    });
+    let api_key_ok = api_key
+        .iter()
+        .all(|bytes| constant_time_eq(bytes, key.as_bytes()));
+    if bearer_ok && api_key_ok {
         Ok(())
     } else {
         Err(Refusal::Unauthorized(
-            "the bearer key is wrong; send `Authorization: Bearer <key>` with the worker's key",
+            "the key is wrong; send the worker's key as `Authorization: Bearer <key>` or `x-api-key: <key>`",
         ))
     }
 }
@@ -234,5 +255,29 @@ mod tests {
             assert!(with(wrong).is_err(), "{wrong}");
         }
         assert!(check_key(&HeaderMap::new(), &key).is_err());
+    }
+
+    #[test]
+    fn anthropics_x_api_key_header_carries_the_key_too() {
+        let key: ApiKey = "k3y".parse().unwrap();
+        let with = |pairs: &[(&str, &str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                let name: axum::http::HeaderName = name.parse().unwrap();
+                headers.append(name, value.parse().unwrap());
+            }
+            check_key(&headers, &key)
+        };
+        assert_eq!(with(&[("x-api-key", "k3y")]), Ok(()));
+        let both = [("x-api-key", "k3y"), ("authorization", "Bearer k3y")];
+        assert_eq!(with(&both), Ok(()));
+        for wrong in [
+            &[("x-api-key", "k3")][..],
+            &[("x-api-key", "Bearer k3y")],
+            &[("x-api-key", "k3y"), ("authorization", "Bearer nope")],
+            &[("x-api-key", "k3y"), ("x-api-key", "k3y")],
+        ] {
+            assert!(with(wrong).is_err(), "{wrong:?}");
+        }
     }
 }

@@ -3,7 +3,9 @@
 mod control;
 mod execute;
 mod guard;
+mod messages;
 mod openai;
+mod reply;
 mod status;
 mod tokens;
 
@@ -48,6 +50,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models/{*model}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(messages::messages))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit(shared.settings.ctx_size)))
@@ -55,9 +58,32 @@ pub fn router(shared: Arc<Shared>) -> Router {
             shared.clone(),
             guard::guard,
         ))
-        .layer(axum::middleware::from_fn(openai::openai_errors))
+        .layer(axum::middleware::from_fn(v1_errors))
         .layer(axum::middleware::from_fn(correlate))
         .with_state(shared)
+}
+
+/// Middleware: errors on `/v1/…` paths (the guard's, the fallbacks', the handlers') in the
+/// shape of the API the path belongs to: Anthropic's on `/v1/messages`, OpenAI's elsewhere.
+async fn v1_errors(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use crate::api::{anthropic, openai};
+    let path = request.uri().path();
+    let reshape: Option<fn(axum::response::Response) -> axum::response::Response> =
+        if anthropic::is_messages_path(path) {
+            Some(anthropic::reshape_error)
+        } else if path.starts_with("/v1/") {
+            Some(openai::reshape_error)
+        } else {
+            None
+        };
+    let response = next.run(request).await;
+    match reshape {
+        Some(reshape) => reshape(response),
+        None => response,
+    }
 }
 
 /// Unknown paths and methods: 404 in the contract's error shape, not axum's empty body.
@@ -121,6 +147,8 @@ fn body_or_error(
 
 #[cfg(test)]
 mod failure_tests;
+#[cfg(test)]
+mod messages_tests;
 #[cfg(test)]
 mod openai_tests;
 #[cfg(test)]

@@ -11,42 +11,26 @@ use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
 use serde_json::{Value, json};
 use worker_common::generate::{GenerateEvent, TokenLogprob};
-use worker_common::grammar::GrammarSpec;
 
 use super::execute::KEEP_ALIVE;
+use super::reply::{TextParser, collect, reasoning_format, tool_format};
 use super::{body_or_error, content_type};
-use crate::api::openai::{
-    Endpoint, Logprobs, OpenAiRequest, Piece, ReasoningFormat, ReasoningParser, Reply,
-    ToolCallParser, ToolFormat, error_body, reshape_error,
-};
-use crate::api::{ApiError, ErrorCode, Grammar, Limits};
+use crate::api::openai::{Endpoint, Logprobs, OpenAiRequest, Piece, Reply, error_body};
+use crate::api::{ApiError, Limits};
 use crate::connections::Connection;
 use crate::correlation::CorrelationId;
 use crate::job_end::{JobEnd, JobEvent};
 use crate::state::Shared;
 use crate::submit::{JobEvents, Origin, accepting, submit};
-
-/// Middleware: errors on `/v1/…` paths (the guard's, the fallbacks', the handlers') in
-/// OpenAI's shape.
-pub async fn openai_errors(request: Request, next: Next) -> Response {
-    let openai = request.uri().path().starts_with("/v1/");
-    let response = next.run(request).await;
-    if openai {
-        reshape_error(response)
-    } else {
-        response
-    }
-}
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -173,8 +157,13 @@ async fn answer(
         Endpoint::Completions => "cmpl",
     };
     let mut request = request;
-    let tool_format = tool_format(shared, &mut request, &correlation_id)?;
-    let reasoning = reasoning_format(endpoint, shared, &correlation_id)?;
+    let tools = request.tools.as_ref();
+    let tool_format = tool_format(shared, tools, &mut request.job, &correlation_id)?;
+    let reasoning = match endpoint {
+        Endpoint::Chat => reasoning_format(shared, &correlation_id)?,
+        // The text of `/v1/completions` is the model's raw output, markers included.
+        Endpoint::Completions => None,
+    };
     let job_id = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
     let origin = Origin {
         job_id: job_id.clone(),
@@ -182,18 +171,7 @@ async fn answer(
         connection,
     };
     let logprobs = request.job.sampling.logprobs.is_some();
-    // A "call" to a function the request did not offer is content.
-    let offered: Vec<String> = request.tools.as_ref().map_or_else(Vec::new, |tools| {
-        tools
-            .functions
-            .iter()
-            .map(|(name, _)| name.clone())
-            .collect()
-    });
-    let calls = |parser: fn(ToolFormat) -> ToolCallParser| {
-        let offered = offered.clone();
-        move |format| parser(format).offering(offered)
-    };
+    let parser = TextParser::new(reasoning, tool_format, tools, request.stream);
     let accepted = submit(shared, origin, request.job).await?;
     let reply = Reply {
         endpoint,
@@ -204,163 +182,20 @@ async fn answer(
         tokens_as_ids: request.tokens_as_ids,
     };
     if request.stream {
-        let parser = TextParser {
-            reasoning: reasoning.map(ReasoningParser::new),
-            tools: tool_format.map(calls(ToolCallParser::streaming)),
-        };
         let chunks = ChunkStream::new(reply, accepted.events, request.include_usage, parser);
         let sse = Sse::new(chunks).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
         return Ok(sse.into_response());
     }
-    let parser = TextParser {
-        reasoning: reasoning.map(ReasoningParser::new),
-        tools: tool_format.map(calls(ToolCallParser::new)),
-    };
-    let whole = whole(&reply, accepted.events, parser, &correlation_id).await?;
-    Ok(Json(whole).into_response())
-}
-
-/// With tools: how the model writes calls (from its chat template; a model whose template
-/// renders no tools cannot take them), and for `tool_choice` `required` or a named function,
-/// the grammar that makes the reply one such call.
-fn tool_format(
-    shared: &Shared,
-    request: &mut OpenAiRequest,
-    correlation_id: &str,
-) -> Result<Option<ToolFormat>, ApiError> {
-    let Some(tools) = &request.tools else {
-        return Ok(None);
-    };
-    let loaded = accepting(shared, correlation_id)?;
-    let refuse = |field: &str, constraint: &str, message: String| {
-        ApiError::invalid_field(field, constraint, message, correlation_id)
-    };
-    let format = loaded
-        .formatter
-        .template_source()
-        .and_then(ToolFormat::of_template)
-        .ok_or_else(|| {
-            let message = "this model's chat template does not render tools".into();
-            refuse("tools", "template_tools", message)
-        })?;
-    if let Some(lark) = tools.forced_call(format) {
-        if request.job.grammar.is_some() {
-            let message = "a forced tool call cannot be combined with response_format".into();
-            return Err(refuse("tool_choice", "conflicts(response_format)", message));
-        }
-        request.job.grammar = Some(Grammar {
-            spec: GrammarSpec::Lark(lark),
-            field: "tool_choice",
-        });
-    }
-    Ok(Some(format))
-}
-
-/// Chat only: how the loaded model writes its reasoning, when its template says (the text of
-/// `/v1/completions` is the model's raw output, markers included).
-fn reasoning_format(
-    endpoint: Endpoint,
-    shared: &Shared,
-    correlation_id: &str,
-) -> Result<Option<ReasoningFormat>, ApiError> {
-    if endpoint != Endpoint::Chat {
-        return Ok(None);
-    }
-    let loaded = accepting(shared, correlation_id)?;
-    let source = loaded.formatter.template_source();
-    Ok(source.and_then(ReasoningFormat::of_template))
-}
-
-/// Cuts one reply's text into pieces: reasoning first (when the model's template has a
-/// reasoning format), then the content through the tool-call parser (when the request has
-/// tools), so a call written in the reasoning is not made.
-struct TextParser {
-    reasoning: Option<ReasoningParser>,
-    tools: Option<ToolCallParser>,
-}
-
-impl TextParser {
-    /// The pieces `text` releases.
-    fn push(&mut self, text: String) -> Vec<Piece> {
-        let pieces = match &mut self.reasoning {
-            Some(reasoning) => reasoning.push(&text),
-            None => vec![Piece::Content(text)],
-        };
-        self.through_tools(pieces)
-    }
-
-    /// The reply ended: what both parsers still hold, in order.
-    fn finish(&mut self) -> Vec<Piece> {
-        let rest = self.reasoning.as_mut().map(ReasoningParser::finish);
-        let mut pieces = self.through_tools(rest.unwrap_or_default());
-        pieces.extend(
-            self.tools
-                .as_mut()
-                .map(ToolCallParser::finish)
-                .unwrap_or_default(),
-        );
-        pieces
-    }
-
-    /// Content through the tool-call parser; other pieces as they are. Empty text is dropped.
-    fn through_tools(&mut self, pieces: Vec<Piece>) -> Vec<Piece> {
-        let mut out = Vec::with_capacity(pieces.len());
-        for piece in pieces {
-            match (&mut self.tools, piece) {
-                (Some(tools), Piece::Content(text)) => out.extend(tools.push(&text)),
-                (_, Piece::Content(text) | Piece::Reasoning(text)) if text.is_empty() => {}
-                (_, piece) => out.push(piece),
-            }
-        }
-        out
-    }
-}
-
-/// Waits for the job's end and builds the one reply; a failed job answers its error.
-async fn whole(
-    reply: &Reply,
-    mut events: JobEvents,
-    mut parser: TextParser,
-    correlation_id: &str,
-) -> Result<Value, ApiError> {
-    let (mut text, mut tokens) = (String::new(), Vec::new());
-    while let Some(event) = events.next().await {
-        match event {
-            JobEvent::Generate(GenerateEvent::Token {
-                text: piece,
-                logprobs,
-                ..
-            }) => {
-                text.push_str(&piece);
-                tokens.extend(logprobs);
-            }
-            JobEvent::Generate(GenerateEvent::Metrics { .. }) => {}
-            JobEvent::End(JobEnd::Finished(done)) => {
-                let mut all = parser.push(text);
-                all.extend(parser.finish());
-                let (mut content, mut reasoning, mut calls) =
-                    (String::new(), String::new(), Vec::new());
-                for piece in all {
-                    match piece {
-                        Piece::Content(more) => content.push_str(&more),
-                        Piece::Reasoning(more) => reasoning.push_str(&more),
-                        Piece::Call(call) | Piece::CallStart(call) => calls.push(call),
-                        Piece::Arguments(more) => {
-                            if let Some(call) = calls.last_mut() {
-                                call.arguments.push_str(&more);
-                            }
-                        }
-                    }
-                }
-                return Ok(reply.whole(&content, &reasoning, &calls, &tokens, &done));
-            }
-            JobEvent::End(JobEnd::Failed { code, message, .. }) => {
-                return Err(ApiError::new(code, message, correlation_id));
-            }
-        }
-    }
-    let message = "the job's events ended without a terminal event";
-    Err(ApiError::new(ErrorCode::Internal, message, correlation_id))
+    let whole = collect(accepted.events, parser, &correlation_id).await?;
+    let (content, reasoning) = (whole.content(), whole.reasoning());
+    let body = reply.whole(
+        &content,
+        &reasoning,
+        &whole.calls(),
+        &whole.tokens,
+        &whole.done,
+    );
+    Ok(Json(body).into_response())
 }
 
 /// A job's events as OpenAI's chunks: (chat) the role, the text as it comes, the finish

@@ -12,6 +12,7 @@ pub use reasoning::{ReasoningFormat, ReasoningParser};
 pub use request::{Endpoint, OpenAiRequest};
 pub use response::{Logprobs, Reply, finish_reason, usage};
 pub use tool_calls::{Piece, ToolCall, ToolCallParser};
+pub(in crate::api) use tools::{Function, message_extra};
 pub use tools::{ToolChoice, ToolFormat, Tools};
 
 use axum::body::Body;
@@ -65,11 +66,7 @@ pub fn reshape_error(response: Response) -> Response {
         &parts.message,
         parts.field.as_deref(),
     );
-    let overflow = parts
-        .constraint
-        .as_deref()
-        .is_some_and(|c| c.starts_with("context_length("));
-    if overflow {
+    if parts.overflow.is_some() {
         body["error"]["code"] = json!("context_length_exceeded");
     }
     head.headers.remove(header::CONTENT_LENGTH);

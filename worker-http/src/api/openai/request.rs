@@ -65,7 +65,7 @@ impl OpenAiRequest {
         let mut sampling = fields.sampling();
         sampling.logprobs = logprobs(&mut fields, endpoint);
         let seed = fields.seed();
-        let stop = fields.stop(true);
+        let stop = fields.stop("stop", true);
         let ignore_eos = fields.boolean("ignore_eos");
         let grammar = fields.response_format();
         fields.check_grammar_end(grammar.as_ref(), ignore_eos);

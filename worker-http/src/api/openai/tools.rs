@@ -174,11 +174,32 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-impl Fields<'_> {
+/// One function a request offers, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::api) struct Function {
+    /// Its name: 1 to 64 of `a-z A-Z 0-9 _ -`, unique in the request.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: Option<String>,
+    /// The JSON schema of its arguments.
+    pub parameters: Value,
+}
+
+impl<'a> Fields<'a> {
     /// `tools` and `tool_choice`; `None` when there are no tools or the choice is `none`.
     pub(in crate::api) fn tools(&mut self) -> Option<Tools> {
         let functions = self.functions();
         let choice = self.tool_choice(&functions)?;
+        self.offered(functions, choice)
+    }
+
+    /// The tools of a request that offers `functions` with `choice` (either API's): `None`
+    /// when there are none (a choice that forces a call is then refused).
+    pub(in crate::api) fn offered(
+        &mut self,
+        functions: Vec<Function>,
+        choice: ToolChoice,
+    ) -> Option<Tools> {
         if functions.is_empty() {
             if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
                 let message = "tool_choice asks for a call but tools is empty".into();
@@ -186,38 +207,35 @@ impl Fields<'_> {
             }
             return None;
         }
+        // The template gets OpenAI's shape, as Hugging Face's templates expect.
         let tools: Vec<Value> = functions
             .iter()
-            .map(|(name, description, parameters)| {
-                let mut function = Map::new();
-                function.insert("name".into(), json!(name));
-                if let Some(description) = description {
-                    function.insert("description".into(), json!(description));
+            .map(|function| {
+                let mut object = Map::new();
+                object.insert("name".into(), json!(function.name));
+                if let Some(description) = &function.description {
+                    object.insert("description".into(), json!(description));
                 }
-                function.insert("parameters".into(), parameters.clone());
-                json!({"type": "function", "function": function})
+                object.insert("parameters".into(), function.parameters.clone());
+                json!({"type": "function", "function": object})
             })
             .collect();
         Some(Tools {
             json: Value::Array(tools).to_string(),
-            functions: functions.into_iter().map(|(n, _, p)| (n, p)).collect(),
+            functions: functions
+                .into_iter()
+                .map(|function| (function.name, function.parameters))
+                .collect(),
             choice,
         })
     }
 
     /// `tools`: `[{"type": "function", "function": {name, description?, parameters?}}]`.
-    fn functions(&mut self) -> Vec<(String, Option<String>, Value)> {
-        let Some(value) = self.get("tools") else {
+    fn functions(&mut self) -> Vec<Function> {
+        let Some(items) = self.tool_items("tools") else {
             return Vec::new();
         };
-        let Value::Array(items) = value else {
-            self.wrong_type("tools", "array", value);
-            return Vec::new();
-        };
-        if !self.within_count("tools", items.len(), MAX_TOOLS, "tools") {
-            return Vec::new();
-        }
-        let mut functions: Vec<(String, Option<String>, Value)> = Vec::new();
+        let mut functions: Vec<Function> = Vec::new();
         for (i, item) in items.iter().enumerate() {
             let at = format!("tools[{i}]");
             let function = item
@@ -228,42 +246,68 @@ impl Fields<'_> {
                 self.fail(&at, "function", message, None);
                 continue;
             };
-            let name = function
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if !valid_name(name) || functions.iter().any(|(n, _, _)| n == name) {
-                let message = format!(
-                    "function names are 1-64 of a-z, A-Z, 0-9, _ and -, each once; got {name:?}"
-                );
-                self.fail(
-                    &format!("{at}.function.name"),
-                    "function_name",
-                    message,
-                    None,
-                );
-                continue;
-            }
-            let parameters = match function.get("parameters") {
-                None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
-                Some(schema @ Value::Object(_)) => schema.clone(),
-                Some(other) => {
-                    self.wrong_type(&format!("{at}.function.parameters"), "object", other);
-                    continue;
-                }
-            };
-            let description = function
-                .get("description")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            functions.push((name.to_owned(), description, parameters));
+            let at = format!("{at}.function");
+            let keys = ("name", "parameters");
+            functions.extend(self.function(&at, function, keys, &functions));
         }
         functions
     }
 
+    /// The array of tools in `field`, at most [`MAX_TOOLS`]; `None` when absent or refused.
+    pub(in crate::api) fn tool_items(&mut self, field: &str) -> Option<&'a Vec<Value>> {
+        let value = self.get(field)?;
+        let Value::Array(items) = value else {
+            self.wrong_type(field, "array", value);
+            return None;
+        };
+        self.within_count(field, items.len(), MAX_TOOLS, "tools")
+            .then_some(items)
+    }
+
+    /// One function of the object at `at`, its name and parameter schema under `keys`
+    /// (OpenAI's `name`/`parameters`, Anthropic's `name`/`input_schema`), checked against
+    /// those listed before it; `None` after recording why it is refused.
+    pub(in crate::api) fn function(
+        &mut self,
+        at: &str,
+        object: &Map<String, Value>,
+        keys: (&str, &str),
+        before: &[Function],
+    ) -> Option<Function> {
+        let (name_key, parameters_key) = keys;
+        let name = object
+            .get(name_key)
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if !valid_name(name) || before.iter().any(|function| function.name == name) {
+            let message = format!(
+                "function names are 1-64 of a-z, A-Z, 0-9, _ and -, each once; got {name:?}"
+            );
+            self.fail(&format!("{at}.{name_key}"), "function_name", message, None);
+            return None;
+        }
+        let parameters = match object.get(parameters_key) {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(schema @ Value::Object(_)) => schema.clone(),
+            Some(other) => {
+                self.wrong_type(&format!("{at}.{parameters_key}"), "object", other);
+                return None;
+            }
+        };
+        let description = object
+            .get("description")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        Some(Function {
+            name: name.to_owned(),
+            description,
+            parameters,
+        })
+    }
+
     /// `tool_choice`: `none` (`None`: tools off), `auto` (the default), `required`, or
     /// `{"type": "function", "function": {"name": …}}` naming a listed function.
-    fn tool_choice(&mut self, functions: &[(String, Option<String>, Value)]) -> Option<ToolChoice> {
+    fn tool_choice(&mut self, functions: &[Function]) -> Option<ToolChoice> {
         let Some(value) = self.get("tool_choice") else {
             return Some(ToolChoice::Auto);
         };
@@ -278,7 +322,7 @@ impl Fields<'_> {
             .and_then(|function| function.get("name"))
             .and_then(Value::as_str);
         match name {
-            Some(name) if functions.iter().any(|(n, _, _)| n == name) => {
+            Some(name) if functions.iter().any(|function| function.name == name) => {
                 Some(ToolChoice::Named(name.to_owned()))
             }
             _ => {
