@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use llguidance::api::{StopReason, TopLevelGrammar};
 use llguidance::earley::{CGrammar, CSymIdx};
@@ -140,10 +140,12 @@ impl Grammars {
         if let Some(error) = matcher.get_error() {
             return Err(GrammarError::Compile(headline(&error)));
         }
+        let started = Instant::now();
         let first = first_mask(&mut matcher, &self.end)?;
         Ok(Constraint {
             matcher,
             first,
+            first_cost: started.elapsed(),
             end: self.end.clone(),
             #[cfg(test)]
             mask_delay: Duration::ZERO,
@@ -267,6 +269,8 @@ pub struct Constraint {
     matcher: Matcher,
     /// The first mask, computed when the grammar was checked.
     first: Vec<u32>,
+    /// What computing the first mask took: the guess for the next one's time.
+    first_cost: Duration,
     end: Arc<[u32]>,
     /// Tests: how long each mask after the first takes at least (a slow grammar).
     #[cfg(test)]
@@ -285,7 +289,7 @@ impl Constraint {
     /// The running grammar of a job, its first mask the one [`Grammars::compile`] computed.
     pub fn start(self) -> Guide {
         Guide {
-            next: Next::ready(Box::new(self.matcher), self.first),
+            next: Next::ready(Box::new(self.matcher), self.first, self.first_cost),
             end: self.end,
             #[cfg(test)]
             mask_delay: self.mask_delay,
@@ -296,6 +300,7 @@ impl Constraint {
     #[cfg(test)]
     pub(crate) fn with_mask_delay(mut self, delay: Duration) -> Self {
         self.mask_delay = delay;
+        self.first_cost = self.first_cost.max(delay);
         self
     }
 }
@@ -331,19 +336,30 @@ fn lower_this_threads_priority() {
     let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS as _, 0, MASK_NICE) };
 }
 
+/// A mask that took longer than this is expected to be late again: its sequence waits out
+/// of the step until it is there. Masks of ordinary grammars take tens to hundreds of
+/// microseconds on a 152k vocabulary; a decode step takes one to a few milliseconds.
+pub const SLOW_MASK: Duration = Duration::from_millis(1);
+
 /// The mask of the next token and the parser, handed back by the background computation.
 struct Next {
     /// Set once the mask is computed (or lost).
     mask: OnceLock<Result<Vec<u32>, GrammarError>>,
+    /// What computing it took, set before `mask`.
+    cost: OnceLock<Duration>,
+    /// What the grammar's previous mask took: the guess for this one's.
+    expected: Duration,
     /// The parser, put back before `mask` is set.
     matcher: Mutex<Option<Box<Matcher>>>,
 }
 
 impl Next {
     /// A parser whose next mask is known already.
-    fn ready(matcher: Box<Matcher>, mask: Vec<u32>) -> Arc<Next> {
+    fn ready(matcher: Box<Matcher>, mask: Vec<u32>, cost: Duration) -> Arc<Next> {
         Arc::new(Next {
             mask: OnceLock::from(Ok(mask)),
+            cost: OnceLock::from(cost),
+            expected: cost,
             matcher: Mutex::new(Some(matcher)),
         })
     }
@@ -351,13 +367,21 @@ impl Next {
     /// Starts computing `matcher`'s next mask on the mask threads. A panic inside llguidance
     /// (rayon would abort the process on it) becomes this mask's error, and the parser is
     /// dropped: the job ends with `GrammarError::Step`, nobody waits forever.
-    fn compute(mut matcher: Box<Matcher>, end: Arc<[u32]>, delay: Duration) -> Arc<Next> {
+    fn compute(
+        mut matcher: Box<Matcher>,
+        end: Arc<[u32]>,
+        expected: Duration,
+        delay: Duration,
+    ) -> Arc<Next> {
         let next = Arc::new(Next {
             mask: OnceLock::new(),
+            cost: OnceLock::new(),
+            expected,
             matcher: Mutex::new(None),
         });
         let slot = next.clone();
         spawn_mask(move || {
+            let started = Instant::now();
             if !delay.is_zero() {
                 std::thread::sleep(delay);
             }
@@ -371,6 +395,7 @@ impl Next {
                 }
                 Err(_) => Err(GrammarError::Step("the mask computation panicked".into())),
             };
+            let _ = slot.cost.set(started.elapsed());
             let _ = slot.mask.set(mask);
         });
         next
@@ -419,11 +444,13 @@ impl Guide {
         }
     }
 
-    /// Whether the next mask is computed (or its computation failed): [`Guide::allowed`] would
-    /// not wait. The scheduler leaves a sequence whose mask is late out of the step, so that
-    /// one grammar's slow mask never holds the others' tokens.
-    pub fn is_ready(&self) -> bool {
-        self.next.mask.get().is_some()
+    /// Whether the next mask is still being computed and the grammar's previous one took
+    /// longer than [`SLOW_MASK`]: a step that waited for it would hold every other sequence.
+    /// The scheduler leaves such a sequence out of the step; a mask expected to be quick is
+    /// waited for inside the step (the CUDA backend queues the pass first), which keeps a lone
+    /// structured job as fast as a plain one.
+    pub fn is_late(&self) -> bool {
+        self.next.mask.get().is_none() && self.next.expected > SLOW_MASK
     }
 
     /// Advances past `token` and starts computing the next mask in the background.
@@ -438,7 +465,8 @@ impl Guide {
         let mut matcher =
             matcher.ok_or_else(|| GrammarError::Step("the grammar parser was lost".into()))?;
         matcher.consume_token(token).map_err(step)?;
-        self.next = Next::compute(matcher, self.end.clone(), self.mask_delay());
+        let expected = self.next.cost.get().copied().unwrap_or_default();
+        self.next = Next::compute(matcher, self.end.clone(), expected, self.mask_delay());
         Ok(())
     }
 }

@@ -159,10 +159,10 @@ impl Sequence {
         }
     }
 
-    /// Whether the sequence's next token waits for its grammar's mask, still being computed:
-    /// a step now would hold every other sequence until the mask is there.
+    /// Whether the sequence's next token waits for a grammar mask that is late
+    /// ([`Guide::is_late`]): a step now would hold every other sequence until it is there.
     pub fn waits_for_mask(&self) -> bool {
-        self.pending() == 1 && self.grammar.as_ref().is_some_and(|g| !g.is_ready())
+        self.pending() == 1 && self.grammar.as_ref().is_some_and(Guide::is_late)
     }
 
     /// Marks a chunk of this sequence as being run now (the prefill clock starts at the first).

@@ -479,21 +479,17 @@ fn non_finite_logits_end_only_the_jobs_whose_tokens_made_them() {
     assert_eq!(tokens(&results[3].1), vec![1, 1, 1], "the job beside them");
 }
 
-/// A job whose grammar's masks are slow (300 ms each after the first) beside a plain one: the
-/// plain job's decodes never wait for them. It finishes all its tokens before the slow job's
-/// first decode, and both get the tokens they get alone.
-#[test]
-fn a_slow_grammar_mask_holds_only_its_own_sequence() {
+/// A job under a grammar whose masks take `mask_delay` each beside a plain one (prompts of 5
+/// and 14 tokens, so their decodes are told apart by position): each gets the tokens it gets
+/// alone; returns the steps holding the grammar job's decodes and those holding the plain
+/// job's.
+fn grammar_beside_plain(mask_delay: Duration) -> (Vec<usize>, Vec<usize>) {
     use crate::grammar::{GrammarSpec, Grammars};
     let grammars = Grammars::new(&tiny_tokenizer()).unwrap();
-    let slow = |mut r: GenerateRequest| {
-        let spec = GrammarSpec::Regex("[abc]+".into());
-        let constraint = grammars.compile(&spec).unwrap();
-        r.grammar = Some(constraint.with_mask_delay(Duration::from_millis(300)));
-        r
-    };
-    // Prompts of 5 and 14 tokens: their decodes are told apart by position.
-    let requests = vec![slow(request(prompt(5, 0), 4)), request(prompt(14, 1), 20)];
+    let spec = GrammarSpec::Regex("[abc]+".into());
+    let mut constrained = request(prompt(5, 0), 4);
+    constrained.grammar = Some(grammars.compile(&spec).unwrap().with_mask_delay(mask_delay));
+    let requests = vec![constrained, request(prompt(14, 1), 20)];
     let alone = each_alone(&requests);
     let mut backend = ScriptedBackend::new(64, 10, script());
     let steps = backend.steps();
@@ -512,11 +508,25 @@ fn a_slow_grammar_mask_holds_only_its_own_sequence() {
             })
             .collect()
     };
-    let slow_decodes = decodes_at(5, 9);
-    let plain_decodes = decodes_at(14, 34);
-    assert_eq!((slow_decodes.len(), plain_decodes.len()), (3, 19));
+    (decodes_at(5, 9), decodes_at(14, 34))
+}
+
+/// Masks of 300 ms (a grammar known to be slow): the plain job's decodes never wait for them.
+/// It finishes all its tokens before the slow job's first decode.
+#[test]
+fn a_slow_grammar_mask_holds_only_its_own_sequence() {
+    let (slow, plain) = grammar_beside_plain(Duration::from_millis(300));
+    assert_eq!((slow.len(), plain.len()), (3, 19));
     assert!(
-        plain_decodes.last() < slow_decodes.first(),
-        "the plain job waited: its decodes in steps {plain_decodes:?}, the slow job's in {slow_decodes:?}"
+        plain.last() < slow.first(),
+        "the plain job waited: its decodes in steps {plain:?}, the slow job's in {slow:?}"
     );
+}
+
+/// Quick masks are waited for inside the step (the CUDA backend overlaps that wait with the
+/// pass): the grammar job decodes in every step beside the plain one, never sitting one out.
+#[test]
+fn a_quick_grammar_mask_keeps_its_sequence_in_every_step() {
+    let (quick, plain) = grammar_beside_plain(Duration::ZERO);
+    assert_eq!(quick, [1, 2, 3], "the plain job's decodes: {plain:?}");
 }
