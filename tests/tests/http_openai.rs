@@ -1,7 +1,8 @@
 //! OpenAI's API as users reach it: the official `openai` Python SDK (pinned in
 //! `scripts/requirements-sdk.txt`, installed by `scripts/fetch-assets.sh python`) drives the
 //! real worker on Qwen2.5-Coder-0.5B through `tests/openai/sdk_check.py`: chat and completions,
-//! streamed and whole, usage, seeds, errors, and equality with `/execute`.
+//! streamed and whole, usage, seeds, errors, and equality with `/execute`. Anthropic's SDK
+//! drives `/v1/messages` the same way (`tests/openai/messages_check.py`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -71,6 +72,23 @@ fn tool_calls_are_rendered_parsed_and_answered() {
         &["--threads", "2", "--ctx-size", "2048"],
     );
     let stdout = run_python("tools_check.py", &worker, &[]);
+    assert!(stdout.contains("every check passed"), "{stdout}");
+}
+
+/// Anthropic's Messages API as its users reach it: the official `anthropic` SDK (pinned in
+/// `scripts/requirements-sdk.txt`) drives Qwen2.5-Coder-1.5B through
+/// `tests/openai/messages_check.py`, with the worker's key sent as `x-api-key`:
+/// `messages.create` and `messages.stream`, stop sequences, a tool round trip, errors, every
+/// reply and event validated against the SDK's types.
+#[test]
+fn the_official_anthropic_sdk_drives_the_messages_api() {
+    const KEY: &str = "messages-check-key";
+    let _serial = serial();
+    let worker = Worker::ready(
+        &Model::Qwen15.path(),
+        &["--threads", "2", "--ctx-size", "2048", "--api-key", KEY],
+    );
+    let stdout = run_python("messages_check.py", &worker, &[KEY]);
     assert!(stdout.contains("every check passed"), "{stdout}");
 }
 
