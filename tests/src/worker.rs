@@ -69,8 +69,35 @@ impl Worker {
 
     /// [`Worker::spawn`] with extra environment variables (test-only triggers).
     pub fn spawn_with_env(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Worker {
+        Self::launch(model, args, env, None)
+    }
+
+    /// [`Worker::ready`] under a soft descriptor limit of `descriptors` from its start: run
+    /// through `prlimit`, which sets it and execs the worker in its own process.
+    pub fn ready_with_descriptor_limit(model: &Path, args: &[&str], descriptors: u64) -> Worker {
+        let worker = Self::launch(model, args, &[], Some(descriptors));
+        worker.wait_ready();
+        worker
+    }
+
+    fn launch(
+        model: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        descriptors: Option<u64>,
+    ) -> Worker {
         let name = worker_binary();
-        let mut command = Command::new(binary(&name));
+        let mut command = match descriptors {
+            Some(limit) => {
+                let mut command = Command::new("prlimit");
+                command
+                    .arg(format!("--nofile={limit}:"))
+                    .arg("--")
+                    .arg(binary(&name));
+                command
+            }
+            None => Command::new(binary(&name)),
+        };
         command
             .arg("--model")
             .arg(model)
@@ -200,6 +227,18 @@ impl Worker {
         self.child.id()
     }
 
+    /// Sets the running worker's soft descriptor limit (`prlimit --pid`).
+    pub fn set_descriptor_limit(&self, descriptors: u64) {
+        set_descriptor_limit(self.pid(), descriptors);
+    }
+
+    /// How many descriptors the worker has open (`/proc/<pid>/fd`).
+    pub fn open_descriptors(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|entries| entries.count())
+            .unwrap_or_else(|err| panic!("reading the worker's descriptors: {err}"))
+    }
+
     /// Resident set size from `/proc/<pid>/status`.
     pub fn rss_bytes(&self) -> u64 {
         let status =
@@ -234,6 +273,41 @@ impl Worker {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// Sets the soft descriptor limit of process `pid` (`prlimit`, util-linux); panics when it fails.
+fn set_descriptor_limit(pid: u32, descriptors: u64) {
+    let status = Command::new("prlimit")
+        .args([
+            "--pid",
+            &pid.to_string(),
+            &format!("--nofile={descriptors}:"),
+        ])
+        .status()
+        .unwrap_or_else(|err| panic!("cannot run prlimit (util-linux): {err}"));
+    assert!(
+        status.success(),
+        "prlimit --pid {pid} --nofile={descriptors}: failed: {status}"
+    );
+}
+
+/// Raises this test process's soft descriptor limit to `descriptors` when it is lower, for tests
+/// that hold many sockets; panics when the hard limit does not allow it.
+pub fn raise_own_descriptor_limit(descriptors: u64) {
+    let limits = std::fs::read_to_string("/proc/self/limits")
+        .unwrap_or_else(|err| panic!("reading /proc/self/limits: {err}"));
+    let soft = limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|soft| match soft {
+            "unlimited" => Some(u64::MAX),
+            number => number.parse::<u64>().ok(),
+        })
+        .unwrap_or_else(|| panic!("no open-file limit in /proc/self/limits: {limits}"));
+    if soft < descriptors {
+        set_descriptor_limit(std::process::id(), descriptors);
     }
 }
 

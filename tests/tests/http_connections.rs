@@ -1,7 +1,8 @@
 //! The listener against clients that hold connections, on the real worker binary
 //! (`LLORCH_TEST_WORKER`, default `llorch-cpud`) on SmolLM2: idle connections cannot starve
-//! `/health`, idle keep-alive connections are closed, and a client that stops reading its stream
-//! is dropped so the job behind it starts.
+//! `/health`, nor job routes when they fill the descriptor limit, a descriptor limit lowered
+//! while serving sheds them, idle keep-alive connections are closed, and a client that stops
+//! reading its stream is dropped so the job behind it starts.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,9 +10,10 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use llorch_tests::assets::Model;
 use llorch_tests::http::{self, EventStream};
-use llorch_tests::stream::{job, open, terminal};
-use llorch_tests::worker::{serial, smollm2};
+use llorch_tests::stream::{job, open, run, terminal};
+use llorch_tests::worker::{Worker, raise_own_descriptor_limit, serial, smollm2};
 use serde_json::json;
 
 /// The value of the metric line that starts with `name` (labels included) in a /metrics text.
@@ -48,6 +50,127 @@ fn three_hundred_idle_connections_leave_health_answering() {
     let open = metric(&text, "worker_http_connections").unwrap();
     assert!(open <= 64.0, "{text}");
     drop(idle);
+}
+
+/// Opens `n` connections that never send a byte, and waits (at most 60 s) until the worker has
+/// accepted them all.
+fn silent_connections(worker: &Worker, n: usize) -> Vec<TcpStream> {
+    let before = metric(
+        &metrics(worker.addr),
+        "worker_http_connections_accepted_total",
+    )
+    .unwrap();
+    let silent: Vec<TcpStream> = (0..n)
+        .map(|_| TcpStream::connect(worker.addr).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = metrics(worker.addr);
+        let accepted = metric(&text, "worker_http_connections_accepted_total").unwrap();
+        // The /metrics requests count too.
+        if accepted >= before + n as f64 {
+            return silent;
+        }
+        assert!(Instant::now() < deadline, "not all accepted: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Asks `/health` `n` times, each on a new connection: the times taken, sorted.
+fn health_times(addr: SocketAddr, n: usize) -> Vec<Duration> {
+    let mut times: Vec<Duration> = (0..n)
+        .map(|_| {
+            let asked = Instant::now();
+            let health = http::get(addr, "/health").unwrap();
+            assert_eq!(health.status, 200, "{}", health.text());
+            asked.elapsed()
+        })
+        .collect();
+    times.sort();
+    times
+}
+
+fn a_short_job(addr: SocketAddr, job_id: &str) {
+    let short = json!({"raw": true, "temperature": 0, "max_tokens": 4});
+    let events = run(addr, &job(job_id, "Hello", short));
+    assert_eq!(terminal(&events)["type"], "end", "{events:?}");
+}
+
+#[test]
+fn silent_sockets_up_to_the_descriptor_limit_leave_jobs_and_health_served() {
+    let _serial = serial();
+    raise_own_descriptor_limit(4096);
+    // The case: a limit of 1,024 descriptors gives 960 places, 944 of them for jobs;
+    // 944 silent sockets used to make /execute and /v1 answer 503.
+    let worker = Worker::ready_with_descriptor_limit(&Model::SmolLm2.path(), &[], 1024);
+    let limit = metric(&metrics(worker.addr), "worker_http_connection_limit");
+    assert_eq!(limit, Some(960.0));
+    let silent = silent_connections(&worker, 1100);
+    let held = worker.open_descriptors();
+    assert!(held >= 960, "the worker holds {held} descriptors");
+
+    a_short_job(worker.addr, "after-silence");
+    let models = http::get(worker.addr, "/v1/models").unwrap();
+    assert_eq!(models.status, 200, "{}", models.text());
+    let times = health_times(worker.addr, 21);
+    eprintln!("/health behind 1,100 silent sockets: {times:?}");
+    // The bound on the median: a single request on the shared 2-core VM can be held up
+    // tens of ms by other builds; the slowest only has to answer within a second.
+    assert!(times[10] < Duration::from_millis(10), "{times:?}");
+    assert!(times[20] < Duration::from_secs(1), "{times:?}");
+
+    let text = metrics(worker.addr);
+    let refused = metric(
+        &text,
+        "worker_http_connections_closed_total{reason=\"limit\"}",
+    );
+    assert_eq!(refused, Some(0.0), "{text}");
+    let evicted = metric(
+        &text,
+        "worker_http_connections_closed_total{reason=\"evicted_idle\"}",
+    );
+    assert!(evicted.unwrap() >= 140.0, "{text}");
+    assert_eq!(
+        metric(&text, "worker_http_job_places_full_total"),
+        Some(0.0)
+    );
+    drop(silent);
+}
+
+#[test]
+fn a_descriptor_limit_lowered_while_serving_sheds_silent_sockets_and_health_answers() {
+    let _serial = serial();
+    raise_own_descriptor_limit(4096);
+    // Silent sockets would hold their descriptors for two minutes without the shedding.
+    let worker = smollm2(&["--http-idle-timeout-sec", "120"]);
+    let silent = silent_connections(&worker, 300);
+    // Fewer descriptors than the worker holds: every accept fails with EMFILE until it sheds.
+    worker.set_descriptor_limit(256);
+    let asked = Instant::now();
+    let health = http::get(worker.addr, "/health").unwrap();
+    let took = asked.elapsed();
+    assert_eq!(health.status, 200, "{}", health.text());
+    eprintln!("/health right after the limit was lowered: {took:?}");
+    // Generous: the loop pauses at most 100 ms between failing accepts.
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let lowered = worker.wait_for_log(|l| l["event"] == "error" && l["max_connections"] == 192);
+    assert!(lowered.is_some(), "{:?}", worker.log_lines());
+    let text = metrics(worker.addr);
+    assert_eq!(
+        metric(&text, "worker_http_connection_limit"),
+        Some(192.0),
+        "{text}"
+    );
+    assert!(metric(&text, "worker_http_accept_errors_total").unwrap() >= 1.0);
+    let held = worker.open_descriptors();
+    assert!(held < 256, "the worker holds {held} descriptors");
+
+    a_short_job(worker.addr, "after-lowering");
+    let more = silent_connections(&worker, 300);
+    a_short_job(worker.addr, "after-more");
+    let times = health_times(worker.addr, 5);
+    assert!(times[4] < Duration::from_secs(5), "{times:?}");
+    drop((silent, more));
 }
 
 #[test]

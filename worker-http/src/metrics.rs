@@ -305,14 +305,16 @@ impl Metrics {
     }
 }
 
-fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+/// Appends counter `name` with its help line in Prometheus text.
+pub(crate) fn counter(out: &mut String, name: &str, help: &str, value: u64) {
     let _ = writeln!(
         out,
         "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
     );
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
+/// Appends gauge `name` with its help line in Prometheus text.
+pub(crate) fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
     let _ = writeln!(
         out,
         "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"

@@ -15,7 +15,7 @@ pub const MIN_CONNECTIONS: usize = 8;
 pub struct ConnectionLimits {
     /// Most connections open at once.
     pub max: usize,
-    /// Of `max`, the places only `/health` and `/metrics` may use.
+    /// Of `max`, the places job routes may never hold: kept for `/health` and `/metrics`.
     pub reserve: usize,
     /// Time allowed for a request head, from the connection's opening or its previous response.
     pub idle_timeout: Duration,
@@ -31,11 +31,33 @@ impl ConnectionLimits {
             .max(MIN_CONNECTIONS);
         Self {
             max,
-            reserve: (max / 16).clamp(2, 16),
+            reserve: reserve_for(max),
             idle_timeout,
             stream_stall,
         }
     }
+
+    /// The places requests for job routes (every route but `/health` and `/metrics`) may hold.
+    pub fn job_places(&self) -> usize {
+        self.max - self.reserve
+    }
+
+    /// Lowers the limit to what a descriptor limit of `descriptors` leaves room for, as the
+    /// default is sized at start-up; never raises it. Whether it was lowered.
+    pub fn fit_descriptors(&mut self, descriptors: u64) -> bool {
+        let fits = default_max(descriptors);
+        if fits >= self.max {
+            return false;
+        }
+        self.max = fits;
+        self.reserve = reserve_for(fits);
+        true
+    }
+}
+
+/// The reserve of a limit of `max`: a sixteenth, 2 to 16.
+fn reserve_for(max: usize) -> usize {
+    (max / 16).clamp(2, 16)
 }
 
 /// The default connection limit under a descriptor limit of `descriptors`.
@@ -45,8 +67,9 @@ fn default_max(descriptors: u64) -> usize {
         .clamp(MIN_CONNECTIONS as u64, DEFAULT_MAX) as usize
 }
 
-/// The soft `RLIMIT_NOFILE` of this process (1024, the usual default, when unreadable).
-fn descriptor_limit() -> u64 {
+/// The soft `RLIMIT_NOFILE` of this process (1024, the usual default, when unreadable); read
+/// again after `EMFILE`, since another process may have lowered it (`prlimit --pid`).
+pub fn descriptor_limit() -> u64 {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -76,5 +99,21 @@ mod tests {
         assert_eq!(limits(4096).reserve, 16);
         assert_eq!(limits(1).max, MIN_CONNECTIONS);
         assert!(ConnectionLimits::new(None, Duration::ZERO, Duration::ZERO).max >= MIN_CONNECTIONS);
+        assert_eq!(limits(960).job_places(), 944);
+    }
+
+    #[test]
+    fn a_lower_descriptor_limit_lowers_the_limit_and_a_higher_one_never_raises_it() {
+        let mut limits = ConnectionLimits::new(Some(960), Duration::ZERO, Duration::ZERO);
+        assert!(limits.fit_descriptors(256));
+        assert_eq!(
+            (limits.max, limits.reserve, limits.job_places()),
+            (192, 12, 180)
+        );
+        assert!(!limits.fit_descriptors(20_000));
+        assert!(!limits.fit_descriptors(256));
+        assert_eq!(limits.max, 192);
+        assert!(limits.fit_descriptors(10));
+        assert_eq!((limits.max, limits.reserve), (MIN_CONNECTIONS, 2));
     }
 }

@@ -1,14 +1,15 @@
 //! The listener's connections, served one by one so the worker keeps their limits: a deadline for
-//! each request head (which also closes idle keep-alive connections), a connection limit with a
-//! reserve for `/health` and `/metrics`, eviction of idle connections when the limit is reached,
-//! and a write-stall timeout that drops clients that stopped reading (specs/HTTP.md,
-//! "Connections").
+//! each request head (which also closes idle keep-alive connections), a connection limit whose
+//! places are accounted by what each connection is doing (`places.rs`: connections without a
+//! complete request give up their place first, job routes never hold the reserve kept for
+//! `/health` and `/metrics`), accept errors that shed connections and back off, and a
+//! write-stall timeout that drops clients that stopped reading (specs/HTTP.md, "Connections").
 
 mod limits;
+mod places;
 mod service;
 mod stall;
 
-use std::collections::BTreeMap;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,7 +22,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
+use crate::metrics::{counter, gauge};
 pub use limits::ConnectionLimits;
+pub use places::Place;
+use places::Registry;
 use service::ConnectionService;
 use stall::{StallIo, WriteWatch};
 
@@ -30,32 +34,33 @@ use stall::{StallIo, WriteWatch};
 /// makes a client that stops reading show as a write stall after tens of KiB.
 const SEND_BUFFER_BYTES: usize = 16 * 1024;
 
-/// How long the accept loop pauses after an accept error such as `EMFILE`.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+/// The first pause after an accept error: long enough for the connections shed to close.
+const FIRST_ACCEPT_PAUSE: Duration = Duration::from_millis(1);
+/// The longest pause between accepts while they keep failing.
+const LONGEST_ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// One open connection, as the registry and the requests on it see it.
 #[derive(Debug)]
 pub struct Connection {
     id: u64,
-    /// A reserve connection answers only `/health` and `/metrics`, once.
-    reserve: bool,
-    /// Requests whose response has not been fully sent.
-    in_flight: AtomicUsize,
     /// Set when the client stopped reading for the stall timeout.
     stalled: AtomicBool,
-    /// Wakes the connection's task to drop it (eviction).
+    /// Wakes the connection's task to drop it (its place was given to another).
     close: Notify,
 }
 
 impl Connection {
+    fn new(id: u64) -> Self {
+        Self {
+            id,
+            stalled: AtomicBool::new(false),
+            close: Notify::new(),
+        }
+    }
+
     /// Whether this connection was dropped because its client stopped reading.
     pub fn stalled(&self) -> bool {
         self.stalled.load(Ordering::Acquire)
-    }
-
-    /// Whether this connection serves only `/health` and `/metrics`.
-    pub fn is_reserve(&self) -> bool {
-        self.reserve
     }
 }
 
@@ -63,20 +68,35 @@ impl Connection {
 #[derive(Debug, Default)]
 pub struct ConnectionStats {
     open: AtomicUsize,
+    /// The connection limit in force (lowered when the descriptor limit drops).
+    limit: AtomicUsize,
     accepted: AtomicU64,
     refused: AtomicU64,
     evicted: AtomicU64,
     stalled: AtomicU64,
+    /// Job requests answered 503 because every job place was held.
+    jobs_full: AtomicU64,
+    accept_errors: AtomicU64,
 }
 
 impl ConnectionStats {
     /// Appends the connection metrics in Prometheus text.
     pub fn render(&self, out: &mut String) {
         use std::fmt::Write;
+        let load = |value: &AtomicU64| value.load(Ordering::Relaxed);
         let open = self.open.load(Ordering::Relaxed);
-        let _ = writeln!(
+        gauge(
             out,
-            "# HELP worker_http_connections Open HTTP connections.\n# TYPE worker_http_connections gauge\nworker_http_connections {open}"
+            "worker_http_connections",
+            "Open HTTP connections.",
+            open as f64,
+        );
+        let limit = self.limit.load(Ordering::Relaxed);
+        gauge(
+            out,
+            "worker_http_connection_limit",
+            "The connection limit in force (lowered when the descriptor limit drops).",
+            limit as f64,
         );
         let _ = writeln!(
             out,
@@ -87,25 +107,31 @@ impl ConnectionStats {
             ("evicted_idle", &self.evicted),
             ("client_stalled", &self.stalled),
         ] {
-            let n = count.load(Ordering::Relaxed);
+            let n = load(count);
             let _ = writeln!(
                 out,
                 "worker_http_connections_closed_total{{reason=\"{reason}\"}} {n}"
             );
         }
-        let accepted = self.accepted.load(Ordering::Relaxed);
-        let _ = writeln!(
+        counter(
             out,
-            "# HELP worker_http_connections_accepted_total Connections accepted.\n# TYPE worker_http_connections_accepted_total counter\nworker_http_connections_accepted_total {accepted}"
+            "worker_http_connections_accepted_total",
+            "Connections accepted.",
+            load(&self.accepted),
+        );
+        counter(
+            out,
+            "worker_http_accept_errors_total",
+            "Failed accepts (EMFILE and the like).",
+            load(&self.accept_errors),
+        );
+        counter(
+            out,
+            "worker_http_job_places_full_total",
+            "Job requests answered 503 because every job place held a request.",
+            load(&self.jobs_full),
         );
     }
-}
-
-/// The open connections, oldest first.
-#[derive(Debug, Default)]
-struct Registry {
-    next_id: u64,
-    open: BTreeMap<u64, Arc<Connection>>,
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then lets open requests finish.
@@ -116,10 +142,11 @@ pub async fn serve(
     stats: Arc<ConnectionStats>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let registry = Arc::new(Mutex::new(Registry::default()));
+    let registry = Arc::new(Mutex::new(Registry::new(limits.clone(), stats.clone())));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut shutdown = pin!(shutdown);
+    let mut backoff = Backoff::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -129,13 +156,13 @@ pub async fn serve(
         let stream = match accepted {
             Ok((stream, _peer)) => stream,
             Err(err) => {
-                accept_failed(&err).await;
+                accept_failed(&err, &registry, &stats, &mut backoff).await;
                 continue;
             }
         };
+        backoff.reset();
         stats.accepted.fetch_add(1, Ordering::Relaxed);
-        let Some(connection) = admit(&mut lock(&registry), &limits, &stats) else {
-            stats.refused.fetch_add(1, Ordering::Relaxed);
+        let Some(connection) = lock(&registry).admit() else {
             continue;
         };
         let task = ConnectionTask {
@@ -153,38 +180,6 @@ pub async fn serve(
     while tasks.join_next().await.is_some() {}
 }
 
-/// Takes a place for a new connection: a general one, else one of the reserve, else the place of
-/// the oldest idle connection; `None` when every place is busy.
-fn admit(
-    registry: &mut Registry,
-    limits: &ConnectionLimits,
-    stats: &ConnectionStats,
-) -> Option<Arc<Connection>> {
-    if registry.open.len() >= limits.max {
-        let idle = registry
-            .open
-            .values()
-            .find(|c| c.in_flight.load(Ordering::Acquire) == 0)?
-            .id;
-        let victim = registry.open.remove(&idle)?;
-        victim.close.notify_one();
-        stats.evicted.fetch_add(1, Ordering::Relaxed);
-    }
-    let reserve = registry.open.len() >= limits.max.saturating_sub(limits.reserve);
-    let id = registry.next_id;
-    registry.next_id += 1;
-    let connection = Arc::new(Connection {
-        id,
-        reserve,
-        in_flight: AtomicUsize::new(0),
-        stalled: AtomicBool::new(false),
-        close: Notify::new(),
-    });
-    registry.open.insert(id, connection.clone());
-    stats.open.store(registry.open.len(), Ordering::Relaxed);
-    Some(connection)
-}
-
 fn lock(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
     // The registry holds no invariant a panicking holder could break half-way.
     registry
@@ -192,8 +187,41 @@ fn lock(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// `EMFILE` and friends: wait for descriptors to free up instead of spinning.
-async fn accept_failed(err: &std::io::Error) {
+/// The pauses between failing accepts: from [`FIRST_ACCEPT_PAUSE`], doubling, to
+/// [`LONGEST_ACCEPT_PAUSE`]; a successful accept starts over.
+#[derive(Debug, Default)]
+struct Backoff {
+    next: Option<Duration>,
+}
+
+impl Backoff {
+    /// The pause before the next accept.
+    fn pause(&mut self) -> Duration {
+        let pause = self.next.unwrap_or(FIRST_ACCEPT_PAUSE);
+        self.next = Some((pause * 2).min(LONGEST_ACCEPT_PAUSE));
+        pause
+    }
+
+    /// Whether no accept has failed since the last success (the first failure is logged).
+    fn calm(&self) -> bool {
+        self.next.is_none()
+    }
+
+    fn reset(&mut self) {
+        self.next = None;
+    }
+}
+
+/// An accept failed. Out of descriptors or memory (`EMFILE`, `ENFILE`, `ENOMEM`, `ENOBUFS`):
+/// the limit is refitted to the descriptor limit (read again: it may have been lowered), and
+/// connections without a complete request are closed to free descriptors, then the loop pauses
+/// so that they close; the connections in the backlog, `/health` among them, are taken next.
+async fn accept_failed(
+    err: &std::io::Error,
+    registry: &Mutex<Registry>,
+    stats: &ConnectionStats,
+    backoff: &mut Backoff,
+) {
     use std::io::ErrorKind;
     if matches!(
         err.kind(),
@@ -201,8 +229,35 @@ async fn accept_failed(err: &std::io::Error) {
     ) {
         return;
     }
-    tracing::warn!(event = "error", "accepting a connection: {err}");
-    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+    stats.accept_errors.fetch_add(1, Ordering::Relaxed);
+    let errno = err.raw_os_error();
+    let first = backoff.calm();
+    if matches!(
+        errno,
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS)
+    ) {
+        let descriptors = (errno == Some(libc::EMFILE)).then(limits::descriptor_limit);
+        let mut registry = lock(registry);
+        let (lowered, shed) = registry.shed_for_descriptors(descriptors);
+        let max = registry.limits().max;
+        drop(registry);
+        if first || lowered {
+            let limit = if lowered {
+                format!("; the connection limit is now {max}, to fit the descriptor limit")
+            } else {
+                String::new()
+            };
+            tracing::warn!(
+                event = "error",
+                max_connections = max,
+                closed = shed,
+                "accepting a connection: {err}; closed {shed} connections without a complete request{limit}"
+            );
+        }
+    } else if first {
+        tracing::warn!(event = "error", "accepting a connection: {err}");
+    }
+    tokio::time::sleep(backoff.pause()).await;
 }
 
 /// One connection's task and what it needs.
@@ -216,8 +271,8 @@ struct ConnectionTask {
 }
 
 impl ConnectionTask {
-    /// Serves HTTP/1.1 on `stream` until the client or the server closes it, it is evicted, or
-    /// its client stops reading.
+    /// Serves HTTP/1.1 on `stream` until the client or the server closes it, its place is given
+    /// to another, or its client stops reading.
     async fn run(mut self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
         let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER_BYTES);
@@ -226,13 +281,13 @@ impl ConnectionTask {
         let service = ConnectionService::new(
             self.app.clone(),
             self.connection.clone(),
+            self.registry.clone(),
             self.limits.idle_timeout,
         );
         let mut builder = http1::Builder::new();
         builder
             .timer(TokioTimer::new())
-            .header_read_timeout(self.limits.idle_timeout)
-            .keep_alive(!self.connection.reserve);
+            .header_read_timeout(self.limits.idle_timeout);
         let mut served = pin!(builder.serve_connection(io, service));
         let mut stopping = *self.stop.borrow();
         if stopping {
@@ -253,11 +308,7 @@ impl ConnectionTask {
                 }
             }
         }
-        let mut registry = lock(&self.registry);
-        registry.open.remove(&self.connection.id);
-        self.stats
-            .open
-            .store(registry.open.len(), Ordering::Relaxed);
+        lock(&self.registry).close(self.connection.id);
     }
 }
 

@@ -1,11 +1,10 @@
-//! The per-connection service: the router, with the connection made known to the request, its
-//! body given a deadline, and its response counted as in flight until its body has been sent or
-//! dropped.
+//! The per-connection service: the router, with the connection and the place its request holds
+//! made known to the request, its body given a deadline, and the place held until its response
+//! has been sent or dropped.
 
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -15,23 +14,32 @@ use axum::response::Response;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use tower::ServiceExt;
 
-use super::Connection;
+use super::{Connection, Place, Registry, lock};
+use crate::routes::is_status_route;
 
 /// Serves one connection's requests with the router.
 #[derive(Debug, Clone)]
 pub struct ConnectionService {
     app: Router,
     connection: Arc<Connection>,
+    registry: Arc<Mutex<Registry>>,
     /// Time allowed for a request's whole body, from its head.
     body_timeout: Duration,
 }
 
 impl ConnectionService {
-    /// The service for `connection`; bodies must arrive within `body_timeout`.
-    pub fn new(app: Router, connection: Arc<Connection>, body_timeout: Duration) -> Self {
+    /// The service for `connection`, whose requests claim their places in `registry`; bodies
+    /// must arrive within `body_timeout`.
+    pub fn new(
+        app: Router,
+        connection: Arc<Connection>,
+        registry: Arc<Mutex<Registry>>,
+        body_timeout: Duration,
+    ) -> Self {
         Self {
             app,
             connection,
+            registry,
             body_timeout,
         }
     }
@@ -43,7 +51,19 @@ impl hyper::service::Service<hyper::Request<Incoming>> for ConnectionService {
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
-        let busy = Busy::new(self.connection.clone());
+        let id = self.connection.id;
+        let receiving = !request.body().is_end_stream();
+        let status_route = is_status_route(request.uri().path());
+        let place = lock(&self.registry).claim(id, status_route, receiving);
+        let held = Held {
+            registry: self.registry.clone(),
+            id,
+            place,
+        };
+        let arrival = receiving.then(|| Arrival {
+            registry: self.registry.clone(),
+            id,
+        });
         let deadline = Box::pin(tokio::time::sleep(self.body_timeout));
         let timeout = self.body_timeout;
         let mut request = request.map(|body| {
@@ -51,23 +71,28 @@ impl hyper::service::Service<hyper::Request<Incoming>> for ConnectionService {
                 body,
                 deadline,
                 timeout,
+                arrival,
             })
         });
         request.extensions_mut().insert(self.connection.clone());
+        request.extensions_mut().insert(place);
         let app = self.app.clone();
         Box::pin(async move {
             let response = app.oneshot(request).await?;
-            Ok(response.map(|body| Body::new(CountedBody { body, _busy: busy })))
+            Ok(response.map(|body| Body::new(HeldBody { body, _held: held })))
         })
     }
 }
 
 /// A request body that fails once its deadline passes: a client that sends a head and then
-/// trickles (or withholds) its body must not hold the connection and a handler forever.
+/// trickles (or withholds) its body must not hold the connection and a handler forever. Until it
+/// has arrived its connection counts as unidentified (its place may go to another).
 struct DeadlineBody {
     body: Incoming,
     deadline: Pin<Box<tokio::time::Sleep>>,
     timeout: Duration,
+    /// Reports the body's end (or its drop) to the registry; `None` once reported.
+    arrival: Option<Arrival>,
 }
 
 /// The body did not arrive in time (the handler answers 400 with this text).
@@ -84,10 +109,16 @@ impl HttpBody for DeadlineBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            if !matches!(frame, Some(Ok(_))) || self.body.is_end_stream() {
+                self.arrival = None;
+            }
             return Poll::Ready(frame.map(|frame| frame.map_err(axum::BoxError::from)));
         }
         match self.deadline.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Some(Err(BodyTimeout(self.timeout).into()))),
+            Poll::Ready(()) => {
+                self.arrival = None;
+                Poll::Ready(Some(Err(BodyTimeout(self.timeout).into())))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -101,30 +132,39 @@ impl HttpBody for DeadlineBody {
     }
 }
 
-/// Counts one request in flight on its connection while alive.
-#[derive(Debug)]
-struct Busy(Arc<Connection>);
-
-impl Busy {
-    fn new(connection: Arc<Connection>) -> Self {
-        connection.in_flight.fetch_add(1, Ordering::AcqRel);
-        Self(connection)
-    }
+/// Tells the registry, when dropped, that a request's body has arrived (or will not).
+struct Arrival {
+    registry: Arc<Mutex<Registry>>,
+    id: u64,
 }
 
-impl Drop for Busy {
+impl Drop for Arrival {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        lock(&self.registry).received(self.id);
     }
 }
 
-/// A response body that keeps its request counted in flight until sent or dropped.
-struct CountedBody {
-    body: Body,
-    _busy: Busy,
+/// A request's place, given back when dropped.
+#[derive(Debug)]
+struct Held {
+    registry: Arc<Mutex<Registry>>,
+    id: u64,
+    place: Place,
 }
 
-impl HttpBody for CountedBody {
+impl Drop for Held {
+    fn drop(&mut self) {
+        lock(&self.registry).release(self.id, self.place);
+    }
+}
+
+/// A response body that keeps its request's place held until sent or dropped.
+struct HeldBody {
+    body: Body,
+    _held: Held,
+}
+
+impl HttpBody for HeldBody {
     type Data = bytes::Bytes;
     type Error = axum::Error;
 

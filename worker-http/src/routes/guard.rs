@@ -1,7 +1,7 @@
-//! Who may use the routes, checked once before any handler: reserve connections serve only the
-//! status routes, the `Host` header must name the worker when it listens on loopback (against DNS
-//! rebinding), every route but `/health` and `/metrics` needs the API key when one is set, and
-//! every POST must be JSON (so browsers cannot send one cross-origin without a preflight).
+//! Who may use the routes, checked once before any handler: a job request that found every job
+//! place held is answered 503, the `Host` header must name the worker when it listens on loopback
+//! (against DNS rebinding), every route but `/health` and `/metrics` needs the API key when one is
+//! set, and every POST must be JSON (so browsers cannot send one cross-origin without a preflight).
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::api::{ApiError, ErrorCode, FieldError, require_json};
-use crate::connections::Connection;
+use crate::connections::Place;
 use crate::correlation::CorrelationId;
 use crate::flags::ApiKey;
 use crate::state::Shared;
@@ -47,8 +47,9 @@ impl Access {
     }
 }
 
-/// Routes anyone who can reach the port may read.
-fn is_status_route(path: &str) -> bool {
+/// Routes anyone who can reach the port may read; they never hold a job place (the connection
+/// limit's reserve is theirs).
+pub fn is_status_route(path: &str) -> bool {
     matches!(path, "/health" | "/metrics")
 }
 
@@ -68,7 +69,7 @@ pub async fn guard(
 /// Why a request was refused before its handler.
 #[derive(Debug, PartialEq)]
 enum Refusal {
-    ReserveOnly,
+    JobsFull(usize),
     Host(String),
     Unauthorized(&'static str),
     NotJson(Vec<FieldError>),
@@ -77,9 +78,12 @@ enum Refusal {
 impl Refusal {
     fn into_error(self, correlation_id: &str) -> ApiError {
         match self {
-            Refusal::ReserveOnly => ApiError::new(
+            Refusal::JobsFull(places) => ApiError::new(
                 ErrorCode::WorkerBusy,
-                "every connection is taken; this one serves only /health and /metrics, retry later",
+                format!(
+                    "all {places} connections for job routes have a request in flight (the rest \
+                     are kept for /health and /metrics); retry later"
+                ),
                 correlation_id,
             ),
             Refusal::Host(host) => {
@@ -104,12 +108,8 @@ impl Refusal {
 
 fn admit(shared: &Shared, request: &Request) -> Result<(), Refusal> {
     let status_route = is_status_route(request.uri().path());
-    let reserve = request
-        .extensions()
-        .get::<Arc<Connection>>()
-        .is_some_and(|connection| connection.is_reserve());
-    if reserve && !status_route {
-        return Err(Refusal::ReserveOnly);
+    if let Some(&Place::JobsFull { places }) = request.extensions().get::<Place>() {
+        return Err(Refusal::JobsFull(places));
     }
     let access = &shared.settings.access;
     if let Some(allowed) = &access.allowed_hosts {
@@ -279,5 +279,35 @@ mod tests {
         ] {
             assert!(with(wrong).is_err(), "{wrong:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_job_request_without_a_job_place_is_503_worker_busy() {
+        use crate::routes::tests::{
+            counting, error_of, events, execute_body, send_request, worker,
+        };
+        let shared = worker(counting(), 1);
+        let request = |place| {
+            let mut request = Request::post("/execute")
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(execute_body("a", 2).to_string()))
+                .unwrap();
+            request.extensions_mut().insert(place);
+            request
+        };
+        let (status, body) = send_request(&shared, request(Place::JobsFull { places: 6 })).await;
+        assert_eq!(status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        let error = error_of(&body);
+        assert_eq!(error["code"], "WORKER_BUSY");
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap()
+                .contains("all 6 connections"),
+            "{body}"
+        );
+        let (status, body) = send_request(&shared, request(Place::Job)).await;
+        assert_eq!(status, axum::http::StatusCode::OK);
+        assert_eq!(events(&body).last().unwrap()["type"], "end");
     }
 }

@@ -10,6 +10,7 @@ mod status;
 mod tokens;
 
 pub use guard::Access;
+pub(crate) use guard::is_status_route;
 
 use std::sync::Arc;
 
