@@ -21,9 +21,6 @@ use crate::job_end::{JobEnd, JobEvent, end_job};
 use crate::queue::{Job, Rejected, Submitted, Ticket};
 use crate::state::{Lifecycle, Loaded, Shared};
 
-/// Largest `max_tokens` a job may have (`/execute`'s range, and the cap of OpenAI's default).
-const MAX_TOKENS_LIMIT: usize = crate::api::MAX_TOKENS_LIMIT as usize;
-
 /// A job in the queue or running: what `started` says, and its events to come.
 pub struct Accepted {
     /// The `started` event (its facts also fill OpenAI's replies).
@@ -315,7 +312,7 @@ fn max_tokens(
         return Err(invalid(field, constraint, message, correlation_id));
     }
     let context = loaded.context_length;
-    let cap = MAX_TOKENS_LIMIT.min(shared.settings.max_tokens_out as usize);
+    let cap = shared.settings.max_tokens_out as usize;
     let wanted = match job.max_tokens {
         Some(max_tokens) => max_tokens as usize,
         None => cap.min(context.saturating_sub(prompt_tokens)).max(1),

@@ -6,7 +6,6 @@ use worker_common::tokenizer::template::ChatMessage;
 
 use super::tools::{Tools, message_extra};
 use crate::api::fields::{Fields, json_object};
-use crate::api::request::MAX_TOKENS_LIMIT;
 use crate::api::{FieldError, Grammar, JobSpec, Limits, Prompt};
 
 /// Which of the two generation routes a body was sent to.
@@ -106,19 +105,15 @@ impl OpenAiRequest {
     }
 }
 
-/// `max_completion_tokens` (chat; OpenAI's current name) or `max_tokens`, capped by
-/// `--max-tokens-out`; absent: what the context leaves (resolved after tokenizing).
+/// `max_completion_tokens` (chat; OpenAI's current name) or `max_tokens`: any count from 1,
+/// capped by `--max-tokens-out`; absent: what the context leaves (resolved after tokenizing).
 fn max_tokens(fields: &mut Fields<'_>, endpoint: Endpoint, limits: Limits) -> Option<u32> {
-    let range = "range(1..=2048)";
-    let legacy = fields.integer("max_tokens", 1, MAX_TOKENS_LIMIT, range);
+    let legacy = fields.max_tokens("max_tokens", limits);
     let current = match endpoint {
-        Endpoint::Chat => fields.integer("max_completion_tokens", 1, MAX_TOKENS_LIMIT, range),
+        Endpoint::Chat => fields.max_tokens("max_completion_tokens", limits),
         Endpoint::Completions => None,
     };
-    let cap = MAX_TOKENS_LIMIT.min(u64::from(limits.max_tokens_out));
-    current
-        .or(legacy)
-        .map(|n| u32::try_from(n.min(cap)).unwrap_or(limits.max_tokens_out))
+    current.or(legacy)
 }
 
 /// How many alternatives `logprobs` asks for: chat's `logprobs: true` with `top_logprobs`
@@ -294,10 +289,18 @@ fn content(fields: &mut Fields<'_>, at: &str, role: &str, value: Option<&Value>)
     }
 }
 
-/// Completions' fields the worker does not implement (and chat's tool fields, which completions
-/// do not have): refused with a clear 400 rather than ignored, since the reply would not be what
-/// the caller asked for.
+/// Fields the worker does not implement (the legacy `functions` and `function_call`; completions'
+/// `echo`, `best_of`, `suffix` and chat's tool fields, which completions do not have): refused
+/// with a clear 400 rather than ignored, since the reply would not be what the caller asked for.
 fn refuse_unsupported(fields: &mut Fields<'_>, endpoint: Endpoint) {
+    for name in ["functions", "function_call"] {
+        if let Some(value) = fields.get(name) {
+            let message = format!(
+                "{name} is the deprecated form of tools and tool_choice, which this worker does not serve; send tools and tool_choice (specs/OPENAI.md)"
+            );
+            fields.fail(name, "unsupported", message, Some(value));
+        }
+    }
     if endpoint != Endpoint::Completions {
         return;
     }

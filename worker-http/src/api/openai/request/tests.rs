@@ -135,8 +135,40 @@ fn max_completion_tokens_wins_and_both_are_capped() {
     .unwrap();
     assert_eq!(capped.job.max_tokens, Some(100));
     assert_eq!(
+        chat(json!({"max_tokens": 100_000})).unwrap().job.max_tokens,
+        Some(2048),
+        "above 2048: capped by --max-tokens-out, not refused"
+    );
+    let long = OpenAiRequest::parse(
+        Endpoint::Chat,
+        Some("application/json"),
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 6000})
+            .to_string()
+            .as_bytes(),
+        Limits {
+            max_tokens_out: 8192,
+        },
+    )
+    .unwrap();
+    assert_eq!(long.job.max_tokens, Some(6000));
+    assert_eq!(
         refusals(chat(json!({"max_tokens": 0}))),
-        [pair("max_tokens", "range(1..=2048)")]
+        [pair("max_tokens", "range(1..=4294967295)")]
+    );
+}
+
+#[test]
+fn legacy_functions_are_refused_not_ignored() {
+    let legacy = chat(json!({
+        "functions": [{"name": "f", "parameters": {"type": "object"}}],
+        "function_call": "auto",
+    }));
+    assert_eq!(
+        refusals(legacy),
+        [
+            pair("functions", "unsupported"),
+            pair("function_call", "unsupported")
+        ]
     );
 }
 
