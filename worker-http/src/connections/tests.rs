@@ -158,8 +158,8 @@ fn accept_pauses_double_to_a_bound_and_start_over_after_a_success() {
     assert_eq!(backoff.pause(), FIRST_ACCEPT_PAUSE);
 }
 
-/// Serves a router with a quick route, an endless stream and an echo of the body's length (and
-/// of the place its request held) on a free port.
+/// Serves a router with a quick route, an endless stream, a status route with a 1 MiB answer and
+/// an echo of the body's length (and of the place its request held) on a free port.
 async fn start(limits: ConnectionLimits) -> (std::net::SocketAddr, Arc<ConnectionStats>) {
     let endless = || async {
         let chunks = futures_util::stream::repeat_with(|| {
@@ -180,6 +180,7 @@ async fn start(limits: ConnectionLimits) -> (std::net::SocketAddr, Arc<Connectio
         };
     let app = Router::new()
         .route("/quick", get(|| async { "ok" }))
+        .route("/health", get(|| async { vec![b'h'; 1 << 20] }))
         .route("/endless", get(endless))
         .route("/echo", axum::routing::post(echo));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -293,5 +294,39 @@ async fn bodies_that_never_arrive_give_their_places_to_a_whole_request() {
     .await;
     result.unwrap();
     assert!(stats.evicted.load(Ordering::Relaxed) >= 5);
+    assert_eq!(stats.refused.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_requests_whose_clients_stopped_reading_give_way() {
+    // A status answer is one frame: its request ends when hyper takes it, sent or not, and its
+    // connection gives way like an idle one. Were it held until sent, the unread ones would keep
+    // every place for the 30 s stall timeout and the new request would be refused.
+    let thirty = Duration::from_secs(30);
+    let (address, stats) = start(ConnectionLimits::new(Some(8), thirty, thirty)).await;
+    let result = tokio::task::spawn_blocking(move || {
+        let unread: Vec<StdStream> = (0..8)
+            .map(|_| {
+                // A small window, so that the answer cannot fit in the buffers.
+                let socket =
+                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                        .unwrap();
+                socket.set_recv_buffer_size(4096).unwrap();
+                socket.connect(&address.into()).unwrap();
+                let mut stream = StdStream::from(socket);
+                stream
+                    .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .unwrap();
+                stream
+            })
+            .collect();
+        // Let the worker fill their buffers.
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(get_once(address, "/quick").ends_with("ok"));
+        drop(unread);
+    })
+    .await;
+    result.unwrap();
+    assert!(stats.evicted.load(Ordering::Relaxed) >= 1);
     assert_eq!(stats.refused.load(Ordering::Relaxed), 0);
 }
