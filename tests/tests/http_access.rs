@@ -45,7 +45,9 @@ fn attempts() -> Vec<Attempt> {
             auth(&format!("Bearer {KEY}")),
             auth("Bearer wrong"),
         ]),
-        execute(vec![json(), ("X-API-Key", KEY.to_owned())]),
+        // `x-api-key` is a way to send the key (Anthropic's clients use it): a wrong one is not.
+        execute(vec![json(), ("X-API-Key", format!("{KEY}x"))]),
+        execute(vec![json(), ("X-API-Key", format!("Bearer {KEY}"))]),
         (
             "POST",
             "/execute?api_key=s3cret-k3y",
@@ -128,24 +130,31 @@ fn without_the_key_nothing_but_health_and_metrics_answers() {
         "the key was logged"
     );
 
-    // With the key the same worker serves.
-    let keyed = [
-        ("Content-Type", "application/json"),
-        ("Authorization", &format!("Bearer {KEY}")),
-    ];
-    let body = job("allowed", "Hello", json!({"raw": true, "max_tokens": 2}));
-    let response = request(
-        worker.addr,
-        "POST",
-        "/execute",
-        &keyed,
-        body.to_string().as_bytes(),
-    )
-    .unwrap();
-    assert_eq!(response.status, 200, "{}", response.text());
-    assert!(
-        response.text().contains("event: end"),
-        "{}",
-        response.text()
-    );
+    // With the key, as a bearer token or in `x-api-key`, the same worker serves.
+    let bearer = format!("Bearer {KEY}");
+    for (i, key_header) in [("Authorization", bearer.as_str()), ("x-api-key", KEY)]
+        .into_iter()
+        .enumerate()
+    {
+        let keyed = [("Content-Type", "application/json"), key_header];
+        let body = job(
+            &format!("allowed-{i}"),
+            "Hello",
+            json!({"raw": true, "max_tokens": 2}),
+        );
+        let response = request(
+            worker.addr,
+            "POST",
+            "/execute",
+            &keyed,
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(response.status, 200, "{key_header:?}: {}", response.text());
+        assert!(
+            response.text().contains("event: end"),
+            "{}",
+            response.text()
+        );
+    }
 }
