@@ -5,8 +5,8 @@ Run by tests/tests/http_openai.rs against a real worker started with `--api-key 
 
     PYTHONPATH=$ASSETS/python/sdk python3 tests/openai/messages_check.py http://127.0.0.1:PORT KEY
 
-Checks `messages.create` and `messages.stream` (same text, same usage), stop sequences and
-`max_tokens`, a tool round trip (a `tool_use` block whose input validates, the same call
+Checks `models.list` and `models.retrieve`, `messages.create` and `messages.stream` (same text,
+same usage), `messages.count_tokens`, stop sequences and `max_tokens`, a tool round trip (a `tool_use` block whose input validates, the same call
 streamed, a forced call, the `tool_result` answered in text), the key sent as `x-api-key`, and
 errors (a prompt over the context, an image block, a wrong key). Every reply and every stream
 event is validated against the SDK's own types (pydantic, not the SDK's lenient construction).
@@ -19,7 +19,7 @@ import sys
 import anthropic
 import jsonschema
 import pydantic
-from anthropic.types import ErrorResponse, Message, RawMessageStreamEvent
+from anthropic.types import ErrorResponse, Message, MessageTokensCount, ModelInfo, RawMessageStreamEvent
 
 EVENTS = pydantic.TypeAdapter(RawMessageStreamEvent)
 
@@ -100,6 +100,12 @@ def check_text(client, model):
           f"the answer is text ending its turn: {text_of(whole)!r} ({whole.stop_reason})")
     check(whole.usage.input_tokens > 10 and whole.usage.output_tokens > 0,
           f"usage counts tokens: {whole.usage}")
+    counted = client.messages.with_raw_response.count_tokens(
+        model=model, system=request["system"], messages=request["messages"])
+    MessageTokensCount.model_validate(counted.http_response.json())
+    prompt = whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    check(counted.parse().input_tokens == prompt,
+          f"messages.count_tokens counts the prompt's {prompt} tokens")
 
     final, events = streamed(client, **request)
     pieces = [delta.text for delta in deltas(events, "text_delta")]
@@ -194,7 +200,12 @@ def check_errors(client, base, model):
 def main():
     base, key = sys.argv[1].rstrip("/"), sys.argv[2]
     client = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0, timeout=600)
-    model = "any-model-id"
+    page = client.models.with_raw_response.list()
+    for info in page.http_response.json()["data"]:
+        ModelInfo.model_validate(info)
+    model = page.parse().data[0].id
+    check(model and client.models.retrieve(model).id == model,
+          f"models.list and models.retrieve name the loaded model ({model!r})")
     check_text(client, model)
     check_tools(client, model)
     check_errors(client, base, model)

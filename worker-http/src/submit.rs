@@ -112,6 +112,16 @@ pub async fn submit(
     Ok(Accepted { started, events })
 }
 
+/// The tokens `prompt` has as a job's prompt (templated, tools rendered), without a job.
+pub async fn prompt_tokens(
+    shared: &Shared,
+    prompt: &Prompt,
+    correlation_id: &str,
+) -> Result<usize, ApiError> {
+    let loaded = accepting(shared, correlation_id)?;
+    Ok(tokenize(&loaded, prompt, correlation_id).await?.len())
+}
+
 /// Puts the job in the queue: its position and ticket (no ticket when it was cancelled on
 /// arrival, and has its end already).
 fn enqueue(

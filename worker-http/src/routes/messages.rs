@@ -1,4 +1,4 @@
-//! Anthropic's Messages route, `POST /v1/messages`: the request is validated into the same job
+//! Anthropic's Messages routes, `POST /v1/messages` and its token counter: the request is validated into the same job
 //! as `/v1/chat/completions`' and submitted the same way, its text cut by the same parsers
 //! (reasoning, tool calls); only the answer's shape differs (a message object, or Anthropic's
 //! named SSE events).
@@ -17,18 +17,21 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
 use futures_util::Stream;
+use serde_json::{Value, json};
 use worker_common::generate::GenerateEvent;
 
 use super::execute::KEEP_ALIVE;
 use super::reply::{TextParser, collect, reasoning_format, tool_format};
 use super::{body_or_error, content_type};
-use crate::api::anthropic::{BlockEvents, Message, MessagesRequest, NamedEvent, error_body};
+use crate::api::anthropic::{
+    BlockEvents, Message, MessagesRequest, NamedEvent, Purpose, error_body,
+};
 use crate::api::{ApiError, Limits};
 use crate::connections::Connection;
 use crate::correlation::CorrelationId;
 use crate::job_end::{JobEnd, JobEvent};
 use crate::state::Shared;
-use crate::submit::{JobEvents, Origin, submit};
+use crate::submit::{JobEvents, Origin, prompt_tokens, submit};
 
 /// `POST /v1/messages`.
 pub async fn messages(
@@ -42,7 +45,8 @@ pub async fn messages(
     let limits = Limits {
         max_tokens_out: shared.settings.max_tokens_out,
     };
-    let mut request = MessagesRequest::parse(content_type(&headers), &body, limits)
+    let purpose = Purpose::Create;
+    let mut request = MessagesRequest::parse(content_type(&headers), &body, limits, purpose)
         .map_err(|errors| ApiError::invalid(errors, &correlation_id))?;
     let tools = request.tools.as_ref();
     let format = tool_format(&shared, tools, &mut request.job, &correlation_id)?;
@@ -76,6 +80,32 @@ pub async fn messages(
     }
     let whole = collect(accepted.events, parser, &correlation_id).await?;
     Ok(Json(message.whole(&whole.pieces, &whole.done)).into_response())
+}
+
+/// `POST /v1/messages/count_tokens` (the SDKs' `messages.count_tokens`): `{"input_tokens": N}`,
+/// the tokens the same body's prompt has on `/v1/messages` (template, system and tools included).
+pub async fn count_tokens(
+    State(shared): State<Arc<Shared>>,
+    CorrelationId(correlation_id): CorrelationId,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body_or_error(&shared, body, &correlation_id)?;
+    let limits = Limits {
+        max_tokens_out: shared.settings.max_tokens_out,
+    };
+    let purpose = Purpose::CountTokens;
+    let mut request = MessagesRequest::parse(content_type(&headers), &body, limits, purpose)
+        .map_err(|errors| ApiError::invalid(errors, &correlation_id))?;
+    // Tools the template cannot render are refused as on /v1/messages.
+    tool_format(
+        &shared,
+        request.tools.as_ref(),
+        &mut request.job,
+        &correlation_id,
+    )?;
+    let tokens = prompt_tokens(&shared, &request.job.prompt, &correlation_id).await?;
+    Ok(Json(json!({"input_tokens": tokens})))
 }
 
 /// A job's events as Anthropic's: `message_start` and `ping`, the content blocks as the text

@@ -32,10 +32,9 @@ const ANSWER: &str = "It is 18 C.";
 /// The prompts the scripted model saw, rendered back to text.
 type Prompts = Arc<Mutex<Vec<String>>>;
 
-/// A worker over the ASCII vocabulary with [`TEMPLATE`] whose model writes `reply` after the
-/// generation prompt, or [`ANSWER`] when the prompt holds a tool result (`#`); then the end
-/// of generation.
-fn worker(reply: &'static str, access: crate::Access) -> (Arc<Shared>, Prompts) {
+/// A model over the ASCII vocabulary that writes `reply` after the generation prompt, or
+/// [`ANSWER`] when the prompt holds a tool result (`#`); then the end of generation.
+fn scripted(reply: &'static str) -> (ScriptedBackend, Prompts) {
     let tokenizer = ascii_tokenizer();
     let ids = |text: &str| tokenizer.encode(text, false, false).unwrap();
     let (bar, hash) = (ids("|")[0], ids("#")[0]);
@@ -57,14 +56,25 @@ fn worker(reply: &'static str, access: crate::Access) -> (Arc<Shared>, Prompts) 
         text.get(written.len()).copied().unwrap_or(0)
     };
     let backend = ScriptedBackend::new(64, tokenizer.vocab().len(), Arc::new(script));
+    (backend, prompts)
+}
+
+/// A worker over `backend` with [`TEMPLATE`] and `access`.
+fn start(backend: ScriptedBackend, access: crate::Access) -> Arc<Shared> {
+    let tokenizer = ascii_tokenizer();
     let formatter =
         PromptFormatter::from_template(TEMPLATE, &tokenizer, TemplateRendering::InProcess).unwrap();
     let settings = crate::state::Settings {
         access,
         ..settings(1)
     };
-    let shared = start_with_tokenizer(backend, 1, settings, formatter, tokenizer).0;
-    (shared, prompts)
+    start_with_tokenizer(backend, 1, settings, formatter, tokenizer).0
+}
+
+/// A worker whose model writes `reply` ([`scripted`]), and the prompts it saw.
+fn worker(reply: &'static str, access: crate::Access) -> (Arc<Shared>, Prompts) {
+    let (backend, prompts) = scripted(reply);
+    (start(backend, access), prompts)
 }
 
 fn open_worker(reply: &'static str) -> (Arc<Shared>, Prompts) {
@@ -374,4 +384,71 @@ async fn a_model_without_tools_in_its_template_refuses_them() {
         .unwrap()
         .to_owned();
     assert!(message.contains("does not render tools"), "{message}");
+}
+
+#[tokio::test]
+async fn a_job_that_fails_mid_stream_sends_an_error_event() {
+    let (mut backend, _) = scripted("Sunny.");
+    backend.fail_at_step = Some(3);
+    let shared = start(backend, crate::Access::default());
+    let (status, body) = post(&shared, question(json!({"stream": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let events = events(&body);
+    let (name, error) = events.last().unwrap();
+    assert_eq!(name, "error", "{body}");
+    assert_eq!(error["error"]["type"], "api_error", "{body}");
+    assert!(error["request_id"].is_string(), "{body}");
+    assert!(
+        !events.iter().any(|(name, _)| name == "message_stop"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn count_tokens_counts_the_prompt_a_message_would_have() {
+    let (shared, _) = open_worker("Sunny.");
+    let count = |body: Value| {
+        let shared = shared.clone();
+        async move { send(&shared, "POST", "/v1/messages/count_tokens", Some(body)).await }
+    };
+    let plain =
+        json!({"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let (status, text) = count(plain.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let expected = "[user:Weather in Paris?]|".len();
+    assert_eq!(parsed(&text), json!({"input_tokens": expected}));
+    let mut with_tools = plain;
+    with_tools["tools"] = json!([weather_tool()]);
+    let (_, text) = count(with_tools).await;
+    assert_eq!(
+        parsed(&text)["input_tokens"],
+        expected + 1,
+        "the template's T"
+    );
+    let (status, text) = count(json!({"model": "m"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert_eq!(parsed(&text)["error"]["type"], "invalid_request_error");
+}
+
+#[tokio::test]
+async fn models_answer_in_both_apis_shapes() {
+    let (shared, _) = open_worker("Sunny.");
+    let (status, text) = send(&shared, "GET", "/v1/models", None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let list = parsed(&text);
+    assert_eq!(
+        (&list["has_more"], &list["first_id"], &list["last_id"]),
+        (&json!(false), &json!("scripted"), &json!("scripted"))
+    );
+    let model = &list["data"][0];
+    assert_eq!(
+        (&model["object"], &model["type"], &model["display_name"]),
+        (&json!("model"), &json!("model"), &json!("scripted"))
+    );
+    let created_at = model["created_at"].as_str().unwrap();
+    assert!(
+        created_at.len() == 24 && created_at.ends_with('Z'),
+        "{created_at}"
+    );
+    assert_eq!(model["max_input_tokens"], 256);
 }

@@ -44,9 +44,15 @@ pub async fn models(
     CorrelationId(correlation_id): CorrelationId,
 ) -> Result<Json<Value>, ApiError> {
     let loaded = accepting(&shared, &correlation_id)?;
-    Ok(Json(
-        json!({"object": "list", "data": [model_object(&shared, &loaded)]}),
-    ))
+    let id = &loaded.model_name;
+    // Anthropic's page keys beside OpenAI's list (its SDKs' models.list reads them).
+    Ok(Json(json!({
+        "object": "list",
+        "data": [model_object(&shared, &loaded)],
+        "has_more": false,
+        "first_id": id,
+        "last_id": id,
+    })))
 }
 
 /// `GET /v1/models/{model}` (the SDKs' `models.retrieve`): the loaded model's object when
@@ -67,14 +73,25 @@ pub async fn model(
     Ok(Json(model_object(&shared, &loaded)))
 }
 
-/// The model object of `/v1/models`.
+/// The model object of `/v1/models`: OpenAI's keys, then Anthropic's (`type`,
+/// `display_name`, `created_at`, `lifecycle`, `max_input_tokens`, `max_tokens`), so both SDKs'
+/// `models.list` and `models.retrieve` read it.
 fn model_object(shared: &Shared, loaded: &crate::state::Loaded) -> Value {
     let settings = &shared.settings;
+    let started = SystemTime::now()
+        .checked_sub(shared.uptime())
+        .unwrap_or(UNIX_EPOCH);
     json!({
         "id": loaded.model_name,
         "object": "model",
         "created": unix_now().saturating_sub(shared.uptime().as_secs()),
         "owned_by": "llama-orch",
+        "type": "model",
+        "display_name": loaded.model_name,
+        "created_at": crate::clock::rfc3339(started),
+        "lifecycle": "active",
+        "max_input_tokens": loaded.context_length,
+        "max_tokens": settings.max_tokens_out,
         "meta": {
             "worker_id": settings.worker_id,
             "worker_type": settings.worker_type,

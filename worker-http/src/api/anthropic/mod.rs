@@ -7,7 +7,7 @@ mod content;
 mod request;
 mod response;
 
-pub use request::MessagesRequest;
+pub use request::{MessagesRequest, Purpose};
 pub use response::{BlockEvents, Message, NamedEvent};
 
 use axum::body::Body;

@@ -29,12 +29,22 @@ const REFUSED: [(&str, &str); 2] = [
     ("container", "this worker runs no code-execution container"),
 ];
 
+/// What a body was sent for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// `/v1/messages`: a reply (`max_tokens` required).
+    Create,
+    /// `/v1/messages/count_tokens`: the prompt's length only (`max_tokens` not read).
+    CountTokens,
+}
+
 impl MessagesRequest {
-    /// Parses and validates a body sent with `content_type`.
+    /// Parses and validates a body sent with `content_type` for `purpose`.
     pub fn parse(
         content_type: Option<&str>,
         body: &[u8],
         limits: Limits,
+        purpose: Purpose,
     ) -> Result<Self, Vec<FieldError>> {
         let object = json_object(content_type, body)?;
         let mut fields = Fields::new(&object);
@@ -42,24 +52,15 @@ impl MessagesRequest {
         fields.required_string("model");
         let tools = tools(&mut fields);
         let messages = conversation(&mut fields);
-        let max_tokens = required_max_tokens(&mut fields, limits);
+        let max_tokens = match purpose {
+            Purpose::Create => required_max_tokens(&mut fields, limits),
+            Purpose::CountTokens => None,
+        };
         let sampling = fields.sampling();
         let seed = fields.seed();
         let stop = fields.stop("stop_sequences", false);
         let stream = fields.boolean("stream");
-        let grammar = output_format(&mut fields);
-        if grammar.is_some()
-            && let Some(tools) = &tools
-            && tools.choice != ToolChoice::Auto
-        {
-            let message = "a forced tool call cannot be combined with output_config.format".into();
-            fields.fail(
-                "tool_choice",
-                "conflicts(output_config.format)",
-                message,
-                None,
-            );
-        }
+        let grammar = output_format(&mut fields, tools.as_ref());
         refuse_unsupported(&mut fields);
         if !fields.errors.is_empty() {
             return Err(fields.errors);
@@ -142,12 +143,18 @@ fn tool_choice(fields: &mut Fields<'_>, functions: &[Function]) -> Option<ToolCh
 }
 
 /// `output_config.format`: `{"type": "json_schema", "schema": {…}}` becomes the grammar the
-/// reply follows (structured output, as `response_format` on `/v1/chat/completions`);
-/// `output_config.effort` is ignored.
-fn output_format(fields: &mut Fields<'_>) -> Option<Grammar> {
+/// reply follows (structured output, as `response_format` on `/v1/chat/completions`), which a
+/// forced call's grammar (`tools`' choice `any` or `tool`) cannot join; `output_config.effort`
+/// is ignored.
+fn output_format(fields: &mut Fields<'_>, tools: Option<&Tools>) -> Option<Grammar> {
     let format = fields.get("output_config")?.get("format")?;
     if format.is_null() {
         return None;
+    }
+    if tools.is_some_and(|tools| tools.choice != ToolChoice::Auto) {
+        let message = "a forced tool call cannot be combined with output_config.format".into();
+        let constraint = "conflicts(output_config.format)";
+        fields.fail("tool_choice", constraint, message, None);
     }
     match (
         format.get("type").and_then(Value::as_str),

@@ -15,7 +15,12 @@ fn parse(extra: Value) -> Result<MessagesRequest, Vec<FieldError>> {
         body[key] = value;
     }
     let body = body.to_string();
-    MessagesRequest::parse(Some("application/json"), body.as_bytes(), LIMITS)
+    MessagesRequest::parse(
+        Some("application/json"),
+        body.as_bytes(),
+        LIMITS,
+        Purpose::Create,
+    )
 }
 
 /// The (field, constraint) pairs a body is refused with.
@@ -71,7 +76,10 @@ fn a_request_becomes_a_chat_job() {
 #[test]
 fn model_and_max_tokens_are_required_and_max_tokens_is_capped_not_refused() {
     let body = json!({"messages": [{"role": "user", "content": "hi"}]}).to_string();
-    let missing = MessagesRequest::parse(Some("application/json"), body.as_bytes(), LIMITS);
+    let read = |purpose| {
+        MessagesRequest::parse(Some("application/json"), body.as_bytes(), LIMITS, purpose)
+    };
+    let missing = read(Purpose::Create);
     assert_eq!(
         refusals(missing),
         [pair("model", "required"), pair("max_tokens", "required")]
@@ -85,6 +93,12 @@ fn model_and_max_tokens_are_required_and_max_tokens_is_capped_not_refused() {
     assert_eq!(
         refusals(parse(json!({"max_tokens": 0}))),
         [pair("max_tokens", "range(1..=4294967295)")]
+    );
+    let counted = read(Purpose::CountTokens);
+    assert_eq!(
+        refusals(counted),
+        [pair("model", "required")],
+        "a token count reads no max_tokens"
     );
     assert_eq!(
         refusals(parse(json!({"model": 3}))),
