@@ -40,6 +40,34 @@ __device__ __forceinline__ u32 ld_u32(const u8* p) { return *(const u32*)p; }
 // Four bytes at a 2-byte aligned offset (blocks of 18, 22, 34 or 210 bytes).
 __device__ __forceinline__ u32 ld_u32_2(const u8* p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
 
+// N words (4N bytes, N a multiple of 4) at a 2-byte aligned offset, by 16-byte loads of the
+// aligned words that hold them (never one past the aligned word of their last byte): three
+// loads for eight words where 2-byte loads took sixteen, which made the load pipe, not DRAM,
+// the wall of the 210-byte Q6_K blocks. The words come out by selects and funnel shifts.
+template <int N>
+__device__ __forceinline__ void ld_words_2(const u8* p, u32* out) {
+    constexpr int V = N / 4 + 1;  // 16-byte words that hold 4N bytes at any offset
+    unsigned long long address = (unsigned long long)p;
+    const uint4* base = (const uint4*)(address & ~15ull);
+    int lead = (int)(address & 15), q = lead >> 2, shift = 8 * (lead & 3);
+    u32 v[4 * V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        // The last word holds none of the bytes when they start aligned.
+        uint4 x = i < V - 1 || lead != 0 ? base[i] : make_uint4(0u, 0u, 0u, 0u);
+        v[4 * i] = x.x;
+        v[4 * i + 1] = x.y;
+        v[4 * i + 2] = x.z;
+        v[4 * i + 3] = x.w;
+    }
+    u32 from[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i)
+        from[i] = q == 0 ? v[i] : q == 1 ? v[i + 1] : q == 2 ? v[i + 2] : v[i + 3];
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __funnelshift_r(from[i], from[i + 1], shift);
+}
+
 // 16- and 8-byte float loads (activation rows start at multiples of 32 elements).
 struct alignas(16) F4 {
     float x, y, z, w;

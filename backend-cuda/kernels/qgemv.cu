@@ -189,7 +189,9 @@ struct ChunkQ4_0 {
         const u8* b = row + c * 18;
         WChunk w;
         w.d = ld_f16(b);
-        nibble_chunk([&](int k) { return ld_u32_2(b + 2 + 4 * k); }, 0u, &w);
+        u32 q[4];
+        ld_words_2<4>(b + 2, q);
+        nibble_chunk([&](int k) { return q[k]; }, 0u, &w);
         return w;
     }
     static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float,
@@ -218,7 +220,9 @@ struct ChunkQ5_0 {
         const u8* b = row + c * 22;
         WChunk w;
         w.d = ld_f16(b);
-        nibble_chunk([&](int k) { return ld_u32_2(b + 6 + 4 * k); }, ld_u32_2(b + 2), &w);
+        u32 q[4];
+        ld_words_2<4>(b + 6, q);
+        nibble_chunk([&](int k) { return q[k]; }, ld_u32_2(b + 2), &w);
         return w;
     }
     static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float,
@@ -247,8 +251,7 @@ struct ChunkQ8_0 {
         const u8* b = row + c * 34;
         WChunk w;
         w.d = ld_f16(b);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) w.q[k] = ld_u32_2(b + 2 + 4 * k);
+        ld_words_2<8>(b + 2, w.q);
         return w;
     }
     static __device__ __forceinline__ float partial(const WChunk& w, float dx, int, float, int low,
@@ -376,25 +379,25 @@ struct ChunkQ5_K {
 // bits in the nibbles of 32 bytes at 64n + 32(g mod 2) (high nibbles for g >= 2), its top two
 // bits at 2g of 32 bytes at 128 + 32n, one signed scale per 16-element half.
 struct ChunkQ6_K {
-    // Word k (elements 4k..) of chunk j = 4n + g of the super-block at b: its 6-bit quants
-    // (0..63), one per byte.
-    static __device__ __forceinline__ u32 word(const u8* b, int j, int k) {
-        int n = j >> 2, g = j & 3;
-        u32 ql = ld_u32_2(b + 64 * n + 32 * (g & 1) + 4 * k);
-        u32 qh = ld_u32_2(b + 128 + 32 * n + 4 * k);
-        return ((ql >> (g >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((qh >> (2 * g)) & 0x03030303u) << 4);
-    }
     // The scale of the chunk's 16-element half `half`.
     static __device__ __forceinline__ int half_scale(const u8* b, int j, int half) {
         return (int)(signed char)b[192 + 8 * (j >> 2) + 2 * (j & 3) + half];
     }
     // Its quants less 32 (signed, -32..31) in eight words, the two halves' scales in sc and mn.
+    // (The low and high bits are read whole, 32 bytes each, within the 210-byte block.)
     static __device__ __forceinline__ WChunk load(const u8* row, int c) {
         const u8* b = row + (c >> 3) * 210;
-        int j = c & 7;
+        int j = c & 7, n = j >> 2, g = j & 3;
+        u32 ql[8], qh[8];
+        ld_words_2<8>(b + 64 * n + 32 * (g & 1), ql);
+        ld_words_2<8>(b + 128 + 32 * n, qh);
         WChunk w;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) w.q[k] = __vsub4(word(b, j, k), 0x20202020u);
+        for (int k = 0; k < 8; ++k) {
+            u32 low = (ql[k] >> (g >= 2 ? 4 : 0)) & 0x0F0F0F0Fu;
+            u32 high = ((qh[k] >> (2 * g)) & 0x03030303u) << 4;
+            w.q[k] = __vsub4(low | high, 0x20202020u);
+        }
         w.sc = half_scale(b, j, 0);
         w.mn = half_scale(b, j, 1);
         w.d = ld_f16(b + 208);
