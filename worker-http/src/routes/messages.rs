@@ -26,6 +26,7 @@ use super::{body_or_error, content_type};
 use crate::api::anthropic::{
     BlockEvents, Message, MessagesRequest, NamedEvent, Purpose, error_body,
 };
+use crate::api::openai::Piece;
 use crate::api::{ApiError, Limits};
 use crate::connections::Connection;
 use crate::correlation::CorrelationId;
@@ -146,7 +147,7 @@ impl MessageStream {
         }
     }
 
-    fn send(&mut self, pieces: Vec<crate::api::openai::Piece>) {
+    fn send(&mut self, pieces: Vec<Piece>) {
         for piece in pieces {
             let events = self.blocks.piece(piece);
             self.ready.extend(events.into_iter().map(named));

@@ -338,6 +338,7 @@ mod tests {
             events.extend(stream.piece(piece));
         }
         events.extend(stream.finish(&done(StopReason::Eos, None)));
+        assert_eq!(events.len(), 13, "{events:?}");
         let names: Vec<&str> = events.iter().map(|(name, _)| *name).collect();
         assert_eq!(
             names,
@@ -383,5 +384,32 @@ mod tests {
             json!({"stop_reason": "tool_use", "stop_sequence": null})
         );
         assert_eq!(end["usage"]["output_tokens"], 3);
+    }
+
+    #[test]
+    fn reasoning_streams_as_a_thinking_block_before_the_text() {
+        let (mut stream, _) = BlockEvents::start(&message(), 3, 0);
+        let mut events = Vec::new();
+        for piece in [
+            Piece::Reasoning("2+2".into()),
+            Piece::Reasoning(" is 4".into()),
+            Piece::Content("4".into()),
+        ] {
+            events.extend(stream.piece(piece));
+        }
+        let block = &events[0].1["content_block"];
+        assert_eq!(
+            block,
+            &json!({"type": "thinking", "thinking": "", "signature": ""})
+        );
+        assert_eq!(
+            events[2].1["delta"],
+            json!({"type": "thinking_delta", "thinking": " is 4"})
+        );
+        assert_eq!(
+            (events[3].0, &events[4].1["content_block"]["type"]),
+            ("content_block_stop", &json!("text"))
+        );
+        assert_eq!(events[4].1["index"], 1);
     }
 }
