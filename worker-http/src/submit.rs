@@ -279,11 +279,16 @@ async fn tokenize(
     let (model, owned) = (loaded.clone(), prompt.clone());
     let tokens = tokio::task::spawn_blocking(move || match &owned {
         Prompt::Text { text, raw } => model.formatter.tokenize(&model.tokenizer, text, *raw),
-        Prompt::Chat { messages, tools } => {
-            let tools = tools.as_deref();
-            model
-                .formatter
-                .tokenize_chat(&model.tokenizer, messages, tools)
+        Prompt::Chat {
+            messages,
+            tools,
+            continue_final,
+        } => {
+            let (formatter, tools) = (&model.formatter, tools.as_deref());
+            match continue_final {
+                true => formatter.tokenize_continuation(&model.tokenizer, messages, tools),
+                false => formatter.tokenize_chat(&model.tokenizer, messages, tools),
+            }
         }
     })
     .await
@@ -291,6 +296,7 @@ async fn tokenize(
     tokens.map_err(|err| {
         let constraint = match err {
             PromptError::NoTemplate => "chat_template",
+            PromptError::NotContinuable => "prefill",
             _ => "tokenizable",
         };
         invalid(

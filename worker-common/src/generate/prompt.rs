@@ -17,12 +17,22 @@ pub enum PromptError {
     /// The tokenizer failed (only `tokenizer.json` tokenizers can).
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// A conversation to continue does not end with an assistant message, or the template does
+    /// not write that message's text as given.
+    #[error(
+        "the chat template does not write the final assistant message's text as given, so the reply cannot continue it"
+    )]
+    NotContinuable,
     /// A conversation was sent to a model without a chat template.
     #[error(
         "the model has no chat template (tokenizer.chat_template), so it cannot render a conversation; send a text prompt instead"
     )]
     NoTemplate,
 }
+
+/// Marks where a continued message's text ends in its rendering (control characters no
+/// template writes).
+const CONTINUE_MARK: &str = "\u{1f}llorch:continue\u{1f}";
 
 /// Renders a short conversation once at load, so that a template that cannot finish within its
 /// budget refuses the model instead of failing every request. Other render errors (a template
@@ -178,5 +188,82 @@ impl PromptFormatter {
         let (add_bos, add_eos) = (vocab.add_bos(), vocab.add_eos());
         let text = template.render_prompt(messages, tools, true, add_bos, add_eos)?;
         Ok(tokenizer.encode(&text, true, true)?)
+    }
+
+    /// The token ids of a conversation whose last message, the assistant's, the reply
+    /// continues (a prefill): rendered without the generation prompt, with the text cut where
+    /// that message's text ends (the template's end-of-turn markup after it dropped), as
+    /// llama.cpp and Hugging Face continue a final message. [`PromptError::NotContinuable`]
+    /// when the last message is not the assistant's or the template does not write its text.
+    pub fn tokenize_continuation(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[ChatMessage],
+        tools: Option<&str>,
+    ) -> Result<Vec<u32>, PromptError> {
+        let template = self.template.as_ref().ok_or(PromptError::NoTemplate)?;
+        let mut marked = messages.to_vec();
+        let last = marked
+            .last_mut()
+            .filter(|message| message.role == "assistant")
+            .ok_or(PromptError::NotContinuable)?;
+        last.content.push_str(CONTINUE_MARK);
+        let add_bos = tokenizer.vocab().add_bos();
+        let text = template.render_prompt(&marked, tools, false, add_bos, false)?;
+        let end = text
+            .rfind(CONTINUE_MARK)
+            .ok_or(PromptError::NotContinuable)?;
+        Ok(tokenizer.encode(&text[..end], true, true)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::tiny_tokenizer;
+
+    /// `a<content><|im_end|>` per message, `c` as the generation prompt (tiny-vocabulary text).
+    const SOURCE: &str = "{% for m in messages %}a{{ m.content }}<|im_end|>{% endfor %}{% if add_generation_prompt %}c{% endif %}";
+
+    fn formatter(source: &str) -> PromptFormatter {
+        let rendering = TemplateRendering::InProcess;
+        PromptFormatter::from_template(source, &tiny_tokenizer(), rendering).unwrap()
+    }
+
+    #[test]
+    fn a_continued_message_is_cut_where_its_text_ends() {
+        let tokenizer = tiny_tokenizer();
+        let messages = [
+            ChatMessage::new("user", "b"),
+            ChatMessage::new("assistant", "x"),
+        ];
+        let formatter = formatter(SOURCE);
+        let chat = formatter
+            .tokenize_chat(&tokenizer, &messages, None)
+            .unwrap();
+        assert_eq!(chat, [1, 2, 0, 1, 7, 0, 3], "ab<|im_end|>ax<|im_end|>c");
+        let continued = formatter
+            .tokenize_continuation(&tokenizer, &messages, None)
+            .unwrap();
+        assert_eq!(
+            continued,
+            [1, 2, 0, 1, 7],
+            "ab<|im_end|>ax: the turn left open"
+        );
+    }
+
+    #[test]
+    fn only_a_final_assistant_message_written_as_given_can_be_continued() {
+        let tokenizer = tiny_tokenizer();
+        let user_last = [ChatMessage::new("user", "b")];
+        let continued = formatter(SOURCE).tokenize_continuation(&tokenizer, &user_last, None);
+        assert!(matches!(continued, Err(PromptError::NotContinuable)));
+        let roles_only = formatter("{% for m in messages %}a{% endfor %}");
+        let messages = [
+            ChatMessage::new("user", "b"),
+            ChatMessage::new("assistant", "x"),
+        ];
+        let dropped = roles_only.tokenize_continuation(&tokenizer, &messages, None);
+        assert!(matches!(dropped, Err(PromptError::NotContinuable)));
     }
 }

@@ -22,6 +22,9 @@ pub enum Prompt {
         messages: Vec<ChatMessage>,
         /// The tool list's JSON text, for the template's `tools` variable.
         tools: Option<String>,
+        /// The reply continues the last message, the assistant's (a prefill), rather than
+        /// opening a turn of its own.
+        continue_final: bool,
     },
 }
 

@@ -452,3 +452,26 @@ async fn models_answer_in_both_apis_shapes() {
     );
     assert_eq!(model["max_input_tokens"], 256);
 }
+
+#[tokio::test]
+async fn a_final_assistant_message_is_continued() {
+    // The prefill ends with `|`, where the scripted model starts writing.
+    let (shared, prompts) = open_worker("Sunny.");
+    let body = question(json!({"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "It is|"},
+    ]}));
+    let (status, text) = post(&shared, body).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(
+        prompts.lock().unwrap().last().map(String::as_str),
+        Some("[user:Weather in Paris?][assistant:It is|"),
+        "rendered without the turn's end or a generation prompt"
+    );
+    let message = parsed(&text);
+    assert_eq!(
+        message["content"],
+        json!([{"type": "text", "text": "Sunny."}]),
+        "only the continuation"
+    );
+}

@@ -1,7 +1,8 @@
 //! A Messages request's `system` and `messages` as the chat template's messages: text blocks
 //! joined, an assistant's `tool_use` blocks as the message's `tool_calls` (as on
 //! `/v1/chat/completions`), a user's `tool_result` blocks as `tool` messages before the user's
-//! text. Blocks the worker cannot give the model (images, documents, server tools) are refused.
+//! text; a final assistant message stays last, for the reply to continue (a prefill). Blocks
+//! the worker cannot give the model (images, documents, server tools) are refused.
 
 use std::collections::HashMap;
 
@@ -46,10 +47,14 @@ pub(super) fn conversation(fields: &mut Fields<'_>) -> Option<Vec<ChatMessage>> 
             None => valid = false,
         }
     }
-    let last = items.len() - 1;
-    if items[last].get("role") == Some(&json!("assistant")) {
-        let message = "a final assistant message (prefill: the reply continuing it) is not supported; end with a user message".into();
-        fields.fail(&format!("messages[{last}]"), "prefill", message, None);
+    // A final assistant message is continued by the reply (a prefill): not past its calls.
+    if let Some(last) = out.last()
+        && last.role == "assistant"
+        && last.extra.is_some()
+    {
+        let message = "the reply continues a final assistant message (prefill), which cannot follow tool_use blocks; end with their tool_result".into();
+        let at = format!("messages[{}]", items.len() - 1);
+        fields.fail(&at, "prefill", message, None);
         return None;
     }
     valid.then_some(out)
@@ -381,7 +386,19 @@ mod tests {
         let prefill = read(json!({"messages": [
             {"role": "user", "content": "hi"}, {"role": "assistant", "content": "The answer is"},
         ]}));
-        assert_eq!(prefill, Err(vec![("messages[1]".into(), "prefill".into())]));
+        assert_eq!(
+            prefill.map(|messages| messages.len()),
+            Ok(2),
+            "a prefill is the last message"
+        );
+        let after_calls = read(json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        ]}));
+        assert_eq!(
+            after_calls,
+            Err(vec![("messages[1]".into(), "prefill".into())])
+        );
         assert_eq!(
             read(json!({"messages": []})),
             Err(vec![("messages".into(), "non_empty".into())])

@@ -2,6 +2,7 @@
 //! (specs/MESSAGES.md lists every field: taken, ignored with its reason, or refused).
 
 use serde_json::Value;
+use worker_common::tokenizer::template::ChatMessage;
 
 use super::content::conversation;
 use crate::api::fields::{Fields, json_object};
@@ -68,6 +69,7 @@ impl MessagesRequest {
         Ok(Self {
             job: JobSpec {
                 prompt: Prompt::Chat {
+                    continue_final: ends_with_prefill(messages.as_deref()),
                     messages: messages.unwrap_or_default(),
                     tools: tools.as_ref().map(|tools| tools.json.clone()),
                 },
@@ -82,6 +84,14 @@ impl MessagesRequest {
             tools,
         })
     }
+}
+
+/// Whether a conversation ends with the assistant's message, which the reply then continues
+/// (Anthropic's prefill).
+fn ends_with_prefill(messages: Option<&[ChatMessage]>) -> bool {
+    messages
+        .and_then(<[ChatMessage]>::last)
+        .is_some_and(|message| message.role == "assistant")
 }
 
 /// `max_tokens`: required, at least 1, capped by `--max-tokens-out`.

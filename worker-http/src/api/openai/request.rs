@@ -57,6 +57,7 @@ impl OpenAiRequest {
             Endpoint::Chat => messages(&mut fields).map(|messages| Prompt::Chat {
                 messages,
                 tools: tools.as_ref().map(|tools| tools.json.clone()),
+                continue_final: false,
             }),
             Endpoint::Completions => completion_prompt(&mut fields),
         };
@@ -86,6 +87,7 @@ impl OpenAiRequest {
                 prompt: prompt.unwrap_or(Prompt::Chat {
                     messages: Vec::new(),
                     tools: None,
+                    continue_final: false,
                 }),
                 max_tokens,
                 sampling,

@@ -58,6 +58,7 @@ fn a_request_becomes_a_chat_job() {
                 ChatMessage::new("user", "hi")
             ],
             tools: None,
+            continue_final: false,
         }
     );
     assert_eq!(job.max_tokens, Some(64));

@@ -49,7 +49,8 @@ fn a_chat_request_becomes_a_job_with_openai_defaults() {
         job.prompt,
         Prompt::Chat {
             messages: vec![ChatMessage::new("user", "hi")],
-            tools: None
+            tools: None,
+            continue_final: false,
         }
     );
     assert_eq!(job.max_tokens, None, "absent: what the context leaves");
@@ -76,7 +77,10 @@ fn messages_keep_their_roles_and_join_text_parts() {
             ..ChatMessage::new("tool", "42")
         },
     ];
-    let Prompt::Chat { messages, tools } = request.job.prompt else {
+    let Prompt::Chat {
+        messages, tools, ..
+    } = request.job.prompt
+    else {
         panic!("not a chat");
     };
     assert_eq!((messages, tools), (expected, None));
