@@ -6,7 +6,7 @@ Run by tests/tests/http_openai.rs against a real worker started with `--api-key 
     PYTHONPATH=$ASSETS/python/sdk python3 tests/openai/messages_check.py http://127.0.0.1:PORT KEY
 
 Checks `models.list` and `models.retrieve`, `messages.create` and `messages.stream` (same text,
-same usage), `messages.count_tokens`, stop sequences and `max_tokens`, a tool round trip (a `tool_use` block whose input validates, the same call
+same usage), `messages.count_tokens`, a prefill continued, stop sequences and `max_tokens`, a tool round trip (a `tool_use` block whose input validates, the same call
 streamed, a forced call, the `tool_result` answered in text), the key sent as `x-api-key`, and
 errors (a prompt over the context, an image block, a wrong key). Every reply and every stream
 event is validated against the SDK's own types (pydantic, not the SDK's lenient construction).
@@ -118,6 +118,12 @@ def check_text(client, model):
     check(names[0] == "message_start" and names[1:3] == ["content_block_start", "content_block_delta"]
           and names[-3:] == ["content_block_stop", "message_delta", "message_stop"],
           f"the events come in Anthropic's order ({len(events)} events; the SDK skips ping)")
+
+    prefill = create(client, model=model, max_tokens=8, extra_body=GREEDY, messages=[
+        {"role": "user", "content": "What is the Greek name for the Sun? (A) Sol (B) Helios (C) Sun"},
+        {"role": "assistant", "content": "The best answer is ("}])
+    check(text_of(prefill)[:1] in ("A", "B", "C"),
+          f"a final assistant message is continued: {text_of(prefill)!r}")
 
     count = dict(model=model, max_tokens=40, extra_body=GREEDY,
                  messages=[{"role": "user", "content": "Count from 1 to 9, separated by commas."}])
