@@ -42,13 +42,8 @@ pub async fn messages(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_or_error(&shared, body, &correlation_id)?;
-    let limits = Limits {
-        max_tokens_out: shared.settings.max_tokens_out,
-    };
     let purpose = Purpose::Create;
-    let mut request = MessagesRequest::parse(content_type(&headers), &body, limits, purpose)
-        .map_err(|errors| ApiError::invalid(errors, &correlation_id))?;
+    let mut request = parse(&shared, &correlation_id, &headers, body, purpose)?;
     let tools = request.tools.as_ref();
     let format = tool_format(&shared, tools, &mut request.job, &correlation_id)?;
     let reasoning = reasoning_format(&shared, &correlation_id)?;
@@ -91,13 +86,8 @@ pub async fn count_tokens(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let body = body_or_error(&shared, body, &correlation_id)?;
-    let limits = Limits {
-        max_tokens_out: shared.settings.max_tokens_out,
-    };
     let purpose = Purpose::CountTokens;
-    let mut request = MessagesRequest::parse(content_type(&headers), &body, limits, purpose)
-        .map_err(|errors| ApiError::invalid(errors, &correlation_id))?;
+    let mut request = parse(&shared, &correlation_id, &headers, body, purpose)?;
     // Tools the template cannot render are refused as on /v1/messages.
     tool_format(
         &shared,
@@ -107,6 +97,22 @@ pub async fn count_tokens(
     )?;
     let tokens = prompt_tokens(&shared, &request.job.prompt, &correlation_id).await?;
     Ok(Json(json!({"input_tokens": tokens})))
+}
+
+/// The body, validated for `purpose`; 400 (413) with every violation otherwise.
+fn parse(
+    shared: &Shared,
+    correlation_id: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    purpose: Purpose,
+) -> Result<MessagesRequest, ApiError> {
+    let body = body_or_error(shared, body, correlation_id)?;
+    let limits = Limits {
+        max_tokens_out: shared.settings.max_tokens_out,
+    };
+    MessagesRequest::parse(content_type(headers), &body, limits, purpose)
+        .map_err(|errors| ApiError::invalid(errors, correlation_id))
 }
 
 /// A job's events as Anthropic's: `message_start` and `ping`, the content blocks as the text
