@@ -3,8 +3,8 @@
 //!
 //! - an old job still prefilling a long prompt while two younger ones decode, all ending in the
 //!   same step (the traffic that once panicked the engine): swept over the young jobs'
-//!   `max_tokens` so that they end in every step of the long prefill; every job ends once with
-//!   the text it gets alone, and the worker stays ready;
+//!   `max_tokens` until they end after the long job, so that they end in every step of the long
+//!   prefill; every job ends once with the text it gets alone, and the worker stays ready;
 //! - a forced engine panic (the test-only `LLORCH_TEST_ENGINE_PANIC`, specs/HTTP.md): the
 //!   worker turns `failed`, every job gets one retriable `INTERNAL` error, new jobs are
 //!   refused, and the process exits 1 after `--shutdown-grace-sec`.
@@ -20,20 +20,23 @@ use llorch_tests::stream::{assert_well_formed, job, run, terminal, text};
 use llorch_tests::worker::{Worker, serial, smollm2, worker_binary};
 use serde_json::{Value, json};
 
-/// A prompt of several prefill steps on the worker's grid (256 positions on the CPU, about 600
-/// tokens in three steps; 512 on the GPU, about 6,000 tokens in twelve, whose steps are far
-/// shorter); `run` makes each sweep's prompt its own, so no prefix is shared.
-fn long_prompt(run: usize) -> String {
+/// A prompt of several prefill steps: on the CPU about 300 tokens, paced beside the short jobs'
+/// decodes (specs/BATCHING.md) over tens of steps; on the GPU about 6,000, in 512-token grid
+/// chunks (its steps are far shorter than the pacing floor).
+fn long_prompt() -> String {
     let items = if worker_binary() == "worker-orcd" {
         850
     } else {
-        80
+        40
     };
     let words: String = (0..items)
         .map(|i| format!("step {i} of the plan, "))
         .collect();
-    format!("Run {run}. {words}")
+    format!("Run. {words}")
 }
+
+/// The most tokens the sweep gives the short jobs.
+const MAX_SWEEP: usize = 64;
 
 fn greedy(id: &str, prompt: &str, max_tokens: usize) -> Value {
     job(
@@ -85,37 +88,50 @@ fn long_beside_two_short(addr: SocketAddr, bodies: &[Value; 3]) -> Vec<Finished>
 #[test]
 fn an_old_prefill_ending_beside_young_decodes_gives_each_job_its_own_text() {
     let _serial = serial();
-    let worker = smollm2(&["--parallel", "4", "--threads", "2"]);
+    // No prefix cache, so the same long prompt is prefilled in full every round.
+    let worker = smollm2(&["--parallel", "4", "--threads", "2", "--no-prefix-cache"]);
     let addr = worker.addr;
     let shorts = ["Hello, my name is", "The weather today"];
+    // What each gets alone: the long job's one token; a short job of fewer tokens than
+    // MAX_SWEEP writes the beginning of the short prompt's MAX_SWEEP tokens (greedy).
+    let long_alone = text(&run(addr, &greedy("long", &long_prompt(), 1)));
+    let shorts_alone: Vec<String> = shorts
+        .iter()
+        .map(|prompt| text(&run(addr, &greedy("alone", prompt, MAX_SWEEP))))
+        .collect();
     let mut short_first = Vec::new();
-    for max_tokens in 1..=16 {
-        let long = long_prompt(max_tokens);
+    // Until the short jobs end after the long one: then they have ended in every step of its
+    // prefill, the one where it ends too among them.
+    for max_tokens in 1..=MAX_SWEEP {
         let bodies = [
-            greedy(&format!("long{max_tokens}"), &long, 1),
+            greedy(&format!("long{max_tokens}"), &long_prompt(), 1),
             greedy(&format!("a{max_tokens}"), shorts[0], max_tokens),
             greedy(&format!("b{max_tokens}"), shorts[1], max_tokens),
         ];
         let together = long_beside_two_short(addr, &bodies);
         for (body, got) in bodies.iter().zip(&together) {
             assert_well_formed(&got.events);
-            assert_eq!(
-                terminal(&got.events)["type"],
-                "end",
-                "{body}: {:?}",
-                terminal(&got.events)
-            );
-            let alone = run(addr, body);
-            assert_eq!(text(&got.events), text(&alone), "{body}");
+            let end = terminal(&got.events);
+            assert_eq!(end["type"], "end", "{body}: {end:?}");
         }
-        short_first.push(together[1].at < together[0].at && together[2].at < together[0].at);
+        assert_eq!(text(&together[0].events), long_alone, "{}", bodies[0]);
+        for (k, alone) in shorts_alone.iter().enumerate() {
+            let got = &together[k + 1].events;
+            assert!(alone.starts_with(&text(got)), "{}: {got:?}", bodies[k + 1]);
+            assert_eq!(terminal(got)["tokens_out"], max_tokens, "{}", bodies[k + 1]);
+        }
         let health = get(addr, "/health").unwrap();
         assert_eq!(health.status, 200, "{}", health.text());
         assert_eq!(health.json()["state"], "ready");
+        let first = together[1].at < together[0].at && together[2].at < together[0].at;
+        short_first.push(first);
+        if !first {
+            break;
+        }
     }
-    eprintln!("short jobs ended before the long one, by max_tokens 1..=16: {short_first:?}");
+    eprintln!("short jobs ended before the long one, by max_tokens from 1: {short_first:?}");
     assert!(
-        short_first[0] && !short_first[15],
+        short_first[0] && short_first.last() == Some(&false),
         "the sweep did not cross the long prefill's end: {short_first:?}"
     );
 }

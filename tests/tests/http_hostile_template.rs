@@ -120,3 +120,66 @@ fn fails_only_the_prompts_that_trip_it(name: &str, hostile: &str) {
     let exited = worker.wait_exit(Duration::from_secs(10));
     assert!(exited.is_some_and(|status| status.success()), "{exited:?}");
 }
+
+/// Renders that trip their budget (a value doubling to the heap cap: about a second each) hold
+/// only their own renderer (several run at once, `MAX_RENDERERS`): with four in flight an
+/// innocent chat request is answered before any of them is refused (one renderer made it wait
+/// behind all four); and a SIGTERM while eight are rendering answers each of them, 400 or 503,
+/// none cut off without an answer (one after another they outlasted the drain).
+#[test]
+fn budget_tripping_renders_hold_no_one_else() {
+    let _serial = serial();
+    let template = format!(
+        "{{% if 'spin' in messages[-1]['content'] %}}{DOUBLING}{{% endif %}}\
+<|im_start|>user\n{{{{ messages[-1]['content'] }}}}<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let model = smollm2_with_template("double-many", &template);
+    let mut worker = Worker::ready(&model, &["--shutdown-grace-sec", "2"]);
+    std::fs::remove_file(&model).unwrap();
+    let addr = worker.addr;
+    let hostile = |count: usize| -> Vec<std::thread::JoinHandle<(u16, Instant)>> {
+        (0..count)
+            .map(|k| {
+                std::thread::spawn(move || {
+                    let body = job(
+                        &format!("spin-{k}"),
+                        "please spin",
+                        json!({"max_tokens": 4}),
+                    );
+                    let answer = post_json(addr, "/execute", &body);
+                    let status = answer.map_or(0, |answer| answer.status);
+                    (status, Instant::now())
+                })
+            })
+            .collect()
+    };
+
+    let spinning = hostile(4);
+    std::thread::sleep(Duration::from_millis(100));
+    let body = job("calm", "hello", json!({"max_tokens": 1, "temperature": 0}));
+    let events = run(addr, &body);
+    let answered = Instant::now();
+    assert_eq!(terminal(&events)["type"], "end", "{events:?}");
+    let refused: Vec<(u16, Instant)> = spinning.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        refused.iter().all(|&(status, _)| status == 400),
+        "{refused:?}"
+    );
+    assert!(
+        refused.iter().all(|&(_, at)| at > answered),
+        "the innocent request waited for a budget-tripping render"
+    );
+
+    let spinning = hostile(8);
+    std::thread::sleep(Duration::from_millis(100));
+    worker.terminate();
+    let statuses: Vec<u16> = spinning.into_iter().map(|t| t.join().unwrap().0).collect();
+    assert!(
+        statuses
+            .iter()
+            .all(|&status| status == 400 || status == 503),
+        "every request rendering at the SIGTERM is answered (0: cut off): {statuses:?}"
+    );
+    let exited = worker.wait_exit(Duration::from_secs(20));
+    assert!(exited.is_some_and(|status| status.success()), "{exited:?}");
+}

@@ -47,8 +47,10 @@ pub struct CommonFlags {
     #[arg(long, env = "LLORCH_MAX_TOKENS_OUT", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens_out: u32,
 
-    /// Most prompt tokens one job may have, after templating (default: the context). Long
-    /// prompts hold the engine for their prefill; this bounds what one request can ask.
+    /// Most prompt tokens one job may have, after templating (default: the context, as
+    /// llama-server). A long prompt is paced beside the running jobs (a step with decodes
+    /// waiting holds what half a decode step's time allows, specs/BATCHING.md), so it slows
+    /// its own answer, not theirs; this bounds what one request can ask.
     #[arg(long, env = "LLORCH_MAX_PROMPT_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_prompt_tokens: Option<u32>,
 

@@ -230,6 +230,8 @@ pub fn generate<B: InferenceBackend>(
         prefix_cache: false,
         // Alone, a sequence is never preempted.
         replay_decodes: false,
+        // Alone, no decode waits for its prompt.
+        paced_prefill: false,
     };
     let needed = sequence.max_len().div_ceil(PAGE_SIZE);
     if needed > backend.kv_pages() {

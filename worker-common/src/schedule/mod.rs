@@ -9,16 +9,21 @@
 //! Prefill chunks end on multiples of [`PREFILL_CHUNK`] positions (or at the end of the
 //! history), never where a budget happened to run out, so how a prompt is cut depends on the
 //! prompt alone: a backend whose numerics differ between chunk sizes still computes the same
-//! keys and values for it whatever else runs.
+//! keys and values for it whatever else runs. A backend whose results do not depend on the
+//! cuts is paced instead ([`SchedulerConfig::paced_prefill`]): a step's prompt tokens are
+//! bounded by the steps' measured times (`pacing.rs`), shortest prompt first, so a long prompt
+//! neither stretches the running decodes' inter-token latency nor keeps short prompts waiting.
 //!
 //! New jobs are admitted by the caller, in arrival order, while [`Scheduler::can_admit`] says
 //! there is room (a slot and the prompt's pages): the caller owns the waiting queue.
 
+mod pacing;
 mod pages;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use pacing::PrefillPacer;
 pub use pages::{PagePool, PrefixIndex, chain_hash};
 
 use crate::backend::{BackendError, Chunk, InferenceBackend, PAGE_SIZE, PageId, StepOutputs};
@@ -47,6 +52,10 @@ pub struct SchedulerConfig {
     /// either way): for a backend whose numerics differ between chunk sizes, the same chunks
     /// give the same keys and values, so preemption does not change the tokens.
     pub replay_decodes: bool,
+    /// Whether a step's prompt tokens are bounded by the steps' measured times and cut wherever
+    /// that bound ends (within the grid), shortest prompt first: only for a backend whose
+    /// results do not depend on how a prompt is cut ([`InferenceBackend::chunking_invariant`]).
+    pub paced_prefill: bool,
 }
 
 /// A job that left the scheduler, with how it ended.
@@ -114,6 +123,7 @@ pub struct Scheduler<J> {
     outputs: StepOutputs,
     admitted: u64,
     stats: SchedulerStats,
+    pacer: PrefillPacer,
 }
 
 /// The next prefill chunk of `seq`: up to the next multiple of `grid` (or the end of its
@@ -156,6 +166,7 @@ impl<J: EventSink> Scheduler<J> {
             outputs: StepOutputs::new(vocab_size),
             admitted: 0,
             stats: SchedulerStats::default(),
+            pacer: PrefillPacer::default(),
         }
     }
 
@@ -242,9 +253,17 @@ impl<J: EventSink> Scheduler<J> {
         let started = Instant::now();
         let result = self.run(backend, &plan, started);
         let step_time = started.elapsed();
+        let tokens = plan.iter().map(|&(_, len)| len).sum();
+        if result.is_ok() {
+            let decodes = plan
+                .iter()
+                .filter(|&&(i, len)| self.is_decode(i, len))
+                .count();
+            self.pacer.observe(decodes, tokens - decodes, step_time);
+        }
         self.stats.last_step = Some(StepStats {
             sequences: plan.len(),
-            tokens: plan.iter().map(|&(_, len)| len).sum(),
+            tokens,
             duration: step_time,
         });
         let memory_bytes = || backend.info().memory.total();
@@ -370,17 +389,26 @@ impl<J: EventSink> Scheduler<J> {
                     budget -= 1;
                 }
             }
-            for i in 0..self.running.len() {
+            let mut allowance = budget;
+            if self.config.paced_prefill {
+                allowance = self.pacer.allowance(plan.len(), budget);
+            }
+            let (order, reserved) = self.prefill_order(allowance);
+            for (k, &i) in order.iter().enumerate() {
+                // What the last of the order (the oldest, when paced) keeps for itself.
+                let keep = if k + 1 < order.len() { reserved } else { 0 };
+                let room = allowance.saturating_sub(keep);
                 let seq = &self.running[i].seq;
-                if seq.pending() < 2 {
-                    continue;
+                let mut len =
+                    prefill_len(seq, self.config.prefill_chunk, self.config.replay_decodes);
+                if self.config.paced_prefill {
+                    len = len.min(room);
                 }
-                let len = prefill_len(seq, self.config.prefill_chunk, self.config.replay_decodes);
-                if len > budget || !self.grow(i, seq.computed() + len) {
+                if len == 0 || len > room || !self.grow(i, seq.computed() + len) {
                     continue;
                 }
                 plan.push((i, len));
-                budget -= len;
+                allowance -= len;
             }
             // Nothing fits although sequences wait: prefills hold every page. The youngest
             // gives its pages back so the oldest can go on — unless a sequence only waits for
@@ -391,6 +419,30 @@ impl<J: EventSink> Scheduler<J> {
             }
             self.preempt_youngest();
         }
+    }
+
+    /// Whether the chunk `(i, len)` of a plan is a decode (or a prompt's last token).
+    fn is_decode(&self, i: usize, len: usize) -> bool {
+        len == 1 && self.running[i].seq.pending() == 1
+    }
+
+    /// The sequences with prompt tokens to compute, in the order they take the step's
+    /// `allowance`, and how much the last of them keeps for itself. On the grid: oldest first,
+    /// a whole grid chunk each, nothing kept. Paced: the others shortest first (a short prompt
+    /// beside a long one is done in a step or two), the oldest last, keeping a quarter of the
+    /// allowance (so it always advances).
+    fn prefill_order(&self, allowance: usize) -> (Vec<usize>, usize) {
+        let mut order: Vec<usize> = (0..self.running.len())
+            .filter(|&i| self.running[i].seq.pending() >= 2)
+            .collect();
+        if !self.config.paced_prefill || order.is_empty() {
+            return (order, 0);
+        }
+        let oldest = order.remove(0);
+        order.sort_by_key(|&i| self.running[i].seq.pending());
+        order.push(oldest);
+        let oldest_wants = prefill_len(&self.running[oldest].seq, self.config.prefill_chunk, false);
+        (order, oldest_wants.min((allowance / 4).max(1)))
     }
 
     /// Gives each decoding sequence the page its next position needs, preempting the youngest

@@ -56,6 +56,7 @@ fn config(max_running: usize) -> SchedulerConfig {
         prefill_chunk: PREFILL_CHUNK,
         prefix_cache: true,
         replay_decodes: false,
+        paced_prefill: false,
     }
 }
 
@@ -143,6 +144,7 @@ fn long_prompts_are_cut_on_the_prefill_grid_and_decodes_go_first() {
         prefill_chunk: PREFILL_CHUNK,
         prefix_cache: false,
         replay_decodes: false,
+        paced_prefill: false,
     };
     run_all(config, &mut backend, requests);
     let steps = steps.lock().unwrap();
@@ -160,6 +162,61 @@ fn long_prompts_are_cut_on_the_prefill_grid_and_decodes_go_first() {
         .filter(|&(_, len)| len > 3)
         .collect();
     assert_eq!(prefill, [(0, 256), (256, 256), (512, 88)]);
+}
+
+/// A long prompt beside two short ones on a backend whose steps take 2 ms and 1 ms a token,
+/// paced (`paced = true`) or on the grid; returns the steps' chunks and each job's tokens
+/// (checked against what it gets alone).
+fn long_beside_short(paced: bool) -> Vec<Vec<(usize, usize)>> {
+    let requests = vec![
+        request(prompt(600, 2), 2),
+        request(prompt(3, 1), 30),
+        request(prompt(3, 3), 30),
+    ];
+    let alone = each_alone(&requests);
+    let mut backend = ScriptedBackend::new(128, 10, script());
+    backend.step_delay = Duration::from_millis(2);
+    backend.token_delay = Duration::from_millis(1);
+    let steps = backend.steps();
+    let config = SchedulerConfig {
+        paced_prefill: paced,
+        prefix_cache: false,
+        ..config(3)
+    };
+    let together = run_all(config, &mut backend, requests);
+    for (i, (_, result)) in together.iter().enumerate() {
+        assert_eq!(tokens(result), alone[i], "job {i}");
+    }
+    let steps = steps.lock().unwrap();
+    steps.iter().map(|s| s.chunks.clone()).collect()
+}
+
+/// Paced: the short prompts are done in the first step (shortest first, the long prompt taking
+/// the rest), and beside their decodes every step holds what 30 ms (STEP_FLOOR: no decode-only
+/// step was timed) leaves at over 1 ms a token, not a 256-token grid chunk. On the grid the
+/// second step holds one.
+#[test]
+fn paced_prompts_give_way_to_decodes_and_short_prompts() {
+    let prompt_tokens = |chunks: &[(usize, usize)]| -> usize {
+        chunks
+            .iter()
+            .filter(|&&(_, n)| n > 1)
+            .map(|&(_, n)| n)
+            .sum()
+    };
+    let paced = long_beside_short(true);
+    assert_eq!(paced[0], [(0, 3), (0, 3), (0, 256)], "{paced:?}");
+    let beside_decodes: Vec<usize> = paced[1..]
+        .iter()
+        .filter(|chunks| chunks.iter().any(|&(_, n)| n == 1))
+        .map(|chunks| prompt_tokens(chunks))
+        .collect();
+    assert!(
+        beside_decodes.iter().all(|&n| n < 30) && beside_decodes.iter().sum::<usize>() >= 343,
+        "prompt tokens beside decodes, step by step: {beside_decodes:?}"
+    );
+    let grid = long_beside_short(false);
+    assert_eq!(prompt_tokens(&grid[1]), 256, "{grid:?}");
 }
 
 #[test]

@@ -29,6 +29,9 @@ pub struct ScriptedBackend {
     pool: Vec<[Option<u32>; PAGE_SIZE]>,
     /// Sleeps this long in every step (cancel and disconnect tests).
     pub step_delay: Duration,
+    /// Sleeps this long more per token of the step, as a compute-bound device does (pacing
+    /// tests).
+    pub token_delay: Duration,
     /// Fails the step with this many steps done (0: the first) with a device error.
     pub fail_at_step: Option<usize>,
     /// Whether that fault poisons the device ([`BackendError::DeviceLost`], as a sticky CUDA
@@ -52,6 +55,7 @@ impl ScriptedBackend {
             vocab_size,
             pool: vec![[None; PAGE_SIZE]; kv_pages],
             step_delay: Duration::ZERO,
+            token_delay: Duration::ZERO,
             fail_at_step: None,
             fail_poisons: false,
             non_finite_on: None,
@@ -154,7 +158,11 @@ impl InferenceBackend for ScriptedBackend {
             });
             steps.len() - 1
         };
-        std::thread::sleep(self.step_delay);
+        let tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+        let per_token = self
+            .token_delay
+            .saturating_mul(tokens.try_into().unwrap_or(u32::MAX));
+        std::thread::sleep(self.step_delay + per_token);
         assert!(
             self.panic_at_step != Some(done),
             "scripted panic in step {done}"

@@ -7,8 +7,9 @@
 //! with [`RENDERER_ENV`] set, which [`serve_if_renderer`] turns into a render loop on its stdin and
 //! stdout under a [`RENDER_MEMORY_BYTES`] heap cap ([`BudgetAllocator`]). A render that goes past
 //! the cap or runs past [`RENDER_TIMEOUT`] fails with [`TemplateError::Budget`], one that crashes
-//! the renderer with [`TemplateError::Process`]; the next render starts a new renderer. Renders take turns (one renderer; a render takes well under a
-//! millisecond for a chat prompt).
+//! the renderer with [`TemplateError::Process`]; the next render starts a new renderer. Up to
+//! [`MAX_RENDERERS`] render at once, so renders that trip their budget cannot make every other
+//! request wait (a chat prompt renders in well under a millisecond).
 
 mod allocator;
 mod child;
@@ -18,7 +19,7 @@ use std::io::{BufReader, BufWriter, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 pub use allocator::{BudgetAllocator, HEAP_CAP_EXIT_CODE};
@@ -40,20 +41,31 @@ pub const RENDER_MEMORY_BYTES: usize = 512 << 20;
 /// filter over a huge value).
 pub const RENDER_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A chat template compiled and rendered in a renderer process.
+/// Most renderers one template runs at once: renders take turns beyond it. A render that trips
+/// its budget holds a renderer for up to [`RENDER_TIMEOUT`]; with several, innocent requests
+/// find another (one renderer made one waited 7.9 s behind four such renders).
+pub const MAX_RENDERERS: usize = 8;
+
+/// A chat template compiled and rendered in renderer processes, up to [`MAX_RENDERERS`].
 #[derive(Debug)]
 pub struct TemplateProcess {
     state: Mutex<State>,
+    /// Signalled when a renderer is given back or a place for one frees up.
+    given_back: Condvar,
     /// The renderer's heap cap in bytes.
     memory_cap: usize,
 }
 
-/// The template and the renderer that has it loaded, if one is running.
+/// The template, and the renderers not rendering now.
 #[derive(Debug)]
 struct State {
     /// The `Load` request that sets the template up in a fresh renderer.
     load: Request,
-    renderer: Option<Renderer>,
+    /// Bumped by [`TemplateProcess::replace_template`]: a renderer loaded before reloads.
+    generation: u64,
+    idle: Vec<(Renderer, u64)>,
+    /// Renderers that exist: idle, rendering or starting.
+    live: usize,
 }
 
 impl TemplateProcess {
@@ -74,29 +86,36 @@ impl TemplateProcess {
         let process = Self {
             state: Mutex::new(State {
                 load: load_request(source, bos_token, eos_token),
-                renderer: None,
+                generation: 0,
+                idle: Vec::new(),
+                live: 0,
             }),
+            given_back: Condvar::new(),
             memory_cap,
         };
         process.with_renderer(|_| Ok(String::new()))?;
         Ok(process)
     }
 
-    /// Compiles another template in the running renderer (or a new one), for renders from now
-    /// on; cheaper than [`TemplateProcess::start`] when many templates are tried (the fuzzer).
+    /// Compiles another template in a renderer, for renders from now on (the others reload it
+    /// before their next render); cheaper than [`TemplateProcess::start`] when many templates
+    /// are tried (the fuzzer).
     pub fn replace_template(
         &self,
         source: &str,
         bos_token: &str,
         eos_token: &str,
     ) -> Result<(), TemplateError> {
-        let load = load_request(source, bos_token, eos_token);
-        self.lock().load = load.clone();
-        self.with_renderer(|renderer| renderer.ask(&load))?;
+        {
+            let mut state = self.lock();
+            state.load = load_request(source, bos_token, eos_token);
+            state.generation += 1;
+        }
+        self.with_renderer(|_| Ok(String::new()))?;
         Ok(())
     }
 
-    /// [`crate::tokenizer::template::ChatTemplate::render_prompt`], in the renderer.
+    /// [`crate::tokenizer::template::ChatTemplate::render_prompt`], in a renderer.
     pub fn render_prompt(
         &self,
         messages: &[ChatMessage],
@@ -115,31 +134,71 @@ impl TemplateProcess {
         self.with_renderer(|renderer| renderer.ask(&request))
     }
 
-    /// Runs `work` on a live renderer that has the template loaded, starting one when there is
-    /// none; a renderer that failed is killed so the next call starts afresh.
+    /// Runs `work` on a renderer that has the current template loaded: an idle one, else a new
+    /// one while fewer than [`MAX_RENDERERS`] exist, else the first given back. A renderer that
+    /// failed is dropped (killed), so a later call starts a fresh one.
     fn with_renderer(
         &self,
         work: impl FnOnce(&mut Renderer) -> Reply,
     ) -> Result<String, TemplateError> {
-        let mut state = self.lock();
-        let State { load, renderer } = &mut *state;
-        let renderer = match renderer.take() {
-            Some(running) => renderer.insert(running),
-            None => {
-                let mut fresh = Renderer::spawn(self.memory_cap)?;
-                let loaded = fresh.ask(load);
-                if fresh.broken {
-                    return loaded;
+        let (taken, load, generation) = self.take();
+        let mut renderer = match taken {
+            Some((renderer, loaded)) if loaded == generation => renderer,
+            Some((renderer, _)) => self.loaded(renderer, &load)?,
+            None => match Renderer::spawn(self.memory_cap) {
+                Ok(fresh) => self.loaded(fresh, &load)?,
+                Err(err) => {
+                    self.discard(None);
+                    return Err(err);
                 }
-                loaded?;
-                renderer.insert(fresh)
-            }
+            },
         };
-        let reply = work(renderer);
+        let reply = work(&mut renderer);
         if renderer.broken {
-            state.renderer = None;
+            self.discard(Some(renderer));
+        } else {
+            self.lock().idle.push((renderer, generation));
+            self.given_back.notify_one();
         }
         reply
+    }
+
+    /// `renderer` with the template of `load` compiled in it; a renderer whose load failed
+    /// (the template does not compile, or it died) is discarded.
+    fn loaded(&self, mut renderer: Renderer, load: &Request) -> Result<Renderer, TemplateError> {
+        match renderer.ask(load) {
+            Ok(_) => Ok(renderer),
+            Err(err) => {
+                self.discard(Some(renderer));
+                Err(err)
+            }
+        }
+    }
+
+    /// Gives up a renderer's place (killing the renderer, if one was started).
+    fn discard(&self, renderer: Option<Renderer>) {
+        self.lock().live -= 1;
+        drop(renderer);
+        self.given_back.notify_one();
+    }
+
+    /// An idle renderer and the generation it has loaded, or `None` with a place taken for a
+    /// new one; with the load request and generation in force.
+    fn take(&self) -> (Option<(Renderer, u64)>, Request, u64) {
+        let mut state = self.lock();
+        loop {
+            if let Some(idle) = state.idle.pop() {
+                return (Some(idle), state.load.clone(), state.generation);
+            }
+            if state.live < MAX_RENDERERS {
+                state.live += 1;
+                return (None, state.load.clone(), state.generation);
+            }
+            state = self
+                .given_back
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
