@@ -176,6 +176,10 @@ impl InferenceBackend for Timed {
         self.inner.chunking_invariant()
     }
 
+    fn paces_prefill(&self) -> bool {
+        self.inner.paces_prefill()
+    }
+
     fn step(
         &mut self,
         chunks: &[Chunk<'_>],

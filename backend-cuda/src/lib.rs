@@ -274,6 +274,13 @@ impl InferenceBackend for CudaBackend {
         PREFILL_CHUNK
     }
 
+    fn paces_prefill(&self) -> bool {
+        // A step's fixed cost (every weight read once) is most of a short chunk's time here, so
+        // the pacer's per-token cost rose as its chunks shrank: the 8B shape's 5,000-token
+        // prompt took 3.8 s alone paced, against 1.9 s on the grid (specs/BATCHING.md).
+        false
+    }
+
     /// Activation buffers (and the GEMM's room) for a pass of every token of the budget, a
     /// head row per sequence and every sequence's full page table: no step grows them after,
     /// so the memory `/health` reports does not move under load.

@@ -48,9 +48,9 @@ pub struct CommonFlags {
     pub max_tokens_out: u32,
 
     /// Most prompt tokens one job may have, after templating (default: the context, as
-    /// llama-server). A long prompt is paced beside the running jobs (a step with decodes
-    /// waiting holds what half a decode step's time allows, specs/BATCHING.md), so it slows
-    /// its own answer, not theirs; this bounds what one request can ask.
+    /// llama-server). On the CPU a long prompt is paced beside the running jobs (a step with
+    /// decodes waiting takes at most 1.25x a decode-only step, specs/BATCHING.md), so it
+    /// slows its own answer, not theirs; this bounds what one request can ask.
     #[arg(long, env = "LLORCH_MAX_PROMPT_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_prompt_tokens: Option<u32>,
 

@@ -359,6 +359,14 @@ pub trait InferenceBackend: Sized + Send + 'static {
         crate::schedule::PREFILL_CHUNK
     }
 
+    /// Whether the scheduler paces this backend's prompts by the steps' measured times
+    /// (specs/BATCHING.md, "Prefill pacing"; only where [`Self::chunking_invariant`] also
+    /// holds). By default yes; a backend whose short chunks cost much more a token than long
+    /// ones says no and keeps its grid.
+    fn paces_prefill(&self) -> bool {
+        true
+    }
+
     /// Allocates now what steps within `limits` need, so that memory does not grow under load
     /// (what `/health` reports then holds from the start). By default nothing: buffers grow
     /// as steps need them.

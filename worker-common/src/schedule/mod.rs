@@ -54,7 +54,8 @@ pub struct SchedulerConfig {
     pub replay_decodes: bool,
     /// Whether a step's prompt tokens are bounded by the steps' measured times and cut wherever
     /// that bound ends (within the grid), shortest prompt first: only for a backend whose
-    /// results do not depend on how a prompt is cut ([`InferenceBackend::chunking_invariant`]).
+    /// results do not depend on how a prompt is cut ([`InferenceBackend::chunking_invariant`])
+    /// and that asks for it ([`InferenceBackend::paces_prefill`]).
     pub paced_prefill: bool,
 }
 
@@ -389,26 +390,46 @@ impl<J: EventSink> Scheduler<J> {
                     budget -= 1;
                 }
             }
+            let paced = self.config.paced_prefill;
             let mut allowance = budget;
-            if self.config.paced_prefill {
+            if paced {
                 allowance = self.pacer.allowance(plan.len(), budget);
             }
+            let allowed = allowance;
             let (order, reserved) = self.prefill_order(allowance);
             for (k, &i) in order.iter().enumerate() {
                 // What the last of the order (the oldest, when paced) keeps for itself.
                 let keep = if k + 1 < order.len() { reserved } else { 0 };
-                let room = allowance.saturating_sub(keep);
                 let seq = &self.running[i].seq;
                 let mut len =
                     prefill_len(seq, self.config.prefill_chunk, self.config.replay_decodes);
-                if self.config.paced_prefill {
+                // Paced, a prompt that costs little all at once ends in this step from the
+                // budget; the others share the allowance.
+                let finishing =
+                    paced && seq.pending() <= budget && self.pacer.may_finish(seq.pending());
+                let room = if finishing {
+                    len = seq.pending();
+                    budget
+                } else {
+                    allowance.saturating_sub(keep)
+                };
+                if paced && !finishing {
                     len = len.min(room);
                 }
                 if len == 0 || len > room || !self.grow(i, seq.computed() + len) {
                     continue;
                 }
                 plan.push((i, len));
-                allowance -= len;
+                budget -= len;
+                allowance = if finishing {
+                    allowance
+                } else {
+                    allowance - len
+                }
+                .min(budget);
+            }
+            if paced {
+                self.pacer.spend(allowed.saturating_sub(allowance));
             }
             // Nothing fits although sequences wait: prefills hold every page. The youngest
             // gives its pages back so the oldest can go on — unless a sequence only waits for

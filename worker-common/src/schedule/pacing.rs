@@ -15,19 +15,39 @@
 
 use std::time::Duration;
 
-/// A step with prompt tokens beside decodes takes at most this many times a decode-only step.
-pub const BESIDE_DECODES: f64 = 1.5;
+/// A step with prompt tokens beside decodes takes at most this many times a decode-only step:
+/// a short job beside a long prompt keeps most of its speed (on one CPU thread SmolLM2's
+/// four-job decode step takes 12 ms, so even 50 ms more made a 16-token job four times slower).
+pub const BESIDE_DECODES: f64 = 1.25;
 
-/// Steps beside decodes are never paced below this: a GPU step holding a few hundred prompt
-/// tokens beside its decodes stays under it, so pacing leaves the GPU's prompt throughput be.
-pub const STEP_FLOOR: Duration = Duration::from_millis(30);
+/// Steps beside decodes are never paced below this: timer noise, not latency anyone sees.
+pub const STEP_FLOOR: Duration = Duration::from_millis(5);
 
 /// A step of prompt tokens alone takes at most this many times a decode-only step: what a job
 /// arriving during it waits before it joins, a few of its own tokens' time.
-pub const LONE_DECODES: f64 = 4.0;
+pub const LONE_DECODES: f64 = 3.0;
 
 /// Steps of prompt tokens alone are never paced below this (nor before a decode was timed).
-pub const LONE_FLOOR: Duration = Duration::from_millis(100);
+pub const LONE_FLOOR: Duration = Duration::from_millis(20);
+
+/// A step of prompt tokens alone holds at least this many (or what is left of the prompt): in
+/// shorter chunks a long prompt alone re-reads the weights too often and the CPU attention's
+/// tiles of prompt rows run part-empty (one thread, SmolLM2, 5,000 tokens: 79 s in chunks of a
+/// few tokens against 46 s).
+pub const LONE_MIN_TOKENS: usize = 16;
+
+/// A prompt whose remaining tokens cost at most this many decode-only steps, or
+/// [`FINISH_FLOOR`], ends in one step from the step's budget rather than the allowance: when many
+/// clients arrive at once, holding each short prompt back for the few running decodes kept the
+/// later ones waiting far longer than one longer step costs the decodes (16 clients of 64
+/// tokens on two CPU threads, after a one-client warm-up: time to the first token 2x the
+/// grid's, aggregate a third lower).
+pub const FINISH_DECODES: f64 = 4.0;
+
+/// See [`FINISH_DECODES`]: a one-row decode step (a few ms) must not make every prompt
+/// "costly"; a 100 ms step is a stall the decodes beside it feel once, not for the prompt's
+/// whole length.
+pub const FINISH_FLOOR: Duration = Duration::from_millis(100);
 
 /// Weight of the newest measurement in the running averages: the last few steps' costs.
 const NEWEST: f64 = 0.5;
@@ -39,29 +59,51 @@ pub(super) struct PrefillPacer {
     decode_step: Option<f64>,
     /// Seconds one prompt token adds to a step (averaged; none measured yet: `None`).
     per_prompt_token: Option<f64>,
+    /// Prompt tokens earned beside decodes and not yet spent: where a prompt token costs more
+    /// than a step's share (a long prompt's late tokens on a slow CPU), it runs every few steps
+    /// rather than stretching every one.
+    credit: f64,
 }
 
 impl PrefillPacer {
-    /// Prompt tokens the next step may hold beside `decodes` decodes, at most `budget` and at
-    /// least one (a prompt always advances). Before any prompt token was timed: `budget`.
-    pub(super) fn allowance(&self, decodes: usize, budget: usize) -> usize {
+    /// Prompt tokens the next step may hold beside `decodes` decodes, at most `budget`. Alone,
+    /// at least [`LONE_MIN_TOKENS`]; beside decodes what the credit has reached (zero: the
+    /// prompts sit this step out). Before any prompt token was timed: `budget`.
+    pub(super) fn allowance(&mut self, decodes: usize, budget: usize) -> usize {
         let Some(per_token) = self.per_prompt_token else {
-            return budget.max(1);
+            return budget;
         };
-        let decode_part = if decodes == 0 {
-            0.0
-        } else {
-            self.decode_step.unwrap_or(0.0)
+        let per_token = per_token.max(f64::MIN_POSITIVE);
+        let decode_step = self.decode_step.unwrap_or(0.0);
+        if decodes == 0 {
+            self.credit = 0.0;
+            let target = (LONE_DECODES * decode_step).max(LONE_FLOOR.as_secs_f64());
+            // A float cast saturates, so a tiny cost gives the budget rather than wrapping.
+            let tokens = (target / per_token).floor() as usize;
+            return tokens.max(LONE_MIN_TOKENS).min(budget);
+        }
+        let target = (BESIDE_DECODES * decode_step).max(STEP_FLOOR.as_secs_f64());
+        let earned = ((target - decode_step) / per_token).max(0.0);
+        // Never more banked than one step's share or one token: no burst after idle steps.
+        self.credit = (self.credit + earned).min(earned.max(1.0));
+        (self.credit.floor() as usize).min(budget)
+    }
+
+    /// Whether a prompt with `prompt_tokens` left may end in this step whatever the allowance:
+    /// if they cost at most [`FINISH_DECODES`] decode-only steps or [`FINISH_FLOOR`]. Before
+    /// any prompt token was timed: yes.
+    pub(super) fn may_finish(&self, prompt_tokens: usize) -> bool {
+        let Some(per_token) = self.per_prompt_token else {
+            return true;
         };
         let decode_step = self.decode_step.unwrap_or(0.0);
-        let target = if decodes == 0 {
-            (LONE_DECODES * decode_step).max(LONE_FLOOR.as_secs_f64())
-        } else {
-            (BESIDE_DECODES * decode_step).max(STEP_FLOOR.as_secs_f64())
-        };
-        let tokens = (target - decode_part) / per_token.max(f64::MIN_POSITIVE);
-        // A float cast saturates, so a tiny cost gives the budget rather than wrapping.
-        (tokens.floor() as usize).clamp(1, budget.max(1))
+        let bound = (FINISH_DECODES * decode_step).max(FINISH_FLOOR.as_secs_f64());
+        prompt_tokens as f64 * per_token <= bound
+    }
+
+    /// Takes the prompt tokens a step planned from its allowance off the credit.
+    pub(super) fn spend(&mut self, prompt_tokens: usize) {
+        self.credit = (self.credit - prompt_tokens as f64).max(0.0);
     }
 
     /// Takes a finished step's measurement: `decodes` decode tokens and `prompt_tokens` prompt
@@ -114,38 +156,89 @@ mod tests {
     fn beside_decodes_a_step_takes_at_most_its_share_over_a_decode_step() {
         let mut pacer = PrefillPacer::default();
         pacer.observe(4, 0, ms(80));
-        // 80 ms of decodes (measured alone) plus 16 prompt tokens: 9 ms a token.
-        pacer.observe(4, 16, ms(224));
-        // 1.5 x 80 = 120 ms: 40 ms left for the prompt, four tokens.
-        assert_eq!(pacer.allowance(4, 512), 4);
-        // Alone, a prompt gets four decode steps: 320 ms, 35 tokens.
-        assert_eq!(pacer.allowance(0, 512), 35);
+        // 80 ms of decodes (measured alone) plus 16 prompt tokens: 4 ms a token.
+        pacer.observe(4, 16, ms(144));
+        // 1.25 x 80 = 100 ms: 20 ms left for the prompt, five tokens a step.
+        assert_eq!(pacer.allowance(4, 512), 5);
+        pacer.spend(5);
+        assert_eq!(pacer.allowance(4, 512), 5);
+        // Alone, a prompt gets three decode steps: 240 ms, 60 tokens.
+        assert_eq!(pacer.allowance(0, 512), 60);
     }
 
     #[test]
-    fn quick_steps_are_not_paced_and_a_prompt_always_advances() {
+    fn a_costly_prompt_token_runs_every_few_steps_and_alone_in_a_tile() {
+        let mut pacer = PrefillPacer::default();
+        pacer.observe(4, 0, ms(12));
+        // Late in a long prompt on one thread: 15 ms a token, the share is 3 ms a step.
+        pacer.observe(4, 1, ms(27));
+        let steps: Vec<usize> = (0..10)
+            .map(|_| {
+                let tokens = pacer.allowance(4, 512);
+                pacer.spend(tokens);
+                tokens
+            })
+            .collect();
+        // A fifth of a token a step: one token every five steps or so.
+        let total: usize = steps.iter().sum();
+        assert!(
+            steps.iter().all(|&n| n <= 1) && (1..=2).contains(&total),
+            "{steps:?}"
+        );
+        // Alone: 36 ms is two tokens, but a step alone holds at least a tile.
+        assert_eq!(pacer.allowance(0, 512), LONE_MIN_TOKENS);
+    }
+
+    #[test]
+    fn credit_left_unspent_does_not_pile_up() {
+        let mut pacer = PrefillPacer::default();
+        pacer.observe(4, 0, ms(12));
+        pacer.observe(4, 1, ms(27));
+        // No prompt took the tokens offered over many steps: still at most one.
+        for _ in 0..100 {
+            pacer.allowance(4, 512);
+        }
+        assert_eq!(pacer.allowance(4, 512), 1);
+    }
+
+    #[test]
+    fn a_prompt_that_costs_a_few_decode_steps_may_end_at_once() {
+        let mut pacer = PrefillPacer::default();
+        assert!(pacer.may_finish(100_000));
+        pacer.observe(4, 0, ms(40));
+        pacer.observe(4, 10, ms(50));
+        // 1 ms a token (give or take a rounding), four 40 ms decode steps: 160 tokens.
+        assert!(pacer.may_finish(159));
+        assert!(!pacer.may_finish(162));
+        // A 5 ms decode step: still 100 ms' worth (FINISH_FLOOR).
+        let mut pacer = PrefillPacer::default();
+        pacer.observe(1, 0, ms(5));
+        pacer.observe(1, 10, ms(15));
+        assert!(pacer.may_finish(99));
+        assert!(!pacer.may_finish(102));
+    }
+
+    #[test]
+    fn cheap_prompt_tokens_come_by_the_hundred() {
+        // A GPU's 16-job decode step of 13 ms, a prompt token 20 us on top.
         let mut pacer = PrefillPacer::default();
         pacer.observe(16, 0, ms(13));
         pacer.observe(16, 512, Duration::from_micros(13_000 + 512 * 20));
-        // The 30 ms floor: 17 ms left at 20 us a token, more than the budget.
-        assert_eq!(pacer.allowance(16, 512), 512);
-        let mut slow = PrefillPacer::default();
-        slow.observe(1, 0, ms(100));
-        slow.observe(1, 1, ms(2_000));
-        assert_eq!(slow.allowance(1, 512), 1);
+        // 3.25 ms left at 20 us a token.
+        assert_eq!(pacer.allowance(16, 512), 162);
     }
 
     #[test]
     fn the_cost_follows_the_latest_chunks() {
         let mut pacer = PrefillPacer::default();
-        // 2^-10 s a token; no decode timed: LONE_FLOOR, 102 tokens in 100 ms.
+        // 2^-10 s a token; no decode timed: LONE_FLOOR, 20 tokens in 20 ms.
         pacer.observe(0, 128, ms(125));
-        assert_eq!(pacer.allowance(0, 512), 102);
+        assert_eq!(pacer.allowance(0, 512), 20);
         // Later chunks of the prompt attend to more keys: 4 x 2^-10 s a token, then 8 x.
         pacer.observe(0, 64, ms(250));
         pacer.observe(0, 32, ms(250));
-        // Averaged: 2.5 x 2^-10 s, then 5.25 x 2^-10 s: 19 tokens in 100 ms.
-        assert_eq!(pacer.allowance(0, 512), 19);
+        // Averaged: 2.5 x 2^-10 s, then 5.25 x 2^-10 s: 3 tokens in 20 ms, so a tile.
+        assert_eq!(pacer.allowance(0, 512), LONE_MIN_TOKENS);
     }
 
     #[test]
@@ -153,9 +246,9 @@ mod tests {
         let mut pacer = PrefillPacer::default();
         pacer.observe(8, 0, ms(500));
         pacer.observe(8, 10, ms(100));
-        // A tenth of the step is the prompt's: 1 ms a token, about 2,000 in four 500 ms steps.
+        // A tenth of the step is the prompt's: 1 ms a token, about 1,500 in three 500 ms steps.
         assert_eq!(pacer.allowance(0, 512), 512);
-        // Beside decodes: 750 ms less the 500 of the decodes, about 250 tokens.
-        assert!((249..=250).contains(&pacer.allowance(8, 512)));
+        // Beside decodes: 625 ms less the 500 of the decodes, about 125 tokens.
+        assert!((124..=125).contains(&pacer.allowance(8, 512)));
     }
 }

@@ -192,15 +192,17 @@ fn long_beside_short(paced: bool) -> Vec<Vec<(usize, usize)>> {
 }
 
 /// Paced: the short prompts are done in the first step (shortest first, the long prompt taking
-/// the rest), and beside their decodes every step holds what 30 ms (STEP_FLOOR: no decode-only
-/// step was timed) leaves at over 1 ms a token, not a 256-token grid chunk. On the grid the
-/// second step holds one.
+/// the rest), and beside their decodes the long prompt advances a few tokens a step (a quarter
+/// over a 4 ms decode step, at 1 ms a token), not a 256-token grid chunk. On the grid the second
+/// step holds one. The bound is loose (32) because the pacer follows measured sleeps.
 #[test]
 fn paced_prompts_give_way_to_decodes_and_short_prompts() {
+    // After the first step the long prompt's chunks start at 256 or later; the short jobs'
+    // decodes at positions below 40.
     let prompt_tokens = |chunks: &[(usize, usize)]| -> usize {
         chunks
             .iter()
-            .filter(|&&(_, n)| n > 1)
+            .filter(|&&(p, _)| p >= 256)
             .map(|&(_, n)| n)
             .sum()
     };
@@ -208,11 +210,12 @@ fn paced_prompts_give_way_to_decodes_and_short_prompts() {
     assert_eq!(paced[0], [(0, 3), (0, 3), (0, 256)], "{paced:?}");
     let beside_decodes: Vec<usize> = paced[1..]
         .iter()
-        .filter(|chunks| chunks.iter().any(|&(_, n)| n == 1))
+        .filter(|chunks| chunks.iter().any(|&(p, n)| n == 1 && p < 40))
         .map(|chunks| prompt_tokens(chunks))
+        .filter(|&n| n > 0)
         .collect();
     assert!(
-        beside_decodes.iter().all(|&n| n < 30) && beside_decodes.iter().sum::<usize>() >= 343,
+        beside_decodes.iter().all(|&n| n < 32) && beside_decodes.len() >= 5,
         "prompt tokens beside decodes, step by step: {beside_decodes:?}"
     );
     let grid = long_beside_short(false);

@@ -211,7 +211,7 @@ fn publish<B: InferenceBackend>(
         prefill_chunk: backend.prefill_chunk(),
         prefix_cache: prefix_cache(shared, backend),
         replay_decodes: !backend.chunking_invariant(),
-        paced_prefill: backend.chunking_invariant(),
+        paced_prefill: backend.chunking_invariant() && backend.paces_prefill(),
     };
     let scheduler = Scheduler::new(config, backend.kv_pages(), backend.vocab_size());
     let limits = StepLimits {
