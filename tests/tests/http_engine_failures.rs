@@ -38,10 +38,10 @@ fn long_prompt() -> String {
 /// The short jobs' token counts, tried in turn until they end after the long prefill: every
 /// count up to 24 (so they end in each of its first steps beside their decodes), then coarser,
 /// since how many steps the paced prefill takes depends on the machine's speed (2-core VM:
-/// crossed at 512 alone, not within 64 under CI's load).
-const SWEEP: [usize; 33] = [
+/// crossed at 512 alone, not within 512 under CI's load).
+const SWEEP: [usize; 36] = [
     1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 32, 48,
-    64, 96, 128, 192, 256, 384, 512,
+    64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048,
 ];
 
 /// The most tokens the sweep gives the short jobs.
