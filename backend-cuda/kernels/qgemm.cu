@@ -36,14 +36,27 @@ struct QmShape {
 };
 typedef QmShape<2, 4, 1, 1, 4> QmSmall;  // 32 × 32, 8 warps
 
+// A weight chunk's scales and a token chunk's (d, s and the sum of its quants), 16 bytes each,
+// so that a warp reads them with one load per row or token (four and three scalar loads made
+// the shared loads, not DRAM, the wall of a 16-row decode step).
+struct __align__(16) QmWScale {
+    float d, m;
+    int sc, mn;
+};
+struct __align__(16) QmXScale {
+    float d, s;
+    int sum, unused;
+};
+
+// Scales sit QM_KC + 1 to a row (or token): the 16-byte rows' starts 36 words apart put a
+// warp's eight rows (or four tokens two apart) of one chunk in distinct banks, and a thread's
+// eight chunks of one row side by side when it stores them.
 template <typename S>
 struct QmTiles {
     u8 wq[S::BM * QM_PITCH];
     u8 xq[S::BN * QM_PITCH];
-    float wd[S::BM][QM_KC], wm[S::BM][QM_KC];
-    int wsc[S::BM][QM_KC], wmn[S::BM][QM_KC];
-    float xd[S::BN][QM_KC], xs[S::BN][QM_KC];
-    int xsum[S::BN][QM_KC];
+    QmWScale ws[S::BM][QM_KC + 1];
+    QmXScale xsc[S::BN][QM_KC + 1];
 };
 
 // c += a · b for a 16×32 tile of weights (row-major, 4 quants per word) and a 32×8 tile of
@@ -122,10 +135,12 @@ __device__ __forceinline__ const u8* qm_row_ptr(const QmBlock& b, const QMatrix&
     return m.w + (long long)row * m.row_bytes;
 }
 
-// One thread's share of a tile step in registers: S::PAIRS weight chunks and token chunks.
-template <typename S>
+// One thread's share of a tile step in registers: S::PAIRS weight chunks (as ChunkFetch<C>
+// holds them: raw where the format decodes apart, so the loads stay in flight while the block
+// multiplies the previous step) and token chunks.
+template <typename C, typename S>
 struct QmStage {
-    WChunk w[S::PAIRS];
+    typename ChunkFetch<C>::Raw w[S::PAIRS];
     int4 x0[S::PAIRS], x1[S::PAIRS];
     float xd[S::PAIRS], xs[S::PAIRS];
     int xsum[S::PAIRS];
@@ -138,17 +153,26 @@ __device__ __forceinline__ int qm_pair_row(int i) {
     return (threadIdx.x + i * S::THREADS) / QM_KC;
 }
 
-// This thread's chunks of step k0 (kc chunks): its weight rows' (at `wrows`) decoded, its
-// tokens' copied (tokens past the end repeat the last one; their results are not stored).
+// This thread's chunks of step k0 (kc chunks): its weight rows' (at `wrows`) loaded (ChunkFetch), its
+// tokens' copied (tokens past the end repeat the last one, or are zeros where their warp sits
+// idle; their results are not stored).
 template <typename C, typename S>
-__device__ __forceinline__ void qm_fetch(QmStage<S>& st, const u8* const* wrows, int t0, int n,
+__device__ __forceinline__ void qm_fetch(QmStage<C, S>& st, const u8* const* wrows, int t0, int n,
                                          int cols, const u8* pre, int k0, int kc) {
     int c = threadIdx.x % QM_KC;
     if (c >= kc) return;
 #pragma unroll
     for (int i = 0; i < S::PAIRS; ++i) {
-        st.w[i] = C::load(wrows[i], k0 + c);
-        int t = min(t0 + qm_pair_row<S>(i), n - 1);
+        st.w[i] = ChunkFetch<C>::fetch(wrows[i], k0 + c);
+        // The tokens of a warp that will sit idle (qm_products) are not read.
+        int r = qm_pair_row<S>(i);
+        if (t0 + (r & ~(8 * S::NT - 1)) >= n) {
+            st.x0[i] = st.x1[i] = int4{0, 0, 0, 0};
+            st.xd[i] = st.xs[i] = 0.0f;
+            st.xsum[i] = 0;
+            continue;
+        }
+        int t = min(t0 + r, n - 1);
         const u8* base = pre + (long long)t * qinput_bytes(cols);
         QInput in = qinput_at(cols, base);
         const int4* src = (const int4*)(base + 32 * (k0 + c));
@@ -160,27 +184,22 @@ __device__ __forceinline__ void qm_fetch(QmStage<S>& st, const u8* const* wrows,
     }
 }
 
-template <typename S>
-__device__ __forceinline__ void qm_store(QmTiles<S>& sh, const QmStage<S>& st, int kc) {
+template <typename C, typename S>
+__device__ __forceinline__ void qm_store(QmTiles<S>& sh, const QmStage<C, S>& st, int k0, int kc) {
     int c = threadIdx.x % QM_KC;
     if (c >= kc) return;
 #pragma unroll
     for (int i = 0; i < S::PAIRS; ++i) {
         int r = qm_pair_row<S>(i);
-        const WChunk& w = st.w[i];
+        WChunk w = ChunkFetch<C>::decode(st.w[i], k0 + c);
         int4* dst = (int4*)(sh.wq + r * QM_PITCH + 32 * c);
         dst[0] = int4{(int)w.q[0], (int)w.q[1], (int)w.q[2], (int)w.q[3]};
         dst[1] = int4{(int)w.q[4], (int)w.q[5], (int)w.q[6], (int)w.q[7]};
-        sh.wd[r][c] = w.d;
-        sh.wm[r][c] = w.m;
-        sh.wsc[r][c] = w.sc;
-        sh.wmn[r][c] = w.mn;
+        sh.ws[r][c] = QmWScale{w.d, w.m, w.sc, w.mn};
         int4* xdst = (int4*)(sh.xq + r * QM_PITCH + 32 * c);
         xdst[0] = st.x0[i];
         xdst[1] = st.x1[i];
-        sh.xd[r][c] = st.xd[i];
-        sh.xsum[r][c] = st.xsum[i];
-        sh.xs[r][c] = st.xs[i];
+        sh.xsc[r][c] = QmXScale{st.xd[i], st.xs[i], st.xsum[i], 0};
     }
 }
 
@@ -201,10 +220,11 @@ __device__ __forceinline__ void qm_chunk(const QmTiles<S>& sh, int c, int wm, in
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             int r = wm + 16 * mt + g + 8 * h;
-            w[mt][h].d = sh.wd[r][c];
-            w[mt][h].m = sh.wm[r][c];
-            w[mt][h].sc = sh.wsc[r][c];
-            w[mt][h].mn = sh.wmn[r][c];
+            QmWScale ws = sh.ws[r][c];
+            w[mt][h].d = ws.d;
+            w[mt][h].m = ws.m;
+            w[mt][h].sc = ws.sc;
+            w[mt][h].mn = ws.mn;
         }
     }
 #pragma unroll
@@ -217,9 +237,10 @@ __device__ __forceinline__ void qm_chunk(const QmTiles<S>& sh, int c, int wm, in
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             int t = x + 2 * q4 + j;
-            xd[j] = sh.xd[t][c];
-            xs[j] = sh.xs[t][c];
-            xsum[j] = sh.xsum[t][c];
+            QmXScale xsc = sh.xsc[t][c];
+            xd[j] = xsc.d;
+            xs[j] = xsc.s;
+            xsum[j] = xsc.sum;
         }
 #pragma unroll
         for (int mt = 0; mt < S::MT; ++mt) {
@@ -370,15 +391,22 @@ __device__ void qm_products(QmTiles<S>& sh, const u8* const* wrows, int t0, int 
     int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
     float a[S::MT][S::NT][4], b[S::MT][S::NT][4], d[S::MT][S::NT][4];
     float u[S::MT][S::NT][4], v[S::MT][S::NT][4];
+    // A warp whose tokens are all past the n (a decode step of 16 rows leaves half a 32-token
+    // tile empty) only fetches and keeps the barriers: its outputs are never stored.
+    bool idle = t0 + wn >= n;
     qm_zero<S>(acc);
-    QmStage<S> st;
+    QmStage<C, S> st;
     qm_fetch<C, S>(st, wrows, t0, n, cols, pre, first, min(QM_KC, end - first));
     for (int k0 = first; k0 < end; k0 += QM_KC) {
         int kc = min(QM_KC, end - k0), step = (k0 / QM_KC) % (QM_SEG / QM_KC);
-        qm_store(sh, st, kc);
+        qm_store<C, S>(sh, st, k0, kc);
         __syncthreads();
         if (k0 + QM_KC < end)
             qm_fetch<C, S>(st, wrows, t0, n, cols, pre, k0 + QM_KC, min(QM_KC, end - k0 - QM_KC));
+        if (idle) {
+            __syncthreads();
+            continue;
+        }
         // Unrolled, so that one chunk's loads and mma overlap another's scaling.
 #pragma unroll
         for (int c = 0; c < QM_KC; ++c) {

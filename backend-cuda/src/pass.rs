@@ -22,11 +22,10 @@ pub const GEMM_MIN_TOKENS: usize = 17;
 /// 1.77 ms a step) and 32 faster by the GEMM (1.80 against 2.20).
 pub const GEMM_FROM_ROWS: usize = 32;
 /// Rows from which a projection of at least [`LARGE_LAUNCH_BYTES`] of weights takes the GEMM:
-/// the batched GEMV reads the weights once per eight rows, so from a second group of eight on a
-/// launch that DRAM bounds costs twice as much, while the GEMM reads them once. Measured on an
-/// 8B-shaped Q4_K_M model (every layer launch over 8 MiB): 9 rows 14.9 ms a step by the GEMM,
-/// 19.1 by the GEMVs; 8 rows 14.4 by the GEMVs.
-pub const GEMM_FROM_ROWS_LARGE: usize = 9;
+/// the batched GEMV's step grows with its rows, while the GEMM reads the weights once for up to
+/// 32. Measured on an 8B-shaped Q4_K_M model (every layer launch over 8 MiB; H200,
+/// `batch_steps`, ms a step): the GEMVs 7.69 at 2 rows and 9.63 at 4, the GEMM 8.03 and 8.06.
+pub const GEMM_FROM_ROWS_LARGE: usize = 3;
 /// Weights of a launch from which [`GEMM_FROM_ROWS_LARGE`] applies.
 pub const LARGE_LAUNCH_BYTES: usize = 8 << 20;
 
