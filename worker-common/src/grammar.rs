@@ -16,6 +16,8 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 
 use crate::backend::AllowedIds;
+use crate::grammar_budget;
+use crate::grammar_cache::{CacheStats, GRAMMAR_CACHE_ENTRIES, LruCache, MAX_CACHED_GRAMMAR_BYTES};
 use crate::tokenizer::Tokenizer;
 
 /// A grammar a job's output must follow.
@@ -44,6 +46,12 @@ pub enum GrammarError {
     /// itself, an impossible pattern, or text the vocabulary cannot start.
     #[error("the grammar cannot produce any output: {0}")]
     Unsatisfiable(&'static str),
+    /// The grammar is too costly to compile or to mask: it reached a limit of the worker's
+    /// budget (grammar_budget.rs), counted in work, not time.
+    #[error(
+        "the grammar is over this worker's budget ({0}); make it smaller: fewer optional properties, alternatives or repetitions"
+    )]
+    OverBudget(String),
     /// The parser failed on a token (a bug, or a grammar beyond llguidance's limits).
     #[error("the grammar parser failed: {0}")]
     Step(String),
@@ -64,6 +72,8 @@ pub struct Grammars {
     factory: ParserFactory,
     /// The end-of-generation ids, allowed wherever a grammar may end.
     end: Arc<[u32]>,
+    /// What compiling each recent grammar gave, by its text.
+    cache: LruCache<Result<Constraint, GrammarError>>,
 }
 
 impl fmt::Debug for Grammars {
@@ -116,40 +126,123 @@ impl Grammars {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
-        // Verbose errors carry llguidance's parser state (the job's tokens so far) and the
-        // whole grammar: not for clients, and not worth building for a log line.
-        factory.limits_mut().verbose_errors = false;
+        // The worker's budget; verbose errors off (they carry llguidance's parser state, the
+        // job's tokens so far, and the whole grammar: not for clients).
+        *factory.limits_mut() = grammar_budget::limits();
         Ok(Self {
             factory,
             end: end.into(),
+            cache: LruCache::new(GRAMMAR_CACHE_ENTRIES),
         })
     }
 
     /// A fresh parser for `spec`, its first mask computed. A grammar that admits no output
     /// is refused here ([`GrammarError::Unsatisfiable`]), before any job runs it: unrefused,
-    /// it fails the job's first step.
+    /// it fails the job's first step; so is one over the budget ([`GrammarError::OverBudget`]).
+    /// A grammar compiled before (the same text) is not compiled again: the parser is a copy of
+    /// what that compile made, lexer state and first mask included, so it gives the same masks
+    /// and ids; a grammar refused before is refused again the same way.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint, GrammarError> {
+        let top = top_level(spec);
+        let key = serde_json::to_string(&top)
+            .ok()
+            .filter(|key| key.len() <= MAX_CACHED_GRAMMAR_BYTES);
+        if let Some(cached) = key.as_deref().and_then(|key| self.cache.get(key)) {
+            return match cached.as_ref() {
+                Ok(constraint) => Ok(constraint.deep_clone()),
+                Err(error) => Err(error.clone()),
+            };
+        }
+        let compiled = self.compile_uncached(top);
+        if let Some(key) = key {
+            // The cache keeps its own copy: a job's parser shares its lexer with the parser it
+            // was cloned from, and what jobs add to it must not reach the next request's copy.
+            let kept = match &compiled {
+                Ok(constraint) => Ok(constraint.deep_clone()),
+                Err(error) => Err(error.clone()),
+            };
+            self.cache.insert(key, kept);
+        }
+        compiled
+    }
+
+    /// What the compiled-grammar cache has done so far.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// [`Grammars::compile`] without the cache.
+    fn compile_uncached(&self, top: TopLevelGrammar) -> Result<Constraint, GrammarError> {
         let parser = self
             .factory
-            .create_parser(top_level(spec))
-            .map_err(|e| GrammarError::Compile(headline(&e)))?;
+            .create_parser(top)
+            .map_err(|e| refusal(&headline(&e)))?;
         if !derives_a_string(parser.parser.grammar()) {
             return Err(GrammarError::Unsatisfiable(NO_STRING));
         }
         let mut matcher = Matcher::new(Ok(parser));
         if let Some(error) = matcher.get_error() {
-            return Err(GrammarError::Compile(headline(&error)));
+            return Err(refusal(&headline(&error)));
         }
         let started = Instant::now();
         let first = first_mask(&mut matcher, &self.end)?;
+        let first_cost = started.elapsed();
+        first_choice(&matcher, &first, &self.end)?;
         Ok(Constraint {
             matcher,
             first,
-            first_cost: started.elapsed(),
+            first_cost,
             end: self.end.clone(),
             #[cfg(test)]
             mask_delay: Duration::ZERO,
         })
+    }
+}
+
+/// Forced tokens [`first_choice`] follows at most: a tool call's markup and name take a few
+/// dozen on small vocabularies.
+const MAX_FORCED_TOKENS: usize = 128;
+
+/// Checks the grammar's first real choice against the budget. A grammar that starts with
+/// forced text (a tool call's `<tool_call>` and name, a schema's `{"`) has first masks of one
+/// token each, which llguidance computes without its parser, so they say nothing of its cost:
+/// on a copy of the parser, follows them to the first mask that allows more than one token (or
+/// the end), and refuses the grammar if computing that mask is over the budget. The copy is
+/// dropped; the job's parser starts where it was.
+fn first_choice(matcher: &Matcher, first: &[u32], end: &[u32]) -> Result<(), GrammarError> {
+    let mut mask = first.to_vec();
+    let mut probe: Option<Matcher> = None;
+    for _ in 0..MAX_FORCED_TOKENS {
+        let Some(token) = only_token(&mask).filter(|token| !end.contains(token)) else {
+            return Ok(());
+        };
+        let probe = probe.get_or_insert_with(|| matcher.deep_clone());
+        probe
+            .consume_token(token)
+            .map_err(|e| refusal(&headline(&e)))?;
+        mask = first_mask(probe, end)?;
+    }
+    Ok(())
+}
+
+/// The one token `mask` allows, if it allows exactly one.
+fn only_token(mask: &[u32]) -> Option<u32> {
+    let mut set = mask.iter().enumerate().filter(|(_, word)| **word != 0);
+    let (index, &word) = set.next()?;
+    match word.count_ones() == 1 && set.next().is_none() {
+        true => u32::try_from(index * 32)
+            .ok()
+            .map(|base| base + word.trailing_zeros()),
+        false => None,
+    }
+}
+
+/// Why a grammar was refused at compile time, from llguidance's message: over the budget, or
+/// not compiling.
+fn refusal(message: &str) -> GrammarError {
+    match grammar_budget::is_over_budget(message) {
+        true => GrammarError::OverBudget(message.to_owned()),
+        false => GrammarError::Compile(message.to_owned()),
     }
 }
 
@@ -166,14 +259,14 @@ fn top_level(spec: &GrammarSpec) -> TopLevelGrammar {
 }
 
 /// The first mask of a fresh parser. llguidance stops with `NoExtensionBias` when it allows
-/// no token at all: nothing can start the grammar. Any other failure (a limit of
-/// llguidance's) is the grammar's too.
+/// no token at all: nothing can start the grammar. Any other failure (a limit of the budget,
+/// mostly) is the grammar's too.
 fn first_mask(matcher: &mut Matcher, end: &[u32]) -> Result<Vec<u32>, GrammarError> {
     let mask = compute(matcher, end).map_err(|error| match error {
         GrammarError::Step(why) if why == StopReason::NoExtensionBias.to_string() => {
             GrammarError::Unsatisfiable(NO_START)
         }
-        GrammarError::Step(why) => GrammarError::Compile(why),
+        GrammarError::Step(why) => refusal(&why),
         other => other,
     })?;
     match mask.iter().any(|&word| word != 0) {
@@ -286,6 +379,19 @@ impl fmt::Debug for Constraint {
 }
 
 impl Constraint {
+    /// A copy whose parser owns its lexer (llguidance's `clone` shares the lexer's states with
+    /// the original, `deep_clone` copies them): what the grammar cache keeps and hands out.
+    fn deep_clone(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+            first: self.first.clone(),
+            first_cost: self.first_cost,
+            end: self.end.clone(),
+            #[cfg(test)]
+            mask_delay: self.mask_delay,
+        }
+    }
+
     /// The running grammar of a job, its first mask the one [`Grammars::compile`] computed.
     pub fn start(self) -> Guide {
         Guide {
@@ -490,138 +596,4 @@ impl AllowedIds for Guide {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testing::{TINY_EOS, ascii_tokenizer, tiny_tokenizer};
-
-    fn allowed_ids(guide: &mut Guide) -> Vec<u32> {
-        let mask = guide.allowed().unwrap();
-        (0..10u32)
-            .filter(|&id| mask[id as usize / 32] & (1 << (id % 32)) != 0)
-            .collect()
-    }
-
-    #[test]
-    fn a_regex_allows_only_the_tokens_that_continue_it() {
-        let tokenizer = tiny_tokenizer();
-        let grammars = Grammars::new(&tokenizer).unwrap();
-        let constraint = grammars.compile(&GrammarSpec::Regex("ab+".into())).unwrap();
-        let mut guide = constraint.start();
-        assert_eq!(allowed_ids(&mut guide), [1], "only `a` starts it");
-        guide.accept(1).unwrap();
-        assert_eq!(allowed_ids(&mut guide), [2], "then `b`, not the end yet");
-        guide.accept(2).unwrap();
-        assert_eq!(
-            allowed_ids(&mut guide),
-            [TINY_EOS, 2],
-            "more `b` or the end"
-        );
-        guide.accept(2).unwrap();
-        guide.accept(2).unwrap();
-        let waited = allowed_ids(&mut guide);
-        assert_eq!(
-            waited,
-            [TINY_EOS, 2],
-            "two accepts in a row wait for the mask"
-        );
-    }
-
-    #[test]
-    fn grammars_that_do_not_compile_say_why() {
-        let grammars = Grammars::new(&tiny_tokenizer()).unwrap();
-        let bad_schema = GrammarSpec::JsonSchema(json!({"type": "no-such-type"}));
-        let error = grammars.compile(&bad_schema).unwrap_err();
-        assert!(matches!(error, GrammarError::Compile(_)), "{error}");
-        let bad_lark = grammars.compile(&GrammarSpec::Lark("start: (".into()));
-        assert!(matches!(bad_lark, Err(GrammarError::Compile(_))));
-    }
-
-    #[test]
-    fn grammars_that_cannot_produce_any_output_are_refused() {
-        let grammars = Grammars::new(&ascii_tokenizer()).unwrap();
-        let cycle = json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
-            "$ref": "#/$defs/a"});
-        let needs_itself = json!({"type": "object", "properties": {"x": {"$ref": "#"}},
-            "required": ["x"]});
-        // Loops are found in the compiled rules; impossible patterns by the first mask.
-        let unsatisfiable = [
-            (GrammarSpec::JsonSchema(json!({"$ref": "#"})), NO_STRING),
-            (GrammarSpec::JsonSchema(cycle), NO_STRING),
-            (GrammarSpec::JsonSchema(needs_itself), NO_STRING),
-            (GrammarSpec::Lark("start: a\na: \"x\" a".into()), NO_STRING),
-            (
-                GrammarSpec::Lark("start: \"a\" b\nb: \"b\" b".into()),
-                NO_STRING,
-            ),
-            (GrammarSpec::Lark("start: a\na: a".into()), NO_STRING),
-            (GrammarSpec::Lark(r"start: /[^\s\S]/".into()), NO_START),
-            (GrammarSpec::Regex(r"[^\s\S]".into()), NO_START),
-            (GrammarSpec::Regex("[a&&b]".into()), NO_START),
-        ];
-        for (spec, why) in unsatisfiable {
-            let error = grammars.compile(&spec).unwrap_err();
-            assert!(
-                matches!(error, GrammarError::Unsatisfiable(reason) if reason == why),
-                "{spec:?}: {error}"
-            );
-            assert!(!error.to_string().contains('\n'), "{error}");
-        }
-    }
-
-    #[test]
-    fn recursive_grammars_with_a_way_out_compile() {
-        let grammars = Grammars::new(&ascii_tokenizer()).unwrap();
-        let list = json!({"type": "object", "properties": {"next": {"$ref": "#"}}});
-        let tree = json!({"$defs": {"node": {"type": "object", "properties": {
-            "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
-            "$ref": "#/$defs/node"});
-        let satisfiable = [
-            GrammarSpec::JsonObject,
-            GrammarSpec::JsonSchema(list),
-            GrammarSpec::JsonSchema(tree),
-            GrammarSpec::Lark("start: a\na: \"x\" a | \"y\"".into()),
-            GrammarSpec::Lark("start: \"<\" %json{\"type\": \"integer\"} \">\"".into()),
-            GrammarSpec::Regex("".into()),
-        ];
-        for spec in satisfiable {
-            if let Err(error) = grammars.compile(&spec) {
-                panic!("{spec:?}: {error}");
-            }
-        }
-        let lark = GrammarSpec::Lark("start: a\na: \"x\" a | \"y\"".into());
-        let mut guide = grammars.compile(&lark).unwrap().start();
-        assert_eq!(
-            allowed_ids(&mut guide),
-            [7, 8],
-            "`x` or `y`, from the first mask"
-        );
-    }
-
-    #[test]
-    fn a_grammar_the_vocabulary_cannot_start_is_refused() {
-        let grammars = Grammars::new(&tiny_tokenizer()).unwrap();
-        let error = grammars.compile(&GrammarSpec::JsonObject).unwrap_err();
-        assert!(
-            matches!(error, GrammarError::Unsatisfiable(NO_START)),
-            "{error}"
-        );
-    }
-
-    #[test]
-    fn a_parser_failure_shows_no_parser_state() {
-        let grammars = Grammars::new(&tiny_tokenizer()).unwrap();
-        let constraint = grammars.compile(&GrammarSpec::Regex("ab+".into())).unwrap();
-        let mut guide = constraint.start();
-        let error = guide.accept(9).unwrap_err();
-        assert!(matches!(error, GrammarError::Step(_)), "{error}");
-        let message = error.to_string();
-        assert!(
-            !message.contains('\n') && !message.contains('<'),
-            "{message}"
-        );
-        let long = format!("{}\n<state>Tokens: ⟦a⟧</state>", "é".repeat(400));
-        let cut = headline(&long);
-        assert_eq!(cut.chars().count(), MAX_MESSAGE_CHARS + 1, "{cut}");
-        assert!(cut.ends_with('…'));
-    }
-}
+mod tests;

@@ -12,6 +12,8 @@ pub mod calendar;
 pub mod generate;
 pub mod gguf;
 pub mod grammar;
+pub mod grammar_budget;
+pub mod grammar_cache;
 pub mod model;
 pub mod sampling;
 pub mod schedule;

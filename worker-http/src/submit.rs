@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use futures_util::Stream;
 use tokio::sync::mpsc;
 use worker_common::generate::{CancelToken, GenerateRequest, PromptError};
-use worker_common::grammar::Constraint;
+use worker_common::grammar::{Constraint, GrammarError};
 
 use crate::api::{
     ApiError, ContextOverflow, ErrorCode, FieldError, Grammar, JobSpec, Prompt, StartedEvent,
@@ -220,7 +220,8 @@ fn check_logit_bias(
 }
 
 /// The job's grammar compiled for the model (off the async threads: a large schema takes a
-/// while); a grammar that does not compile is the request's fault.
+/// while); a grammar that does not compile, admits no output or is over the compile budget
+/// (`constraint` `grammar_budget`) is the request's fault, refused under the field it came in.
 async fn compile(
     shared: &Shared,
     loaded: &Arc<Loaded>,
@@ -239,12 +240,18 @@ async fn compile(
     .map_err(|err| ApiError::new(ErrorCode::Internal, err.to_string(), correlation_id))?;
     match compiled {
         Ok(Ok(constraint)) => Ok(Some(constraint)),
-        Ok(Err(err)) => Err(invalid(
-            field,
-            "grammar".into(),
-            err.to_string(),
-            correlation_id,
-        )),
+        Ok(Err(err)) => {
+            let constraint = match err {
+                GrammarError::OverBudget(_) => "grammar_budget",
+                _ => "grammar",
+            };
+            Err(invalid(
+                field,
+                constraint.into(),
+                err.to_string(),
+                correlation_id,
+            ))
+        }
         Err(why) => {
             let message = format!("structured output is unavailable for this model: {why}");
             Err(invalid(field, "available".into(), message, correlation_id))

@@ -353,3 +353,69 @@ async fn grammars_that_cannot_produce_any_output_are_refused_before_the_queue() 
     );
     assert_eq!(shared.queue.len(), 0, "nothing was queued");
 }
+
+/// Parameters of `n` optional integer properties: a grammar over the compile budget from ~500.
+fn costly_parameters(n: usize) -> Value {
+    let properties: serde_json::Map<String, Value> = (0..n)
+        .map(|i| (format!("p{i}"), json!({"type": "integer"})))
+        .collect();
+    json!({"type": "object", "properties": properties})
+}
+
+#[tokio::test]
+async fn grammars_over_the_compile_budget_are_refused_naming_their_field() {
+    use worker_common::testing::{ScriptedBackend, ascii_tokenizer};
+    // The ASCII vocabulary writes JSON and tool-call markup; the template's comment holds
+    // `<tool_call>`, so tools are taken in the Hermes format.
+    let template = "{# <tool_call> #}{% for m in messages %}{{ m.content }}{% endfor %}|";
+    let tokenizer = ascii_tokenizer();
+    let formatter =
+        PromptFormatter::from_template(template, &tokenizer, TemplateRendering::InProcess).unwrap();
+    // A model that would end at once: the grammar picks what it writes.
+    let ends = |_: &[u32]| 0;
+    let backend = ScriptedBackend::new(64, tokenizer.vocab().len(), std::sync::Arc::new(ends));
+    let shared =
+        super::tests::start_with_tokenizer(backend, 1, settings(1), formatter, tokenizer).0;
+    let costly = costly_parameters(600);
+    let tool = json!({"type": "function", "function": {"name": "t", "parameters": costly}});
+    let forced = json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 3,
+        "tools": [tool], "tool_choice": {"type": "function", "function": {"name": "t"}}});
+    let format = json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 3,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": costly}}});
+    // Twice each: the second refusal comes from the compiled-grammar cache, the same.
+    for (body, param) in [(&forced, "tool_choice"), (&format, "response_format")] {
+        for _ in 0..2 {
+            let (status, reply) =
+                send(&shared, "POST", "/v1/chat/completions", Some(body.clone())).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+            let error = openai_error(&reply);
+            assert_eq!(error["type"], "invalid_request_error", "{error}");
+            assert_eq!(error["param"], param, "{error}");
+            let message = error["message"].as_str().unwrap();
+            assert!(message.contains("over this worker's budget"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+    }
+    let execute = json!({"job_id": "g", "prompt": "abc", "raw": true, "max_tokens": 3,
+        "grammar": {"type": "json_schema", "schema": costly}});
+    let (status, reply) = send(&shared, "POST", "/execute", Some(execute)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    let value: Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(value["error"]["code"], "INVALID_REQUEST", "{reply}");
+    let field = &value["errors"][0];
+    assert_eq!(
+        (&field["field"], &field["constraint"]),
+        (&json!("grammar"), &json!("grammar_budget")),
+        "{reply}"
+    );
+    assert_eq!(shared.queue.len(), 0, "nothing was queued");
+
+    // An ordinary tool's forced call is taken.
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string"}},
+        "required": ["city"]});
+    let tool = json!({"type": "function", "function": {"name": "w", "parameters": weather}});
+    let ordinary = json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 3,
+        "tools": [tool], "tool_choice": "required"});
+    let (status, reply) = send(&shared, "POST", "/v1/chat/completions", Some(ordinary)).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+}
