@@ -12,15 +12,12 @@
 //! cargo run --release -p worker-common --example grammar_cost -- <model.gguf> [depth...]
 //! ```
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 use worker_common::gguf::Gguf;
-use worker_common::grammar::{GrammarSpec, Grammars};
+use worker_common::grammar::{GrammarSpec, Grammars, token_env, top_level};
 use worker_common::tokenizer::Tokenizer;
 
 /// The most masks measured per grammar.
@@ -61,51 +58,14 @@ fn structured_output() -> Value {
         "required": ["title", "steps", "final_answer"], "additionalProperties": false})
 }
 
-/// llguidance's factory over `tokenizer`'s vocabulary with its default limits, built as
-/// [`Grammars::new`] builds its own.
+/// llguidance's factory over `tokenizer`'s vocabulary with its default limits (the worker's
+/// token environment, not its budget).
 fn default_factory(tokenizer: &Tokenizer) -> Result<ParserFactory, Box<dyn std::error::Error>> {
-    let vocab = tokenizer.vocab();
-    let size = u32::try_from(vocab.len())?;
-    let words: Vec<Vec<u8>> = (0..size)
-        .map(|id| match vocab.is_special(id) {
-            true => {
-                let text = vocab.text(id).unwrap_or_default().as_bytes();
-                [&[TokTrie::SPECIAL_TOKEN_MARKER][..], text].concat()
-            }
-            false => tokenizer.token_bytes(id),
-        })
-        .collect();
-    let end: Vec<u32> = vocab.end_of_generation().iter().copied().collect();
-    let eos = *end.first().ok_or("no end-of-generation token")?;
-    let trie = TokTrie::from(&TokRxInfo::new(size, eos), &words).with_eos_tokens(&end);
-    let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+    let (env, _) = token_env(tokenizer)?;
     let mut factory = ParserFactory::new_simple(&env)?;
     factory.quiet();
     factory.limits_mut().verbose_errors = false;
     Ok(factory)
-}
-
-/// `spec` as llguidance's grammar (the worker's own conversion adds compact JSON options).
-fn top_level(spec: &GrammarSpec) -> TopLevelGrammar {
-    let compact = |schema: Value| {
-        let mut schema = schema;
-        if let Value::Object(object) = &mut schema {
-            let options = json!({"whitespace_flexible": false, "item_separator": ", ",
-                "key_separator": ": "});
-            object.entry("x-guidance").or_insert(options);
-        }
-        schema
-    };
-    match spec {
-        GrammarSpec::JsonObject => {
-            TopLevelGrammar::from_json_schema(compact(json!({"type": "object"})))
-        }
-        GrammarSpec::JsonSchema(schema) => {
-            TopLevelGrammar::from_json_schema(compact(schema.clone()))
-        }
-        GrammarSpec::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
-        GrammarSpec::Regex(regex) => TopLevelGrammar::from_regex(regex),
-    }
 }
 
 /// What llguidance's limits measure of `spec` under its defaults, over the masks of `tokens`.

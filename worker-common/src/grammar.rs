@@ -97,32 +97,38 @@ fn compact_json(schema: &Value) -> Value {
     schema
 }
 
+/// llguidance's token environment for `tokenizer`'s vocabulary, and its end-of-generation ids:
+/// each token's bytes, special tokens behind llguidance's marker byte so that text never
+/// matches them. (Also what `examples/grammar_cost.rs` builds llguidance's own factory on.)
+pub fn token_env(tokenizer: &Tokenizer) -> Result<(TokEnv, Vec<u32>), GrammarError> {
+    let vocab = tokenizer.vocab();
+    let size = u32::try_from(vocab.len()).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
+    let words: Vec<Vec<u8>> = (0..size)
+        .map(|id| match vocab.is_special(id) {
+            true => {
+                let text = vocab.text(id).unwrap_or_default().as_bytes();
+                [&[TokTrie::SPECIAL_TOKEN_MARKER][..], text].concat()
+            }
+            false => tokenizer.token_bytes(id),
+        })
+        .collect();
+    let end: Vec<u32> = vocab.end_of_generation().iter().copied().collect();
+    let eos = vocab
+        .special()
+        .eos
+        .filter(|id| end.contains(id))
+        .or_else(|| end.first().copied())
+        .ok_or_else(|| GrammarError::Vocabulary("no end-of-generation token".into()))?;
+    let info = TokRxInfo::new(size, eos);
+    let trie = TokTrie::from(&info, &words).with_eos_tokens(&end);
+    let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+    Ok((env, end))
+}
+
 impl Grammars {
-    /// The token trie of `tokenizer`'s vocabulary: each token's bytes, special tokens behind
-    /// llguidance's marker byte so that text never matches them.
+    /// The compiler for `tokenizer`'s vocabulary ([`token_env`]), under the worker's budget.
     pub fn new(tokenizer: &Tokenizer) -> Result<Self, GrammarError> {
-        let vocab = tokenizer.vocab();
-        let size =
-            u32::try_from(vocab.len()).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
-        let words: Vec<Vec<u8>> = (0..size)
-            .map(|id| match vocab.is_special(id) {
-                true => {
-                    let text = vocab.text(id).unwrap_or_default().as_bytes();
-                    [&[TokTrie::SPECIAL_TOKEN_MARKER][..], text].concat()
-                }
-                false => tokenizer.token_bytes(id),
-            })
-            .collect();
-        let end: Vec<u32> = vocab.end_of_generation().iter().copied().collect();
-        let eos = vocab
-            .special()
-            .eos
-            .filter(|id| end.contains(id))
-            .or_else(|| end.first().copied())
-            .ok_or_else(|| GrammarError::Vocabulary("no end-of-generation token".into()))?;
-        let info = TokRxInfo::new(size, eos);
-        let trie = TokTrie::from(&info, &words).with_eos_tokens(&end);
-        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let (env, end) = token_env(tokenizer)?;
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
@@ -246,8 +252,8 @@ fn refusal(message: &str) -> GrammarError {
     }
 }
 
-/// `spec` as llguidance's grammar.
-fn top_level(spec: &GrammarSpec) -> TopLevelGrammar {
+/// `spec` as llguidance's grammar (JSON compact, [`compact_json`]).
+pub fn top_level(spec: &GrammarSpec) -> TopLevelGrammar {
     match spec {
         GrammarSpec::JsonObject => {
             TopLevelGrammar::from_json_schema(compact_json(&json!({"type": "object"})))
@@ -413,7 +419,7 @@ impl Constraint {
 
 /// Runs `job` on the threads the masks are computed on: a rayon pool of its own at a lower
 /// priority (nice 10) than the engine and the CPU backend's team, so that a grammar whose masks
-/// are costly (arrays nested forty deep cost 0.3-0.6 s a mask) takes the cores the steps
+/// are costly (within the budget, grammar_budget.rs: up to a few ms a mask) takes the cores the steps
 /// leave, not the steps' share; its sequence waits alone (the scheduler leaves a sequence with
 /// a late mask out of the step). Without that pool (threads refused), rayon's global one.
 fn spawn_mask(job: impl FnOnce() + Send + 'static) {
@@ -596,4 +602,4 @@ impl AllowedIds for Guide {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -133,16 +133,9 @@ mod tests {
         assert_eq!((stats.hits, stats.misses, stats.entries), (5, 1, 3));
     }
 
-    /// The ids `guide` allows next, of the first `n`.
-    fn allowed(guide: &crate::grammar::Guide, n: u32) -> Vec<u32> {
-        let mask = guide.allowed().unwrap();
-        (0..n)
-            .filter(|&id| mask[id as usize / 32] & (1 << (id % 32)) != 0)
-            .collect()
-    }
-
     #[test]
     fn a_grammar_compiled_again_comes_from_the_cache_with_the_same_masks() {
+        use crate::grammar::tests::allowed_ids;
         use crate::grammar::{GrammarError, GrammarSpec, Grammars};
         use crate::testing::ascii_tokenizer;
         use serde_json::json;
@@ -157,10 +150,10 @@ mod tests {
         // The masks along a valid text, and where the grammar may end.
         let walk = |grammars: &Grammars| {
             let mut guide = grammars.compile(&spec).unwrap().start();
-            let mut masks = vec![allowed(&guide, n)];
+            let mut masks = vec![allowed_ids(&guide, n)];
             for &token in &text {
                 guide.accept(token).unwrap();
-                masks.push(allowed(&guide, n));
+                masks.push(allowed_ids(&guide, n));
             }
             masks
         };

@@ -3,9 +3,10 @@
 use super::*;
 use crate::testing::{TINY_EOS, ascii_tokenizer, tiny_tokenizer};
 
-fn allowed_ids(guide: &mut Guide) -> Vec<u32> {
+/// The ids of the first `n` that `guide` allows next.
+pub(crate) fn allowed_ids(guide: &Guide, n: u32) -> Vec<u32> {
     let mask = guide.allowed().unwrap();
-    (0..10u32)
+    (0..n)
         .filter(|&id| mask[id as usize / 32] & (1 << (id % 32)) != 0)
         .collect()
 }
@@ -16,18 +17,18 @@ fn a_regex_allows_only_the_tokens_that_continue_it() {
     let grammars = Grammars::new(&tokenizer).unwrap();
     let constraint = grammars.compile(&GrammarSpec::Regex("ab+".into())).unwrap();
     let mut guide = constraint.start();
-    assert_eq!(allowed_ids(&mut guide), [1], "only `a` starts it");
+    assert_eq!(allowed_ids(&guide, 10), [1], "only `a` starts it");
     guide.accept(1).unwrap();
-    assert_eq!(allowed_ids(&mut guide), [2], "then `b`, not the end yet");
+    assert_eq!(allowed_ids(&guide, 10), [2], "then `b`, not the end yet");
     guide.accept(2).unwrap();
     assert_eq!(
-        allowed_ids(&mut guide),
+        allowed_ids(&guide, 10),
         [TINY_EOS, 2],
         "more `b` or the end"
     );
     guide.accept(2).unwrap();
     guide.accept(2).unwrap();
-    let waited = allowed_ids(&mut guide);
+    let waited = allowed_ids(&guide, 10);
     assert_eq!(
         waited,
         [TINY_EOS, 2],
@@ -98,9 +99,9 @@ fn recursive_grammars_with_a_way_out_compile() {
         }
     }
     let lark = GrammarSpec::Lark("start: a\na: \"x\" a | \"y\"".into());
-    let mut guide = grammars.compile(&lark).unwrap().start();
+    let guide = grammars.compile(&lark).unwrap().start();
     assert_eq!(
-        allowed_ids(&mut guide),
+        allowed_ids(&guide, 10),
         [7, 8],
         "`x` or `y`, from the first mask"
     );
