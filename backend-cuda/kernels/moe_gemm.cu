@@ -27,7 +27,7 @@ __device__ __forceinline__ void moe_gemm_passes(QmTiles<S>& sh, const QmBlock& b
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
     QRope none = {};
-    const u8* wrows[S::PAIRS];
+    const u8* wrows[S::WPAIRS];
     qm_tile_rows<S>(b, b.m, second, none, mode, wrows);
     for (int t0 = 0; t0 < n; t0 += S::BN) {
         float acc[S::MT][S::NT][4];

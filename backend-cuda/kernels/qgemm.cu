@@ -31,21 +31,21 @@ struct QmShape {
     // Outputs each thread holds.
     static const int V = MT * NT * 4;
     // (row, chunk) and (token, chunk) pairs each thread fetches per step.
-    static const int PAIRS = BM * QM_KC / THREADS;
-    static_assert(BM == BN && BM * QM_KC % THREADS == 0, "pairs split evenly");
+    static const int WPAIRS = BM * QM_KC / THREADS, XPAIRS = BN * QM_KC / THREADS;
+    static_assert(WPAIRS >= 1 && XPAIRS >= 1 && BM * QM_KC % THREADS == 0 &&
+                      BN * QM_KC % THREADS == 0,
+                  "pairs split evenly");
 };
-typedef QmShape<2, 4, 1, 1, 4> QmSmall;  // 32 × 32, 8 warps
+// QM_WARPS_M, QM_WARPS_N, QM_LARGE_MT and QM_LARGE_NT come from src/program.rs.
+typedef QmShape<QM_WARPS_M, QM_WARPS_N, 1, 1, 4> QmSmall;  // 32 × 32, 8 warps
+typedef QmShape<QM_WARPS_M, QM_WARPS_N, QM_LARGE_MT, QM_LARGE_NT, 2> QmLarge;
 
-// A weight chunk's scales and a token chunk's (d, s and the sum of its quants), 16 bytes each,
+// A weight chunk's scales and a token chunk's (XScale), 16 bytes each,
 // so that a warp reads them with one load per row or token (four and three scalar loads made
 // the shared loads, not DRAM, the wall of a 16-row decode step).
 struct __align__(16) QmWScale {
     float d, m;
     int sc, mn;
-};
-struct __align__(16) QmXScale {
-    float d, s;
-    int sum, unused;
 };
 
 // Scales sit QM_KC + 1 to a row (or token): the 16-byte rows' starts 36 words apart put a
@@ -56,7 +56,7 @@ struct QmTiles {
     u8 wq[S::BM * QM_PITCH];
     u8 xq[S::BN * QM_PITCH];
     QmWScale ws[S::BM][QM_KC + 1];
-    QmXScale xsc[S::BN][QM_KC + 1];
+    XScale xsc[S::BN][QM_KC + 1];
 };
 
 // c += a · b for a 16×32 tile of weights (row-major, 4 quants per word) and a 32×8 tile of
@@ -135,15 +135,15 @@ __device__ __forceinline__ const u8* qm_row_ptr(const QmBlock& b, const QMatrix&
     return m.w + (long long)row * m.row_bytes;
 }
 
-// One thread's share of a tile step in registers: S::PAIRS weight chunks (as ChunkFetch<C>
+// One thread's share of a tile step in registers: S::WPAIRS weight chunks (as ChunkFetch<C>
 // holds them: raw where the format decodes apart, so the loads stay in flight while the block
 // multiplies the previous step) and token chunks.
 template <typename C, typename S>
 struct QmStage {
-    typename ChunkFetch<C>::Raw w[S::PAIRS];
-    int4 x0[S::PAIRS], x1[S::PAIRS];
-    float xd[S::PAIRS], xs[S::PAIRS];
-    int xsum[S::PAIRS];
+    typename ChunkFetch<C>::Raw w[S::WPAIRS];
+    int4 x0[S::XPAIRS], x1[S::XPAIRS];
+    float xd[S::XPAIRS], xs[S::XPAIRS];
+    int xsum[S::XPAIRS];
 };
 
 // Pair i of this thread: tile row or token (threadIdx.x + i · threads) / QM_KC, chunk
@@ -162,8 +162,9 @@ __device__ __forceinline__ void qm_fetch(QmStage<C, S>& st, const u8* const* wro
     int c = threadIdx.x % QM_KC;
     if (c >= kc) return;
 #pragma unroll
-    for (int i = 0; i < S::PAIRS; ++i) {
-        st.w[i] = ChunkFetch<C>::fetch(wrows[i], k0 + c);
+    for (int i = 0; i < S::WPAIRS; ++i) st.w[i] = ChunkFetch<C>::fetch(wrows[i], k0 + c);
+#pragma unroll
+    for (int i = 0; i < S::XPAIRS; ++i) {
         // The tokens of a warp that will sit idle (qm_products) are not read.
         int r = qm_pair_row<S>(i);
         if (t0 + (r & ~(8 * S::NT - 1)) >= n) {
@@ -189,21 +190,25 @@ __device__ __forceinline__ void qm_store(QmTiles<S>& sh, const QmStage<C, S>& st
     int c = threadIdx.x % QM_KC;
     if (c >= kc) return;
 #pragma unroll
-    for (int i = 0; i < S::PAIRS; ++i) {
+    for (int i = 0; i < S::WPAIRS; ++i) {
         int r = qm_pair_row<S>(i);
         WChunk w = ChunkFetch<C>::decode(st.w[i], k0 + c);
         int4* dst = (int4*)(sh.wq + r * QM_PITCH + 32 * c);
         dst[0] = int4{(int)w.q[0], (int)w.q[1], (int)w.q[2], (int)w.q[3]};
         dst[1] = int4{(int)w.q[4], (int)w.q[5], (int)w.q[6], (int)w.q[7]};
         sh.ws[r][c] = QmWScale{w.d, w.m, w.sc, w.mn};
+    }
+#pragma unroll
+    for (int i = 0; i < S::XPAIRS; ++i) {
+        int r = qm_pair_row<S>(i);
         int4* xdst = (int4*)(sh.xq + r * QM_PITCH + 32 * c);
         xdst[0] = st.x0[i];
         xdst[1] = st.x1[i];
-        sh.xsc[r][c] = QmXScale{st.xd[i], st.xs[i], st.xsum[i], 0};
+        sh.xsc[r][c] = x_scale(st.xd[i], st.xsum[i], st.xs[i]);
     }
 }
 
-// The leaves (0 + the chunk product, qgemv.cu's order) of chunk c of the tiles for the warp's
+// The leaves (the chunk products, qgemv.cu's order) of chunk c of the tiles for the warp's
 // rows wm.. and tokens wn.. (mma tile mt, nt; output i: row g, +8 for i ≥ 2; token 2·q4 + (i & 1)).
 template <typename C, typename S>
 __device__ __forceinline__ void qm_chunk(const QmTiles<S>& sh, int c, int wm, int wn, int g,
@@ -232,16 +237,9 @@ __device__ __forceinline__ void qm_chunk(const QmTiles<S>& sh, int c, int wm, in
         int x = wn + 8 * nt;
         const u8* pb = sh.xq + (x + g) * QM_PITCH + 32 * c + 4 * q4;
         int b[2] = {*(const int*)pb, *(const int*)(pb + 16)};
-        float xd[2], xs[2];
-        int xsum[2];
+        XScale xsc[2];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            int t = x + 2 * q4 + j;
-            QmXScale xsc = sh.xsc[t][c];
-            xd[j] = xsc.d;
-            xs[j] = xsc.s;
-            xsum[j] = xsc.sum;
-        }
+        for (int j = 0; j < 2; ++j) xsc[j] = sh.xsc[x + 2 * q4 + j][c];
 #pragma unroll
         for (int mt = 0; mt < S::MT; ++mt) {
             int low[4] = {0, 0, 0, 0}, high[4] = {0, 0, 0, 0};
@@ -253,9 +251,7 @@ __device__ __forceinline__ void qm_chunk(const QmTiles<S>& sh, int c, int wm, in
             }
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                int j = i & 1;
-                leaf[mt][nt][i] =
-                    0.0f + C::partial(w[mt][i >> 1], xd[j], xsum[j], xs[j], low[i], high[i]);
+                leaf[mt][nt][i] = C::partial(w[mt][i >> 1], xsc[i & 1], low[i], high[i]);
             }
         }
     }
@@ -444,7 +440,7 @@ __device__ __forceinline__ void qm_tile_rows(const QmBlock& b, const QMatrix& m0
                                              const QMatrix& m1, const QRope& rope, int mode,
                                              const u8** wrows) {
 #pragma unroll
-    for (int i = 0; i < S::PAIRS; ++i) {
+    for (int i = 0; i < S::WPAIRS; ++i) {
         int r = qm_pair_row<S>(i), which = 0, rotation = 0;
         int row = qm_tile_row(b, m0, m1, rope, mode, r, &which, &rotation);
         wrows[i] = qm_row_ptr(b, m1, mode, r, row);
@@ -460,7 +456,7 @@ __device__ void qgemm_tile(QmTiles<S>& sh, const QmBlock& b, const QMatrix& m0, 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
     int wm = (warp % S::WM) * 16 * S::MT, wn = (warp / S::WM) * 8 * S::NT;
     int t0 = blockIdx.x * S::BN, chunks = cols >> 5;
-    const u8* wrows[S::PAIRS];
+    const u8* wrows[S::WPAIRS];
     qm_tile_rows<S>(b, m0, m1, rope, mode, wrows);
     float acc[S::MT][S::NT][4];
     bool split = gridDim.z > 1;
@@ -546,3 +542,12 @@ QGEMM_KERNEL(qgemm_small_q8_0, QmSmall, (qgemm_one<QmSmall, ChunkQ8_0>))
 QGEMM_KERNEL(qgemm_small_q4_k, QmSmall, (qgemm_one<QmSmall, ChunkQ4_K>))
 QGEMM_KERNEL(qgemm_small_q5_k, QmSmall, (qgemm_one<QmSmall, ChunkQ5_K>))
 QGEMM_KERNEL(qgemm_small_q6_k, QmSmall, (qgemm_one<QmSmall, ChunkQ6_K>))
+QGEMM_KERNEL(qgemm_large, QmLarge, qgemm<QmLarge>)
+QGEMM_KERNEL(qgemm_large_q4_0, QmLarge, (qgemm_one<QmLarge, ChunkQ4_0>))
+QGEMM_KERNEL(qgemm_large_q4_1, QmLarge, (qgemm_one<QmLarge, ChunkQ4_1>))
+QGEMM_KERNEL(qgemm_large_q5_0, QmLarge, (qgemm_one<QmLarge, ChunkQ5_0>))
+QGEMM_KERNEL(qgemm_large_q5_1, QmLarge, (qgemm_one<QmLarge, ChunkQ5_1>))
+QGEMM_KERNEL(qgemm_large_q8_0, QmLarge, (qgemm_one<QmLarge, ChunkQ8_0>))
+QGEMM_KERNEL(qgemm_large_q4_k, QmLarge, (qgemm_one<QmLarge, ChunkQ4_K>))
+QGEMM_KERNEL(qgemm_large_q5_k, QmLarge, (qgemm_one<QmLarge, ChunkQ5_K>))
+QGEMM_KERNEL(qgemm_large_q6_k, QmLarge, (qgemm_one<QmLarge, ChunkQ6_K>))

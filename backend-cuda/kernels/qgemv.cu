@@ -161,6 +161,17 @@ struct WChunk {
     int sc, mn;
 };
 
+// A token chunk's scales as the formulas take them: d, s (ggml's q8_1 s: d · Σ q rounded to
+// f16), the sum of its quants and d · sum in f32 (the minimum's factor of Q4_K and Q5_K).
+// Built once per token chunk by x_scale, so the GEMM computes d · sum once for all its rows.
+struct __align__(16) XScale {
+    float d, s, ds;
+    int sum;
+};
+__device__ __forceinline__ XScale x_scale(float d, int sum, float s) {
+    return XScale{d, s, d * (float)sum, sum};
+}
+
 // Σ q · x over the chunk's eight words of quants.
 __device__ __forceinline__ int chunk_sum(const WChunk& w, const Chunk8& x) {
     int sumi = 0;
@@ -183,7 +194,8 @@ __device__ __forceinline__ void nibble_chunk(Load load, u32 qh, WChunk* w) {
 
 // Chunk c of a weight row: `load` reads it, `dot` multiplies it by the input's chunk c in f32.
 // One struct per format, each with ggml's per-block arithmetic for that format's vec_dot (the
-// integer sum is exact, so only the float expressions fix the result).
+// integer sum is exact, so only the float expressions fix the result; Q4_K and Q5_K fold their
+// sub-block scales into d and m, exactly).
 struct ChunkQ4_0 {
     static __device__ __forceinline__ WChunk load(const u8* row, int c) {
         const u8* b = row + c * 18;
@@ -194,9 +206,9 @@ struct ChunkQ4_0 {
         nibble_chunk([&](int k) { return q[k]; }, 0u, &w);
         return w;
     }
-    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float,
-                                                    int low, int) {
-        return (w.d * dx) * (float)(low - 8 * sumx);
+    static __device__ __forceinline__ float partial(const WChunk& w, const XScale& x, int low,
+                                                    int) {
+        return (w.d * x.d) * (float)(low - 8 * x.sum);
     }
 };
 
@@ -209,9 +221,9 @@ struct ChunkQ4_1 {
         nibble_chunk([&](int k) { return ld_u32(b + 4 + 4 * k); }, 0u, &w);
         return w;
     }
-    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int, float sx,
-                                                    int low, int) {
-        return (w.d * dx) * (float)low + w.m * sx;
+    static __device__ __forceinline__ float partial(const WChunk& w, const XScale& x, int low,
+                                                    int) {
+        return (w.d * x.d) * (float)low + w.m * x.s;
     }
 };
 
@@ -225,9 +237,9 @@ struct ChunkQ5_0 {
         nibble_chunk([&](int k) { return q[k]; }, ld_u32_2(b + 2), &w);
         return w;
     }
-    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float,
-                                                    int low, int) {
-        return (w.d * dx) * (float)(low - 16 * sumx);
+    static __device__ __forceinline__ float partial(const WChunk& w, const XScale& x, int low,
+                                                    int) {
+        return (w.d * x.d) * (float)(low - 16 * x.sum);
     }
 };
 
@@ -240,9 +252,9 @@ struct ChunkQ5_1 {
         nibble_chunk([&](int k) { return ld_u32(b + 8 + 4 * k); }, ld_u32(b + 4), &w);
         return w;
     }
-    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float sx,
-                                                    int low, int high) {
-        return ChunkQ4_1::partial(w, dx, sumx, sx, low, high);
+    static __device__ __forceinline__ float partial(const WChunk& w, const XScale& x, int low,
+                                                    int high) {
+        return ChunkQ4_1::partial(w, x, low, high);
     }
 };
 
@@ -254,9 +266,9 @@ struct ChunkQ8_0 {
         ld_words_2<8>(b + 2, w.q);
         return w;
     }
-    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int, float, int low,
+    static __device__ __forceinline__ float partial(const WChunk& w, const XScale& x, int low,
                                                     int) {
-        return (w.d * dx) * (float)low;
+        return (w.d * x.d) * (float)low;
     }
 };
 
@@ -319,9 +331,9 @@ struct ChunkMXFP4 {
         }
         return w;
     }
-    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float sx,
-                                                    int low, int high) {
-        return ChunkQ8_0::partial(w, dx, sumx, sx, low, high);
+    static __device__ __forceinline__ float partial(const WChunk& w, const XScale& x, int low,
+                                                    int high) {
+        return ChunkQ8_0::partial(w, x, low, high);
     }
 };
 
@@ -357,8 +369,8 @@ struct ChunkQ4_K {
             w.sc = (head_byte(r.head, 8 + j) & 15) | ((head_byte(r.head, j) >> 6) << 4);
             w.mn = (head_byte(r.head, 8 + j) >> 4) | ((head_byte(r.head, 4 + j) >> 6) << 4);
         }
-        w.d = h2f((u16)(r.head.x & 0xFFFFu));
-        w.m = h2f((u16)(r.head.x >> 16));
+        w.d = h2f((u16)(r.head.x & 0xFFFFu)) * (float)w.sc;
+        w.m = h2f((u16)(r.head.x >> 16)) * (float)w.mn;
         u32 words[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
 #pragma unroll
         for (int k = 0; k < 8; ++k) w.q[k] = (words[k] >> shift) & 0x0F0F0F0Fu;
@@ -371,8 +383,8 @@ struct ChunkQ4_K {
         int j = c & 7, shift = 4 * (j & 1);
         WChunk w;
         scale_min_k4(j, b + 4, &w.sc, &w.mn);
-        w.d = ld_f16(b);
-        w.m = ld_f16(b + 2);
+        w.d = ld_f16(b) * (float)w.sc;
+        w.m = ld_f16(b + 2) * (float)w.mn;
         const U4* qs = (const U4*)(b + 16 + 32 * (j >> 1));
         U4 q0 = qs[0], q1 = qs[1];
         u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
@@ -380,9 +392,11 @@ struct ChunkQ4_K {
         for (int k = 0; k < 8; ++k) w.q[k] = (words[k] >> shift) & 0x0F0F0F0Fu;
         return w;
     }
-    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float,
-                                                    int low, int) {
-        return (w.d * dx) * (float)(w.sc * low) - (w.m * dx) * (float)(w.mn * sumx);
+    // d · sc and dmin · m are exact in f32 (an f16 times a 6-bit integer), so decode folds them
+    // into w.d and w.m and a chunk's product costs two multiplications and a fused one.
+    static __device__ __forceinline__ float partial(const WChunk& w, const XScale& x, int low,
+                                                    int) {
+        return __fmaf_rn(w.d * x.d, (float)low, -(w.m * x.ds));
     }
 };
 
@@ -414,8 +428,8 @@ struct ChunkQ5_K {
         int j = c & 7, shift = 4 * (j & 1);
         WChunk w;
         scale_min_k4(j, b + 4, &w.sc, &w.mn);
-        w.d = ld_f16(b);
-        w.m = ld_f16(b + 2);
+        w.d = ld_f16(b) * (float)w.sc;
+        w.m = ld_f16(b + 2) * (float)w.mn;
         const U4* qh = (const U4*)(b + 16);
         const U4* qs = (const U4*)(b + 48 + 32 * (j >> 1));
         U4 h0 = qh[0], h1 = qh[1], q0 = qs[0], q1 = qs[1];
@@ -426,9 +440,9 @@ struct ChunkQ5_K {
             w.q[k] = ((low[k] >> shift) & 0x0F0F0F0Fu) | (((high[k] >> j) & 0x01010101u) << 4);
         return w;
     }
-    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int sumx, float sx,
-                                                    int low, int high) {
-        return ChunkQ4_K::partial(w, dx, sumx, sx, low, high);
+    static __device__ __forceinline__ float partial(const WChunk& w, const XScale& x, int low,
+                                                    int high) {
+        return ChunkQ4_K::partial(w, x, low, high);
     }
 };
 
@@ -460,17 +474,17 @@ struct ChunkQ6_K {
         w.d = ld_f16(b + 208);
         return w;
     }
-    static __device__ __forceinline__ float partial(const WChunk& w, float dx, int, float, int low,
+    static __device__ __forceinline__ float partial(const WChunk& w, const XScale& x, int low,
                                                     int high) {
-        return (w.d * dx) * (float)(w.sc * low + w.mn * high);
+        return (w.d * x.d) * (float)(w.sc * low + w.mn * high);
     }
 };
 
 // The product of weight chunk c and input chunk c: the integer sum over the chunk, then the
-// format's formula (ggml's per-block arithmetic).
+// format's formula.
 template <typename C>
 __device__ __forceinline__ float chunk_dot(const WChunk& w, int c, const QInput& in) {
-    return C::partial(w, in.d[c], in.sum[c], in.s[c], chunk_sum(w, input_chunk(in, c)), 0);
+    return C::partial(w, x_scale(in.d[c], in.sum[c], in.s[c]), chunk_sum(w, input_chunk(in, c)), 0);
 }
 // Q6_K: the integer sums over its two 16-element halves, as the GEMM's two m16n8k16.
 template <>
@@ -482,13 +496,13 @@ __device__ __forceinline__ float chunk_dot<ChunkQ6_K>(const WChunk& w, int c, co
         low = __dp4a((int)w.q[k], x.w[k], low);
         high = __dp4a((int)w.q[4 + k], x.w[4 + k], high);
     }
-    return ChunkQ6_K::partial(w, in.d[c], in.sum[c], in.s[c], low, high);
+    return ChunkQ6_K::partial(w, x_scale(in.d[c], in.sum[c], in.s[c]), low, high);
 }
 
 // THE ORDER OF EVERY QUANTIZED PRODUCT (this GEMV, one row or batched, the tensor-core GEMM of
 // qgemm.cu and the expert kernels alike; specs/CUDA.md, "One arithmetic"): an output's chunk
-// products p_c (chunk_dot: exact integer sums, then the format's formula) are taken as leaves
-// 0 + p_c; the 32 leaves of each segment (QG_SEG chunks, 1,024 columns; a last, shorter segment
+// products p_c (chunk_dot: exact integer sums, then the format's formula) are the leaves; the
+// 32 leaves of each segment (QG_SEG chunks, 1,024 columns; a last, shorter segment
 // has +0 leaves) are added by the pairwise tree in chunk order, ((l0 + l1) + (l2 + l3)) + …;
 // the segments' totals are added in order to 0: (0 + S0) + S1 + …. Nothing in it depends on
 // the number of rows, the kernel or the launch, so a row's bits are the same in every pass.
@@ -525,7 +539,7 @@ __device__ __forceinline__ Sums<R * T> chunk_leaves(Rows<R> w, int c, bool live,
 #pragma unroll
         for (int t = 0; t < T; ++t) {
             if (T > 1 && t >= count) break;
-            leaf.v[k * T + t] = 0.0f + chunk_dot<C>(wc, c, qinput_at(cols, inputs + t * bytes));
+            leaf.v[k * T + t] = chunk_dot<C>(wc, c, qinput_at(cols, inputs + t * bytes));
         }
     }
     return leaf;

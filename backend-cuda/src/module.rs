@@ -13,6 +13,7 @@ use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
 
+use crate::qgemm::TileShape;
 use crate::qgemv::has_qgemv;
 
 pub use crate::program::{SOURCE, compile_options};
@@ -64,11 +65,12 @@ pub struct Kernels {
     /// k = 0 one warp per row, 1 two, 2 two with two token groups for rows of one segment
     /// (`qgemv_r1_t8_p1_s1`, …, `qgemv_r2_t8_p2_s2`).
     pub qgemv_batched: Vec<[CudaFunction; 2]>,
-    /// The int8 tensor-core GEMM (`qgemm.cu`), 32×32 tiles, for any mix of formats.
-    qgemm_small: CudaFunction,
-    /// The same for launches of one format (`qgemm_small_*`): each int8 format of
-    /// [`WEIGHT_TYPES`] with its kernel.
-    qgemm_small_one: Vec<(GgmlType, CudaFunction)>,
+    /// The int8 tensor-core GEMM (`qgemm.cu`) for any mix of formats, per tile shape
+    /// ([`TileShape`]: `qgemm_small`, `qgemm_large`).
+    qgemm_mixed: [CudaFunction; 2],
+    /// The same for launches of one format (`qgemm_small_*`, `qgemm_large_*`): each int8
+    /// format of [`WEIGHT_TYPES`] with its kernels.
+    qgemm_one: Vec<(GgmlType, [CudaFunction; 2])>,
     /// Quantizes input rows once for the qgemv and qgemm launches that read them.
     pub quantize_rows: CudaFunction,
     /// RMSNorm per row.
@@ -118,10 +120,11 @@ impl Kernels {
 
     /// The tensor-core GEMM for a launch whose matrices are all of `one_format`, else (`None`,
     /// a mix) the kernel that dispatches on each block's format. Both give the same bits.
-    pub fn qgemm(&self, one_format: Option<GgmlType>) -> &CudaFunction {
-        one_format
-            .and_then(|t| self.qgemm_small_one.iter().find(|(k, _)| *k == t))
-            .map_or(&self.qgemm_small, |(_, f)| f)
+    pub fn qgemm(&self, one_format: Option<GgmlType>, shape: TileShape) -> &CudaFunction {
+        let kernels = one_format
+            .and_then(|t| self.qgemm_one.iter().find(|(k, _)| *k == t))
+            .map_or(&self.qgemm_mixed, |(_, f)| f);
+        &kernels[shape as usize]
     }
 
     /// Compiles (or reads from the cache) and loads the program for `ctx`'s device.
@@ -164,11 +167,14 @@ impl Kernels {
             gemv_gated: per_type("gemv_gated")?,
             qgemv: qgemv_table(1, &[(1, 1), (2, 1), (4, 1), (8, 1)])?,
             qgemv_batched: qgemv_table(8, &[(1, 1), (2, 1), (2, 2)])?,
-            qgemm_small: get("qgemm_small")?,
-            qgemm_small_one: WEIGHT_TYPES
+            qgemm_mixed: [get("qgemm_small")?, get("qgemm_large")?],
+            qgemm_one: WEIGHT_TYPES
                 .iter()
                 .filter(|(t, _)| has_qgemv(*t))
-                .map(|(t, suffix)| Ok((*t, get(&format!("qgemm_small_{suffix}"))?)))
+                .map(|(t, suffix)| {
+                    let small = get(&format!("qgemm_small_{suffix}"))?;
+                    Ok((*t, [small, get(&format!("qgemm_large_{suffix}"))?]))
+                })
                 .collect::<Result<_, BackendError>>()?,
             quantize_rows: get("quantize_rows")?,
             rms_norm: get("rms_norm")?,

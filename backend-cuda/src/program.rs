@@ -31,10 +31,19 @@ pub const QG_MAX_SEGMENTS: usize = 32;
 pub const ATT_CHUNK: usize = 128;
 /// Widest head the attention kernels hold in registers (attention.cu).
 pub const MAX_HEAD: usize = 256;
+/// Warps of a tensor-core GEMM block along its weight rows and its tokens (qgemm.cu's shapes),
+/// each on 16-row × 8-token mma tiles: the small shape one tile a warp (32 × 32).
+pub const QM_WARPS_M: usize = 2;
+/// See [`QM_WARPS_M`].
+pub const QM_WARPS_N: usize = 4;
+/// The large shape's mma tiles a warp along the rows and the tokens (`QmLarge`).
+pub const QM_LARGE_MT: usize = 2;
+/// See [`QM_LARGE_MT`].
+pub const QM_LARGE_NT: usize = 1;
 
 /// The constants above that the kernels read, by the names they read them under: each is
 /// defined here alone and passed to NVRTC as `-D` (no `.cu` file defines it).
-pub const KERNEL_CONSTANTS: [(&str, usize); 7] = [
+pub const KERNEL_CONSTANTS: [(&str, usize); 11] = [
     ("PAGE_SIZE", PAGE_SIZE),
     ("GEMV_WARPS", GEMV_WARPS),
     ("QG_WARPS", QG_WARPS),
@@ -42,6 +51,10 @@ pub const KERNEL_CONSTANTS: [(&str, usize); 7] = [
     ("QG_MAX_SEGMENTS", QG_MAX_SEGMENTS),
     ("ATT_CHUNK", ATT_CHUNK),
     ("MAX_HEAD", MAX_HEAD),
+    ("QM_WARPS_M", QM_WARPS_M),
+    ("QM_WARPS_N", QM_WARPS_N),
+    ("QM_LARGE_MT", QM_LARGE_MT),
+    ("QM_LARGE_NT", QM_LARGE_NT),
 ];
 
 /// NVRTC options: a cubin for exactly this GPU (no PTX left for the driver to compile), no

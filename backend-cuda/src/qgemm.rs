@@ -11,23 +11,80 @@ use worker_common::model::ModelPlan;
 
 use crate::device::{Arg, Gpu};
 use crate::ops::Projection;
+use crate::program::{QM_LARGE_MT, QM_LARGE_NT, QM_WARPS_M, QM_WARPS_N};
 use crate::qgemv::{QgemvMode, check, int, matrix_args, rope_args};
 
-/// The block shape of qgemm.cu (`QmSmall`): weight rows and tokens per block (output slots of a
-/// gated or RoPE block are half as many rows: each slot is two rows, gate and up, or a rotated
-/// pair).
+/// The block shapes of qgemm.cu (`QmSmall`, `QmLarge`), the index of their kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TileShape {
+    /// 32 weight rows × 32 tokens: many blocks for a few dozen tokens, segments split apart.
+    Small = 0,
+    /// More rows or tokens a block, for passes with enough blocks to fill the GPU: fewer
+    /// shared loads and scale reads for each output.
+    Large = 1,
+}
+
+impl TileShape {
+    /// Weight rows and tokens per block (output slots of a gated or RoPE block are half as
+    /// many rows: each slot is two rows, gate and up, or a rotated pair).
+    fn size(self) -> Shape {
+        match self {
+            Self::Small => SMALL,
+            Self::Large => LARGE,
+        }
+    }
+}
+
+/// How a launch's blocks cover its outputs: the tile shape, and whether each block runs all of
+/// its tile's segments (`together`) or one (the segments' totals in the split room).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// The tile shape.
+    pub tile: TileShape,
+    /// Each block on all of its tile's segments.
+    pub together: bool,
+}
+
+impl Layout {
+    /// Every layout a launch can take (the large tiles only together), for the tests that
+    /// prove they give the same bits.
+    #[cfg(test)]
+    pub const ALL: [Layout; 3] = [
+        Layout {
+            tile: TileShape::Small,
+            together: false,
+        },
+        Layout {
+            tile: TileShape::Small,
+            together: true,
+        },
+        Layout {
+            tile: TileShape::Large,
+            together: true,
+        },
+    ];
+}
+
+/// A block's weight rows and tokens.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     rows: usize,
     tokens: usize,
 }
 
+/// One mma tile a warp.
 const SMALL: Shape = Shape {
-    rows: 32,
-    tokens: 32,
+    rows: 16 * QM_WARPS_M,
+    tokens: 8 * QM_WARPS_N,
 };
+const LARGE: Shape = Shape {
+    rows: 16 * QM_WARPS_M * QM_LARGE_MT,
+    tokens: 8 * QM_WARPS_N * QM_LARGE_NT,
+};
+/// Tokens from which a launch whose small tiles need no split takes the large shape.
+const LARGE_FROM_TOKENS: usize = 64;
 /// Threads per block.
-const THREADS: u32 = 256;
+const THREADS: u32 = (QM_WARPS_M * QM_WARPS_N * 32) as u32;
 /// Below this many blocks (eight per SM of an H100), a launch over several segments runs each
 /// segment in a block of its own (a prompt of a few dozen tokens then still fills the GPU on a
 /// down projection); from it on, each block runs all of its tile's segments, and no split room
@@ -114,27 +171,27 @@ impl Gpu {
     ) -> Result<(), BackendError> {
         check(parts, mode)?;
         let blocks = row_tiles(parts, mode, SMALL.rows) * n.div_ceil(SMALL.tokens);
-        self.qgemm_shaped(
-            parts,
-            quantized,
-            n,
-            mode,
-            blocks >= SPLIT_BELOW_BLOCKS,
-            split,
-        )
+        let together = blocks >= SPLIT_BELOW_BLOCKS;
+        let tile = if together && n >= LARGE_FROM_TOKENS {
+            TileShape::Large
+        } else {
+            TileShape::Small
+        };
+        self.qgemm_shaped(parts, quantized, n, mode, Layout { tile, together }, split)
     }
 
-    /// [`Gpu::qgemm`] with each block on all of its tile's segments (`together`) or on one
-    /// (the segments' totals in `split`). Both give every output the same bits.
+    /// [`Gpu::qgemm`] in a given [`Layout`] (the large tiles only together); every layout
+    /// gives every output the same bits.
     pub(crate) fn qgemm_shaped(
         &self,
         parts: &[Projection<'_>],
         quantized: u64,
         n: usize,
         mode: QgemvMode,
-        together: bool,
+        layout: Layout,
         split: SplitRoom,
     ) -> Result<(), BackendError> {
+        let Layout { tile, together } = layout;
         let cols = check(parts, mode)?;
         if n == 0 {
             return Err(BackendError::Device("a qgemm launch of no rows".to_owned()));
@@ -146,7 +203,12 @@ impl Gpu {
                 "a gated qgemm launch takes gate and up in one format".to_owned(),
             ));
         }
-        let shape = SMALL;
+        if tile == TileShape::Large && !together {
+            return Err(BackendError::Device(
+                "the large qgemm tiles run all their segments in one block".to_owned(),
+            ));
+        }
+        let shape = tile.size();
         let tiles = row_tiles(parts, mode, shape.rows);
         if tiles > MAX_GRID_Y {
             return Err(BackendError::Device(format!(
@@ -182,7 +244,7 @@ impl Gpu {
             .iter()
             .all(|p| p.w.ggml_type == first)
             .then_some(first);
-        let kernel = self.kernels.qgemm(one_format);
+        let kernel = self.kernels.qgemm(one_format, tile);
         self.launch_grid(kernel, grid, (THREADS, 0), &args)
     }
 }

@@ -11,7 +11,7 @@ use worker_common::model::AttentionShape;
 
 use crate::device::{Buffer, Gpu};
 use crate::ops::{LayerKv, Projection, RopeStore, RowNorm, StepRows};
-use crate::qgemm::SplitRoom;
+use crate::qgemm::{Layout, SplitRoom};
 use crate::qgemv::{QgemvMode, RopeTarget, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, f16_bytes, get, gpu, put, rel_error, to_bytes};
 use crate::tests_qgemv::{Case, TYPES, case, products, quantized, scaled_rope, tolerance};
@@ -97,7 +97,7 @@ fn qgemm_matches_the_cpu_arithmetic_for_every_quantized_type() {
 }
 
 /// The `cases` over token rows `first..first + count` of the quantized rows at `q` into `outs`
-/// (each output at its rows' offset), each block on all of its segments (`together`) or on one.
+/// (each output at its rows' offset), in `layout`.
 #[allow(clippy::too_many_arguments)]
 fn run(
     gpu: &Gpu,
@@ -107,7 +107,7 @@ fn run(
     cols: usize,
     first: usize,
     count: usize,
-    together: bool,
+    layout: Layout,
     split: SplitRoom,
 ) {
     let parts: Vec<Projection<'_>> = cases
@@ -120,7 +120,7 @@ fn run(
         })
         .collect();
     let input = q.ptr() + (first * quantized_row_bytes(cols)) as u64;
-    gpu.qgemm_shaped(&parts, input, count, QgemvMode::Store, together, split)
+    gpu.qgemm_shaped(&parts, input, count, QgemvMode::Store, layout, split)
         .unwrap();
 }
 
@@ -150,23 +150,17 @@ fn qgemm_rows_do_not_depend_on_the_launch() {
         });
         let q = quantize(&gpu, &x, norm, n, cols);
         let zeros = |c: &Case| put(&gpu, &vec![0u8; n * c.matrix.rows * 4]);
+        let [split_apart, together, large] = Layout::ALL;
         let whole: Vec<Buffer> = cases.iter().map(zeros).collect();
-        run(&gpu, &all, &whole, &q, cols, 0, n, false, split);
-        let together: Vec<Buffer> = cases.iter().map(zeros).collect();
-        run(&gpu, &all, &together, &q, cols, 0, n, true, split);
+        run(&gpu, &all, &whole, &q, cols, 0, n, split_apart, split);
+        let in_one: Vec<Buffer> = cases.iter().map(zeros).collect();
+        run(&gpu, &all, &in_one, &q, cols, 0, n, together, split);
+        let large_tiles: Vec<Buffer> = cases.iter().map(zeros).collect();
+        run(&gpu, &all, &large_tiles, &q, cols, 0, n, large, split);
         let pieced: Vec<Buffer> = cases.iter().map(zeros).collect();
         for (i, &(first, count)) in pieces.iter().enumerate() {
-            run(
-                &gpu,
-                &all,
-                &pieced,
-                &q,
-                cols,
-                first,
-                count,
-                i % 2 == 0,
-                split,
-            );
+            let layout = Layout::ALL[i % Layout::ALL.len()];
+            run(&gpu, &all, &pieced, &q, cols, first, count, layout, split);
         }
         // Each matrix alone in its launch.
         let alone: Vec<Buffer> = cases.iter().map(zeros).collect();
@@ -179,7 +173,7 @@ fn qgemm_rows_do_not_depend_on_the_launch() {
                 cols,
                 0,
                 n,
-                false,
+                split_apart,
                 split,
             );
         }
@@ -188,7 +182,8 @@ fn qgemm_rows_do_not_depend_on_the_launch() {
             let reference = get(&gpu, &whole[i], floats);
             assert!(reference.iter().any(|&v| v != 0.0), "outputs written");
             let others = [
-                ("each block on all segments", &together[i]),
+                ("each block on all segments", &in_one[i]),
+                ("in large tiles", &large_tiles[i]),
                 ("in pieces", &pieced[i]),
                 ("alone", &alone[i]),
             ];
@@ -336,28 +331,19 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
         let (g, u) = (zeros(n * 100), zeros(n * 100));
         store(&gate, &g, None);
         store(&up, &u, None);
-        for (gelu, together) in [(false, false), (true, false), (false, true)] {
+        for (gelu, layout) in [(false, 0), (true, 0), (false, 1), (true, 2)] {
+            let layout = Layout::ALL[layout];
             let (fused, separate) = (zeros(n * 100), zeros(n * 100));
             let parts = [&gate, &up].map(|c| Projection {
                 w: &c.matrix,
                 bias: None,
                 out: fused.ptr(),
             });
-            gpu.qgemm_shaped(
-                &parts,
-                q.ptr(),
-                n,
-                QgemvMode::Gated { gelu },
-                together,
-                split,
-            )
-            .unwrap();
+            gpu.qgemm_shaped(&parts, q.ptr(), n, QgemvMode::Gated { gelu }, layout, split)
+                .unwrap();
             gpu.gated(g.ptr(), u.ptr(), separate.ptr(), 100, 100, n, gelu)
                 .unwrap();
-            let what = format!(
-                "{} gated (gelu {gelu}, together {together})",
-                ggml_type.name()
-            );
+            let what = format!("{} gated (gelu {gelu}, {layout:?})", ggml_type.name());
             same(&separate, &fused, n * 100, &what);
         }
     }
@@ -374,7 +360,8 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
     let pages = PageTable::scrambled(&gpu, &mut rng, start + n);
     let chunk = pages.chunk(&gpu, start, n);
     let cache_floats = pages.rows * n_head_kv * head_dim;
-    for (neox, dims, together) in [(true, 64, false), (false, 64, true), (true, 32, false)] {
+    for (neox, dims, layout) in [(true, 64, 0), (false, 64, 1), (true, 32, 0), (false, 32, 2)] {
+        let layout = Layout::ALL[layout];
         let (rope, factors) = scaled_rope(&gpu, neox, dims, head_dim);
         let factors = if dims < head_dim { factors.ptr() } else { 0 };
         let outs: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
@@ -417,9 +404,9 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
                 out: out.ptr(),
             })
             .collect();
-        gpu.qgemm_shaped(&parts, q.ptr(), n, QgemvMode::Rope(target), together, split)
+        gpu.qgemm_shaped(&parts, q.ptr(), n, QgemvMode::Rope(target), layout, split)
             .unwrap();
-        let what = |part: &str| format!("RoPE mode (neox {neox}, dims {dims}): {part}");
+        let what = |part: &str| format!("RoPE mode (neox {neox}, dims {dims}, {layout:?}): {part}");
         same(&outs[0], &fused[0], n * n_head * head_dim, &what("queries"));
         same(
             &caches[0],

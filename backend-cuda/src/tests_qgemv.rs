@@ -12,6 +12,7 @@ use worker_common::backend::BackendError;
 
 use crate::device::{Buffer, Gpu};
 use crate::ops::{DeviceMatrix, Projection, RopeStore, RowNorm};
+use crate::qgemm::Layout;
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, get, gpu, put, random_weights, rel_error, to_bytes};
 
@@ -541,8 +542,8 @@ fn every_kernel_gives_a_row_the_same_bits() {
                 false => QgemvInput::Rows(x.ptr() + (t * cols * 4) as u64, norm),
             };
             // Rows first.. < first + count by the one-row GEMV (count 1), the batched one, or
-            // the GEMM (`gemm`: Some(each block on all segments)).
-            let run = |first: usize, count: usize, out: &Buffer, gemm: Option<bool>| {
+            // the GEMM (`gemm`: Some(its layout)).
+            let run = |first: usize, count: usize, out: &Buffer, gemm: Option<Layout>| {
                 let out = out.ptr() + (first * rows * 4) as u64;
                 let parts = [&gate, &up].map(|c| Projection {
                     w: &c.matrix,
@@ -555,8 +556,8 @@ fn every_kernel_gives_a_row_the_same_bits() {
                     &parts[..1]
                 };
                 match gemm {
-                    Some(together) => gpu
-                        .qgemm_shaped(parts, q_at(first), count, mode, together, split)
+                    Some(layout) => gpu
+                        .qgemm_shaped(parts, q_at(first), count, mode, layout, split)
                         .unwrap(),
                     None => qgemv(&gpu, parts, input(first), count, mode).unwrap(),
                 }
@@ -567,20 +568,25 @@ fn every_kernel_gives_a_row_the_same_bits() {
             }
             let batched = put(&gpu, &start);
             run(0, n, &batched, None);
+            let [split_apart, together, large] = Layout::ALL;
             let gemm_split = put(&gpu, &start);
-            run(0, n, &gemm_split, Some(false));
+            run(0, n, &gemm_split, Some(split_apart));
             let gemm_together = put(&gpu, &start);
-            run(0, n, &gemm_together, Some(true));
+            run(0, n, &gemm_together, Some(together));
+            let gemm_large = put(&gpu, &start);
+            run(0, n, &gemm_large, Some(large));
             // Pieces of a pass: one row, a short chunk and a long one.
             let gemm_pieces = put(&gpu, &start);
-            for (first, count) in [(0, 1), (1, 16), (17, 23)] {
-                run(first, count, &gemm_pieces, Some(first == 1));
+            for (first, count, layout) in [(0, 1, large), (1, 16, together), (17, 23, split_apart)]
+            {
+                run(first, count, &gemm_pieces, Some(layout));
             }
             let reference = get(&gpu, &alone, n * rows);
             let others = [
                 ("the batched GEMV", &batched),
                 ("the GEMM, a block per segment", &gemm_split),
                 ("the GEMM, a block on all segments", &gemm_together),
+                ("the GEMM in large tiles", &gemm_large),
                 ("the GEMM in pieces", &gemm_pieces),
             ];
             for (what, other) in others {
