@@ -85,9 +85,12 @@ struct AttSize {
     // 16-byte units (8 f16) of a tile each thread fetches, at most.
     static const int UNITS = (ATT_GROUP * HEAD / 8 + THREADS - 1) / THREADS;
 };
-typedef AttSize<64, 16, 1> AttHead64;
-typedef AttSize<128, 16, 1> AttHead128;
-typedef AttSize<MAX_HEAD, 4, 2> AttHead256;
+// The ATT_H*_WARPS and ATT_H*_QPW come from src/program.rs.
+typedef AttSize<64, ATT_H64_WARPS, ATT_H64_QPW> AttHead64;
+typedef AttSize<128, ATT_H128_WARPS, ATT_H128_QPW> AttHead128;
+typedef AttSize<MAX_HEAD, ATT_H256_WARPS, ATT_H256_QPW> AttHead256;
+static_assert(AttHead64::QUERIES <= 32 && AttHead128::QUERIES <= 32 && AttHead256::QUERIES <= 32,
+              "a block's rows fit the 32-bit masks of attention_rows");
 
 // Key j's row in a tile: float4 unit u (elements 4u..4u+3) stored at unit (u + j) mod units, so
 // that the eight lanes of a quarter-warp reading unit u of keys j..j+7 hit distinct banks.

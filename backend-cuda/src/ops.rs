@@ -6,7 +6,10 @@ use worker_common::gguf::GgmlType;
 use worker_common::model::{AttentionShape, RopePlan, RopeStyle};
 
 use crate::device::{Arg, Gpu};
-use crate::program::{ATT_CHUNK, GEMV_WARPS};
+use crate::program::{
+    ATT_CHUNK, ATT_H64_QPW, ATT_H64_WARPS, ATT_H128_QPW, ATT_H128_WARPS, ATT_H256_QPW,
+    ATT_H256_WARPS, GEMV_WARPS, MAX_HEAD,
+};
 
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
@@ -17,8 +20,20 @@ const MAX_DYNAMIC_SHARED: usize = 48 * 1024;
 const SPLIT_GATED_MAX_WARPS: usize = 8192;
 /// The prefill attention kernels (`attention_h64`, `_h128`, `_h256` in attention.cu): the
 /// widest head each takes, its query rows per block and its threads (`AttSize::QUERIES`,
-/// `AttSize::THREADS`).
-const ATTENTION_KERNELS: [(usize, usize, u32); 3] = [(64, 16, 512), (128, 16, 512), (256, 8, 128)];
+/// `AttSize::THREADS`), from program.rs's warps and rows a warp.
+const ATTENTION_KERNELS: [(usize, usize, u32); 3] = [
+    (64, ATT_H64_WARPS * ATT_H64_QPW, (ATT_H64_WARPS * 32) as u32),
+    (
+        128,
+        ATT_H128_WARPS * ATT_H128_QPW,
+        (ATT_H128_WARPS * 32) as u32,
+    ),
+    (
+        MAX_HEAD,
+        ATT_H256_WARPS * ATT_H256_QPW,
+        (ATT_H256_WARPS * 32) as u32,
+    ),
+];
 /// Most blocks per query head of the split attention kernel: enough to spread a few thousand
 /// positions over the GPU, few enough that the blocks past a short context cost little.
 pub const MAX_SPLITS: usize = 32;
@@ -403,7 +418,7 @@ impl Gpu {
     }
 
     /// Attention of `n` query rows, each at its position over its own sequence's keys
-    /// (`kv.rows`), in one layer of the pool: blocks of 8 query rows per head sharing
+    /// (`kv.rows`), in one layer of the pool: blocks of up to 32 query rows per head sharing
     /// each tile of keys, or with `split` (decode) the keys spread over blocks; `sinks`, one
     /// logit per query head, join each softmax without a value.
     #[allow(clippy::too_many_arguments)]
