@@ -530,24 +530,19 @@ __device__ __forceinline__ void qgemm_one(const QMatrix& m0, const QMatrix& m1,
         CALL(m0, m1, m2, rope, cols, n, pre, mode, partial, counters);                             \
     }
 
-// Any mix of formats (a Q4_K_M model's Q·K·V: Q4_K, Q4_K, Q6_K), each block dispatching on its
-// matrix's format; and one kernel per format (`qgemm_small_<format>`, WEIGHT_TYPES' suffixes)
-// for launches of one format.
-QGEMM_KERNEL(qgemm_small, QmSmall, qgemm<QmSmall>)
-QGEMM_KERNEL(qgemm_small_q4_0, QmSmall, (qgemm_one<QmSmall, ChunkQ4_0>))
-QGEMM_KERNEL(qgemm_small_q4_1, QmSmall, (qgemm_one<QmSmall, ChunkQ4_1>))
-QGEMM_KERNEL(qgemm_small_q5_0, QmSmall, (qgemm_one<QmSmall, ChunkQ5_0>))
-QGEMM_KERNEL(qgemm_small_q5_1, QmSmall, (qgemm_one<QmSmall, ChunkQ5_1>))
-QGEMM_KERNEL(qgemm_small_q8_0, QmSmall, (qgemm_one<QmSmall, ChunkQ8_0>))
-QGEMM_KERNEL(qgemm_small_q4_k, QmSmall, (qgemm_one<QmSmall, ChunkQ4_K>))
-QGEMM_KERNEL(qgemm_small_q5_k, QmSmall, (qgemm_one<QmSmall, ChunkQ5_K>))
-QGEMM_KERNEL(qgemm_small_q6_k, QmSmall, (qgemm_one<QmSmall, ChunkQ6_K>))
-QGEMM_KERNEL(qgemm_large, QmLarge, qgemm<QmLarge>)
-QGEMM_KERNEL(qgemm_large_q4_0, QmLarge, (qgemm_one<QmLarge, ChunkQ4_0>))
-QGEMM_KERNEL(qgemm_large_q4_1, QmLarge, (qgemm_one<QmLarge, ChunkQ4_1>))
-QGEMM_KERNEL(qgemm_large_q5_0, QmLarge, (qgemm_one<QmLarge, ChunkQ5_0>))
-QGEMM_KERNEL(qgemm_large_q5_1, QmLarge, (qgemm_one<QmLarge, ChunkQ5_1>))
-QGEMM_KERNEL(qgemm_large_q8_0, QmLarge, (qgemm_one<QmLarge, ChunkQ8_0>))
-QGEMM_KERNEL(qgemm_large_q4_k, QmLarge, (qgemm_one<QmLarge, ChunkQ4_K>))
-QGEMM_KERNEL(qgemm_large_q5_k, QmLarge, (qgemm_one<QmLarge, ChunkQ5_K>))
-QGEMM_KERNEL(qgemm_large_q6_k, QmLarge, (qgemm_one<QmLarge, ChunkQ6_K>))
+// For each tile shape: any mix of formats (`qgemm_<shape>`; a Q4_K_M model's Q·K·V: Q4_K, Q4_K,
+// Q6_K), each block dispatching on its matrix's format; and one kernel per format
+// (`qgemm_<shape>_<format>`, WEIGHT_TYPES' suffixes) for launches of one format.
+#define QGEMM_SHAPE_KERNELS(SHAPE_NAME, SHAPE)                                            \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME, SHAPE, qgemm<SHAPE>)                                 \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q4_0, SHAPE, (qgemm_one<SHAPE, ChunkQ4_0>))         \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q4_1, SHAPE, (qgemm_one<SHAPE, ChunkQ4_1>))         \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q5_0, SHAPE, (qgemm_one<SHAPE, ChunkQ5_0>))         \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q5_1, SHAPE, (qgemm_one<SHAPE, ChunkQ5_1>))         \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q8_0, SHAPE, (qgemm_one<SHAPE, ChunkQ8_0>))         \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q4_k, SHAPE, (qgemm_one<SHAPE, ChunkQ4_K>))         \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q5_k, SHAPE, (qgemm_one<SHAPE, ChunkQ5_K>))         \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q6_k, SHAPE, (qgemm_one<SHAPE, ChunkQ6_K>))
+
+QGEMM_SHAPE_KERNELS(small, QmSmall)
+QGEMM_SHAPE_KERNELS(large, QmLarge)
