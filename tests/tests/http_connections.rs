@@ -262,6 +262,17 @@ fn a_client_that_never_reads_is_dropped_and_the_job_behind_it_starts() {
         "no client_stalled cancel: {:?}",
         worker.log_lines()
     );
+    // The line names the worker and the job's correlation id, as every job's lines do.
+    let dropped = dropped.unwrap();
+    assert!(
+        dropped["worker_id"]
+            .as_str()
+            .is_some_and(|id| !id.is_empty())
+            && dropped["correlation_id"]
+                .as_str()
+                .is_some_and(|id| !id.is_empty()),
+        "{dropped}"
+    );
     let ended = worker.wait_for_log(|l| {
         l["event"] == "cancel" && l["job_id"] == "never-read" && l["code"] == "CANCELLED"
     });
