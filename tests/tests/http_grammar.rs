@@ -17,7 +17,7 @@ use llorch_tests::worker::{Worker, serial};
 use serde_json::{Value, json};
 
 /// Tokens each decoding job writes.
-const DECODE_TOKENS: u64 = 48;
+const DECODE_TOKENS: u64 = 32;
 
 /// Parameters whose one property is an array of arrays … `depth` deep of integers.
 fn nested(depth: usize) -> Value {
@@ -101,7 +101,7 @@ fn costly_and_impossible_grammars_beside_decoding_jobs() {
     let costly = [
         ("arrays nested 40 deep", nested(40)),
         ("arrays nested 40 deep again", nested(40)),
-        ("100 optional properties", optional(100)),
+        ("50 optional properties", optional(50)),
     ];
     for (i, (what, parameters)) in costly.iter().enumerate() {
         let (status, reply) = chat(addr, &forced_call(&format!("tool_{i}"), parameters));
