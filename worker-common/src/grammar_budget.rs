@@ -95,14 +95,7 @@ mod tests {
     use super::*;
     use crate::grammar::{GrammarError, GrammarSpec, Grammars};
     use crate::testing::ascii_tokenizer;
-
-    /// An object of `n` optional integer properties: the costly shape.
-    fn optional_properties(n: usize) -> Value {
-        let properties: serde_json::Map<String, Value> = (0..n)
-            .map(|i| (format!("p{i}"), json!({"type": "integer"})))
-            .collect();
-        json!({"type": "object", "properties": properties})
-    }
+    use crate::testing::schemas::optional_properties;
 
     /// The forced call grammar worker-http builds for one Hermes-format tool.
     fn forced_call(name: &str, parameters: &Value) -> GrammarSpec {

@@ -2,6 +2,7 @@
 //! a [`tiny_tokenizer`], so the scheduler, the per-job logic and the HTTP routes get fast unit
 //! tests without a model. Never used end to end: the black-box suite runs the real models.
 
+pub mod schemas;
 mod scripted;
 mod tokenizer;
 

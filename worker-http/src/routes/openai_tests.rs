@@ -354,14 +354,6 @@ async fn grammars_that_cannot_produce_any_output_are_refused_before_the_queue() 
     assert_eq!(shared.queue.len(), 0, "nothing was queued");
 }
 
-/// Parameters of `n` optional integer properties: a grammar over the compile budget from ~500.
-fn costly_parameters(n: usize) -> Value {
-    let properties: serde_json::Map<String, Value> = (0..n)
-        .map(|i| (format!("p{i}"), json!({"type": "integer"})))
-        .collect();
-    json!({"type": "object", "properties": properties})
-}
-
 #[tokio::test]
 async fn grammars_over_the_compile_budget_are_refused_naming_their_field() {
     use worker_common::testing::{ScriptedBackend, ascii_tokenizer};
@@ -376,7 +368,7 @@ async fn grammars_over_the_compile_budget_are_refused_naming_their_field() {
     let backend = ScriptedBackend::new(64, tokenizer.vocab().len(), std::sync::Arc::new(ends));
     let shared =
         super::tests::start_with_tokenizer(backend, 1, settings(1), formatter, tokenizer).0;
-    let costly = costly_parameters(600);
+    let costly = worker_common::testing::schemas::optional_properties(600);
     let tool = json!({"type": "function", "function": {"name": "t", "parameters": costly}});
     let forced = json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 3,
         "tools": [tool], "tool_choice": {"type": "function", "function": {"name": "t"}}});
