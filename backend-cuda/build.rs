@@ -18,6 +18,7 @@ fn main() -> Result<(), String> {
     println!("cargo:rerun-if-env-changed=LLORCH_CUDA_ARCHS");
     println!("cargo:rerun-if-changed=kernels");
     println!("cargo:rerun-if-changed=src/program.rs");
+    println!("cargo:rerun-if-changed=src/params.rs");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").ok_or("OUT_DIR is not set")?);
     let embedded = match std::env::var_os("LLORCH_NVRTC") {
         Some(library) => compile_all(Path::new(&library), &out)?,
@@ -46,10 +47,11 @@ fn compile_all(library: &Path, out: &Path) -> Result<Vec<(String, String)>, Stri
         .map(str::trim)
         .filter(|a| !a.is_empty())
         .collect();
+    let source = source();
     let compiled: Vec<Result<Vec<u8>, String>> = std::thread::scope(|scope| {
         let threads: Vec<_> = archs
             .iter()
-            .map(|arch| scope.spawn(|| nvrtc.compile(SOURCE, &compile_options(arch))))
+            .map(|arch| scope.spawn(|| nvrtc.compile(&source, &compile_options(arch))))
             .collect();
         threads
             .into_iter()

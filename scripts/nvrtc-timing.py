@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
-"""Where a cold start's kernel compilation goes: NVRTC on the CUDA backend's program, as
-backend-cuda/src/program.rs defines it (the files of `SOURCE` concatenated in its order, the options
-of `compile_options`), whole and file by file.
+"""Where a cold start's kernel compilation goes: NVRTC on the CUDA backend's program as the worker
+compiles it, whole and part by part. The program and its options come from Rust (no copy here to
+drift): write them first, where Rust is, with
 
-    scripts/nvrtc-timing.py [--arch sm_90] [--nvrtc PATH/libnvrtc.so] [--runs 1] [--files K] [--jobs J]
+    cargo run -p backend-cuda --example kernel_program -- DIR [sm_90]
 
-For each k it compiles the first k files of the program and reports the time and the increment
-over k - 1 files: the increment is what file k's kernels cost (earlier files are only helpers
-to it, and parsing them is in the k - 1 figure). Then the whole program once more, as the worker
-compiles it. `--jobs J` compiles J prefixes at once (ctypes releases the GIL; each compile is
-single-threaded, so on a host of at least J idle cores the figures hardly change). Needs libnvrtc (the CUDA toolkit's, or a `nvidia-cuda-nvrtc` wheel's, with its
-folder on LD_LIBRARY_PATH for libnvrtc-builtins) and nothing else: ctypes, standard library only. Run it on the GPU host (no GPU is touched; the arch is
-given).
+then, on the GPU host:
+
+    scripts/nvrtc-timing.py --program DIR [--nvrtc PATH/libnvrtc.so] [--runs 1] [--files K] [--jobs J]
+
+The program's parts (the parameter structs, then each kernel file) are opened by a
+`// ---- llorch part: NAME` line. For each k it compiles the first k parts and reports the time and
+the increment over k - 1 parts: the increment is what part k's kernels cost (earlier parts are only
+helpers to it, and parsing them is in the k - 1 figure). Then the whole program once more, as the
+worker compiles it. `--jobs J` compiles J prefixes at once (ctypes releases the GIL; each compile
+is single-threaded, so on a host of at least J idle cores the figures hardly change). Needs libnvrtc
+(the CUDA toolkit's, or a `nvidia-cuda-nvrtc` wheel's, with its folder on LD_LIBRARY_PATH for
+libnvrtc-builtins) and nothing else: ctypes, standard library only. No GPU is touched (the arch is
+in the options).
 """
 
 from __future__ import annotations
@@ -21,37 +27,29 @@ import concurrent.futures
 import ctypes
 import glob
 import os
-import re
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PROGRAM_RS = ROOT / "backend-cuda" / "src" / "program.rs"
-KERNELS = ROOT / "backend-cuda" / "kernels"
+PART_MARK = "// ---- llorch part: "
 
 
-def program_files() -> list[str]:
-    """The kernel files of `SOURCE`, in program.rs's order."""
-    text = PROGRAM_RS.read_text()
-    source = text[text.index("pub const SOURCE"):]
-    source = source[: source.index(");")]
-    return re.findall(r'include_str!\("\.\./kernels/([a-z_]+\.cu)"\)', source)
+def program_parts(program: Path) -> list[tuple[str, str]]:
+    """The program's parts, each (name, text), in order; their texts concatenated are the program."""
+    parts: list[tuple[str, str]] = []
+    for line in (program / "program.cu").read_text().splitlines(keepends=True):
+        if line.startswith(PART_MARK):
+            parts.append((line[len(PART_MARK):].strip(), line))
+        elif parts:
+            parts[-1] = (parts[-1][0], parts[-1][1] + line)
+        else:
+            sys.exit(f"{program}/program.cu does not open with a part mark")
+    return parts
 
 
-def compile_options(arch: str) -> list[str]:
-    """program.rs's `compile_options`, read from the source so the two cannot drift: its fixed
-    options and a -D for each entry of KERNEL_CONSTANTS."""
-    text = PROGRAM_RS.read_text()
-    body = text[text.index("pub fn compile_options"):]
-    body = body[: body.index("\n}")]
-    options = [o for o in re.findall(r'"(--[^"]+)"', body) if "{" not in o]
-    values = dict(re.findall(r"pub const ([A-Z_0-9]+): usize = (\d+);", text))
-    table = text[text.index("pub const KERNEL_CONSTANTS"):]
-    table = table[: table.index("];")]
-    defines = [f"-D{name}={values[const]}"
-               for name, const in re.findall(r'\("([A-Z_0-9]+)", ([A-Z_0-9]+)\)', table)]
-    return [f"--gpu-architecture={arch}"] + options + defines
+def compile_options(program: Path) -> list[str]:
+    """The worker's NVRTC options, as kernel_program wrote them."""
+    return [o for o in (program / "options.txt").read_text().splitlines() if o]
 
 
 def find_nvrtc(given: str | None) -> ctypes.CDLL:
@@ -95,21 +93,23 @@ def compile_seconds(nvrtc: ctypes.CDLL, source: str, options: list[str]) -> floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--program", type=Path, required=True,
+                        help="the folder kernel_program wrote (program.cu, options.txt)")
     parser.add_argument("--nvrtc", help="path of libnvrtc.so")
     parser.add_argument("--runs", type=int, default=1, help="compiles per prefix (the least is kept)")
-    parser.add_argument("--files", type=int, help="stop after this many files (no whole-program run)")
+    parser.add_argument("--files", type=int, help="stop after this many parts (no whole-program run)")
     parser.add_argument("--jobs", type=int, default=1, help="prefixes compiled at once")
     args = parser.parse_args()
     nvrtc = find_nvrtc(args.nvrtc)
     major, minor = ctypes.c_int(), ctypes.c_int()
     nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
-    options = compile_options(args.arch)
-    files = program_files()[: args.files]
+    options = compile_options(args.program)
+    parts = program_parts(args.program)[: args.files]
+    files = [name for name, _ in parts]
     print(f"NVRTC {major.value}.{minor.value}, options {' '.join(options)}")
     sources = []
-    for name in files:
-        sources.append((sources[-1] if sources else "") + (KERNELS / name).read_text())
+    for _, text in parts:
+        sources.append((sources[-1] if sources else "") + text)
     if args.files is None:
         sources.append(sources[-1])
 
@@ -118,7 +118,7 @@ def main() -> None:
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         seconds = list(pool.map(timed, sources))
-    print("| files | last file | lines | seconds | increment |")
+    print("| parts | last part | lines | seconds | increment |")
     print("|---:|---|---:|---:|---:|")
     previous = 0.0
     for k, name in enumerate(files, start=1):

@@ -375,11 +375,10 @@ __device__ void attention_rows(const float* q, const u16* k_cache, const u16* v_
 
 #define ATTENTION_KERNEL(NAME, SIZE)                                                               \
     extern "C" __global__ void __launch_bounds__(SIZE::THREADS) NAME(                              \
-        const float* q, const u16* k_cache, const u16* v_cache, const int* pos_of,                 \
-        const int* tables, const int* all_pages, float* out, int n_head, int n_head_kv, int dk,    \
-        int dv, float scale, int window, const float* sinks, int n) {                              \
-        attention_rows<SIZE>(q, k_cache, v_cache, pos_of, tables, all_pages, out, n_head,          \
-                             n_head_kv, dk, dv, scale, window, sinks, n);                          \
+        const AttentionParams p) {                                                                 \
+        attention_rows<SIZE>(p.q, p.k_cache, p.v_cache, p.rows.pos, p.rows.tables, p.rows.pages,   \
+                             p.out, p.n_head, p.n_head_kv, p.dk, p.dv, p.scale, p.window, p.sinks, \
+                             p.n);                                                                 \
     }
 
 ATTENTION_KERNEL(attention_h64, AttHead64)
@@ -406,10 +405,17 @@ __device__ __forceinline__ int pow2_at_least(int n) { return n <= 1 ? 1 : 1 << (
 // leaves the block writes the result itself. The grid is sized for the longest row of the pass
 // (positions are only known on the device); blocks without leaves return at once.
 extern "C" __global__ void __launch_bounds__(ATT_CHUNK)
-attention_split(const float* q, const u16* k_cache, const u16* v_cache, const int* pos_of,
-                const int* tables, const int* all_pages, float* out, int n_head, int n_head_kv,
-                int dk, int dv, float scale, int window, const float* sinks, int splits,
-                float* partial, u32* counters) {
+attention_split(const AttentionParams args) {
+    const float* q = args.q;
+    const u16 *k_cache = args.k_cache, *v_cache = args.v_cache;
+    const int *pos_of = args.rows.pos, *tables = args.rows.tables, *all_pages = args.rows.pages;
+    float* out = args.out;
+    int n_head = args.n_head, n_head_kv = args.n_head_kv, dk = args.dk, dv = args.dv;
+    float scale = args.scale;
+    int window = args.window, splits = args.splits;
+    const float* sinks = args.sinks;
+    float* partial = args.partial;
+    u32* counters = args.counters;
     __shared__ float s_q[MAX_HEAD];
     __shared__ float s_e[ATT_CHUNK];
     __shared__ long long s_row[ATT_CHUNK];

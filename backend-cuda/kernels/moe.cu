@@ -8,13 +8,12 @@
 
 // One thread per row: the `used` highest of `count` logits (bias included; the lower index
 // first among equals), best first, weighted by the softmax of the chosen logits.
-extern "C" __global__ void moe_route(const float* logits, int count, int used, int n, int* ids,
-                                     float* weights) {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n) return;
-    const float* row = logits + (long long)t * count;
-    int* chosen = ids + (long long)t * used;
-    float* weight = weights + (long long)t * used;
+extern "C" __global__ void moe_route(const MoeRouteParams p) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x, count = p.count, used = p.used;
+    if (t >= p.n) return;
+    const float* row = p.logits + (long long)t * count;
+    int* chosen = p.ids + (long long)t * used;
+    float* weight = p.weights + (long long)t * used;
     for (int j = 0; j < used; ++j) {
         int best = -1;
         float best_logit = 0.0f;
@@ -48,8 +47,11 @@ __device__ __forceinline__ float swiglu_oai(float gate, float up, float alpha, f
 // expert, in pair order (counted by ballots, so the grouping is the same on every run);
 // `active` lists the experts with pairs, in order, then -1 up to min(count, pairs) entries.
 extern "C" __global__ void __launch_bounds__(1024)
-moe_group(const int* ids, int pairs, int count, int* offsets, int* order, int* active) {
+moe_group(const MoeGroupParams args) {
     extern __shared__ int moe_counts[];
+    const int* ids = args.ids;
+    int pairs = args.pairs, count = args.count;
+    int *offsets = args.offsets, *order = args.order, *active = args.active;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     unsigned below = (1u << lane) - 1u;
     for (int e = warp; e < count; e += warps) {
@@ -87,11 +89,10 @@ moe_group(const int* ids, int pairs, int count, int* offsets, int* order, int* a
 }
 
 // sorted[k] = quantized input row order[k] / used (each pair's token's row), one block per k.
-extern "C" __global__ void moe_gather(const u8* rows, const int* order, int used, int bytes,
-                                      u8* sorted) {
-    int k = blockIdx.x;
-    const int4* src = (const int4*)(rows + (long long)(order[k] / used) * bytes);
-    int4* dst = (int4*)(sorted + (long long)k * bytes);
+extern "C" __global__ void moe_gather(const MoeGatherParams p) {
+    int k = blockIdx.x, bytes = p.bytes;
+    const int4* src = (const int4*)(p.rows + (long long)(p.order[k] / p.used) * bytes);
+    int4* dst = (int4*)(p.sorted + (long long)k * bytes);
     for (int i = threadIdx.x; i < bytes / 16; i += blockDim.x) dst[i] = src[i];
 }
 
@@ -118,32 +119,31 @@ __device__ __forceinline__ void prefetch_rows(const Rows<R>& w, long long bytes,
 // weight chunk loaded once for up to MOE_TOKENS positions, a position's sums the same whatever
 // the others are.
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
-moe_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* gate_b,
-            const float* const* up_b, long long row_bytes, int rows, int format, int cols,
-            const u8* sorted, const int* offsets, const int* active, float alpha, float limit,
-            float* act) {
-    int e = active[blockIdx.y], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+moe_gate_up(const MoeGateUpParams p) {
+    long long row_bytes = p.row_bytes;
+    int rows = p.rows, cols = p.cols;
+    int e = p.active[blockIdx.y], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp;
     if (e < 0 || r >= rows) return;
-    int first = offsets[e], last = offsets[e + 1];
+    int first = p.offsets[e], last = p.offsets[e + 1];
     Rows<2> w;
-    w.p[0] = gate_w[e] + (long long)r * row_bytes;
-    w.p[1] = up_w[e] + (long long)r * row_bytes;
+    w.p[0] = p.gate_w[e] + (long long)r * row_bytes;
+    w.p[1] = p.up_w[e] + (long long)r * row_bytes;
     prefetch_rows<2>(w, row_bytes, lane);
     long long bytes = qinput_bytes(cols);
     for (int k0 = first; k0 < last; k0 += MOE_TOKENS) {
         int count = min(MOE_TOKENS, last - k0);
         int index;
-        float total = warp_row_totals<2, MOE_TOKENS>(format, w, lane, cols, sorted + k0 * bytes,
-                                                     count, &index);
+        float total = warp_row_totals<2, MOE_TOKENS>(p.format, w, lane, cols,
+                                                     p.input + k0 * bytes, count, &index);
         // The up row's total for the same token sits in the lanes xor 16; each total is held
         // by 32 / (2 · MOE_TOKENS) lanes, of which the first writes.
         float up = __shfl_xor_sync(0xffffffffu, total, 16);
         int i = index % MOE_TOKENS;
         bool leader = (lane & (32 / (2 * MOE_TOKENS) - 1)) == 0 && index < MOE_TOKENS;
         if (leader && i < count)
-            act[(long long)(k0 + i) * rows + r] =
-                swiglu_oai(total + gate_b[e][r], up + up_b[e][r], alpha, limit);
+            p.act[(long long)(k0 + i) * rows + r] =
+                swiglu_oai(total + p.gate_b[e][r], up + p.up_b[e][r], p.alpha, p.limit);
     }
 }
 
@@ -151,26 +151,26 @@ moe_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* 
 // expert e = active[blockIdx.y], the activations quantized in expert order at `sorted`; one warp per
 // row r, as moe_gate_up.
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
-moe_down(const u8* const* down_w, const float* const* down_b, long long row_bytes, int rows,
-         int format, int cols, const u8* sorted, const int* offsets, const int* active,
-         const int* order, const float* weights, float* out) {
-    int e = active[blockIdx.y], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+moe_down(const MoeDownParams args) {
+    long long row_bytes = args.row_bytes;
+    int rows = args.rows, cols = args.cols;
+    int e = args.active[blockIdx.y], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp;
     if (e < 0 || r >= rows) return;
-    int first = offsets[e], last = offsets[e + 1];
+    int first = args.offsets[e], last = args.offsets[e + 1];
     Rows<1> w;
-    w.p[0] = down_w[e] + (long long)r * row_bytes;
+    w.p[0] = args.down_w[e] + (long long)r * row_bytes;
     prefetch_rows<1>(w, row_bytes, lane);
     long long bytes = qinput_bytes(cols);
     for (int k0 = first; k0 < last; k0 += MOE_TOKENS) {
         int count = min(MOE_TOKENS, last - k0);
         int index;
-        float total = warp_row_totals<1, MOE_TOKENS>(format, w, lane, cols, sorted + k0 * bytes,
-                                                     count, &index);
+        float total = warp_row_totals<1, MOE_TOKENS>(args.format, w, lane, cols,
+                                                     args.input + k0 * bytes, count, &index);
         bool leader = (lane & (32 / MOE_TOKENS - 1)) == 0;
         if (leader && index < count) {
-            int p = order[k0 + index];
-            out[(long long)p * rows + r] = (total + down_b[e][r]) * weights[p];
+            int p = args.order[k0 + index];
+            args.out[(long long)p * rows + r] = (total + args.down_b[e][r]) * args.weights[p];
         }
     }
 }
@@ -179,45 +179,42 @@ moe_down(const u8* const* down_w, const float* const* down_b, long long row_byte
 // grouping): the sums are those of moe_gate_up and moe_down (warp_row_totals, qgemv.cu's order),
 // so a row's results do not depend on which kernel ran; with one token per expert the batched accumulators only cost registers.
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
-moe_pair_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* gate_b,
-                 const float* const* up_b, long long row_bytes, int rows, int format, int cols,
-                 const u8* quantized, const int* ids, float alpha, float limit, float* act) {
-    int p = blockIdx.y, e = ids[p], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+moe_pair_gate_up(const MoeGateUpParams args) {
+    int p = blockIdx.y, e = args.ids[p], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp, rows = args.rows;
     if (r >= rows) return;
     Rows<2> w;
-    w.p[0] = gate_w[e] + (long long)r * row_bytes;
-    w.p[1] = up_w[e] + (long long)r * row_bytes;
+    w.p[0] = args.gate_w[e] + (long long)r * args.row_bytes;
+    w.p[1] = args.up_w[e] + (long long)r * args.row_bytes;
     int index;
-    float gate = warp_row_totals<2, 1>(format, w, lane, cols, quantized, 1, &index);
+    float gate = warp_row_totals<2, 1>(args.format, w, lane, args.cols, args.input, 1, &index);
     float up = __shfl_xor_sync(0xffffffffu, gate, 16);
     if (lane == 0)
-        act[(long long)p * rows + r] =
-            swiglu_oai(gate + gate_b[e][r], up + up_b[e][r], alpha, limit);
+        args.act[(long long)p * rows + r] = swiglu_oai(
+            gate + args.gate_b[e][r], up + args.up_b[e][r], args.alpha, args.limit);
 }
 
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
-moe_pair_down(const u8* const* down_w, const float* const* down_b, long long row_bytes, int rows,
-              int format, int cols, const u8* quantized, const int* ids, const float* weights,
-              float* out) {
-    int p = blockIdx.y, e = ids[p], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+moe_pair_down(const MoeDownParams args) {
+    int p = blockIdx.y, e = args.ids[p], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp, rows = args.rows;
     if (r >= rows) return;
     Rows<1> w;
-    w.p[0] = down_w[e] + (long long)r * row_bytes;
-    const u8* input = quantized + (long long)p * qinput_bytes(cols);
+    w.p[0] = args.down_w[e] + (long long)r * args.row_bytes;
+    const u8* input = args.input + (long long)p * qinput_bytes(args.cols);
     int index;
-    float v = warp_row_totals<1, 1>(format, w, lane, cols, input, 1, &index);
-    if (lane == 0) out[(long long)p * rows + r] = (v + down_b[e][r]) * weights[p];
+    float v = warp_row_totals<1, 1>(args.format, w, lane, args.cols, input, 1, &index);
+    if (lane == 0)
+        args.out[(long long)p * rows + r] = (v + args.down_b[e][r]) * args.weights[p];
 }
 
 // x[t][i] += Σ_slot out[t · used + slot][i], the slots added best first.
-extern "C" __global__ void moe_sum(const float* out, int used, int width, int n, float* x) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)n * width) return;
+extern "C" __global__ void moe_sum(const MoeSumParams p) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, width = p.width;
+    if (i >= (long long)p.n * width) return;
     long long t = i / width, c = i - t * width;
-    const float* slots = out + t * used * width + c;
+    const float* slots = p.out + t * p.used * width + c;
     float total = slots[0];
-    for (int s = 1; s < used; ++s) total += slots[(long long)s * width];
-    x[i] += total;
+    for (int s = 1; s < p.used; ++s) total += slots[(long long)s * width];
+    p.x[i] += total;
 }

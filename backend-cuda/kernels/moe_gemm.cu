@@ -9,7 +9,7 @@
 typedef QmSmall MoeShape;
 
 // The block's tile of expert e's matrix (gate and up: gated slots of two rows, as qm_block).
-__device__ __forceinline__ QmBlock moe_block(const u8* w, long long row_bytes, int rows,
+__device__ __forceinline__ QmBlock moe_block(u8* w, long long row_bytes, int rows,
                                              int format, bool gated) {
     int per_tile = gated ? MoeShape::BM / 2 : MoeShape::BM;
     QMatrix m = {w, row_bytes, nullptr, nullptr, rows, format};
@@ -87,32 +87,27 @@ __device__ void moe_gemm_down_tile(QmTiles<S>& sh, const QmBlock& b, const float
 
 // moe_gate_up's launch (the same arguments) on tensor cores: grid.x over tiles of BM / 2 slots.
 extern "C" __global__ void __launch_bounds__(MoeShape::THREADS, MoeShape::BLOCKS)
-moe_gemm_gate_up(const u8* const* gate_w, const u8* const* up_w, const float* const* gate_b,
-                 const float* const* up_b, long long row_bytes, int rows, int format, int cols,
-                 const u8* sorted, const int* offsets, const int* active, float alpha,
-                 float limit, float* act) {
+moe_gemm_gate_up(const MoeGateUpParams p) {
     __shared__ __align__(16) QmTiles<MoeShape> sh;
-    int e = active[blockIdx.y];
+    int e = p.active[blockIdx.y];
     if (e < 0) return;
-    int first = offsets[e], n = offsets[e + 1] - first;
-    QmBlock b = moe_block(gate_w[e], row_bytes, rows, format, true);
-    QMatrix up = {up_w[e], row_bytes, nullptr, nullptr, rows, format};
-    const u8* pre = sorted + (long long)first * qinput_bytes(cols);
-    QM_DISPATCH(format, moe_gemm_gate_up_tile, MoeShape, sh, b, up, gate_b[e], up_b[e], cols, pre, first,
-                n, alpha, limit, act);
+    int first = p.offsets[e], n = p.offsets[e + 1] - first;
+    QmBlock b = moe_block(p.gate_w[e], p.row_bytes, p.rows, p.format, true);
+    QMatrix up = {p.up_w[e], p.row_bytes, nullptr, nullptr, p.rows, p.format};
+    const u8* pre = p.input + (long long)first * qinput_bytes(p.cols);
+    QM_DISPATCH(p.format, moe_gemm_gate_up_tile, MoeShape, sh, b, up, p.gate_b[e], p.up_b[e],
+                p.cols, pre, first, n, p.alpha, p.limit, p.act);
 }
 
 // moe_down's launch (the same arguments) on tensor cores: grid.x over tiles of BM rows.
 extern "C" __global__ void __launch_bounds__(MoeShape::THREADS, MoeShape::BLOCKS)
-moe_gemm_down(const u8* const* down_w, const float* const* down_b, long long row_bytes, int rows,
-              int format, int cols, const u8* sorted, const int* offsets, const int* active,
-              const int* order, const float* weights, float* out) {
+moe_gemm_down(const MoeDownParams p) {
     __shared__ __align__(16) QmTiles<MoeShape> sh;
-    int e = active[blockIdx.y];
+    int e = p.active[blockIdx.y];
     if (e < 0) return;
-    int first = offsets[e], n = offsets[e + 1] - first;
-    QmBlock b = moe_block(down_w[e], row_bytes, rows, format, false);
-    const u8* pre = sorted + (long long)first * qinput_bytes(cols);
-    QM_DISPATCH(format, moe_gemm_down_tile, MoeShape, sh, b, down_b[e], cols, pre, first, n, order,
-                weights, out);
+    int first = p.offsets[e], n = p.offsets[e + 1] - first;
+    QmBlock b = moe_block(p.down_w[e], p.row_bytes, p.rows, p.format, false);
+    const u8* pre = p.input + (long long)first * qinput_bytes(p.cols);
+    QM_DISPATCH(p.format, moe_gemm_down_tile, MoeShape, sh, b, p.down_b[e], p.cols, pre, first, n,
+                p.order, p.weights, p.out);
 }

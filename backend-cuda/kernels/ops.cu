@@ -4,10 +4,11 @@
 
 // out = x / rms(x) * w per row of `width` (one block of 256 threads per row; in place allowed).
 extern "C" __global__ void __launch_bounds__(256)
-rms_norm(const float* x, const float* w, float* out, int width, float eps) {
+rms_norm(const RmsNormParams p) {
     __shared__ double partial[8];
-    const float* row = x + (long long)blockIdx.x * width;
-    float* dst = out + (long long)blockIdx.x * width;
+    int width = p.width;
+    const float* row = p.x + (long long)blockIdx.x * width;
+    float* dst = p.out + (long long)blockIdx.x * width;
     double sum = 0.0;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         float v = row[i];
@@ -22,8 +23,8 @@ rms_norm(const float* x, const float* w, float* out, int width, float eps) {
     }
     __syncthreads();
     float mean = (float)(partial[0] / (double)width);
-    float scale = 1.0f / sqrtf(mean + eps);
-    for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = (row[i] * scale) * w[i];
+    float scale = 1.0f / sqrtf(mean + p.eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = (row[i] * scale) * p.w[i];
 }
 
 // Token row blockIdx.x at its position (`rows`): rotates the first `dims` elements of each of
@@ -34,88 +35,84 @@ rms_norm(const float* x, const float* w, float* out, int width, float eps) {
 // ramp when yarn_high ≥ 0 (rope_angle), and its cosine and sine scaled by attn_factor. `neox`
 // pairs (i, i + dims/2), otherwise (2i, 2i + 1).
 extern "C" __global__ void __launch_bounds__(256)
-rope_store(float* q, float* k, const float* v, u16* k_cache, u16* v_cache, const int* pos,
-           const int* tables, const int* pages, int n_head, int n_head_kv, int head_dim, int dims,
-           float theta_scale, float freq_scale, const float* factors, float attn_factor,
-           float yarn_low, float yarn_high, int neox, int v_width) {
-    StepRows rows = {pos, tables, pages};
-    int t = blockIdx.x, p = pos[t], half_dims = dims / 2, k_width = n_head_kv * head_dim;
-    float* qt = q + (long long)t * n_head * head_dim;
-    float* kt = k + (long long)t * k_width;
-    for (int w = threadIdx.x; w < (n_head + n_head_kv) * half_dims; w += blockDim.x) {
+rope_store(const RopeStoreParams args) {
+    const QRope& r = args.rope;
+    int t = blockIdx.x, p = r.rows.pos[t], half_dims = r.dims / 2, head_dim = r.head_dim;
+    int n_head = args.n_head, k_width = args.n_head_kv * head_dim, v_width = args.v_width;
+    float* qt = args.q + (long long)t * n_head * head_dim;
+    float* kt = args.k + (long long)t * k_width;
+    for (int w = threadIdx.x; w < (n_head + args.n_head_kv) * half_dims; w += blockDim.x) {
         int h = w / half_dims, i = w - h * half_dims;
-        float angle = rope_angle(p, i, theta_scale, freq_scale, factors, yarn_low, yarn_high);
-        float s = sinf(angle) * attn_factor, c = cosf(angle) * attn_factor;
-        int a = neox ? i : 2 * i, b = neox ? i + half_dims : 2 * i + 1;
+        float angle =
+            rope_angle(p, i, r.theta_scale, r.freq_scale, r.factors, r.yarn_low, r.yarn_high);
+        float s = sinf(angle) * r.attn_factor, c = cosf(angle) * r.attn_factor;
+        int a = r.neox ? i : 2 * i, b = r.neox ? i + half_dims : 2 * i + 1;
         float* head = h < n_head ? qt + h * head_dim : kt + (h - n_head) * head_dim;
         float x0 = head[a], x1 = head[b];
         head[a] = x0 * c - x1 * s;
         head[b] = x0 * s + x1 * c;
     }
     __syncthreads();
-    long long row = rows.kv(t, p);
+    long long row = step_kv_row(r.rows, t, p);
     for (int j = threadIdx.x; j < k_width; j += blockDim.x)
-        k_cache[row * k_width + j] = f2h(kt[j]);
+        r.k_cache[row * k_width + j] = f2h(kt[j]);
     for (int j = threadIdx.x; j < v_width; j += blockDim.x)
-        v_cache[row * v_width + j] = f2h(v[(long long)t * v_width + j]);
+        r.v_cache[row * v_width + j] = f2h(args.v[(long long)t * v_width + j]);
 }
 
-// x[i] += b[i % width], i < total.
-extern "C" __global__ void add_bias(float* x, const float* b, int width, long long total) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+// x[i] += y[i % width], i < total: a bias on every row.
+extern "C" __global__ void add_bias(const ElementwiseParams p) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.total;
          i += (long long)gridDim.x * blockDim.x)
-        x[i] += b[i % width];
+        p.x[i] += p.y[i % p.width];
 }
 
 // x[i] += y[i].
-extern "C" __global__ void add(float* x, const float* y, long long total) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+extern "C" __global__ void add(const ElementwiseParams p) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.total;
          i += (long long)gridDim.x * blockDim.x)
-        x[i] += y[i];
+        p.x[i] += p.y[i];
 }
 
 // out[t][j] = act(gate[t][j]) * up[t][j] for j < width, rows `stride` floats apart in the inputs
 // (2·width for a fused [gate | up] row), `width` apart in out.
-extern "C" __global__ void gated(const float* gate, const float* up, float* out, int width,
-                                 int stride, int rows, int use_gelu) {
-    long long total = (long long)rows * width;
+extern "C" __global__ void gated(const GatedParams p) {
+    long long total = (long long)p.rows * p.width, stride = p.stride;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        long long t = i / width;
-        int j = (int)(i - t * width);
-        float g = gate[t * stride + j];
-        out[i] = (use_gelu ? gelu_tanh(g) : silu(g)) * up[t * stride + j];
+        long long t = i / p.width;
+        int j = (int)(i - t * p.width);
+        float g = p.gate[t * stride + j];
+        p.out[i] = (p.use_gelu ? gelu_tanh(g) : silu(g)) * p.up[t * stride + j];
     }
 }
 
 // dst[t][j] = src[t][offset + j], j < width: one part of a fused projection's rows.
-extern "C" __global__ void copy_cols(const float* src, int src_stride, int offset, float* dst,
-                                     int width, int rows) {
-    long long total = (long long)rows * width;
+extern "C" __global__ void copy_cols(const CopyParams p) {
+    long long total = (long long)p.rows * p.width;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        long long t = i / width;
-        dst[i] = src[t * src_stride + offset + (int)(i - t * width)];
+        long long t = i / p.width;
+        p.dst[i] = p.src[t * p.src_stride + p.offset + (int)(i - t * p.width)];
     }
 }
 
-// dst[i] = src[rows[i]], rows of `width` floats, i < count: the rows a pass's head multiplies
+// dst[i] = src[ids[i]], rows of `width` floats, i < rows: the rows a pass's head multiplies
 // (the last of each chunk that wants logits).
-extern "C" __global__ void gather_rows(const float* src, const int* rows, float* dst, int width,
-                                       int count) {
-    long long total = (long long)count * width;
+extern "C" __global__ void gather_rows(const CopyParams p) {
+    long long total = (long long)p.rows * p.width;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        long long r = i / width;
-        dst[i] = src[(long long)rows[r] * width + (i - r * width)];
+        long long r = i / p.width;
+        p.dst[i] = p.src[(long long)p.ids[r] * p.width + (i - r * p.width)];
     }
 }
 
 // x = cap · tanh(x / cap).
-extern "C" __global__ void softcap(float* x, float cap, long long total) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+extern "C" __global__ void softcap(const ElementwiseParams p) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.total;
          i += (long long)gridDim.x * blockDim.x)
-        x[i] = tanhf(x[i] / cap) * cap;
+        p.x[i] = tanhf(p.x[i] / p.cap) * p.cap;
 }
 
 // The greedy choice over n logits, as worker_common's sampler makes it at T = 0 without a
@@ -159,14 +156,14 @@ __device__ void block_best(float* value, int* index) {
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-argmax_logits(const float* logits, int n, u32* out, float* partial, u32* counter,
-              const u32* allowed, int allowed_words) {
+argmax_logits(const ArgmaxParams p) {
     __shared__ bool s_last;
-    logits += (long long)blockIdx.y * n;
-    if (allowed) allowed += (long long)blockIdx.y * allowed_words;
-    out += blockIdx.y;
-    partial += 2 * blockIdx.y * gridDim.x;
-    counter += blockIdx.y;
+    int n = p.n, allowed_words = p.allowed_words;
+    const float* logits = p.logits + (long long)blockIdx.y * n;
+    const u32* allowed = p.allowed ? p.allowed + (long long)blockIdx.y * allowed_words : nullptr;
+    u32* out = p.out + blockIdx.y;
+    float* partial = p.partial + 2 * blockIdx.y * gridDim.x;
+    u32* counter = p.counter + blockIdx.y;
     const float NEG_INF = -__int_as_float(0x7f800000), MAX = __int_as_float(0x7f7fffff);
     // Thread t of block b takes elements b·slice + t, + blockDim.x, … of its block's slice;
     // an element never seen stands as -inf at an index past every real one.

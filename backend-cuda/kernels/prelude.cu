@@ -83,7 +83,9 @@ __device__ __forceinline__ F2 ld_f2(const float* p) { return *(const F2*)p; }
 
 // PAGE_SIZE, positions per KV page, and the other constants the Rust side shares (GEMV_WARPS,
 // QG_WARPS, QG_SEG, QG_MAX_SEGMENTS, ATT_CHUNK, MAX_HEAD) are defined once, in
-// src/program.rs, and passed as -D.
+// src/program.rs, and passed as -D; the kernels' parameter structs (StepRows, QMatrix, QRope,
+// the *Params) are defined once, in src/params.rs, whose C++ definitions open the program
+// (before this file).
 
 // The row of position p in the KV pool: page pages[p / PAGE_SIZE] of the sequence's page
 // table, slot p % PAGE_SIZE. Every kernel that reads or writes keys and values goes through it.
@@ -91,17 +93,12 @@ __device__ __forceinline__ long long kv_row(const int* pages, int p) {
     return (long long)pages[(unsigned)p / PAGE_SIZE] * PAGE_SIZE + (unsigned)p % PAGE_SIZE;
 }
 
-// Where the token rows of a pass sit (read from device memory, so that a captured pass can be
-// replayed for other sequences and positions): row t is at position pos[t] of the sequence
-// whose page table starts at pages + tables[t]. The rows of one chunk share a table; a batch
-// of decodes has one row per sequence.
-struct StepRows {
-    const int* pos;
-    const int* tables;
-    const int* pages;
-    __device__ __forceinline__ const int* table(int t) const { return pages + tables[t]; }
-    __device__ __forceinline__ long long kv(int t, int p) const { return kv_row(table(t), p); }
-};
+// Where the token rows of a pass sit (`StepRows`, read from device memory, so that a captured
+// pass can be replayed for other sequences and positions): the KV row of row t at position p.
+// The rows of one chunk share a table; a batch of decodes has one row per sequence.
+__device__ __forceinline__ long long step_kv_row(const StepRows& rows, int t, int p) {
+    return kv_row(rows.pages + rows.tables[t], p);
+}
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 

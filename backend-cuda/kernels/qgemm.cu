@@ -511,23 +511,14 @@ __device__ __forceinline__ void qgemm_one(const QMatrix& m0, const QMatrix& m1,
     qgemm_tile<C, S>(sh, b, m0, m1, m2, rope, mode, cols, n, pre, partial, counters);
 }
 
-// A kernel over up to three matrices whose launch runs CALL (with the QMatrix and QRope
-// arguments built from the flat parameters).
+// A kernel over up to three matrices whose launch runs CALL (on copies of the parameters'
+// matrices and rotation, as the one-row kernels take them).
 #define QGEMM_KERNEL(NAME, SHAPE, CALL)                                                            \
     extern "C" __global__ void __launch_bounds__(SHAPE::THREADS, SHAPE::BLOCKS) NAME(              \
-        const u8* w0, const u8* w1, const u8* w2, long long rb0, long long rb1, long long rb2,     \
-        const float* b0, const float* b1, const float* b2, float* y0, float* y1, float* y2,        \
-        int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int n, const u8* pre,   \
-        int mode, const int* pos, const int* tables, const int* pages, u16* k_cache,               \
-        u16* v_cache, int head_dim, int rope_dims, float theta_scale, float freq_scale,            \
-        const float* factors, float attn_factor, float yarn_low, float yarn_high, int neox,        \
-        float* partial, u32* counters) {                                                           \
-        QMatrix m0 = {w0, rb0, b0, y0, rows0, f0}, m1 = {w1, rb1, b1, y1, rows1, f1},              \
-                m2 = {w2, rb2, b2, y2, rows2, f2};                                                 \
-        QRope rope = {{pos, tables, pages}, k_cache,     v_cache,   head_dim, rope_dims,           \
-                      neox,                 theta_scale, freq_scale, factors, attn_factor,         \
-                      yarn_low,             yarn_high};                                            \
-        CALL(m0, m1, m2, rope, cols, n, pre, mode, partial, counters);                             \
+        const QgemmParams p) {                                                                     \
+        QMatrix m0 = p.m0, m1 = p.m1, m2 = p.m2;                                                   \
+        QRope rope = p.rope;                                                                       \
+        CALL(m0, m1, m2, rope, p.cols, p.n, p.pre, p.mode, p.partial, p.counters);                 \
     }
 
 // For each tile shape: any mix of formats (`qgemm_<shape>`; a Q4_K_M model's Q·K·V: Q4_K, Q4_K,

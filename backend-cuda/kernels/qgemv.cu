@@ -112,11 +112,10 @@ __device__ QInput quantize_input(const float* row, const float* norm, float eps,
 // qinput_bytes(cols), once for every block of the launches that read it: a wide input (the
 // FFN down projection's) or one read by thousands of blocks (the output head's) would cost
 // more quantized in each block. The row's chunks are spread over grid.x blocks, one per warp.
-extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
-quantize_rows(const float* x, const float* norm, float eps, int cols, u8* out) {
+extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) quantize_rows(const QuantizeParams p) {
     int warps = blockDim.x >> 5;
-    quantize_input(x + (long long)blockIdx.y * cols, norm, eps, cols,
-                   out + (long long)blockIdx.y * qinput_bytes(cols), blockIdx.x * warps,
+    quantize_input(p.x + (long long)blockIdx.y * p.cols, p.norm, p.eps, p.cols,
+                   p.out + (long long)blockIdx.y * qinput_bytes(p.cols), blockIdx.x * warps,
                    gridDim.x * warps);
 }
 
@@ -544,33 +543,12 @@ __device__ __forceinline__ Sums<R * T> chunk_leaves(Rows<R> w, int c, bool live,
     }
     return leaf;
 }
-// What a launch does with its dot products.
-#define QG_STORE 0       // y = W·x + bias
-#define QG_ACCUMULATE 1  // y += W·x (the residual stream)
-#define QG_SILU 2        // y0 = silu(gate·x) · (up·x): matrix 0 the gate, matrix 1 the up
-#define QG_GELU 3        // the same with GELU
-#define QG_ROPE 4        // Q, K, V rows in RoPE pairs: Q rotated, K rotated and V into the cache
 
-// One matrix of a launch.
-struct QMatrix {
-    const u8* w;
-    long long row_bytes;
-    const float* bias;
-    float* y;
-    int rows, format;
-};
-
-// Where a RoPE launch puts its results, and how it rotates (rope_store's parameters).
-struct QRope {
-    StepRows rows;
-    u16* k_cache;
-    u16* v_cache;
-    int head_dim, dims, neox;
-    float theta_scale, freq_scale;
-    const float* factors;  // per-pair divisors of the angle, or null
-    float attn_factor;     // multiplies cos and sin (ggml's mscale)
-    float yarn_low, yarn_high;  // YaRN's ramp (rope_angle); yarn_high < 0: no YaRN
-};
+// What a launch does with its dot products: QG_STORE (y = W·x + bias), QG_ACCUMULATE (y +=
+// W·x, the residual stream), QG_SILU and QG_GELU (y0 = act(gate·x) · (up·x): matrix 0 the gate,
+// matrix 1 the up), QG_ROPE (Q, K, V rows in RoPE pairs: Q rotated, K rotated and V into the
+// cache); src/program.rs defines the codes. A launch's matrices are QMatrix, its RoPE QRope
+// (src/params.rs).
 
 // Pair `pair` of a RoPE launch: its matrix (0 Q, 1 K, 2 V), its two rows and the rotation
 // index (-1: not rotated). Q and K heads pair as rope_store rotates them (NEOX: i and
@@ -622,7 +600,7 @@ __device__ __forceinline__ void rope_epilogue(const QMatrix& mq, const QMatrix& 
         mq.y[t * mq.rows + b] = vb;
     } else {
         const QMatrix& m = which == 1 ? mk : mv;
-        u16* cache = (which == 1 ? rope.k_cache : rope.v_cache) + rope.rows.kv(t, p) * m.rows;
+        u16* cache = (which == 1 ? rope.k_cache : rope.v_cache) + step_kv_row(rope.rows, t, p) * m.rows;
         cache[a] = f2h(va);
         cache[b] = f2h(vb);
     }
@@ -858,19 +836,10 @@ __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
 
 #define QGEMV_KERNEL(R, T, P, S)                                                                   \
     extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) qgemv_r##R##_t##T##_p##P##_s##S(   \
-        const u8* w0, const u8* w1, const u8* w2, long long rb0, long long rb1, long long rb2,     \
-        const float* b0, const float* b1, const float* b2, float* y0, float* y1, float* y2,        \
-        int rows0, int rows1, int rows2, int f0, int f1, int f2, int cols, int n, const float* x,  \
-        const u8* pre, const float* norm, float eps, int mode, const int* pos, const int* tables,  \
-        const int* pages, u16* k_cache, u16* v_cache, int head_dim, int rope_dims,                 \
-        float theta_scale, float freq_scale, const float* factors, float attn_factor,              \
-        float yarn_low, float yarn_high, int neox) {                                               \
-        QMatrix m0 = {w0, rb0, b0, y0, rows0, f0}, m1 = {w1, rb1, b1, y1, rows1, f1},              \
-                m2 = {w2, rb2, b2, y2, rows2, f2};                                                 \
-        QRope rope = {{pos, tables, pages}, k_cache,     v_cache,   head_dim, rope_dims,           \
-                      neox,                 theta_scale, freq_scale, factors, attn_factor,         \
-                      yarn_low,             yarn_high};                                            \
-        qgemv<R, T, P, S>(m0, m1, m2, rope, cols, n, x, pre, norm, eps, mode);                     \
+        const QgemvParams p) {                                                                     \
+        QMatrix m0 = p.m0, m1 = p.m1, m2 = p.m2;                                                   \
+        QRope rope = p.rope;                                                                       \
+        qgemv<R, T, P, S>(m0, m1, m2, rope, p.cols, p.n, p.x, p.pre, p.norm, p.eps, p.mode);        \
     }
 
 QGEMV_KERNEL(1, 1, 1, 1)

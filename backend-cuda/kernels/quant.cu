@@ -249,23 +249,18 @@ __device__ void gemv_gated(const u8* gate, const u8* up, int rows, int cols, lon
 }
 
 #define WEIGHT_KERNELS(T, name)                                                                 \
-    extern "C" __global__ void dequant_##name(const u8* w, int rows, int cols,                  \
-                                              long long row_bytes, const u32* ids, float scale, \
-                                              float* out) {                                     \
-        dequant<T>(w, rows, cols, row_bytes, ids, scale, out);                                  \
+    extern "C" __global__ void dequant_##name(const DequantParams p) {                          \
+        dequant<T>(p.w, p.rows, p.cols, p.row_bytes, p.ids, p.scale, p.out);                    \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_##name(                  \
-        const u8* w0, const u8* w1, const u8* w2, int rows0, int rows1, int rows2, int cols,    \
-        long long row_bytes, int block_elems, int parts, const float* x, const float* norm,     \
-        float eps, const float* b0, const float* b1, const float* b2, float* y0, float* y1,     \
-        float* y2, int accumulate) {                                                            \
-        gemv<T>(w0, w1, w2, rows0, rows1, rows2, cols, row_bytes, block_elems, parts, x, norm,  \
-                eps, b0, b1, b2, y0, y1, y2, accumulate);                                       \
+        const GemvParams p) {                                                                   \
+        gemv<T>(p.w0, p.w1, p.w2, p.rows0, p.rows1, p.rows2, p.cols, p.row_bytes, p.block_elems, \
+                p.parts, p.x, p.norm, p.eps, p.b0, p.b1, p.b2, p.y0, p.y1, p.y2, p.accumulate);  \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_gated_##name(            \
-        const u8* gate, const u8* up, int rows, int cols, long long row_bytes, const float* x,  \
-        const float* norm, float eps, int split, float* out, int use_gelu) {                    \
-        gemv_gated<T>(gate, up, rows, cols, row_bytes, x, norm, eps, split, out, use_gelu);     \
+        const GemvGatedParams p) {                                                              \
+        gemv_gated<T>(p.gate, p.up, p.rows, p.cols, p.row_bytes, p.x, p.norm, p.eps, p.split,   \
+                      p.out, p.use_gelu);                                                       \
     }
 
 WEIGHT_KERNELS(F32, f32)

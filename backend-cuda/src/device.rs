@@ -6,23 +6,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DriverError,
-    LaunchConfig, PinnedHostSlice, PushKernelArg, result as driver, sys,
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    DriverError, LaunchConfig, PinnedHostSlice, PushKernelArg, result as driver, sys,
 };
 use worker_common::backend::BackendError;
 
 use crate::module::Kernels;
+use crate::params::{DevPtr, KernelParams};
 
-/// A device allocation of bytes and its address, passed to kernels as a raw pointer.
+/// A device allocation of bytes; kernels see it through typed addresses ([`Buffer::ptr`]).
 pub struct Buffer {
     slice: CudaSlice<u8>,
     ptr: u64,
 }
 
 impl Buffer {
-    /// Device address of the first byte.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
+    /// The first byte's address as one of `T` elements (every allocation is aligned for any
+    /// element type).
+    pub fn ptr<T>(&self) -> DevPtr<T> {
+        DevPtr::from_addr(self.ptr)
     }
 
     /// Bytes allocated.
@@ -31,19 +33,13 @@ impl Buffer {
     }
 }
 
-/// One kernel argument; kernels take raw device addresses, so no borrow of a buffer outlives
-/// the launch call and one stream orders every access.
-#[derive(Debug, Clone, Copy)]
-pub enum Arg {
-    /// A device address (`T*`).
-    Ptr(u64),
-    /// `int`.
-    I32(i32),
-    /// `long long`.
-    I64(i64),
-    /// `float`.
-    F32(f32),
-}
+/// A kernel's parameter struct as cudarc pushes it: by value, its bytes copied at the launch.
+#[repr(transparent)]
+struct ByValue<P>(P);
+
+// SAFETY: `P` is one of params.rs's `#[repr(C)]` structs of addresses and numbers, whose C++
+// definition the kernels are compiled with, so its bytes are what the kernel reads.
+unsafe impl<P: KernelParams> DeviceRepr for ByValue<P> {}
 
 /// The device, its stream, kernels and cuBLAS handle.
 pub struct Gpu {
@@ -304,10 +300,10 @@ impl Gpu {
             .map_err(|e| device_error("allocating page-locked host memory", e))
     }
 
-    /// Copies `count` floats from device address `src` into pinned `out` at `offset` and waits.
+    /// Copies `count` floats from `src` into pinned `out` at `offset` and waits.
     pub fn download_pinned(
         &self,
-        src: u64,
+        src: DevPtr<f32>,
         out: &mut PinnedHostSlice<f32>,
         offset: usize,
         count: usize,
@@ -322,7 +318,7 @@ impl Gpu {
         })?;
         // SAFETY: `src` is a live device buffer of at least `dst.len()` floats; `dst` is
         // page-locked memory that stays borrowed until the copy is waited for below.
-        unsafe { driver::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+        unsafe { driver::memcpy_dtoh_async(dst, src.addr(), self.stream.cu_stream()) }
             .map_err(|e| device_error("copying from the device", e))?;
         self.sync()
     }
@@ -380,53 +376,48 @@ impl Gpu {
             .map_err(|e| device_error("running the kernels", e))
     }
 
-    /// Launches `func` with `args` on the stream.
-    pub fn launch(
+    /// Launches `func` with its parameters on the stream.
+    pub fn launch<P: KernelParams>(
         &self,
         func: &CudaFunction,
         grid: (u32, u32),
         block: u32,
-        args: &[Arg],
+        params: &P,
     ) -> Result<(), BackendError> {
-        self.launch_shared(func, grid, (block, 0), args)
+        self.launch_shared(func, grid, (block, 0), params)
     }
 
-    /// Launches `func` with `args` on the stream, `block.1` bytes of dynamic shared memory for
-    /// each block of `block.0` threads.
-    pub fn launch_shared(
+    /// Launches `func` with its parameters on the stream, `block.1` bytes of dynamic shared
+    /// memory for each block of `block.0` threads.
+    pub fn launch_shared<P: KernelParams>(
         &self,
         func: &CudaFunction,
         grid: (u32, u32),
         block: (u32, u32),
-        args: &[Arg],
+        params: &P,
     ) -> Result<(), BackendError> {
-        self.launch_grid(func, (grid.0, grid.1, 1), block, args)
+        self.launch_grid(func, (grid.0, grid.1, 1), block, params)
     }
 
     /// [`Gpu::launch_shared`] over a grid of three dimensions.
-    pub fn launch_grid(
+    pub fn launch_grid<P: KernelParams>(
         &self,
         func: &CudaFunction,
         grid: (u32, u32, u32),
         block: (u32, u32),
-        args: &[Arg],
+        params: &P,
     ) -> Result<(), BackendError> {
         let config = LaunchConfig {
             grid_dim: grid,
             block_dim: (block.0, 1, 1),
             shared_mem_bytes: block.1,
         };
+        let params = ByValue(*params);
         let mut builder = self.stream.launch_builder(func);
-        for arg in args {
-            match arg {
-                Arg::Ptr(v) => builder.arg(v),
-                Arg::I32(v) => builder.arg(v),
-                Arg::I64(v) => builder.arg(v),
-                Arg::F32(v) => builder.arg(v),
-            };
-        }
-        // SAFETY: every kernel's parameter list is matched by its one caller in `ops.rs`, and
-        // the addresses are of live buffers sized for the launch.
+        builder.arg(&params);
+        // SAFETY: every kernel takes one parameter struct, the one its wrapper in ops.rs,
+        // qgemv.rs, qgemm.rs or moe.rs passes, and the addresses are of live buffers sized for
+        // the launch.
         unsafe { builder.launch(config) }
             .map(|_| ())
             .map_err(|e| device_error("launching a kernel", e))
@@ -438,9 +429,9 @@ impl Gpu {
         m: usize,
         n: usize,
         k: usize,
-        a: u64,
-        b: u64,
-        c: u64,
+        a: DevPtr<f32>,
+        b: DevPtr<f32>,
+        c: DevPtr<f32>,
     ) -> Result<(), BackendError> {
         let dim = |v: usize| {
             i32::try_from(v).map_err(|_| BackendError::InvalidInput(format!("GEMM size {v}")))
@@ -458,12 +449,12 @@ impl Gpu {
                 n,
                 k,
                 &alpha,
-                a as *const f32,
+                a.addr() as *const f32,
                 k,
-                b as *const f32,
+                b.addr() as *const f32,
                 k,
                 &beta,
-                c as *mut f32,
+                c.addr() as *mut f32,
                 m,
             )
         }

@@ -11,8 +11,9 @@ use cudarc::driver::{CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 use worker_common::backend::BackendError;
 
-use crate::device::{Arg, Gpu};
+use crate::device::Gpu;
 use crate::module;
+use crate::params::DevPtr;
 
 /// The variable that arms the trigger.
 pub const ENV: &str = "LLORCH_TEST_DEVICE_FAULT";
@@ -87,7 +88,8 @@ impl FaultTrigger {
             return Ok(());
         }
         tracing::warn!(step, "{ENV}: faulting the device now");
-        gpu.launch(&self.kernel, (1, 1), 1, &[Arg::Ptr(INVALID_ADDRESS)])
+        let target = DevPtr::<f32>::from_addr(INVALID_ADDRESS);
+        gpu.launch(&self.kernel, (1, 1), 1, &target)
     }
 }
 
@@ -107,6 +109,6 @@ mod tests {
     #[test]
     fn the_fault_kernel_is_not_part_of_the_worker_program() {
         assert!(SOURCE.contains("llorch_test_fault"));
-        assert!(!module::SOURCE.contains("llorch_test_fault"));
+        assert!(!module::source().contains("llorch_test_fault"));
     }
 }

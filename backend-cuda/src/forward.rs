@@ -9,7 +9,8 @@ use crate::device::{Gpu, device_error};
 use crate::graphs::{MAX_GRAPH_ROWS, PassShape};
 use crate::kv::KvPool;
 use crate::moe::ExpertTables;
-use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch, StepRows};
+use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch};
+use crate::params::{DevPtr, StepRows};
 use crate::pass::{Pass, check_pass, decode_splits, is_long, segments};
 use crate::program::MAX_HEAD;
 use crate::qgemv::{QgemvMode, RopeTarget, has_qgemv};
@@ -48,8 +49,8 @@ pub struct Model<'a> {
     pub weights: &'a Weights,
     /// Per layer, its experts' address tables (layers with routed experts).
     pub experts: &'a [Option<ExpertTables>],
-    /// The RoPE frequency factors in VRAM, 0 when the model has none.
-    pub rope_factors: u64,
+    /// The RoPE frequency factors in VRAM, null when the model has none.
+    pub rope_factors: DevPtr<f32>,
     /// The KV page pool.
     pub kv: &'a KvPool,
     /// Rows from which the quantized projections take the GEMM ([`CudaOptions::gemm_from_rows`](crate::CudaOptions::gemm_from_rows)).
@@ -154,7 +155,7 @@ impl Model<'_> {
         self.gpu.dequant(
             &self.weights.token_embd,
             n,
-            Some(s.ptr(Act::Step)),
+            Some(s.tokens()),
             self.plan.embedding_scale.unwrap_or(1.0),
             s.ptr(Act::X),
         )?;
@@ -178,7 +179,7 @@ impl Model<'_> {
         let hp = &self.plan.hp;
         let m = pass.heads;
         let input = if pass.head_is_last {
-            s.ptr(Act::X) + ((pass.rows - 1) * hp.n_embd * 4) as u64
+            s.ptr::<f32>(Act::X).offset((pass.rows - 1) * hp.n_embd)
         } else {
             let gathered = s.ptr(Act::Projected);
             self.gpu
@@ -218,11 +219,11 @@ impl Model<'_> {
     /// wide for that, normalized into [`Act::Normed`] first.
     fn normalized(
         &self,
-        x: u64,
+        x: DevPtr<f32>,
         norm: &DeviceVector,
         pass: &Pass<'_>,
         s: &Scratch,
-    ) -> Result<(u64, Option<RowNorm>), BackendError> {
+    ) -> Result<(DevPtr<f32>, Option<RowNorm>), BackendError> {
         let hp = &self.plan.hp;
         let rows = pass.rows;
         if !pass.gemv() || RowNorm::fits(hp.n_embd) {
@@ -244,7 +245,7 @@ impl Model<'_> {
         &self,
         w: &DeviceMatrix,
         bias: Option<&DeviceVector>,
-        input: u64,
+        input: DevPtr<f32>,
         pass: &Pass<'_>,
         post_norm: Option<&DeviceVector>,
         s: &Scratch,
@@ -281,7 +282,7 @@ impl Model<'_> {
     fn qkv(
         &self,
         layer: &Layer,
-        input: u64,
+        input: DevPtr<f32>,
         norm: Option<RowNorm>,
         pass: &Pass<'_>,
         s: &Scratch,
@@ -332,7 +333,7 @@ impl Model<'_> {
         &self,
         layer: &Layer,
         rope: RopePlan,
-        input: u64,
+        input: DevPtr<f32>,
         norm: Option<RowNorm>,
         pass: &Pass<'_>,
         kv: &LayerKv,
@@ -481,7 +482,7 @@ impl Model<'_> {
                     ..w.clone()
                 };
                 let up_half = DeviceMatrix {
-                    ptr: w.ptr + (ff * w.row_bytes) as u64,
+                    ptr: w.ptr.offset(ff * w.row_bytes),
                     ..half.clone()
                 };
                 self.gated_projection(&half, &up_half, input, norm, n, gemv, gate, s)?;
@@ -494,15 +495,15 @@ impl Model<'_> {
                     out: fused,
                 };
                 self.project(&[part], input, norm, n, pass.segments, s)?;
-                gpu.gated(fused, fused + (ff * 4) as u64, gate, ff, 2 * ff, n, gelu)?;
+                gpu.gated(fused, fused.offset(ff), gate, ff, 2 * ff, n, gelu)?;
             }
         }
         self.residual(ffn_down, None, gate, pass, layer.post_ffn_norm.as_ref(), s)
     }
 }
 
-/// The device addresses of separate Q, K and V biases (none when the model has none).
-fn separate_biases(layer: &Layer) -> [Option<u64>; 3] {
+/// The separate Q, K and V biases (none when the model has none).
+fn separate_biases(layer: &Layer) -> [Option<DevPtr<f32>>; 3] {
     match &layer.qkv_bias {
         Some(Qkv::Separate { q, k, v }) => [Some(q.ptr), Some(k.ptr), Some(v.ptr)],
         _ => [None; 3],

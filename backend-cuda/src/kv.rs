@@ -4,6 +4,7 @@ use worker_common::backend::{BackendError, PAGE_SIZE};
 use worker_common::model::HyperParams;
 
 use crate::device::{Buffer, Gpu};
+use crate::params::DevPtr;
 
 /// VRAM the default pool leaves free beyond the weights, at least: cuBLAS's workspace, the
 /// module, the activations and the prefill path's dequantized matrix.
@@ -78,14 +79,13 @@ impl KvPool {
         self.buffer.bytes()
     }
 
-    /// Device addresses of layer `il`'s keys and values.
-    pub fn layer(&self, hp: &HyperParams, il: usize) -> (u64, u64) {
+    /// Layer `il`'s keys and values (f16 rows: all layers' keys, then all layers' values).
+    pub fn layer(&self, hp: &HyperParams, il: usize) -> (DevPtr<u16>, DevPtr<u16>) {
         let rows = self.pages * PAGE_SIZE;
-        let k_layer = (rows * hp.k_width() * 2) as u64;
-        let v_layer = (rows * hp.v_width() * 2) as u64;
-        let base = self.buffer.ptr();
-        let values = base + k_layer * hp.n_layers as u64;
-        (base + k_layer * il as u64, values + v_layer * il as u64)
+        let (k_layer, v_layer) = (rows * hp.k_width(), rows * hp.v_width());
+        let keys: DevPtr<u16> = self.buffer.ptr();
+        let values = keys.offset(k_layer * hp.n_layers);
+        (keys.offset(k_layer * il), values.offset(v_layer * il))
     }
 }
 

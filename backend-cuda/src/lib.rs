@@ -25,6 +25,8 @@ mod ops;
 mod pass;
 /// The kernel program and its NVRTC options, shared with `build.rs`.
 mod program;
+// The kernels' parameter structs and typed addresses (src/params.rs, part of the program).
+use program as params;
 mod project;
 mod qgemm;
 mod qgemv;
@@ -61,6 +63,7 @@ use weights::DeviceWeights;
 const _: () = assert!(program::PAGE_SIZE == PAGE_SIZE);
 
 pub use pass::{GEMM_FROM_ROWS, GEMM_FROM_ROWS_LARGE, LARGE_LAUNCH_BYTES};
+pub use program::{PART_MARK, compile_options, source as kernel_source};
 
 /// Why the CUDA backend cannot start.
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,4 @@
-//! The kernels: `kernels/*.cu`, one program ([`SOURCE`]) loaded as one module. Its cubin for the
+//! The kernels: `kernels/*.cu`, one program ([`source`]) loaded as one module. Its cubin for the
 //! device's compute capability comes from the binary when the build embedded one (`build.rs`,
 //! `LLORCH_NVRTC`: a new host then compiles nothing), else from a disk cache keyed by a hash of
 //! the source, the options and the NVRTC version, else from NVRTC at start-up (then cached).
@@ -16,9 +16,9 @@ use worker_common::gguf::GgmlType;
 use crate::qgemm::TileShape;
 use crate::qgemv::has_qgemv;
 
-pub use crate::program::{SOURCE, compile_options};
+pub use crate::program::{compile_options, source};
 
-/// A cubin of [`SOURCE`] compiled by the build.
+/// A cubin of [`source`] compiled by the build.
 struct EmbeddedCubin {
     /// `sm_XY`.
     arch: &'static str,
@@ -271,12 +271,13 @@ fn load_program(ctx: &Arc<CudaContext>, arch: &str) -> Result<Arc<CudaModule>, B
         .map_err(|e| BackendError::Device(format!("loading the kernel module: {e}")))
 }
 
-/// The cubin of [`SOURCE`] for `arch` (e.g. `sm_90`), from the disk cache or NVRTC; logs
+/// The cubin of [`source`] for `arch` (e.g. `sm_90`), from the disk cache or NVRTC; logs
 /// which, and how long it took.
 pub fn cubin_for(arch: &str) -> Result<Vec<u8>, BackendError> {
     let options = compile_options(arch);
     let version = nvrtc_version()?;
-    let key = fnv1a(&[SOURCE, &options.join(" "), &version]);
+    let source = source();
+    let key = fnv1a(&[&source, &options.join(" "), &version]);
     let file = cache_dir().map(|dir| dir.join(format!("llorch-{key:016x}-{arch}.cubin")));
     let started = Instant::now();
     if let Some(cached) = file.as_deref().and_then(|f| std::fs::read(f).ok()) {
@@ -288,7 +289,7 @@ pub fn cubin_for(arch: &str) -> Result<Vec<u8>, BackendError> {
         );
         return Ok(cached);
     }
-    let cubin = compile(SOURCE, c"llorch_kernels.cu", &options)?;
+    let cubin = compile(&source, c"llorch_kernels.cu", &options)?;
     tracing::info!(
         arch,
         source = "nvrtc",
@@ -416,7 +417,7 @@ mod tests {
         };
         let version = nvrtc_version().unwrap();
         assert_eq!(embedded.nvrtc, version, "embedded by another NVRTC");
-        let compiled = compile(SOURCE, c"llorch_kernels.cu", &compile_options(&arch)).unwrap();
+        let compiled = compile(&source(), c"llorch_kernels.cu", &compile_options(&arch)).unwrap();
         assert!(compiled == embedded.cubin, "{arch}: the cubins differ");
         Kernels::load(&ctx).unwrap();
     }

@@ -9,11 +9,15 @@ use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
 use worker_common::model::{Activation, Experts, ModelPlan};
 
-use crate::device::{Arg, Gpu};
+use crate::device::Gpu;
 use crate::forward::Model;
-use crate::ops::{DeviceMatrix, Projection};
+use crate::ops::{DeviceMatrix, Projection, int, long};
+use crate::params::{
+    DevPtr, MoeDownParams, MoeGateUpParams, MoeGatherParams, MoeGroupParams, MoeRouteParams,
+    MoeSumParams,
+};
 use crate::pass::Pass;
-use crate::qgemv::{has_qgemv, int, quantized_row_bytes};
+use crate::qgemv::{has_qgemv, quantized_row_bytes};
 use crate::scratch::{Act, Scratch};
 use crate::weights::DeviceVector;
 
@@ -74,18 +78,18 @@ impl ExpertKernel {
 /// One layer's experts as the kernels find them: device arrays of per-expert addresses.
 #[derive(Debug, Clone, Copy)]
 pub struct ExpertTables {
-    /// `u8*` of each expert's gate matrix.
-    pub gate: u64,
-    /// Of each up matrix.
-    pub up: u64,
-    /// Of each down matrix.
-    pub down: u64,
-    /// `float*` of each gate bias.
-    pub gate_bias: u64,
-    /// Of each up bias.
-    pub up_bias: u64,
-    /// Of each down bias.
-    pub down_bias: u64,
+    /// Each expert's gate matrix.
+    pub gate: DevPtr<DevPtr<u8>>,
+    /// Each up matrix.
+    pub up: DevPtr<DevPtr<u8>>,
+    /// Each down matrix.
+    pub down: DevPtr<DevPtr<u8>>,
+    /// Each gate bias.
+    pub gate_bias: DevPtr<DevPtr<f32>>,
+    /// Each up bias.
+    pub up_bias: DevPtr<DevPtr<f32>>,
+    /// Each down bias.
+    pub down_bias: DevPtr<DevPtr<f32>>,
 }
 
 impl ExpertTables {
@@ -120,12 +124,12 @@ impl ExpertTables {
         };
         let e = &moe.experts;
         Ok([
-            table(&|i| e[i].gate.ptr),
-            table(&|i| e[i].up.ptr),
-            table(&|i| e[i].down.ptr),
-            table(&|i| e[i].gate_bias.ptr),
-            table(&|i| e[i].up_bias.ptr),
-            table(&|i| e[i].down_bias.ptr),
+            table(&|i| e[i].gate.ptr.addr()),
+            table(&|i| e[i].up.ptr.addr()),
+            table(&|i| e[i].down.ptr.addr()),
+            table(&|i| e[i].gate_bias.ptr.addr()),
+            table(&|i| e[i].up_bias.ptr.addr()),
+            table(&|i| e[i].down_bias.ptr.addr()),
         ])
     }
 }
@@ -196,53 +200,42 @@ impl MoeLayout {
     }
 }
 
-/// Device addresses of one pass's [`MoeLayout`] regions.
+/// One pass's [`MoeLayout`] regions.
 pub(crate) struct MoeBuffers {
-    /// The router's logits (`f32`, a row of `count` per token row).
-    pub(crate) logits: u64,
-    /// Each pair's expert (`int`, row-major: row · used + slot).
-    pub(crate) ids: u64,
-    /// Each pair's routing weight (`f32`).
-    pub(crate) weights: u64,
-    offsets: u64,
-    active: u64,
-    order: u64,
-    /// The gated activations (`f32`, `n_ff` a pair, in expert order when grouped).
-    pub(crate) act: u64,
-    /// The weighted outputs (`f32`, `n_embd` a pair, in pair order).
-    pub(crate) out: u64,
+    /// The router's logits (a row of `count` per token row).
+    pub(crate) logits: DevPtr<f32>,
+    /// Each pair's expert (row-major: row · used + slot).
+    pub(crate) ids: DevPtr<i32>,
+    /// Each pair's routing weight.
+    pub(crate) weights: DevPtr<f32>,
+    offsets: DevPtr<i32>,
+    active: DevPtr<i32>,
+    order: DevPtr<i32>,
+    /// The gated activations (`n_ff` a pair, in expert order when grouped).
+    pub(crate) act: DevPtr<f32>,
+    /// The weighted outputs (`n_embd` a pair, in pair order).
+    pub(crate) out: DevPtr<f32>,
     /// The token rows quantized (`quantize_rows`).
-    pub(crate) quantized: u64,
-    sorted: u64,
+    pub(crate) quantized: DevPtr<u8>,
+    sorted: DevPtr<u8>,
 }
 
 impl MoeLayout {
     /// The regions of a buffer at `base`.
-    pub(crate) fn at(&self, base: u64) -> MoeBuffers {
-        let at = |offset: usize| base + offset as u64;
+    pub(crate) fn at(&self, base: DevPtr<u8>) -> MoeBuffers {
         MoeBuffers {
-            logits: base,
-            ids: at(self.ids),
-            weights: at(self.weights),
-            offsets: at(self.offsets),
-            active: at(self.active),
-            order: at(self.order),
-            act: at(self.act),
-            out: at(self.out),
-            quantized: at(self.quantized),
-            sorted: at(self.sorted),
+            logits: base.cast(),
+            ids: base.offset(self.ids).cast(),
+            weights: base.offset(self.weights).cast(),
+            offsets: base.offset(self.offsets).cast(),
+            active: base.offset(self.active).cast(),
+            order: base.offset(self.order).cast(),
+            act: base.offset(self.act).cast(),
+            out: base.offset(self.out).cast(),
+            quantized: base.offset(self.quantized),
+            sorted: base.offset(self.sorted),
         }
     }
-}
-
-/// A matrix's shape arguments: row bytes, rows, format (ggml type id), columns.
-fn shape_args(w: &DeviceMatrix) -> Result<[Arg; 4], BackendError> {
-    Ok([
-        Arg::I64(w.row_bytes as i64),
-        Arg::I32(int(w.rows)?),
-        Arg::I32(w.ggml_type as i32),
-        Arg::I32(int(w.cols)?),
-    ])
 }
 
 impl Model<'_> {
@@ -270,14 +263,14 @@ impl Model<'_> {
             out: b.logits,
         };
         self.project(&[router], normed, None, n, &[], s)?;
-        let route = [
-            Arg::Ptr(b.logits),
-            Arg::I32(int(counts.count)?),
-            Arg::I32(int(counts.used)?),
-            Arg::I32(int(n)?),
-            Arg::Ptr(b.ids),
-            Arg::Ptr(b.weights),
-        ];
+        let route = MoeRouteParams {
+            logits: b.logits,
+            count: int(counts.count)?,
+            used: int(counts.used)?,
+            n: int(n)?,
+            ids: b.ids,
+            weights: b.weights,
+        };
         let grid = (int(n.div_ceil(64))? as u32, 1);
         gpu.launch(&gpu.kernels.moe.route, grid, 64, &route)?;
         gpu.quantize_rows(normed, None, n, hp.n_embd, b.quantized)?;
@@ -301,13 +294,13 @@ impl Model<'_> {
         };
         gpu.expert_products(&experts, &b, n, ExpertKernel::for_pass(pass))?;
         let total = n * hp.n_embd;
-        let sum = [
-            Arg::Ptr(b.out),
-            Arg::I32(int(counts.used)?),
-            Arg::I32(int(hp.n_embd)?),
-            Arg::I32(int(n)?),
-            Arg::Ptr(x),
-        ];
+        let sum = MoeSumParams {
+            out: b.out,
+            used: int(counts.used)?,
+            width: int(hp.n_embd)?,
+            n: int(n)?,
+            x,
+        };
         let grid = (int(total.div_ceil(256))? as u32, 1);
         gpu.launch(&gpu.kernels.moe.sum, grid, 256, &sum)
     }
@@ -348,40 +341,61 @@ impl Gpu {
         let (alpha, limit) = experts.swiglu;
         // Where each kernel finds its pairs: by id, or grouped (sorted inputs, offsets, the
         // active experts, and for the down projection the order to scatter back).
-        let (grid_y, inputs, finds, order) = if kernel == ExpertKernel::Pairs {
-            (pairs, b.quantized, vec![Arg::Ptr(b.ids)], vec![])
-        } else {
+        let grouped = kernel != ExpertKernel::Pairs;
+        if grouped {
             self.group_pairs(b, n, used, count, experts.gate.cols)?;
-            let find = vec![Arg::Ptr(b.offsets), Arg::Ptr(b.active)];
-            let order = vec![Arg::Ptr(b.order)];
-            (count.min(pairs), b.sorted, find, order)
+        }
+        let grid_y = if grouped { count.min(pairs) } else { pairs };
+        let inputs = if grouped { b.sorted } else { b.quantized };
+        let pick = |grouped_ptr: DevPtr<i32>| {
+            if grouped { grouped_ptr } else { DevPtr::NULL }
         };
+        let ids = if grouped { DevPtr::NULL } else { b.ids };
+        let (offsets, active, order) = (pick(b.offsets), pick(b.active), pick(b.order));
         let (gate, down) = (experts.gate, experts.down);
         let launch = kernel.launch();
         let grid = |w: &DeviceMatrix, per_block: usize| -> Result<(u32, u32), BackendError> {
             Ok((int(w.rows.div_ceil(per_block))? as u32, int(grid_y)? as u32))
         };
-        let mut args = vec![
-            Arg::Ptr(tables.gate),
-            Arg::Ptr(tables.up),
-            Arg::Ptr(tables.gate_bias),
-            Arg::Ptr(tables.up_bias),
-        ];
-        args.extend(shape_args(gate)?);
-        args.push(Arg::Ptr(inputs));
-        args.extend(finds.iter().copied());
-        args.extend([Arg::F32(alpha), Arg::F32(limit), Arg::Ptr(b.act)]);
+        let gate_up_params = MoeGateUpParams {
+            gate_w: tables.gate,
+            up_w: tables.up,
+            gate_b: tables.gate_bias,
+            up_b: tables.up_bias,
+            row_bytes: long(gate.row_bytes),
+            rows: int(gate.rows)?,
+            format: gate.ggml_type as i32,
+            cols: int(gate.cols)?,
+            input: inputs,
+            ids,
+            offsets,
+            active,
+            alpha,
+            limit,
+            act: b.act,
+        };
         let gate_up = &gpu.kernels.moe.gate_up[kernel as usize];
         let block = (launch.threads, launch.shared);
-        gpu.launch_shared(gate_up, grid(gate, launch.gated_slots)?, block, &args)?;
+        let gate_grid = grid(gate, launch.gated_slots)?;
+        gpu.launch_shared(gate_up, gate_grid, block, &gate_up_params)?;
         gpu.quantize_rows(b.act, None, pairs, down.cols, b.sorted)?;
-        let mut args = vec![Arg::Ptr(tables.down), Arg::Ptr(tables.down_bias)];
-        args.extend(shape_args(down)?);
-        args.push(Arg::Ptr(b.sorted));
-        args.extend(finds.into_iter().chain(order));
-        args.extend([Arg::Ptr(b.weights), Arg::Ptr(b.out)]);
+        let down_params = MoeDownParams {
+            down_w: tables.down,
+            down_b: tables.down_bias,
+            row_bytes: long(down.row_bytes),
+            rows: int(down.rows)?,
+            format: down.ggml_type as i32,
+            cols: int(down.cols)?,
+            input: b.sorted,
+            ids,
+            offsets,
+            active,
+            order,
+            weights: b.weights,
+            out: b.out,
+        };
         let down_kernel = &gpu.kernels.moe.down[kernel as usize];
-        gpu.launch_shared(down_kernel, grid(down, launch.rows)?, block, &args)
+        gpu.launch_shared(down_kernel, grid(down, launch.rows)?, block, &down_params)
     }
 
     /// Groups the pass's pairs by expert (`b.offsets`, `b.active`, `b.order`) and gathers
@@ -396,23 +410,23 @@ impl Gpu {
     ) -> Result<(), BackendError> {
         let gpu = self;
         let pairs = n * used;
-        let group = [
-            Arg::Ptr(b.ids),
-            Arg::I32(int(pairs)?),
-            Arg::I32(int(count)?),
-            Arg::Ptr(b.offsets),
-            Arg::Ptr(b.order),
-            Arg::Ptr(b.active),
-        ];
+        let group = MoeGroupParams {
+            ids: b.ids,
+            pairs: int(pairs)?,
+            count: int(count)?,
+            offsets: b.offsets,
+            order: b.order,
+            active: b.active,
+        };
         let shared = int(count * 4)? as u32;
         gpu.launch_shared(&gpu.kernels.moe.group, (1, 1), (1024, shared), &group)?;
-        let gather = [
-            Arg::Ptr(b.quantized),
-            Arg::Ptr(b.order),
-            Arg::I32(int(used)?),
-            Arg::I32(int(quantized_row_bytes(width))?),
-            Arg::Ptr(b.sorted),
-        ];
+        let gather = MoeGatherParams {
+            rows: b.quantized,
+            order: b.order,
+            used: int(used)?,
+            bytes: int(quantized_row_bytes(width))?,
+            sorted: b.sorted,
+        };
         gpu.launch(
             &gpu.kernels.moe.gather,
             (int(pairs)? as u32, 1),

@@ -5,7 +5,11 @@ use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
 use worker_common::model::{AttentionShape, RopePlan, RopeStyle};
 
-use crate::device::{Arg, Gpu};
+use crate::device::Gpu;
+use crate::params::{
+    ArgmaxParams, AttentionParams, CopyParams, DequantParams, DevPtr, ElementwiseParams,
+    GatedParams, GemvGatedParams, GemvParams, QRope, RmsNormParams, RopeStoreParams, StepRows,
+};
 use crate::program::{
     ATT_CHUNK, ATT_H64_QPW, ATT_H64_WARPS, ATT_H128_QPW, ATT_H128_WARPS, ATT_H256_QPW,
     ATT_H256_WARPS, GEMV_WARPS, MAX_HEAD,
@@ -49,26 +53,24 @@ pub struct DeviceMatrix {
     pub cols: usize,
     /// Bytes per row.
     pub row_bytes: usize,
-    /// Device address of row 0.
-    pub ptr: u64,
+    /// Row 0.
+    pub ptr: DevPtr<u8>,
 }
 
-fn int(v: usize) -> Result<i32, BackendError> {
+/// `v` as a kernel's `int`.
+pub(crate) fn int(v: usize) -> Result<i32, BackendError> {
     i32::try_from(v)
         .map_err(|_| BackendError::InvalidInput(format!("size {v} exceeds a kernel's int")))
 }
 
-fn long(v: usize) -> Arg {
-    Arg::I64(v as i64)
+/// `v` as a kernel's `long long` (sizes in bytes or elements of a whole buffer).
+pub(crate) fn long(v: usize) -> i64 {
+    v as i64
 }
 
-/// The `norm, eps` arguments of a GEMV kernel (a null weight: no normalization).
-fn norm_args(norm: Option<RowNorm>) -> [Arg; 2] {
-    let norm = norm.unwrap_or(RowNorm {
-        weight: 0,
-        eps: 0.0,
-    });
-    [Arg::Ptr(norm.weight), Arg::F32(norm.eps)]
+/// A GEMV kernel's `norm, eps` (a null weight: no normalization).
+pub(crate) fn norm_params(norm: Option<RowNorm>) -> (DevPtr<f32>, f32) {
+    norm.map_or((DevPtr::NULL, 0.0), |n| (n.weight, n.eps))
 }
 
 /// Warps per output row of a GEMV launch of `rows` rows shaped as `w`: a row of more than a
@@ -106,21 +108,21 @@ impl Gpu {
         &self,
         w: &DeviceMatrix,
         rows: usize,
-        ids: Option<u64>,
+        ids: Option<DevPtr<u32>>,
         scale: f32,
-        out: u64,
+        out: DevPtr<f32>,
     ) -> Result<(), BackendError> {
         let func = self.kernels.dequant(w.ggml_type)?;
-        let args = [
-            Arg::Ptr(w.ptr),
-            Arg::I32(int(rows)?),
-            Arg::I32(int(w.cols)?),
-            long(w.row_bytes),
-            Arg::Ptr(ids.unwrap_or(0)),
-            Arg::F32(scale),
-            Arg::Ptr(out),
-        ];
-        self.launch(func, (blocks(rows * w.cols), 1), BLOCK, &args)
+        let params = DequantParams {
+            w: w.ptr,
+            rows: int(rows)?,
+            cols: int(w.cols)?,
+            row_bytes: long(w.row_bytes),
+            ids: ids.unwrap_or_default(),
+            scale,
+            out,
+        };
+        self.launch(func, (blocks(rows * w.cols), 1), BLOCK, &params)
     }
 
     /// `y = W · norm(x[t]) (+ bias)` for `n` tokens and up to three matrices of one format and
@@ -130,7 +132,7 @@ impl Gpu {
     pub fn gemv(
         &self,
         parts: &[Projection<'_>],
-        x: u64,
+        x: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
         accumulate: bool,
@@ -149,39 +151,42 @@ impl Gpu {
             ));
         }
         let part = |i: usize| parts.get(i);
-        let mut args = Vec::with_capacity(16);
-        for i in 0..3 {
-            args.push(Arg::Ptr(part(i).map_or(0, |p| p.w.ptr)));
-        }
-        let mut total = 0;
-        for i in 0..3 {
-            let rows = part(i).map_or(0, |p| p.w.rows);
-            total += rows;
-            args.push(Arg::I32(int(rows)?));
-        }
-        let parts = gemv_parts(total, w);
-        args.extend([
-            Arg::I32(int(cols)?),
-            long(row_bytes),
-            Arg::I32(int(w.ggml_type.block_size() as usize)?),
-            Arg::I32(parts as i32),
-            Arg::Ptr(x),
-        ]);
-        args.extend(norm_args(norm));
-        for i in 0..3 {
-            args.push(Arg::Ptr(part(i).and_then(|p| p.bias).unwrap_or(0)));
-        }
-        for i in 0..3 {
-            args.push(Arg::Ptr(part(i).map_or(0, |p| p.out)));
-        }
-        args.push(Arg::I32(i32::from(accumulate)));
+        let w_of = |i: usize| part(i).map_or(DevPtr::NULL, |p| p.w.ptr);
+        let rows_of = |i: usize| part(i).map_or(Ok(0), |p| int(p.w.rows));
+        let bias_of = |i: usize| part(i).and_then(|p| p.bias).unwrap_or_default();
+        let out_of = |i: usize| part(i).map_or(DevPtr::NULL, |p| p.out);
+        let total = parts.iter().map(|p| p.w.rows).sum();
+        let warps = gemv_parts(total, w);
+        let (norm_w, eps) = norm_params(norm);
+        let params = GemvParams {
+            w0: w_of(0),
+            w1: w_of(1),
+            w2: w_of(2),
+            rows0: rows_of(0)?,
+            rows1: rows_of(1)?,
+            rows2: rows_of(2)?,
+            cols: int(cols)?,
+            row_bytes: long(row_bytes),
+            block_elems: int(w.ggml_type.block_size() as usize)?,
+            parts: warps as i32,
+            x,
+            norm: norm_w,
+            eps,
+            b0: bias_of(0),
+            b1: bias_of(1),
+            b2: bias_of(2),
+            y0: out_of(0),
+            y1: out_of(1),
+            y2: out_of(2),
+            accumulate: i32::from(accumulate),
+        };
         let func = self.kernels.gemv(w.ggml_type)?;
         let grid = (
-            int(total.div_ceil(GEMV_WARPS / parts))? as u32,
+            int(total.div_ceil(GEMV_WARPS / warps))? as u32,
             int(n)? as u32,
         );
         let block = gemv_block(norm, cols)?;
-        self.launch_shared(func, grid, block, &args)
+        self.launch_shared(func, grid, block, &params)
     }
 
     /// `out[t][r] = act(gate[r] · x[t]) · (up[r] · x[t])` for `n` tokens (x through `norm` if
@@ -191,30 +196,30 @@ impl Gpu {
     pub fn gemv_gated(
         &self,
         gate: &DeviceMatrix,
-        up: u64,
-        x: u64,
+        up: DevPtr<u8>,
+        x: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
-        out: u64,
+        out: DevPtr<f32>,
         gelu: bool,
     ) -> Result<(), BackendError> {
-        let [norm_w, eps] = norm_args(norm);
+        let (norm_w, eps) = norm_params(norm);
         // Gate and up in warps of their own while about that many warps fit on an H100 at once
         // (132 SMs × 64): faster for SmolLM2's 1536 rows, slower for Qwen 0.5B's 4864.
         let split = 2 * n * gate.rows <= SPLIT_GATED_MAX_WARPS;
-        let args = [
-            Arg::Ptr(gate.ptr),
-            Arg::Ptr(up),
-            Arg::I32(int(gate.rows)?),
-            Arg::I32(int(gate.cols)?),
-            long(gate.row_bytes),
-            Arg::Ptr(x),
-            norm_w,
+        let params = GemvGatedParams {
+            gate: gate.ptr,
+            up,
+            rows: int(gate.rows)?,
+            cols: int(gate.cols)?,
+            row_bytes: long(gate.row_bytes),
+            x,
+            norm: norm_w,
             eps,
-            Arg::I32(i32::from(split)),
-            Arg::Ptr(out),
-            Arg::I32(i32::from(gelu)),
-        ];
+            split: i32::from(split),
+            out,
+            use_gelu: i32::from(gelu),
+        };
         let func = self.kernels.gemv_gated(gate.ggml_type)?;
         let rows_per_block = if split { GEMV_WARPS / 2 } else { GEMV_WARPS };
         let grid = (
@@ -222,134 +227,124 @@ impl Gpu {
             int(n)? as u32,
         );
         let block = gemv_block(norm, gate.cols)?;
-        self.launch_shared(func, grid, block, &args)
+        self.launch_shared(func, grid, block, &params)
     }
 
     /// RMSNorm of `rows` rows of `width` (`out` may be `x`).
     pub fn rms_norm(
         &self,
-        x: u64,
-        weight: u64,
-        out: u64,
+        x: DevPtr<f32>,
+        weight: DevPtr<f32>,
+        out: DevPtr<f32>,
         rows: usize,
         width: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(weight),
-            Arg::Ptr(out),
-            Arg::I32(int(width)?),
-            Arg::F32(eps),
-        ];
-        self.launch(&self.kernels.rms_norm, (int(rows)? as u32, 1), 256, &args)
+        let params = RmsNormParams {
+            x,
+            w: weight,
+            out,
+            width: int(width)?,
+            eps,
+        };
+        self.launch(&self.kernels.rms_norm, (int(rows)? as u32, 1), 256, &params)
     }
 
     /// RoPE of `n` token rows' query and key heads, each at its position (`t.rows`), then their
     /// keys and values (f32) into one layer's f16 pool through their page tables.
     pub fn rope_store(&self, t: &RopeStore, rope: &RopePlan) -> Result<(), BackendError> {
-        let [yarn_low, yarn_high] = crate::qgemv::yarn_args(rope);
-        let args = [
-            Arg::Ptr(t.q),
-            Arg::Ptr(t.k),
-            Arg::Ptr(t.v),
-            Arg::Ptr(t.k_cache),
-            Arg::Ptr(t.v_cache),
-            Arg::Ptr(t.rows.pos),
-            Arg::Ptr(t.rows.tables),
-            Arg::Ptr(t.rows.pages),
-            Arg::I32(int(t.n_head)?),
-            Arg::I32(int(t.n_head_kv)?),
-            Arg::I32(int(t.head_dim)?),
-            Arg::I32(int(rope.dims)?),
-            Arg::F32(rope.theta_scale),
-            Arg::F32(rope.freq_scale),
-            Arg::Ptr(t.factors),
-            Arg::F32(rope.attn_factor),
-            yarn_low,
-            yarn_high,
-            Arg::I32(i32::from(rope.style == RopeStyle::Neox)),
-            Arg::I32(int(t.v_width)?),
-        ];
+        let params = RopeStoreParams {
+            q: t.q,
+            k: t.k,
+            v: t.v,
+            rope: rope_params(rope, t.rows, t.k_cache, t.v_cache, t.head_dim, t.factors)?,
+            n_head: int(t.n_head)?,
+            n_head_kv: int(t.n_head_kv)?,
+            v_width: int(t.v_width)?,
+        };
         self.launch(
             &self.kernels.rope_store,
             (int(t.n)? as u32, 1),
             BLOCK,
-            &args,
+            &params,
         )
     }
 
     /// `x[t] += bias` for every `bias_len`-wide row of the `total` elements of `x`.
     pub fn add_bias(
         &self,
-        x: u64,
-        bias: u64,
+        x: DevPtr<f32>,
+        bias: DevPtr<f32>,
         bias_len: usize,
         total: usize,
     ) -> Result<(), BackendError> {
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(bias),
-            Arg::I32(int(bias_len)?),
-            long(total),
-        ];
-        self.launch(&self.kernels.add_bias, (blocks(total), 1), BLOCK, &args)
+        let params = ElementwiseParams {
+            x,
+            y: bias,
+            width: int(bias_len)?,
+            total: long(total),
+            ..Default::default()
+        };
+        self.launch(&self.kernels.add_bias, (blocks(total), 1), BLOCK, &params)
     }
 
     /// `x += y` over `total` elements.
-    pub fn add(&self, x: u64, y: u64, total: usize) -> Result<(), BackendError> {
-        let args = [Arg::Ptr(x), Arg::Ptr(y), long(total)];
-        self.launch(&self.kernels.add, (blocks(total), 1), BLOCK, &args)
+    pub fn add(&self, x: DevPtr<f32>, y: DevPtr<f32>, total: usize) -> Result<(), BackendError> {
+        let params = ElementwiseParams {
+            x,
+            y,
+            total: long(total),
+            ..Default::default()
+        };
+        self.launch(&self.kernels.add, (blocks(total), 1), BLOCK, &params)
     }
 
     /// `out = act(gate) · up` for `rows` rows of `width`, input rows `stride` apart.
     #[allow(clippy::too_many_arguments)]
     pub fn gated(
         &self,
-        gate: u64,
-        up: u64,
-        out: u64,
+        gate: DevPtr<f32>,
+        up: DevPtr<f32>,
+        out: DevPtr<f32>,
         width: usize,
         stride: usize,
         rows: usize,
         gelu: bool,
     ) -> Result<(), BackendError> {
-        let args = [
-            Arg::Ptr(gate),
-            Arg::Ptr(up),
-            Arg::Ptr(out),
-            Arg::I32(int(width)?),
-            Arg::I32(int(stride)?),
-            Arg::I32(int(rows)?),
-            Arg::I32(i32::from(gelu)),
-        ];
-        self.launch(&self.kernels.gated, (blocks(rows * width), 1), BLOCK, &args)
+        let params = GatedParams {
+            gate,
+            up,
+            out,
+            width: int(width)?,
+            stride: int(stride)?,
+            rows: int(rows)?,
+            use_gelu: i32::from(gelu),
+        };
+        let grid = (blocks(rows * width), 1);
+        self.launch(&self.kernels.gated, grid, BLOCK, &params)
     }
 
     /// Columns `offset..offset + width` of each `stride`-wide row of `src` into `dst`.
     pub fn copy_cols(
         &self,
-        src: u64,
+        src: DevPtr<f32>,
         stride: usize,
         offset: usize,
-        dst: u64,
+        dst: DevPtr<f32>,
         width: usize,
         rows: usize,
     ) -> Result<(), BackendError> {
-        let args = [
-            Arg::Ptr(src),
-            Arg::I32(int(stride)?),
-            Arg::I32(int(offset)?),
-            Arg::Ptr(dst),
-            Arg::I32(int(width)?),
-            Arg::I32(int(rows)?),
-        ];
-        self.launch(
-            &self.kernels.copy_cols,
-            (blocks(rows * width), 1),
-            BLOCK,
-            &args,
-        )
+        let params = CopyParams {
+            src,
+            ids: DevPtr::NULL,
+            src_stride: int(stride)?,
+            offset: int(offset)?,
+            dst,
+            width: int(width)?,
+            rows: int(rows)?,
+        };
+        let grid = (blocks(rows * width), 1);
+        self.launch(&self.kernels.copy_cols, grid, BLOCK, &params)
     }
 
     /// For each of `rows` rows of `n` logits, the index of the highest (the lowest index on
@@ -358,10 +353,10 @@ impl Gpu {
     /// `allowed`, among the ids its row's mask sets only.
     pub fn argmax_logits(
         &self,
-        logits: u64,
+        logits: DevPtr<f32>,
         n: usize,
         rows: usize,
-        out: u64,
+        out: DevPtr<u32>,
         scratch: ArgmaxScratch,
         allowed: Option<AllowedMask>,
     ) -> Result<(), BackendError> {
@@ -374,47 +369,49 @@ impl Gpu {
         let blocks = n
             .div_ceil(ARGMAX_PER_BLOCK)
             .clamp(1, ArgmaxScratch::MAX_BLOCKS);
-        let args = [
-            Arg::Ptr(logits),
-            Arg::I32(int(n)?),
-            Arg::Ptr(out),
-            Arg::Ptr(scratch.ptr + ArgmaxScratch::partials(scratch.rows)),
-            Arg::Ptr(scratch.ptr),
-            Arg::Ptr(allowed.map_or(0, |mask| mask.ptr)),
-            Arg::I32(int(allowed.map_or(0, |mask| mask.words))?),
-        ];
-        self.launch(
-            &self.kernels.argmax_logits,
-            (blocks as u32, int(rows)? as u32),
-            BLOCK,
-            &args,
-        )
+        let params = ArgmaxParams {
+            logits,
+            n: int(n)?,
+            out,
+            partial: scratch.partials(),
+            counter: scratch.counts,
+            allowed: allowed.map_or(DevPtr::NULL, |mask| mask.ptr),
+            allowed_words: int(allowed.map_or(0, |mask| mask.words))?,
+        };
+        let grid = (blocks as u32, int(rows)? as u32);
+        self.launch(&self.kernels.argmax_logits, grid, BLOCK, &params)
     }
 
     /// `dst[i] = src[rows[i]]` for `count` rows of `width` floats (`rows`: device `int`s).
     pub fn gather_rows(
         &self,
-        src: u64,
-        rows: u64,
-        dst: u64,
+        src: DevPtr<f32>,
+        rows: DevPtr<i32>,
+        dst: DevPtr<f32>,
         width: usize,
         count: usize,
     ) -> Result<(), BackendError> {
-        let args = [
-            Arg::Ptr(src),
-            Arg::Ptr(rows),
-            Arg::Ptr(dst),
-            Arg::I32(int(width)?),
-            Arg::I32(int(count)?),
-        ];
+        let params = CopyParams {
+            src,
+            ids: rows,
+            dst,
+            width: int(width)?,
+            rows: int(count)?,
+            ..Default::default()
+        };
         let grid = (blocks(width * count), 1);
-        self.launch(&self.kernels.gather_rows, grid, BLOCK, &args)
+        self.launch(&self.kernels.gather_rows, grid, BLOCK, &params)
     }
 
     /// `x = cap · tanh(x / cap)`.
-    pub fn softcap(&self, x: u64, cap: f32, total: usize) -> Result<(), BackendError> {
-        let args = [Arg::Ptr(x), Arg::F32(cap), long(total)];
-        self.launch(&self.kernels.softcap, (blocks(total), 1), BLOCK, &args)
+    pub fn softcap(&self, x: DevPtr<f32>, cap: f32, total: usize) -> Result<(), BackendError> {
+        let params = ElementwiseParams {
+            x,
+            cap,
+            total: long(total),
+            ..Default::default()
+        };
+        self.launch(&self.kernels.softcap, (blocks(total), 1), BLOCK, &params)
     }
 
     /// Attention of `n` query rows, each at its position over its own sequence's keys
@@ -425,31 +422,30 @@ impl Gpu {
     pub fn attention(
         &self,
         shape: &AttentionShape,
-        q: u64,
+        q: DevPtr<f32>,
         kv: &LayerKv,
-        out: u64,
+        out: DevPtr<f32>,
         n: usize,
         split: Option<&SplitScratch>,
-        sinks: Option<u64>,
+        sinks: Option<DevPtr<f32>>,
     ) -> Result<(), BackendError> {
-        let mut args = vec![
-            Arg::Ptr(q),
-            Arg::Ptr(kv.k),
-            Arg::Ptr(kv.v),
-            Arg::Ptr(kv.rows.pos),
-            Arg::Ptr(kv.rows.tables),
-            Arg::Ptr(kv.rows.pages),
-            Arg::Ptr(out),
-            Arg::I32(int(shape.n_head)?),
-            Arg::I32(int(shape.n_head_kv)?),
-            Arg::I32(int(shape.head_dim_k)?),
-            Arg::I32(int(shape.head_dim_v)?),
-            Arg::F32(shape.scale),
-            Arg::I32(int(shape.window.unwrap_or(0))?),
-            Arg::Ptr(sinks.unwrap_or(0)),
-        ];
+        let mut params = AttentionParams {
+            q,
+            k_cache: kv.k,
+            v_cache: kv.v,
+            rows: kv.rows,
+            out,
+            n_head: int(shape.n_head)?,
+            n_head_kv: int(shape.n_head_kv)?,
+            dk: int(shape.head_dim_k)?,
+            dv: int(shape.head_dim_v)?,
+            scale: shape.scale,
+            window: int(shape.window.unwrap_or(0))?,
+            sinks: sinks.unwrap_or_default(),
+            n: int(n)?,
+            ..Default::default()
+        };
         let Some(split) = split else {
-            args.push(Arg::I32(int(n)?));
             let widest = shape.head_dim_k.max(shape.head_dim_v);
             let kernel = ATTENTION_KERNELS
                 .iter()
@@ -458,39 +454,58 @@ impl Gpu {
             let (_, queries, threads) = ATTENTION_KERNELS[kernel];
             let grid = (int(shape.n_head)? as u32, int(n.div_ceil(queries))? as u32);
             let func = &self.kernels.attention[kernel];
-            return self.launch(func, grid, threads, &args);
+            return self.launch(func, grid, threads, &params);
         };
         let splits = split.splits.clamp(1, MAX_SPLITS);
-        args.extend([
-            Arg::I32(int(splits)?),
-            Arg::Ptr(split.partial),
-            Arg::Ptr(split.counters),
-        ]);
+        params.splits = int(splits)?;
+        params.partial = split.partial;
+        params.counters = split.counters;
         let grid = (int(shape.n_head * splits)? as u32, int(n)? as u32);
-        self.launch(&self.kernels.attention_split, grid, ATT_CHUNK as u32, &args)
+        self.launch(
+            &self.kernels.attention_split,
+            grid,
+            ATT_CHUNK as u32,
+            &params,
+        )
     }
 }
 
-/// Where the token rows of a pass sit, as device addresses of `int` arrays (`StepRows` in
-/// prelude.cu): row `t` is at position `pos[t]` of the sequence whose page table starts at
-/// entry `tables[t]` of `pages`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepRows {
-    /// Each row's position.
-    pub pos: u64,
-    /// Each row's offset of its page table in `pages`.
-    pub tables: u64,
-    /// The pass's page tables, one after the other (`int` page ids).
-    pub pages: u64,
+/// The [`QRope`] of a launch that rotates by `rope` the rows `rows` and stores their keys and
+/// values into `k_cache` and `v_cache` (heads of `head_dim`, `factors` null when the model has
+/// none).
+pub(crate) fn rope_params(
+    rope: &RopePlan,
+    rows: StepRows,
+    k_cache: DevPtr<u16>,
+    v_cache: DevPtr<u16>,
+    head_dim: usize,
+    factors: DevPtr<f32>,
+) -> Result<QRope, BackendError> {
+    // Without YaRN the ramp is (0, -1): every pair interpolated alike.
+    let (yarn_low, yarn_high) = rope.yarn.map_or((0.0, -1.0), |ramp| (ramp.low, ramp.high));
+    Ok(QRope {
+        rows,
+        k_cache,
+        v_cache,
+        head_dim: int(head_dim)?,
+        dims: int(rope.dims)?,
+        neox: i32::from(rope.style == RopeStyle::Neox),
+        theta_scale: rope.theta_scale,
+        freq_scale: rope.freq_scale,
+        factors,
+        attn_factor: rope.attn_factor,
+        yarn_low,
+        yarn_high,
+    })
 }
 
 /// One layer of the KV pool as the rows of a pass see it.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerKv {
     /// This layer's keys: f16 rows of `k_width`, row `page * PAGE_SIZE + slot`.
-    pub k: u64,
+    pub k: DevPtr<u16>,
     /// This layer's values, likewise.
-    pub v: u64,
+    pub v: DevPtr<u16>,
     /// The rows' positions and page tables.
     pub rows: StepRows,
 }
@@ -500,25 +515,25 @@ pub struct LayerKv {
 pub struct Projection<'a> {
     /// The weights.
     pub w: &'a DeviceMatrix,
-    /// Device address of an f32 bias of `w.rows`, if any.
-    pub bias: Option<u64>,
-    /// Device address of the output rows (`w.rows` floats per token).
-    pub out: u64,
+    /// An f32 bias of `w.rows`, if any.
+    pub bias: Option<DevPtr<f32>>,
+    /// The output rows (`w.rows` floats per token).
+    pub out: DevPtr<f32>,
 }
 
 /// The buffers of one [`Gpu::rope_store`] call.
 #[derive(Debug, Clone, Copy)]
 pub struct RopeStore {
     /// Query rows (`n_head · head_dim` per token), rotated in place.
-    pub q: u64,
+    pub q: DevPtr<f32>,
     /// Key rows (`n_head_kv · head_dim` per token), rotated in place, then stored.
-    pub k: u64,
+    pub k: DevPtr<f32>,
     /// Value rows (`v_width` per token), stored.
-    pub v: u64,
+    pub v: DevPtr<f32>,
     /// This layer's key pool.
-    pub k_cache: u64,
+    pub k_cache: DevPtr<u16>,
     /// This layer's value pool.
-    pub v_cache: u64,
+    pub v_cache: DevPtr<u16>,
     /// The rows' positions and page tables.
     pub rows: StepRows,
     /// Tokens.
@@ -531,15 +546,15 @@ pub struct RopeStore {
     pub head_dim: usize,
     /// Value row width.
     pub v_width: usize,
-    /// The model's RoPE frequency factors in VRAM (`rope.dims / 2` f32), 0 when it has none.
-    pub factors: u64,
+    /// The model's RoPE frequency factors in VRAM (`rope.dims / 2` f32), null when it has none.
+    pub factors: DevPtr<f32>,
 }
 
 /// RMSNorm a GEMV applies to its input rows itself (see [`RowNorm::fits`]).
 #[derive(Debug, Clone, Copy)]
 pub struct RowNorm {
-    /// Device address of the `cols` f32 norm weights.
-    pub weight: u64,
+    /// The `cols` f32 norm weights.
+    pub weight: DevPtr<f32>,
     /// Epsilon added to the mean square.
     pub eps: f32,
 }
@@ -555,8 +570,8 @@ impl RowNorm {
 /// device (bit `id % 32` of word `id / 32`), `words` words a row.
 #[derive(Debug, Clone, Copy)]
 pub struct AllowedMask {
-    /// Device address of the first row's mask.
-    pub ptr: u64,
+    /// The first row's mask.
+    pub ptr: DevPtr<u32>,
     /// Words of a row's mask; ids past them are not allowed.
     pub words: usize,
 }
@@ -573,8 +588,8 @@ const ARGMAX_PER_BLOCK: usize = 2048;
 /// counts zeroed.
 #[derive(Debug, Clone, Copy)]
 pub struct ArgmaxScratch {
-    /// Device address of the zeroed scratch.
-    pub ptr: u64,
+    /// The zeroed counts, at the start of the scratch.
+    pub counts: DevPtr<u32>,
     /// Rows it holds.
     pub rows: usize,
 }
@@ -583,14 +598,19 @@ impl ArgmaxScratch {
     /// Most blocks (more logits make longer slices).
     pub const MAX_BLOCKS: usize = 128;
 
-    /// Byte offset of the pairs, after the counts of `rows` rows (kept 16-byte aligned).
-    fn partials(rows: usize) -> u64 {
-        (4 * rows).next_multiple_of(16) as u64
+    /// Counts of a scratch for `rows` rows before its pairs, kept 16-byte aligned.
+    fn counts_room(rows: usize) -> usize {
+        rows.next_multiple_of(4)
+    }
+
+    /// The (value, index) pairs, after the counts.
+    fn partials(self) -> DevPtr<f32> {
+        self.counts.offset(Self::counts_room(self.rows)).cast()
     }
 
     /// Bytes of the scratch for `rows` rows.
     pub fn bytes(rows: usize) -> usize {
-        Self::partials(rows) as usize + rows * 8 * Self::MAX_BLOCKS
+        4 * Self::counts_room(rows) + rows * 8 * Self::MAX_BLOCKS
     }
 }
 
@@ -600,9 +620,9 @@ pub struct SplitScratch {
     /// Blocks per query head (clamped to `1..=MAX_SPLITS`).
     pub splits: usize,
     /// `n · n_head · splits` partial results of `head_dim_v + 2` floats.
-    pub partial: u64,
-    /// `n · n_head` zeroed `u32` counts (the kernel leaves them zeroed).
-    pub counters: u64,
+    pub partial: DevPtr<f32>,
+    /// `n · n_head` zeroed counts (the kernel leaves them zeroed).
+    pub counters: DevPtr<u32>,
 }
 
 impl SplitScratch {

@@ -3,17 +3,32 @@
 // (`include!`d there, so no inner doc comment and nothing but `std`), which compiles it ahead of
 // time when asked.
 
-/// The one NVRTC program: the files in dependency order (helpers first).
-pub const SOURCE: &str = concat!(
-    include_str!("../kernels/prelude.cu"),
-    include_str!("../kernels/quant.cu"),
-    include_str!("../kernels/qgemv.cu"),
-    include_str!("../kernels/moe.cu"),
-    include_str!("../kernels/qgemm.cu"),
-    include_str!("../kernels/moe_gemm.cu"),
-    include_str!("../kernels/ops.cu"),
-    include_str!("../kernels/attention.cu"),
-);
+include!("params.rs");
+
+/// The kernel files of the one NVRTC program, in dependency order (helpers first).
+pub const KERNEL_FILES: [(&str, &str); 8] = [
+    ("prelude.cu", include_str!("../kernels/prelude.cu")),
+    ("quant.cu", include_str!("../kernels/quant.cu")),
+    ("qgemv.cu", include_str!("../kernels/qgemv.cu")),
+    ("moe.cu", include_str!("../kernels/moe.cu")),
+    ("qgemm.cu", include_str!("../kernels/qgemm.cu")),
+    ("moe_gemm.cu", include_str!("../kernels/moe_gemm.cu")),
+    ("ops.cu", include_str!("../kernels/ops.cu")),
+    ("attention.cu", include_str!("../kernels/attention.cu")),
+];
+
+/// Marks where each part of [`source`] begins (`scripts/nvrtc-timing.py` splits on it).
+pub const PART_MARK: &str = "// ---- llorch part: ";
+
+/// The one NVRTC program: the parameter structs' definitions ([`param_definitions`]), then the
+/// kernel files in order, each part opened by a [`PART_MARK`] line.
+pub fn source() -> String {
+    let mut text = format!("{PART_MARK}params.rs\n{}", param_definitions());
+    for (name, file) in KERNEL_FILES {
+        text.push_str(&format!("{PART_MARK}{name}\n{file}"));
+    }
+    text
+}
 
 /// Positions per KV page: the seam's `worker_common::backend::PAGE_SIZE` (lib.rs asserts the two
 /// equal at compile time).
@@ -57,9 +72,21 @@ pub const QM_LARGE_MT: usize = 2;
 /// See [`QM_LARGE_MT`].
 pub const QM_LARGE_NT: usize = 1;
 
+/// What a quantized launch (`qgemv_*`, `qgemm_*`) does with its products, its `mode`: store
+/// (`y = W·x + bias`).
+pub const QG_STORE: usize = 0;
+/// Accumulate into the residual stream (`y += W·x`).
+pub const QG_ACCUMULATE: usize = 1;
+/// Gate (matrix 0) and up (matrix 1): `y0 = silu(gate·x) · (up·x)`.
+pub const QG_SILU: usize = 2;
+/// The same with GELU.
+pub const QG_GELU: usize = 3;
+/// Q, K and V rows in RoPE pairs: Q rotated, K rotated and V into the pool.
+pub const QG_ROPE: usize = 4;
+
 /// The constants above that the kernels read, by the names they read them under: each is
 /// defined here alone and passed to NVRTC as `-D` (no `.cu` file defines it).
-pub const KERNEL_CONSTANTS: [(&str, usize); 17] = [
+pub const KERNEL_CONSTANTS: [(&str, usize); 22] = [
     ("PAGE_SIZE", PAGE_SIZE),
     ("GEMV_WARPS", GEMV_WARPS),
     ("QG_WARPS", QG_WARPS),
@@ -77,6 +104,11 @@ pub const KERNEL_CONSTANTS: [(&str, usize); 17] = [
     ("ATT_H128_QPW", ATT_H128_QPW),
     ("ATT_H256_WARPS", ATT_H256_WARPS),
     ("ATT_H256_QPW", ATT_H256_QPW),
+    ("QG_STORE", QG_STORE),
+    ("QG_ACCUMULATE", QG_ACCUMULATE),
+    ("QG_SILU", QG_SILU),
+    ("QG_GELU", QG_GELU),
+    ("QG_ROPE", QG_ROPE),
 ];
 
 /// NVRTC options: a cubin for exactly this GPU (no PTX left for the driver to compile), no

@@ -8,6 +8,7 @@ use worker_common::model::Activation;
 
 use crate::forward::Model;
 use crate::ops::{DeviceMatrix, Projection, RowNorm};
+use crate::params::DevPtr;
 use crate::pass::{Segment, takes_gemm};
 use crate::qgemv::{QgemvInput, QgemvMode, has_qgemv, prequantized};
 use crate::scratch::{Act, Scratch};
@@ -20,7 +21,7 @@ impl Model<'_> {
     pub(crate) fn project(
         &self,
         parts: &[Projection<'_>],
-        input: u64,
+        input: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
         segments: &[Segment],
@@ -52,7 +53,7 @@ impl Model<'_> {
     fn gemm(
         &self,
         parts: &[Projection<'_>],
-        input: u64,
+        input: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
         segments: &[Segment],
@@ -83,8 +84,8 @@ impl Model<'_> {
             self.gpu.dequant(p.w, p.w.rows, None, 1.0, dequant)?;
             for segment in segments {
                 let (rows, cols) = (segment.rows, p.w.cols);
-                let x = input + (segment.start * cols * 4) as u64;
-                let out = p.out + (segment.start * p.w.rows * 4) as u64;
+                let x = input.offset(segment.start * cols);
+                let out = p.out.offset(segment.start * p.w.rows);
                 self.gpu.sgemm_nt(p.w.rows, rows, cols, dequant, x, out)?;
             }
             if let Some(bias) = p.bias {
@@ -100,7 +101,7 @@ impl Model<'_> {
     pub(crate) fn quantized_gemm(
         &self,
         parts: &[Projection<'_>],
-        x: u64,
+        x: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
         mode: QgemvMode,
@@ -115,11 +116,11 @@ impl Model<'_> {
     fn quantize_input(
         &self,
         parts: &[Projection<'_>],
-        x: u64,
+        x: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
         s: &Scratch,
-    ) -> Result<u64, BackendError> {
+    ) -> Result<DevPtr<u8>, BackendError> {
         let cols = parts.first().map_or(0, |p| p.w.cols);
         let quantized = s.ptr(Act::Quantized);
         self.gpu.quantize_rows(x, norm, n, cols, quantized)?;
@@ -133,7 +134,7 @@ impl Model<'_> {
     pub(crate) fn qgemv(
         &self,
         parts: &[Projection<'_>],
-        x: u64,
+        x: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
         mode: QgemvMode,
@@ -162,11 +163,11 @@ impl Model<'_> {
         &self,
         gate: &DeviceMatrix,
         up: &DeviceMatrix,
-        input: u64,
+        input: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
         gemv: bool,
-        out: u64,
+        out: DevPtr<f32>,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let gelu = self.plan.activation == Activation::GeluTanh;

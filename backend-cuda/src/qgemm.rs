@@ -9,10 +9,11 @@
 use worker_common::backend::BackendError;
 use worker_common::model::ModelPlan;
 
-use crate::device::{Arg, Gpu};
-use crate::ops::Projection;
+use crate::device::Gpu;
+use crate::ops::{Projection, int};
+use crate::params::{DevPtr, QgemmParams};
 use crate::program::{QM_LARGE_MT, QM_LARGE_NT, QM_WARPS_M, QM_WARPS_N};
-use crate::qgemv::{QgemvMode, check, int, matrix_args, rope_args};
+use crate::qgemv::{QgemvMode, check, qmatrices};
 
 /// The block shapes of qgemm.cu (`QmSmall`, `QmLarge`), the index of their kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,12 +103,12 @@ const SMALL_TILE_BYTES: usize = SMALL.rows * SMALL.tokens * 4;
 /// (`partial_bytes`), per tile a zeroed count of finished segments (the kernel leaves it zeroed).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SplitRoom {
-    /// Device address of the totals.
-    pub partial: u64,
+    /// The totals.
+    pub partial: DevPtr<f32>,
     /// Their bytes.
     pub partial_bytes: usize,
-    /// Device address of the counts (`u32`).
-    pub counters: u64,
+    /// The counts.
+    pub counters: DevPtr<u32>,
     /// Counts held.
     pub counter_count: usize,
 }
@@ -164,7 +165,7 @@ impl Gpu {
     pub fn qgemm(
         &self,
         parts: &[Projection<'_>],
-        quantized: u64,
+        quantized: DevPtr<u8>,
         n: usize,
         mode: QgemvMode,
         split: SplitRoom,
@@ -185,7 +186,7 @@ impl Gpu {
     pub(crate) fn qgemm_shaped(
         &self,
         parts: &[Projection<'_>],
-        quantized: u64,
+        quantized: DevPtr<u8>,
         n: usize,
         mode: QgemvMode,
         layout: Layout,
@@ -215,15 +216,19 @@ impl Gpu {
                 "a qgemm launch needs {tiles} row tiles (at most {MAX_GRID_Y})"
             )));
         }
-        let mut args = matrix_args(parts)?;
-        args.extend([
-            Arg::I32(int(cols)?),
-            Arg::I32(int(n)?),
-            Arg::Ptr(quantized),
-            Arg::I32(mode.code()),
-        ]);
-        rope_args(mode, &mut args)?;
-        args.extend([Arg::Ptr(split.partial), Arg::Ptr(split.counters)]);
+        let [m0, m1, m2] = qmatrices(parts)?;
+        let params = QgemmParams {
+            m0,
+            m1,
+            m2,
+            rope: mode.rope_params()?,
+            cols: int(cols)?,
+            n: int(n)?,
+            pre: quantized,
+            mode: mode.code(),
+            partial: split.partial,
+            counters: split.counters,
+        };
         let token_tiles = n.div_ceil(shape.tokens);
         let segments = if together { 1 } else { cols.div_ceil(SEGMENT) };
         if segments > 1 {
@@ -245,6 +250,6 @@ impl Gpu {
             .all(|p| p.w.ggml_type == first)
             .then_some(first);
         let kernel = self.kernels.qgemm(one_format, tile);
-        self.launch_grid(kernel, grid, (THREADS, 0), &args)
+        self.launch_grid(kernel, grid, (THREADS, 0), &params)
     }
 }

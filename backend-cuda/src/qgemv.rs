@@ -5,11 +5,14 @@
 
 use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
-use worker_common::model::{RopePlan, RopeStyle};
+use worker_common::model::RopePlan;
 
-use crate::device::{Arg, Gpu};
-use crate::ops::{Projection, RowNorm, StepRows};
-use crate::program::{QG_MAX_SEGMENTS, QG_SEG, QG_WARPS};
+use crate::device::Gpu;
+use crate::ops::{Projection, RowNorm, int, long, norm_params, rope_params};
+use crate::params::{DevPtr, QMatrix, QRope, QgemvParams, QuantizeParams, StepRows};
+use crate::program::{
+    QG_ACCUMULATE, QG_GELU, QG_MAX_SEGMENTS, QG_ROPE, QG_SEG, QG_SILU, QG_STORE, QG_WARPS,
+};
 
 /// Token rows per block of the batched kernels (`qgemv_r*_t8`): each weight chunk a warp loads
 /// is multiplied by up to this many inputs.
@@ -84,22 +87,36 @@ pub struct RopeTarget {
     /// The rows' positions and page tables.
     pub rows: StepRows,
     /// This layer's key pool.
-    pub k_cache: u64,
+    pub k_cache: DevPtr<u16>,
     /// This layer's value pool.
-    pub v_cache: u64,
-    /// The model's RoPE frequency factors in VRAM (`rope.dims / 2` f32), 0 when it has none.
-    pub factors: u64,
+    pub v_cache: DevPtr<u16>,
+    /// The model's RoPE frequency factors in VRAM (`rope.dims / 2` f32), null when it has none.
+    pub factors: DevPtr<f32>,
 }
 
 impl QgemvMode {
-    /// The kernel's `mode` argument (`QG_*` in qgemv.cu).
+    /// The kernels' `mode` parameter (the `QG_*` constants of the program).
     pub(crate) fn code(self) -> i32 {
         match self {
-            QgemvMode::Store => 0,
-            QgemvMode::Accumulate => 1,
-            QgemvMode::Gated { gelu: false } => 2,
-            QgemvMode::Gated { gelu: true } => 3,
-            QgemvMode::Rope(_) => 4,
+            QgemvMode::Store => QG_STORE as i32,
+            QgemvMode::Accumulate => QG_ACCUMULATE as i32,
+            QgemvMode::Gated { gelu: false } => QG_SILU as i32,
+            QgemvMode::Gated { gelu: true } => QG_GELU as i32,
+            QgemvMode::Rope(_) => QG_ROPE as i32,
+        }
+    }
+
+    /// The kernels' `rope` parameter: the target's, or none (a ramp of `(0, -1)`) unless this
+    /// is [`QgemvMode::Rope`].
+    pub(crate) fn rope_params(self) -> Result<QRope, BackendError> {
+        match self {
+            QgemvMode::Rope(t) => {
+                rope_params(&t.rope, t.rows, t.k_cache, t.v_cache, t.head_dim, t.factors)
+            }
+            _ => Ok(QRope {
+                yarn_high: -1.0,
+                ..QRope::default()
+            }),
         }
     }
 }
@@ -134,11 +151,6 @@ fn warps_per_slot(cols: usize, slots: usize, most: usize) -> usize {
         parts *= 2;
     }
     parts
-}
-
-pub(crate) fn int(v: usize) -> Result<i32, BackendError> {
-    i32::try_from(v)
-        .map_err(|_| BackendError::InvalidInput(format!("size {v} exceeds a kernel's int")))
 }
 
 /// Refuses a launch the kernels cannot run; the input width.
@@ -184,9 +196,9 @@ pub(crate) fn check(parts: &[Projection<'_>], mode: QgemvMode) -> Result<usize, 
 #[derive(Debug, Clone, Copy)]
 pub enum QgemvInput {
     /// f32 rows at this address, through the RMSNorm when given: each block quantizes them.
-    Rows(u64, Option<RowNorm>),
+    Rows(DevPtr<f32>, Option<RowNorm>),
     /// Rows [`Gpu::quantize_rows`] wrote at this address.
-    Quantized(u64),
+    Quantized(DevPtr<u8>),
 }
 
 impl Gpu {
@@ -194,26 +206,23 @@ impl Gpu {
     /// ([`quantized_row_bytes`] per row), for [`QgemvInput::Quantized`].
     pub fn quantize_rows(
         &self,
-        x: u64,
+        x: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
         cols: usize,
-        out: u64,
+        out: DevPtr<u8>,
     ) -> Result<(), BackendError> {
-        let norm = norm.unwrap_or(RowNorm {
-            weight: 0,
-            eps: 0.0,
-        });
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(norm.weight),
-            Arg::F32(norm.eps),
-            Arg::I32(int(cols)?),
-            Arg::Ptr(out),
-        ];
+        let (norm, eps) = norm_params(norm);
+        let params = QuantizeParams {
+            x,
+            norm,
+            eps,
+            cols: int(cols)?,
+            out,
+        };
         let func = &self.kernels.quantize_rows;
         let grid = ((cols / 32).div_ceil(QG_WARPS) as u32, int(n)? as u32);
-        self.launch(func, grid, (QG_WARPS * 32) as u32, &args)
+        self.launch(func, grid, (QG_WARPS * 32) as u32, &params)
     }
 
     /// `parts` (up to three matrices of one width, any mix of the [`has_qgemv`] formats)
@@ -229,7 +238,6 @@ impl Gpu {
         mode: QgemvMode,
     ) -> Result<(), BackendError> {
         let cols = check(parts, mode)?;
-        let mut args = matrix_args(parts)?;
         let gated = matches!(mode, QgemvMode::Gated { .. });
         let total: usize = if gated {
             parts[0].w.rows
@@ -252,33 +260,34 @@ impl Gpu {
         };
         let per_slot = warps_per_slot(cols, slots, most);
         let (x, pre, norm) = match input {
-            QgemvInput::Rows(x, norm) => (x, 0, norm),
-            QgemvInput::Quantized(q) => (0, q, None),
+            QgemvInput::Rows(x, norm) => (x, DevPtr::NULL, norm),
+            QgemvInput::Quantized(q) => (DevPtr::NULL, q, None),
         };
-        let norm = norm.unwrap_or(RowNorm {
-            weight: 0,
-            eps: 0.0,
-        });
-        args.extend([
-            Arg::I32(int(cols)?),
-            Arg::I32(int(n)?),
-            Arg::Ptr(x),
-            Arg::Ptr(pre),
-            Arg::Ptr(norm.weight),
-            Arg::F32(norm.eps),
-            Arg::I32(mode.code()),
-        ]);
-        rope_args(mode, &mut args)?;
-        let shared = match (batched, pre) {
+        let (norm, eps) = norm_params(norm);
+        let [m0, m1, m2] = qmatrices(parts)?;
+        let params = QgemvParams {
+            m0,
+            m1,
+            m2,
+            rope: mode.rope_params()?,
+            cols: int(cols)?,
+            n: int(n)?,
+            x,
+            pre,
+            norm,
+            eps,
+            mode: mode.code(),
+        };
+        let shared = match (batched, pre.non_null()) {
             // One row, quantized in each block into shared memory.
-            (false, 0) => quantized_row_bytes(cols),
-            (true, 0) => {
+            (false, None) => quantized_row_bytes(cols),
+            (true, None) => {
                 return Err(BackendError::Device(format!(
                     "a qgemv launch of {n} rows takes them quantized (quantize_rows)"
                 )));
             }
             // Quantized rows are read in place.
-            (_, _) => 0,
+            (_, Some(_)) => 0,
         };
         let slot_blocks = slots.div_ceil(QG_WARPS / per_slot);
         if slot_blocks > MAX_GRID_Y {
@@ -301,67 +310,22 @@ impl Gpu {
             k => k,
         };
         let func = &table[shape][rows_per_warp];
-        self.launch_shared(func, grid, ((QG_WARPS * 32) as u32, shared as u32), &args)
+        self.launch_shared(func, grid, ((QG_WARPS * 32) as u32, shared as u32), &params)
     }
 }
 
-/// The kernel's RoPE arguments (zeros unless `mode` is [`QgemvMode::Rope`]).
-pub(crate) fn rope_args(mode: QgemvMode, args: &mut Vec<Arg>) -> Result<(), BackendError> {
-    let (target, rope) = match mode {
-        QgemvMode::Rope(t) => (t, t.rope),
-        _ => {
-            args.extend([0; 5].map(Arg::Ptr));
-            args.extend([
-                Arg::I32(0),
-                Arg::I32(0),
-                Arg::F32(0.0),
-                Arg::F32(0.0),
-                Arg::Ptr(0),
-                Arg::F32(0.0),
-                Arg::F32(0.0),
-                Arg::F32(-1.0),
-                Arg::I32(0),
-            ]);
-            return Ok(());
-        }
-    };
-    args.extend([
-        Arg::Ptr(target.rows.pos),
-        Arg::Ptr(target.rows.tables),
-        Arg::Ptr(target.rows.pages),
-        Arg::Ptr(target.k_cache),
-        Arg::Ptr(target.v_cache),
-        Arg::I32(int(target.head_dim)?),
-        Arg::I32(int(rope.dims)?),
-        Arg::F32(rope.theta_scale),
-        Arg::F32(rope.freq_scale),
-        Arg::Ptr(target.factors),
-        Arg::F32(rope.attn_factor),
-    ]);
-    args.extend(yarn_args(&rope));
-    args.push(Arg::I32(i32::from(rope.style == RopeStyle::Neox)));
-    Ok(())
-}
-
-/// The kernels' `yarn_low, yarn_high` arguments: YaRN's ramp, or `(0, -1)` without YaRN.
-pub(crate) fn yarn_args(rope: &RopePlan) -> [Arg; 2] {
-    let (low, high) = rope.yarn.map_or((0.0, -1.0), |ramp| (ramp.low, ramp.high));
-    [Arg::F32(low), Arg::F32(high)]
-}
-
-/// The first arguments of a qgemv or qgemm launch, for up to three matrices (zeros for absent
-/// ones): weights, row bytes, biases, outputs, rows, then formats (the GGML type ids).
-pub(crate) fn matrix_args(parts: &[Projection<'_>]) -> Result<Vec<Arg>, BackendError> {
-    let part = |i: usize| parts.get(i);
-    let matrix = |i: usize| part(i).map(|p| p.w);
-    let mut args = Vec::with_capacity(32);
-    args.extend((0..3).map(|i| Arg::Ptr(matrix(i).map_or(0, |w| w.ptr))));
-    args.extend((0..3).map(|i| Arg::I64(matrix(i).map_or(0, |w| w.row_bytes as i64))));
-    args.extend((0..3).map(|i| Arg::Ptr(part(i).and_then(|p| p.bias).unwrap_or(0))));
-    args.extend((0..3).map(|i| Arg::Ptr(part(i).map_or(0, |p| p.out))));
-    for i in 0..3 {
-        args.push(Arg::I32(int(matrix(i).map_or(0, |w| w.rows))?));
+/// The matrices of a qgemv or qgemm launch: up to three (rows 0 for absent ones).
+pub(crate) fn qmatrices(parts: &[Projection<'_>]) -> Result<[QMatrix; 3], BackendError> {
+    let mut matrices = [QMatrix::default(); 3];
+    for (matrix, part) in matrices.iter_mut().zip(parts) {
+        *matrix = QMatrix {
+            w: part.w.ptr,
+            row_bytes: long(part.w.row_bytes),
+            bias: part.bias.unwrap_or(DevPtr::NULL),
+            y: part.out,
+            rows: int(part.w.rows)?,
+            format: part.w.ggml_type as i32,
+        };
     }
-    args.extend((0..3).map(|i| Arg::I32(matrix(i).map_or(0, |w| w.ggml_type as i32))));
-    Ok(args)
+    Ok(matrices)
 }

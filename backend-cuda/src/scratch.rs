@@ -9,7 +9,8 @@ use worker_common::model::ModelPlan;
 use crate::device::{Buffer, Gpu, device_error};
 use crate::graphs::Graphs;
 use crate::moe::MoeLayout;
-use crate::ops::{AllowedMask, ArgmaxScratch, SplitScratch, StepRows};
+use crate::ops::{AllowedMask, ArgmaxScratch, SplitScratch};
+use crate::params::{DevPtr, StepRows};
 use crate::qgemm::SplitRoom;
 use crate::qgemv::quantized_row_bytes;
 
@@ -203,25 +204,34 @@ impl Scratch {
             .sum()
     }
 
-    /// Device address of an activation buffer.
-    pub fn ptr(&self, act: Act) -> u64 {
+    /// An activation buffer as elements of `T` (f32 unless its [`Act`] says otherwise).
+    pub fn ptr<T>(&self, act: Act) -> DevPtr<T> {
         self.buffers[act as usize].ptr()
+    }
+
+    /// The `int` array of [`Act::Step`] at byte `offset`.
+    fn step_ints(&self, offset: usize) -> DevPtr<i32> {
+        self.ptr::<u8>(Act::Step).offset(offset).cast()
     }
 
     /// Where the rows of the pass sit ([`Act::Step`]'s arrays).
     pub fn rows(&self) -> StepRows {
-        let step = self.ptr(Act::Step);
         let layout = Layout::of(self.room);
         StepRows {
-            pos: step + layout.pos as u64,
-            tables: step + layout.tables as u64,
-            pages: step + layout.pages as u64,
+            pos: self.step_ints(layout.pos),
+            tables: self.step_ints(layout.tables),
+            pages: self.step_ints(layout.pages),
         }
     }
 
-    /// Device address of the head rows' indices (`int`s) in [`Act::Step`].
-    pub fn heads_ptr(&self) -> u64 {
-        self.ptr(Act::Step) + Layout::of(self.room).heads as u64
+    /// The pass's token ids ([`Act::Step`]'s first array).
+    pub fn tokens(&self) -> DevPtr<u32> {
+        self.ptr(Act::Step)
+    }
+
+    /// The head rows' indices in [`Act::Step`].
+    pub fn heads_ptr(&self) -> DevPtr<i32> {
+        self.step_ints(Layout::of(self.room).heads)
     }
 
     /// The tensor-core GEMM's room for the segments of wide matrices.
@@ -237,19 +247,24 @@ impl Scratch {
     /// The greedy choice's scratch ([`Act::Argmax`]).
     pub fn argmax(&self) -> ArgmaxScratch {
         ArgmaxScratch {
-            ptr: self.ptr(Act::Argmax),
+            counts: self.ptr(Act::Argmax),
             rows: self.room.heads,
         }
     }
 
-    /// Device address of the head rows' greedy choices (after their logits).
-    pub fn choices_ptr(&self) -> u64 {
-        self.ptr(Act::Logits) + (4 * self.room.heads * self.vocab) as u64
+    /// Head row `head`'s logits in [`Act::Logits`].
+    pub fn logits_row(&self, head: usize) -> DevPtr<f32> {
+        self.ptr::<f32>(Act::Logits).offset(head * self.vocab)
+    }
+
+    /// The head rows' greedy choices (after their logits).
+    pub fn choices_ptr(&self) -> DevPtr<u32> {
+        self.logits_row(self.room.heads).cast()
     }
 
     /// The prefill's dequantization buffer for float-format matrices, once a pass of long chunks
     /// reserved it.
-    pub fn dequant(&self) -> Option<u64> {
+    pub fn dequant(&self) -> Option<DevPtr<f32>> {
         self.dequant.as_ref().map(Buffer::ptr)
     }
 
@@ -390,7 +405,7 @@ impl Scratch {
     /// for them.
     pub fn download_logits(&mut self, gpu: &Gpu, head: usize) -> Result<(), BackendError> {
         let vocab = self.vocab;
-        let src = self.ptr(Act::Logits) + (4 * head * vocab) as u64;
+        let src = self.logits_row(head);
         let logits = self.logits.as_mut().ok_or_else(no_logits)?;
         gpu.download_pinned(src, logits, 0, vocab)
     }
@@ -399,7 +414,11 @@ impl Scratch {
     /// page-locked buffer) and waits for them: a greedy step needs 4 bytes a row, not the
     /// vocabulary's logits.
     pub fn download_choices(&mut self, gpu: &Gpu) -> Result<(), BackendError> {
-        let (src, offset, heads) = (self.choices_ptr(), self.room.heads * self.vocab, self.heads);
+        let (src, offset, heads) = (
+            self.choices_ptr().cast(),
+            self.room.heads * self.vocab,
+            self.heads,
+        );
         let logits = self.logits.as_mut().ok_or_else(no_logits)?;
         gpu.download_pinned(src, logits, offset, heads)
     }
@@ -424,11 +443,11 @@ impl Scratch {
             offset,
         )?;
         let allowed = AllowedMask {
-            ptr: self.ptr(Act::Allowed) + offset as u64,
+            ptr: self.ptr::<u8>(Act::Allowed).offset(offset).cast(),
             words,
         };
-        let logits = self.ptr(Act::Logits) + (4 * head * self.vocab) as u64;
-        let out = self.choices_ptr() + 4 * head as u64;
+        let logits = self.logits_row(head);
+        let out = self.choices_ptr().offset(head);
         // One row: it takes row 0's count and pairs, free once the pass's launch is done.
         gpu.argmax_logits(logits, self.vocab, 1, out, self.argmax(), Some(allowed))
     }

@@ -10,7 +10,8 @@ use worker_common::model::{AttentionShape, RopePlan, RopeStyle, YarnRamp};
 
 use crate::device::{Buffer, Gpu};
 use crate::module::{self, WEIGHT_TYPES};
-use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch, StepRows};
+use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch};
+use crate::params::{DevPtr, StepRows};
 
 /// xorshift64*: reproducible random inputs without a dependency.
 pub(super) struct Rng(pub(super) u64);
@@ -151,7 +152,7 @@ impl PageTable {
         );
         let rows = StepRows {
             pos: buffer.ptr(),
-            tables: buffer.ptr() + 4 * n as u64,
+            tables: buffer.ptr().offset(n),
             pages: self.buffer.ptr(),
         };
         ChunkRows {
@@ -432,7 +433,11 @@ fn rms_norm_and_rope_match_the_reference() {
             n_head_kv: kv_heads,
             head_dim,
             v_width: kw,
-            factors: if scaled { factors_buf.ptr() } else { 0 },
+            factors: if scaled {
+                factors_buf.ptr()
+            } else {
+                DevPtr::NULL
+            },
         };
         gpu.rope_store(&store, &rope).unwrap();
         let rotate = |x: &[f32], heads: usize| -> Vec<f64> {

@@ -50,7 +50,7 @@ fn argmax_logits_matches_the_greedy_sampler() {
         }
         let buffer = put(&gpu, &to_bytes(&logits));
         let space = ArgmaxScratch {
-            ptr: scratch.ptr(),
+            counts: scratch.ptr(),
             rows: 1,
         };
         gpu.argmax_logits(buffer.ptr(), n, 1, out.ptr(), space, None)
@@ -79,7 +79,7 @@ fn argmax_logits_matches_the_greedy_sampler() {
     let buffer = put(&gpu, &to_bytes(&logits));
     let scratch = put(&gpu, &vec![0; ArgmaxScratch::bytes(rows)]);
     let space = ArgmaxScratch {
-        ptr: scratch.ptr(),
+        counts: scratch.ptr(),
         rows,
     };
     let out = gpu.alloc(4 * rows, "test").unwrap();
@@ -108,7 +108,7 @@ fn masked_argmax_matches_the_masked_greedy_sampler() {
     let words = n.div_ceil(32);
     let scratch = put(&gpu, &vec![0; ArgmaxScratch::bytes(rows)]);
     let space = ArgmaxScratch {
-        ptr: scratch.ptr(),
+        counts: scratch.ptr(),
         rows,
     };
     let out = gpu.alloc(4 * rows, "test").unwrap();
@@ -144,8 +144,8 @@ fn masked_argmax_matches_the_masked_greedy_sampler() {
             ptr: masks.ptr(),
             words: mask.len(),
         };
-        let row_logits = buffer.ptr() + (4 * row * n) as u64;
-        let row_out = out.ptr() + 4 * row as u64;
+        let row_logits = buffer.ptr().offset(row * n);
+        let row_out = out.ptr().offset(row);
         gpu.argmax_logits(row_logits, n, 1, row_out, space, Some(allowed))
             .unwrap();
         let got = get(&gpu, &out, rows)[row].to_bits();

@@ -10,6 +10,7 @@ use worker_common::model::{Expert, Experts};
 use crate::device::{Buffer, Gpu};
 use crate::moe::{ExpertKernel, ExpertSet, ExpertTables, MoeLayout};
 use crate::ops::DeviceMatrix;
+use crate::params::DevPtr;
 use crate::tests::{Rng, gpu, put, rel_error, to_bytes};
 use crate::tests_qgemv::{products, quantized};
 use crate::weights::DeviceVector;
@@ -132,7 +133,7 @@ fn mixture(gpu: &Gpu, rng: &mut Rng, shape: Shape, keep: bool) -> Mixture {
         .collect();
     let on_device = Experts {
         router: experts[0].gate.device.clone(),
-        router_bias: DeviceVector { ptr: 0 },
+        router_bias: DeviceVector { ptr: DevPtr::NULL },
         experts: experts
             .iter()
             .map(|e| Expert {
@@ -220,10 +221,10 @@ fn run(
     let mut buffer = gpu.alloc(layout.bytes(), "test").unwrap();
     let base = buffer.ptr();
     let b = layout.at(base);
-    let offset = |ptr: u64| (ptr - base) as usize;
+    let offset = |addr: u64| (addr - base.addr()) as usize;
     let ids: Vec<u8> = routing.0.iter().flat_map(|i| i.to_le_bytes()).collect();
-    gpu.upload(&ids, &mut buffer, offset(b.ids)).unwrap();
-    gpu.upload(&to_bytes(routing.1), &mut buffer, offset(b.weights))
+    gpu.upload(&ids, &mut buffer, offset(b.ids.addr())).unwrap();
+    gpu.upload(&to_bytes(routing.1), &mut buffer, offset(b.weights.addr()))
         .unwrap();
     let xb = put(gpu, &to_bytes(x));
     gpu.quantize_rows(xb.ptr(), None, n, n_embd, b.quantized)
@@ -238,7 +239,7 @@ fn run(
     };
     gpu.expert_products(&set, &b, n, kernel).unwrap();
     let mut out = vec![0.0; n * used * n_embd];
-    gpu.download_f32_at(&buffer, offset(b.out), &mut out)
+    gpu.download_f32_at(&buffer, offset(b.out.addr()), &mut out)
         .unwrap();
     out
 }

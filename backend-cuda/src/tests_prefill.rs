@@ -10,7 +10,8 @@ use worker_common::gguf::GgmlType;
 use worker_common::model::AttentionShape;
 
 use crate::device::{Buffer, Gpu};
-use crate::ops::{LayerKv, Projection, RopeStore, RowNorm, StepRows};
+use crate::ops::{LayerKv, Projection, RopeStore, RowNorm};
+use crate::params::{DevPtr, StepRows};
 use crate::qgemm::{Layout, SplitRoom};
 use crate::qgemv::{QgemvMode, RopeTarget, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, f16_bytes, get, gpu, put, rel_error, to_bytes};
@@ -116,10 +117,10 @@ fn run(
         .map(|(c, out)| Projection {
             w: &c.matrix,
             bias: None,
-            out: out.ptr() + (first * c.matrix.rows * 4) as u64,
+            out: out.ptr().offset(first * c.matrix.rows),
         })
         .collect();
-    let input = q.ptr() + (first * quantized_row_bytes(cols)) as u64;
+    let input = q.ptr().offset(first * quantized_row_bytes(cols));
     gpu.qgemm_shaped(&parts, input, count, QgemvMode::Store, layout, split)
         .unwrap();
 }
@@ -269,12 +270,12 @@ fn prefill_attention_rows_do_not_depend_on_the_pass() {
             v: v.ptr(),
             rows: StepRows {
                 pos: step.ptr(),
-                tables: step.ptr() + 4 * count as u64,
+                tables: step.ptr().offset(count),
                 pages: pages.ptr(),
             },
         };
         let out = gpu.alloc(count * row_floats * 4, "test").unwrap();
-        let input = q.ptr() + (first * row_floats * 4) as u64;
+        let input = q.ptr().offset(first * row_floats);
         gpu.attention(&shape, input, &kv, out.ptr(), count, None, None)
             .unwrap();
         get(&gpu, &out, count * row_floats)
@@ -313,7 +314,7 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
     };
     let x = put(&gpu, &to_bytes(&rng.floats(n * cols)));
     let q = quantize(&gpu, &x, None, n, cols);
-    let store = |c: &Case, out: &Buffer, bias: Option<u64>| {
+    let store = |c: &Case, out: &Buffer, bias: Option<DevPtr<f32>>| {
         let part = Projection {
             w: &c.matrix,
             bias,
@@ -363,7 +364,11 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
     for (neox, dims, layout) in [(true, 64, 0), (false, 64, 1), (true, 32, 0), (false, 32, 2)] {
         let layout = Layout::ALL[layout];
         let (rope, factors) = scaled_rope(&gpu, neox, dims, head_dim);
-        let factors = if dims < head_dim { factors.ptr() } else { 0 };
+        let factors = if dims < head_dim {
+            factors.ptr()
+        } else {
+            DevPtr::NULL
+        };
         let outs: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
         for ((c, out), bias) in cases.iter().zip(&outs).zip(&biases) {
             store(c, out, Some(bias.ptr()));

@@ -12,6 +12,7 @@ use worker_common::backend::BackendError;
 
 use crate::device::{Buffer, Gpu};
 use crate::ops::{DeviceMatrix, Projection, RopeStore, RowNorm};
+use crate::params::DevPtr;
 use crate::qgemm::Layout;
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, get, gpu, put, random_weights, rel_error, to_bytes};
@@ -370,7 +371,11 @@ fn qgemv_rope_equals_projection_then_rope_store() {
     let cache_floats = |rows: usize| pages.rows * rows / 2;
     for (neox, dims) in [(true, 64), (false, 64), (true, 32), (false, 32)] {
         let (rope, factors) = scaled_rope(&gpu, neox, dims, head_dim);
-        let factors = if dims < head_dim { factors.ptr() } else { 0 };
+        let factors = if dims < head_dim {
+            factors.ptr()
+        } else {
+            DevPtr::NULL
+        };
         // Reference: the projections, then rope_store.
         let outs: Vec<Buffer> = cases.iter().map(|c| zeros(n * c.matrix.rows)).collect();
         let caches = [
@@ -451,11 +456,11 @@ fn qgemv_rope_equals_projection_then_rope_store() {
             let outs: Vec<Projection<'_>> = parts(&single)
                 .into_iter()
                 .map(|p| Projection {
-                    out: p.out + (t * p.w.rows * 4) as u64,
+                    out: p.out.offset(t * p.w.rows),
                     ..p
                 })
                 .collect();
-            let input = QgemvInput::Rows(x.ptr() + (t * cols * 4) as u64, None);
+            let input = QgemvInput::Rows(x.ptr().offset(t * cols), None);
             qgemv(&gpu, &outs, input, 1, QgemvMode::Rope(target)).unwrap();
         }
         let same = |a: &Buffer, b: &Buffer, floats: usize, what: &str| {
@@ -536,15 +541,15 @@ fn every_kernel_gives_a_row_the_same_bits() {
             QgemvMode::Gated { gelu: false },
         ];
         for (mode, pre) in modes.into_iter().flat_map(|m| [(m, false), (m, true)]) {
-            let q_at = |t: usize| quantized.ptr() + (t * quantized_row_bytes(cols)) as u64;
+            let q_at = |t: usize| quantized.ptr().offset(t * quantized_row_bytes(cols));
             let input = |t: usize| match pre {
                 true => QgemvInput::Quantized(q_at(t)),
-                false => QgemvInput::Rows(x.ptr() + (t * cols * 4) as u64, norm),
+                false => QgemvInput::Rows(x.ptr().offset(t * cols), norm),
             };
             // Rows first.. < first + count by the one-row GEMV (count 1), the batched one, or
             // the GEMM (`gemm`: Some(its layout)).
             let run = |first: usize, count: usize, out: &Buffer, gemm: Option<Layout>| {
-                let out = out.ptr() + (first * rows * 4) as u64;
+                let out = out.ptr().offset(first * rows);
                 let parts = [&gate, &up].map(|c| Projection {
                     w: &c.matrix,
                     bias: None,

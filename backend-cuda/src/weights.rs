@@ -13,6 +13,7 @@ use crate::device::{Buffer, Gpu};
 use crate::module;
 use crate::moe::ExpertTables;
 use crate::ops::DeviceMatrix;
+use crate::params::DevPtr;
 use crate::qgemv::has_qgemv;
 
 /// Largest host-to-device copy: the mapping is read (and paged in) a chunk at a time.
@@ -21,8 +22,8 @@ const UPLOAD_CHUNK: usize = 1 << 20;
 /// An f32 vector in VRAM.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceVector {
-    /// Device address.
-    pub ptr: u64,
+    /// Its elements.
+    pub ptr: DevPtr<f32>,
 }
 
 /// Every tensor of the model in VRAM.
@@ -37,8 +38,8 @@ pub struct DeviceWeights {
     /// Elements of the largest layer matrix in a float format (for the prefill's dequantization
     /// scratch; 0 when every layer matrix is quantized).
     pub max_layer_matrix: usize,
-    /// The model's RoPE frequency factors (f32, [`ModelPlan::rope_factors`]), 0 when none.
-    pub rope_factors: u64,
+    /// The model's RoPE frequency factors ([`ModelPlan::rope_factors`]), null when none.
+    pub rope_factors: DevPtr<f32>,
     /// Per layer, the address tables of its experts (a mixture of experts' layers).
     pub experts: Vec<Option<ExpertTables>>,
     /// Every allocation, for accounting and the residency check.
@@ -98,7 +99,7 @@ pub fn upload(
             let bytes: Vec<u8> = factors.iter().flat_map(|f| f.to_le_bytes()).collect();
             uploader.upload_bytes(&bytes)?
         }
-        None => 0,
+        None => DevPtr::NULL,
     };
     (uploader.progress)(LoadProgress {
         done_bytes: total_bytes,
@@ -120,20 +121,19 @@ impl Uploader<'_> {
         &mut self,
         moe: &Experts<DeviceMatrix, DeviceVector>,
     ) -> Result<ExpertTables, BackendError> {
-        let [gate, up, down, gate_bias, up_bias, down_bias] =
-            ExpertTables::arrays(moe)?.map(|bytes| self.upload_bytes(&bytes));
+        let [gate, up, down, gate_bias, up_bias, down_bias] = ExpertTables::arrays(moe)?;
         Ok(ExpertTables {
-            gate: gate?,
-            up: up?,
-            down: down?,
-            gate_bias: gate_bias?,
-            up_bias: up_bias?,
-            down_bias: down_bias?,
+            gate: self.upload_bytes(&gate)?,
+            up: self.upload_bytes(&up)?,
+            down: self.upload_bytes(&down)?,
+            gate_bias: self.upload_bytes(&gate_bias)?,
+            up_bias: self.upload_bytes(&up_bias)?,
+            down_bias: self.upload_bytes(&down_bias)?,
         })
     }
 
-    /// Copies `data` into a new allocation in chunks and returns its address.
-    fn upload_bytes(&mut self, data: &[u8]) -> Result<u64, BackendError> {
+    /// Copies `data` (elements of `T`) into a new allocation in chunks and returns its address.
+    fn upload_bytes<T>(&mut self, data: &[u8]) -> Result<DevPtr<T>, BackendError> {
         let mut buffer = self.gpu.alloc(data.len(), "weights")?;
         for (i, chunk) in data.chunks(UPLOAD_CHUNK).enumerate() {
             self.gpu.upload(chunk, &mut buffer, i * UPLOAD_CHUNK)?;
@@ -188,7 +188,7 @@ impl TensorSource for Uploader<'_> {
     fn vector(&mut self, tensor: VectorTensor<'_>) -> Result<DeviceVector, BackendError> {
         let ptr = self.upload_bytes(tensor.data)?;
         if tensor.ggml_type == GgmlType::F32 {
-            return Ok(DeviceVector { ptr });
+            return Ok(DeviceVector { ptr: ptr.cast() });
         }
         let raw = DeviceMatrix {
             ggml_type: tensor.ggml_type,
