@@ -1,10 +1,11 @@
-//! OpenAI's API (`/v1/models`, `/v1/chat/completions`, `/v1/completions`): requests validated
-//! into the same [`JobSpec`](super::JobSpec) as `/execute`, answers and errors rendered in
-//! OpenAI's shapes. specs/OPENAI.md states every field and decision.
+//! OpenAI's API (`/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/responses`):
+//! requests validated into the same [`JobSpec`](super::JobSpec) as `/execute`, answers and errors
+//! rendered in OpenAI's shapes. specs/OPENAI.md states every field and decision.
 
 mod reasoning;
 mod request;
 mod response;
+pub mod responses;
 mod tool_calls;
 mod tools;
 
