@@ -4,7 +4,11 @@
 //! rendering, forced-call grammar, structured output and parsers), answered as a response object
 //! or its typed stream events. specs/OPENAI.md ("Responses") states every field and decision.
 
+mod events;
 mod input;
+mod output;
 mod request;
 
+pub use events::{NamedEvent, ResponseEvents};
+pub use output::{ResponseHead, Status, usage};
 pub use request::{PREVIOUS_RESPONSE_NOT_FOUND, PreviousLookup, ResponsesRequest};

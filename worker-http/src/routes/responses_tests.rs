@@ -1,0 +1,253 @@
+//! OpenAI's Responses route in process over the scripted backend of `messages_tests` (its
+//! template writes `[role:content<tool_calls>#<tool_call_id>]`, its model answers after `|`):
+//! whole responses, structured output, a tool round trip, a harmony model's reasoning, and
+//! refusals in OpenAI's error shape.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use super::messages_tests::{ANSWER, CALL, Prompts, scripted, start};
+use super::tests::send;
+use crate::state::Shared;
+
+fn worker(reply: &'static str) -> (Arc<Shared>, Prompts) {
+    let (backend, prompts) = scripted(reply);
+    (start(backend, crate::Access::default()), prompts)
+}
+
+fn question(extra: Value) -> Value {
+    let mut body = json!({"model": "any", "input": "Weather in Paris?", "temperature": 0});
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    body
+}
+
+async fn post(shared: &Arc<Shared>, body: Value) -> (StatusCode, String) {
+    send(shared, "POST", "/v1/responses", Some(body)).await
+}
+
+fn parsed(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|err| panic!("{err}: {text}"))
+}
+
+/// A response that must be answered 200.
+async fn respond(shared: &Arc<Shared>, body: Value) -> Value {
+    let (status, text) = post(shared, body).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    parsed(&text)
+}
+
+/// A request that must be refused 400; its OpenAI error object.
+async fn refused(shared: &Arc<Shared>, body: Value) -> Value {
+    let (status, text) = post(shared, body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let error = parsed(&text)["error"].clone();
+    assert_eq!(error["type"], "invalid_request_error", "{text}");
+    error
+}
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "name": "get_weather", "description": "Weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"]}})
+}
+
+/// The output items' texts, joined.
+fn output_text(response: &Value) -> String {
+    let items = response["output"].as_array().unwrap();
+    let messages = items.iter().filter(|item| item["type"] == "message");
+    let parts = messages.flat_map(|item| item["content"].as_array().unwrap().iter());
+    parts.map(|part| part["text"].as_str().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn a_whole_response_carries_the_message_status_and_usage() {
+    let (shared, prompts) = worker("Sunny.");
+    let response = respond(&shared, question(json!({"instructions": "Be brief."}))).await;
+    let id = response["id"].as_str().unwrap();
+    assert!(id.starts_with("resp_") && id.len() == 37, "{id}");
+    assert_eq!(
+        (&response["object"], &response["status"], &response["model"]),
+        (&json!("response"), &json!("completed"), &json!("scripted"))
+    );
+    let output = response["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1, "{response}");
+    let message = &output[0];
+    assert!(message["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(
+        (&message["type"], &message["role"], &message["status"]),
+        (&json!("message"), &json!("assistant"), &json!("completed"))
+    );
+    assert_eq!(
+        message["content"],
+        json!([{"type": "output_text", "text": "Sunny.", "annotations": []}])
+    );
+    let prompt = "[system:Be brief.][user:Weather in Paris?]|";
+    assert_eq!(prompts.lock().unwrap().as_slice(), [prompt]);
+    let usage = &response["usage"];
+    assert_eq!(usage["input_tokens"], prompt.len(), "one token a character");
+    assert_eq!(usage["output_tokens"], "Sunny.".len());
+    assert_eq!(usage["total_tokens"], prompt.len() + "Sunny.".len());
+    assert_eq!(usage["output_tokens_details"]["reasoning_tokens"], 0);
+    assert!(usage["input_tokens_details"]["cached_tokens"].is_u64());
+    // What the SDK's Response type requires, repeated from the request.
+    assert_eq!(
+        (
+            &response["instructions"],
+            &response["temperature"],
+            &response["top_p"]
+        ),
+        (&json!("Be brief."), &json!(0), &json!(1.0))
+    );
+    assert_eq!(
+        (
+            &response["tool_choice"],
+            &response["tools"],
+            &response["parallel_tool_calls"]
+        ),
+        (&json!("auto"), &json!([]), &json!(true))
+    );
+    assert_eq!(response["text"], json!({"format": {"type": "text"}}));
+    for key in [
+        "error",
+        "incomplete_details",
+        "previous_response_id",
+        "metadata",
+    ] {
+        assert!(response[key].is_null(), "{key}: {response}");
+    }
+    assert!(response["created_at"].as_u64().unwrap() > 1_600_000_000);
+
+    let cut = respond(&shared, question(json!({"max_output_tokens": 3}))).await;
+    assert_eq!(cut["status"], "incomplete");
+    assert_eq!(
+        cut["incomplete_details"],
+        json!({"reason": "max_output_tokens"})
+    );
+    assert_eq!(
+        (output_text(&cut), &cut["max_output_tokens"]),
+        ("Sun".into(), &json!(3))
+    );
+}
+
+#[tokio::test]
+async fn structured_output_follows_text_format() {
+    // The model wants to write "Sunny."; the schema has one answer, which the grammar forces.
+    let (shared, _) = worker("Sunny.");
+    let schema = json!({"type": "object", "properties": {"city": {"enum": ["Paris"]}},
+        "required": ["city"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "name": "city", "schema": schema, "strict": true});
+    let response = respond(&shared, question(json!({"text": {"format": format}}))).await;
+    assert_eq!(output_text(&response), r#"{"city": "Paris"}"#, "{response}");
+    assert_eq!(response["text"]["format"], format);
+    // A schema that can produce nothing is the request's fault, named by its field.
+    let endless = json!({"type": "json_schema", "name": "x", "schema": {"$ref": "#"}});
+    let error = refused(&shared, question(json!({"text": {"format": endless}}))).await;
+    assert_eq!(error["param"], "text.format", "{error}");
+}
+
+#[tokio::test]
+async fn a_tool_round_trip_sends_a_call_item_and_takes_its_output() {
+    let (shared, prompts) = worker(CALL);
+    let tools = json!({"tools": [weather_tool()]});
+    let response = respond(&shared, question(tools.clone())).await;
+    assert_eq!(response["status"], "completed");
+    let output = response["output"].as_array().unwrap().clone();
+    assert_eq!(output.len(), 2, "{response}");
+    assert_eq!(output[0]["content"][0]["text"], "Let me check.");
+    let call = &output[1];
+    assert_eq!(
+        (
+            &call["type"],
+            &call["name"],
+            &call["arguments"],
+            &call["status"]
+        ),
+        (
+            &json!("function_call"),
+            &json!("get_weather"),
+            &json!(r#"{"city": "Paris"}"#),
+            &json!("completed")
+        )
+    );
+    let call_id = call["call_id"].as_str().unwrap().to_owned();
+    assert!(
+        call_id.starts_with("call_") && call_id.len() == 29,
+        "{call_id}"
+    );
+    assert_eq!(call["id"], format!("fc_{}", &call_id[5..]));
+    assert_eq!(response["tools"][0]["name"], "get_weather");
+
+    // The whole conversation sent back, as a client without previous_response_id does.
+    let result = json!({"type": "function_call_output", "call_id": call_id, "output": "18 C"});
+    let mut input = vec![json!({"role": "user", "content": "Weather in Paris?"})];
+    input.extend(output);
+    input.push(result);
+    let mut followup = question(tools);
+    followup["input"] = Value::Array(input);
+    let answer = respond(&shared, followup).await;
+    assert_eq!(output_text(&answer), ANSWER);
+    let rendered = prompts.lock().unwrap().last().cloned().unwrap();
+    let calls = format!(
+        r#"[{{"id": "{call_id}", "type": "function", "function": {{"name": "get_weather", "arguments": {{"city": "Paris"}}}}}}]"#
+    );
+    let expected =
+        format!("[user:Weather in Paris?][assistant:Let me check.{calls}][tool:18 C#{call_id}]T|");
+    assert_eq!(rendered, expected);
+}
+
+#[tokio::test]
+async fn what_is_not_served_is_refused_in_openais_shape() {
+    let (shared, _) = worker("Sunny.");
+    let hosted = question(json!({"tools": [{"type": "web_search"}]}));
+    let error = refused(&shared, hosted).await;
+    assert_eq!(error["param"], "tools[0].type", "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("web_search") && message.contains("hosted tool"),
+        "{message}"
+    );
+    let error = refused(&shared, question(json!({"background": true}))).await;
+    assert_eq!(
+        (&error["param"], &error["code"]),
+        (&json!("background"), &json!("invalid_request"))
+    );
+    let image = json!({"type": "input_image", "image_url": "https://example.invalid/a.png"});
+    let input = json!([{"role": "user", "content": [image]}]);
+    let error = refused(&shared, question(json!({"input": input}))).await;
+    assert_eq!(error["param"], "input[0].content[0].type", "{error}");
+    let error = refused(
+        &shared,
+        question(json!({"include": ["file_search_call.results"]})),
+    )
+    .await;
+    assert_eq!(error["param"], "include");
+    let error = refused(&shared, json!({"model": "m"})).await;
+    assert_eq!(error["param"], "input");
+    let long = question(json!({"input": "a".repeat(300)}));
+    let error = refused(&shared, long).await;
+    assert_eq!(error["code"], "context_length_exceeded", "{error}");
+}
+
+#[tokio::test]
+async fn a_harmony_models_reasoning_is_a_reasoning_item() {
+    use super::reasoning_tests::{HARMONY_REPLY, worker};
+    let shared = worker(&HARMONY_REPLY, true);
+    let body = json!({"input": "abc", "max_output_tokens": 32, "temperature": 0,
+        "reasoning": {"effort": "high"}});
+    let response = respond(&shared, body).await;
+    let output = response["output"].as_array().unwrap();
+    assert_eq!(output.len(), 2, "{response}");
+    assert_eq!(output[0]["type"], "reasoning");
+    assert_eq!(
+        output[0]["content"],
+        json!([{"type": "reasoning_text", "text": "xy"}])
+    );
+    assert_eq!(output_text(&response), "abc");
+    assert_eq!(response["reasoning"], json!({"effort": "high"}));
+}
