@@ -1,26 +1,36 @@
 //! OpenAI's Responses route, `POST /v1/responses`: the request is validated into the same job
 //! as `/v1/chat/completions`' and submitted the same way, its text cut by the same parsers
-//! (reasoning, tool calls, `routes::reply`); only the answer's shape differs (a response
-//! object).
+//! (reasoning, tool calls, `routes::reply`); only the answer's shape differs (a response object,
+//! or the typed SSE events).
 
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
+use futures_util::Stream;
+use worker_common::generate::GenerateEvent;
 
+use super::execute::KEEP_ALIVE;
 use super::openai::unix_now;
 use super::reply::{TextParser, collect, reasoning_format, tool_format};
 use super::{body_or_error, content_type};
-use crate::api::openai::responses::{ResponseEvents, ResponseHead, ResponsesRequest};
+use crate::api::openai::Piece;
+use crate::api::openai::responses::{NamedEvent, ResponseEvents, ResponseHead, ResponsesRequest};
 use crate::api::{ApiError, Limits};
 use crate::connections::Connection;
 use crate::correlation::CorrelationId;
+use crate::job_end::{JobEnd, JobEvent};
 use crate::state::Shared;
-use crate::submit::{Origin, submit};
+use crate::submit::{JobEvents, Origin, submit};
 
 /// `POST /v1/responses`.
 pub async fn responses(
@@ -31,11 +41,6 @@ pub async fn responses(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let mut request = parse(&shared, &correlation_id, &headers, body)?;
-    if request.stream {
-        let message = "streamed responses are not served yet".into();
-        let error = ApiError::invalid_field("stream", "unsupported", message, &correlation_id);
-        return Err(error);
-    }
     let tools = request.tools.as_ref();
     let format = tool_format(&shared, tools, &mut request.job, &correlation_id)?;
     let reasoning = reasoning_format(&shared, &correlation_id)?;
@@ -53,6 +58,18 @@ pub async fn responses(
         model: accepted.started.model.clone(),
         echo: request.echo,
     };
+    if request.stream {
+        let (items, first) = ResponseEvents::start(head);
+        let stream = ResponseStream {
+            items,
+            events: accepted.events,
+            parser,
+            ready: first.into_iter().map(named).collect(),
+            ended: false,
+        };
+        let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
+        return Ok(sse.into_response());
+    }
     let whole = collect(accepted.events, parser, &correlation_id).await?;
     let (object, _) = ResponseEvents::whole(head, whole.pieces, &whole.done);
     Ok(Json(object).into_response())
@@ -73,4 +90,73 @@ fn parse(
     let previous = |_: &str| None;
     ResponsesRequest::parse(content_type(headers), &body, limits, &previous)
         .map_err(|errors| ApiError::invalid(errors, correlation_id))
+}
+
+/// A job's events as the Responses API's: `response.created` and `response.in_progress`, the
+/// output items as the text comes, then `response.completed` (or `response.incomplete`); a
+/// failed job sends `response.failed` instead. Dropping it cancels the job ([`JobEvents`]).
+struct ResponseStream {
+    items: ResponseEvents,
+    events: JobEvents,
+    /// Cuts reasoning and tool calls out of the text.
+    parser: TextParser,
+    ready: VecDeque<Event>,
+    ended: bool,
+}
+
+impl ResponseStream {
+    /// Queues what `event` sends; true when it was the last.
+    fn push(&mut self, event: JobEvent) -> bool {
+        match event {
+            JobEvent::Generate(GenerateEvent::Token { text, .. }) => {
+                let pieces = self.parser.push(text);
+                self.send(pieces);
+                false
+            }
+            JobEvent::Generate(GenerateEvent::Metrics { .. }) => false,
+            JobEvent::End(JobEnd::Finished(done)) => {
+                let rest = self.parser.finish();
+                self.send(rest);
+                let end = self.items.finish(&done);
+                self.ready.extend(end.into_iter().map(named));
+                true
+            }
+            JobEvent::End(JobEnd::Failed { message, .. }) => {
+                let failed = self.items.fail(&message);
+                self.ready.extend(failed.into_iter().map(named));
+                true
+            }
+        }
+    }
+
+    fn send(&mut self, pieces: Vec<Piece>) {
+        for piece in pieces {
+            let events = self.items.piece(piece);
+            self.ready.extend(events.into_iter().map(named));
+        }
+    }
+}
+
+/// `event: <type>` then `data: <json>`.
+fn named((name, data): NamedEvent) -> Event {
+    Event::default().event(name).data(data.to_string())
+}
+
+impl Stream for ResponseStream {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if self.ended {
+                return Poll::Ready(None);
+            }
+            match std::task::ready!(Pin::new(&mut self.events).poll_next(cx)) {
+                Some(event) => self.ended = self.push(event),
+                None => self.ended = true,
+            }
+        }
+    }
 }

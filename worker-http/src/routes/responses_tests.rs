@@ -1,7 +1,7 @@
 //! OpenAI's Responses route in process over the scripted backend of `messages_tests` (its
 //! template writes `[role:content<tool_calls>#<tool_call_id>]`, its model answers after `|`):
-//! whole responses, structured output, a tool round trip, a harmony model's reasoning, and
-//! refusals in OpenAI's error shape.
+//! whole and streamed responses, structured output, a tool round trip, a harmony model's
+//! reasoning, and refusals in OpenAI's error shape.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -49,6 +49,23 @@ async fn refused(shared: &Arc<Shared>, body: Value) -> Value {
     let error = parsed(&text)["error"].clone();
     assert_eq!(error["type"], "invalid_request_error", "{text}");
     error
+}
+
+/// The SSE events: `(event name, data)`, every `event:` line followed by its `data:`.
+fn events(body: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut name = None;
+    for line in body.lines() {
+        if let Some(event) = line.strip_prefix("event: ") {
+            name = Some(event.to_owned());
+        } else if let Some(data) = line.strip_prefix("data: ") {
+            let name = name.take().expect("a data line without its event line");
+            let data: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(data["type"], name, "{body}");
+            out.push((name, data));
+        }
+    }
+    out
 }
 
 fn weather_tool() -> Value {
@@ -202,6 +219,99 @@ async fn a_tool_round_trip_sends_a_call_item_and_takes_its_output() {
 }
 
 #[tokio::test]
+async fn a_stream_sends_typed_events_in_order_with_sequence_numbers() {
+    let (shared, _) = worker("Sunny.");
+    let (status, body) = post(&shared, question(json!({"stream": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let events = events(&body);
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    let deltas = names
+        .iter()
+        .filter(|name| **name == "response.output_text.delta");
+    assert_eq!(
+        deltas.count(),
+        "Sunny.".len(),
+        "one delta a token: {names:?}"
+    );
+    let mut order: Vec<&str> = names.clone();
+    order.dedup();
+    assert_eq!(
+        order,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    for (i, (_, data)) in events.iter().enumerate() {
+        assert_eq!(data["sequence_number"], i, "{data}");
+    }
+    let created = &events[0].1["response"];
+    assert_eq!(
+        (&created["status"], &created["output"]),
+        (&json!("in_progress"), &json!([]))
+    );
+    let text: String = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_text.delta")
+        .map(|(_, data)| data["delta"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(text, "Sunny.");
+    let completed = &events.last().unwrap().1["response"];
+    assert_eq!(completed["status"], "completed");
+    assert_eq!(output_text(completed), "Sunny.");
+    assert_eq!(completed["usage"]["output_tokens"], "Sunny.".len());
+    let item_id = &events[2].1["item"]["id"];
+    assert_eq!(&completed["output"][0]["id"], item_id);
+}
+
+#[tokio::test]
+async fn a_streamed_call_sends_its_arguments_in_pieces() {
+    let (shared, _) = worker(CALL);
+    let body = question(json!({"tools": [weather_tool()], "stream": true}));
+    let (status, body) = post(&shared, body).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let events = events(&body);
+    let added: Vec<&Value> = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_item.added")
+        .map(|(_, data)| &data["item"])
+        .collect();
+    assert_eq!(
+        (&added[0]["type"], &added[1]["type"]),
+        (&json!("message"), &json!("function_call"))
+    );
+    assert_eq!(
+        (&added[1]["name"], &added[1]["arguments"]),
+        (&json!("get_weather"), &json!(""))
+    );
+    let pieces: Vec<&str> = events
+        .iter()
+        .filter(|(name, _)| name == "response.function_call_arguments.delta")
+        .map(|(_, data)| data["delta"].as_str().unwrap())
+        .collect();
+    assert!(
+        pieces.len() > 1,
+        "the arguments stream in pieces: {pieces:?}"
+    );
+    assert_eq!(pieces.concat(), r#"{"city": "Paris"}"#);
+    let done = events
+        .iter()
+        .find(|(name, _)| name == "response.function_call_arguments.done")
+        .map(|(_, data)| data)
+        .unwrap();
+    assert_eq!(done["arguments"], r#"{"city": "Paris"}"#);
+    let completed = &events.last().unwrap().1["response"];
+    assert_eq!(completed["output"][1]["arguments"], r#"{"city": "Paris"}"#);
+}
+
+#[tokio::test]
 async fn what_is_not_served_is_refused_in_openais_shape() {
     let (shared, _) = worker("Sunny.");
     let hosted = question(json!({"tools": [{"type": "web_search"}]}));
@@ -235,12 +345,28 @@ async fn what_is_not_served_is_refused_in_openais_shape() {
 }
 
 #[tokio::test]
+async fn a_job_that_fails_mid_stream_sends_response_failed() {
+    let (mut backend, _) = scripted("Sunny.");
+    backend.fail_at_step = Some(3);
+    let shared = start(backend, crate::Access::default());
+    let (status, body) = post(&shared, question(json!({"stream": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let events = events(&body);
+    let (name, failed) = events.last().unwrap();
+    assert_eq!(name, "response.failed", "{body}");
+    assert_eq!(failed["response"]["status"], "failed");
+    assert_eq!(failed["response"]["error"]["code"], "server_error");
+    assert!(failed["response"]["error"]["message"].is_string(), "{body}");
+    assert!(!events.iter().any(|(name, _)| name == "response.completed"));
+}
+
+#[tokio::test]
 async fn a_harmony_models_reasoning_is_a_reasoning_item() {
     use super::reasoning_tests::{HARMONY_REPLY, worker};
     let shared = worker(&HARMONY_REPLY, true);
     let body = json!({"input": "abc", "max_output_tokens": 32, "temperature": 0,
         "reasoning": {"effort": "high"}});
-    let response = respond(&shared, body).await;
+    let response = respond(&shared, body.clone()).await;
     let output = response["output"].as_array().unwrap();
     assert_eq!(output.len(), 2, "{response}");
     assert_eq!(output[0]["type"], "reasoning");
@@ -250,4 +376,19 @@ async fn a_harmony_models_reasoning_is_a_reasoning_item() {
     );
     assert_eq!(output_text(&response), "abc");
     assert_eq!(response["reasoning"], json!({"effort": "high"}));
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let (status, text) = post(&shared, streamed).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let events = events(&text);
+    let reasoning: String = events
+        .iter()
+        .filter(|(name, _)| name == "response.reasoning_text.delta")
+        .map(|(_, data)| data["delta"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(reasoning, "xy");
+    let completed = &events.last().unwrap().1["response"];
+    assert_eq!(completed["output"][0]["type"], "reasoning");
+    assert_eq!(output_text(completed), "abc");
 }
