@@ -1,7 +1,8 @@
 //! OpenAI's Responses route, `POST /v1/responses`: the request is validated into the same job
 //! as `/v1/chat/completions`' and submitted the same way, its text cut by the same parsers
 //! (reasoning, tool calls, `routes::reply`); only the answer's shape differs (a response object,
-//! or the typed SSE events).
+//! or the typed SSE events). A finished response is kept for `previous_response_id` unless the
+//! request said `store: false` (`crate::response_store`).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -17,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
 use futures_util::Stream;
+use serde_json::Value;
 use worker_common::generate::GenerateEvent;
 
 use super::execute::KEEP_ALIVE;
@@ -53,17 +55,23 @@ pub async fn responses(
     };
     let accepted = submit(&shared, origin, request.job).await?;
     let head = ResponseHead {
-        id,
+        id: id.clone(),
         created_at: unix_now(),
         model: accepted.started.model.clone(),
         echo: request.echo,
     };
+    let keep = request.store.then(|| Keep {
+        shared: shared.clone(),
+        id,
+        items: request.items,
+    });
     if request.stream {
         let (items, first) = ResponseEvents::start(head);
         let stream = ResponseStream {
             items,
             events: accepted.events,
             parser,
+            keep,
             ready: first.into_iter().map(named).collect(),
             ended: false,
         };
@@ -71,12 +79,15 @@ pub async fn responses(
         return Ok(sse.into_response());
     }
     let whole = collect(accepted.events, parser, &correlation_id).await?;
-    let (object, _) = ResponseEvents::whole(head, whole.pieces, &whole.done);
+    let (object, output) = ResponseEvents::whole(head, whole.pieces, &whole.done);
+    if let Some(keep) = keep {
+        keep.store(&output);
+    }
     Ok(Json(object).into_response())
 }
 
-/// The body, validated; 400 (413) with every violation otherwise (no response is kept yet: a
-/// `previous_response_id` is not found).
+/// The body, validated (with the conversation a `previous_response_id` left); 400 (413) with
+/// every violation otherwise.
 fn parse(
     shared: &Shared,
     correlation_id: &str,
@@ -87,9 +98,25 @@ fn parse(
     let limits = Limits {
         max_tokens_out: shared.settings.max_tokens_out,
     };
-    let previous = |_: &str| None;
+    let previous = |id: &str| shared.responses.get(id);
     ResponsesRequest::parse(content_type(headers), &body, limits, &previous)
         .map_err(|errors| ApiError::invalid(errors, correlation_id))
+}
+
+/// A response to keep once it has finished: its id and conversation so far.
+struct Keep {
+    shared: Arc<Shared>,
+    id: String,
+    items: Vec<Value>,
+}
+
+impl Keep {
+    /// Stores the conversation followed by the response's `output` items.
+    fn store(self, output: &[Value]) {
+        let mut items = self.items;
+        items.extend_from_slice(output);
+        self.shared.responses.insert(self.id, items);
+    }
 }
 
 /// A job's events as the Responses API's: `response.created` and `response.in_progress`, the
@@ -100,6 +127,8 @@ struct ResponseStream {
     events: JobEvents,
     /// Cuts reasoning and tool calls out of the text.
     parser: TextParser,
+    /// Where the finished response is kept (`None` with `store: false`).
+    keep: Option<Keep>,
     ready: VecDeque<Event>,
     ended: bool,
 }
@@ -118,6 +147,9 @@ impl ResponseStream {
                 let rest = self.parser.finish();
                 self.send(rest);
                 let end = self.items.finish(&done);
+                if let Some(keep) = self.keep.take() {
+                    keep.store(self.items.output());
+                }
                 self.ready.extend(end.into_iter().map(named));
                 true
             }

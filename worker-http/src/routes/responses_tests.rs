@@ -1,7 +1,7 @@
 //! OpenAI's Responses route in process over the scripted backend of `messages_tests` (its
 //! template writes `[role:content<tool_calls>#<tool_call_id>]`, its model answers after `|`):
-//! whole and streamed responses, structured output, a tool round trip, a harmony model's
-//! reasoning, and refusals in OpenAI's error shape.
+//! whole and streamed responses, structured output, a tool round trip, `previous_response_id`,
+//! a harmony model's reasoning, and refusals in OpenAI's error shape.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::messages_tests::{ANSWER, CALL, Prompts, scripted, start};
 use super::tests::send;
+use crate::response_store::StoreLimits;
 use crate::state::Shared;
 
 fn worker(reply: &'static str) -> (Arc<Shared>, Prompts) {
@@ -204,8 +205,8 @@ async fn a_tool_round_trip_sends_a_call_item_and_takes_its_output() {
     let result = json!({"type": "function_call_output", "call_id": call_id, "output": "18 C"});
     let mut input = vec![json!({"role": "user", "content": "Weather in Paris?"})];
     input.extend(output);
-    input.push(result);
-    let mut followup = question(tools);
+    input.push(result.clone());
+    let mut followup = question(tools.clone());
     followup["input"] = Value::Array(input);
     let answer = respond(&shared, followup).await;
     assert_eq!(output_text(&answer), ANSWER);
@@ -216,6 +217,15 @@ async fn a_tool_round_trip_sends_a_call_item_and_takes_its_output() {
     let expected =
         format!("[user:Weather in Paris?][assistant:Let me check.{calls}][tool:18 C#{call_id}]T|");
     assert_eq!(rendered, expected);
+
+    // The same continuation through previous_response_id: only the call's output is sent.
+    let mut continued = question(tools);
+    continued["input"] = json!([result]);
+    continued["previous_response_id"] = response["id"].clone();
+    let answer = respond(&shared, continued).await;
+    assert_eq!(output_text(&answer), ANSWER);
+    assert_eq!(answer["previous_response_id"], response["id"]);
+    assert_eq!(prompts.lock().unwrap().last().unwrap(), &expected);
 }
 
 #[tokio::test]
@@ -269,6 +279,10 @@ async fn a_stream_sends_typed_events_in_order_with_sequence_numbers() {
     assert_eq!(completed["usage"]["output_tokens"], "Sunny.".len());
     let item_id = &events[2].1["item"]["id"];
     assert_eq!(&completed["output"][0]["id"], item_id);
+
+    // Streamed responses are kept too.
+    let followup = question(json!({"previous_response_id": completed["id"], "input": "ok"}));
+    respond(&shared, followup).await;
 }
 
 #[tokio::test]
@@ -309,6 +323,62 @@ async fn a_streamed_call_sends_its_arguments_in_pieces() {
     assert_eq!(done["arguments"], r#"{"city": "Paris"}"#);
     let completed = &events.last().unwrap().1["response"];
     assert_eq!(completed["output"][1]["arguments"], r#"{"city": "Paris"}"#);
+}
+
+#[tokio::test]
+async fn previous_responses_are_kept_unless_store_is_false_and_evicted_oldest_first() {
+    let (shared, prompts) = worker("Sunny.");
+    let first = respond(&shared, question(json!({"instructions": "Be brief."}))).await;
+    let next = question(json!({"previous_response_id": first["id"], "input": "Sure?"}));
+    let second = respond(&shared, next).await;
+    assert_eq!(
+        prompts.lock().unwrap().last().unwrap(),
+        "[user:Weather in Paris?][assistant:Sunny.][user:Sure?]|",
+        "the conversation continues; the instructions are not carried over"
+    );
+    let third = question(json!({"previous_response_id": second["id"], "input": "Really?"}));
+    respond(&shared, third).await;
+    assert_eq!(
+        prompts.lock().unwrap().last().unwrap(),
+        "[user:Weather in Paris?][assistant:Sunny.][user:Sure?][assistant:Sunny.][user:Really?]|"
+    );
+
+    let unstored = respond(&shared, question(json!({"store": false}))).await;
+    assert_eq!(unstored["store"], false);
+    let error = refused(
+        &shared,
+        question(json!({"previous_response_id": unstored["id"]})),
+    )
+    .await;
+    assert_eq!(
+        (&error["code"], &error["param"]),
+        (
+            &json!("previous_response_not_found"),
+            &json!("previous_response_id")
+        )
+    );
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains(unstored["id"].as_str().unwrap()),
+        "{message}"
+    );
+
+    shared.responses.set_limits(StoreLimits {
+        responses: 2,
+        ..StoreLimits::default()
+    });
+    let a = respond(&shared, question(json!({}))).await;
+    let b = respond(&shared, question(json!({}))).await;
+    let c = respond(&shared, question(json!({}))).await;
+    let error = refused(&shared, question(json!({"previous_response_id": a["id"]}))).await;
+    assert_eq!(error["code"], "previous_response_not_found");
+    for kept in [b, c] {
+        respond(
+            &shared,
+            question(json!({"previous_response_id": kept["id"]})),
+        )
+        .await;
+    }
 }
 
 #[tokio::test]
@@ -358,6 +428,12 @@ async fn a_job_that_fails_mid_stream_sends_response_failed() {
     assert_eq!(failed["response"]["error"]["code"], "server_error");
     assert!(failed["response"]["error"]["message"].is_string(), "{body}");
     assert!(!events.iter().any(|(name, _)| name == "response.completed"));
+    let id = failed["response"]["id"].clone();
+    let error = refused(&shared, question(json!({"previous_response_id": id}))).await;
+    assert_eq!(
+        error["code"], "previous_response_not_found",
+        "a failed response is not kept"
+    );
 }
 
 #[tokio::test]
