@@ -53,13 +53,14 @@ impl Status<'_> {
 }
 
 /// `usage` of a finished job: the prompt's tokens after templating (`cached_tokens` of them
-/// served by the prefix cache), the generated tokens (an end-of-generation token not counted).
-/// Reasoning tokens are not counted apart: `reasoning_tokens` is 0.
+/// served by the prefix cache; nothing is written to a cache on request: `cache_write_tokens`
+/// 0), the generated tokens (an end-of-generation token not counted). Reasoning tokens are not
+/// counted apart: `reasoning_tokens` is 0.
 pub fn usage(done: &Finished) -> Value {
     let output_tokens = done.tokens.len();
     json!({
         "input_tokens": done.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": done.cached_tokens},
+        "input_tokens_details": {"cached_tokens": done.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": done.prompt_tokens + output_tokens,

@@ -94,7 +94,7 @@ fn a_whole_response_has_its_items_status_and_usage() {
     );
     assert_eq!(
         whole["usage"],
-        json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4},
+        json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0},
             "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": 13})
     );
