@@ -229,6 +229,34 @@ async fn a_tool_round_trip_sends_a_call_item_and_takes_its_output() {
 }
 
 #[tokio::test]
+async fn a_named_tool_choice_forces_the_call_by_grammar() {
+    // The model wants to write text; the named choice makes it call get_weather with the one
+    // argument its schema allows.
+    let (shared, _) = worker("Sunny.");
+    let paris = json!({"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris"]}}, "required": ["city"],
+        "additionalProperties": false}});
+    let choice = json!({"type": "function", "name": "get_weather"});
+    let body = question(json!({"tools": [paris], "tool_choice": choice}));
+    let response = respond(&shared, body).await;
+    let output = response["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1, "{response}");
+    assert_eq!(
+        (
+            &output[0]["type"],
+            &output[0]["name"],
+            &output[0]["arguments"]
+        ),
+        (
+            &json!("function_call"),
+            &json!("get_weather"),
+            &json!(r#"{"city": "Paris"}"#)
+        )
+    );
+    assert_eq!(response["tool_choice"], choice);
+}
+
+#[tokio::test]
 async fn a_stream_sends_typed_events_in_order_with_sequence_numbers() {
     let (shared, _) = worker("Sunny.");
     let (status, body) = post(&shared, question(json!({"stream": true}))).await;

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use worker_common::generate::Finished;
 
 use super::output::{
-    ResponseHead, Status, call_item, item_id, message_item, reasoning_item, reasoning_part,
-    text_part, usage,
+    ResponseHead, Status, call_item, call_item_id, item_id, message_item, reasoning_item,
+    reasoning_part, text_part, usage,
 };
 use crate::api::openai::{Piece, ToolCall};
 
@@ -170,11 +170,7 @@ impl ResponseEvents {
                 let item = reasoning_item(&id, None, "in_progress");
                 (id, item, Some(reasoning_part("")))
             }
-            Kind::Call(call) => {
-                let item = call_item(call, "", "in_progress");
-                let id = item["id"].as_str().unwrap_or_default().to_owned();
-                (id, item, None)
-            }
+            Kind::Call(call) => (call_item_id(call), call_item(call, "", "in_progress"), None),
         };
         let mut events = Vec::new();
         let added = json!({"output_index": index, "item": item});
