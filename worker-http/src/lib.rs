@@ -17,6 +17,7 @@ pub mod job_end;
 mod logging;
 mod metrics;
 pub mod queue;
+pub mod response_store;
 mod routes;
 mod server;
 pub mod state;

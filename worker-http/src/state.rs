@@ -123,6 +123,8 @@ pub struct Shared {
     pub connections: Arc<crate::connections::ConnectionStats>,
     /// Signalled by `/shutdown` and the signal handler.
     pub shutdown: Notify,
+    /// The responses `/v1/responses` keeps for `previous_response_id`.
+    pub responses: crate::response_store::ResponseStore,
     started: Instant,
     lifecycle: AtomicU8,
     loaded: OnceLock<Arc<Loaded>>,
@@ -140,6 +142,7 @@ impl Shared {
             metrics: Metrics::default(),
             connections: Arc::default(),
             shutdown: Notify::new(),
+            responses: crate::response_store::ResponseStore::default(),
             started: Instant::now(),
             lifecycle: AtomicU8::new(Lifecycle::Loading as u8),
             loaded: OnceLock::new(),

@@ -70,7 +70,8 @@ impl Fields<'_> {
         }
     }
 
-    fn schema(&mut self, field: &str, value: Option<&Value>) -> Option<GrammarSpec> {
+    /// A JSON schema in `field`: an object (or `true`), required.
+    pub(super) fn schema(&mut self, field: &str, value: Option<&Value>) -> Option<GrammarSpec> {
         match value {
             Some(schema @ (Value::Object(_) | Value::Bool(true))) => {
                 Some(GrammarSpec::JsonSchema(schema.clone()))

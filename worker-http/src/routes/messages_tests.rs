@@ -18,23 +18,23 @@ use crate::state::Shared;
 /// A template that writes each message as `[role:content<tool_calls as JSON>#<tool_call_id>]`,
 /// `T` when tools are offered, and `|` as the generation prompt; its comment holds
 /// `<tool_call>`, so calls are read in the Hermes format.
-const TEMPLATE: &str = "{# <tool_call> #}{% for m in messages %}[{{ m.role }}:{{ m.content }}\
+pub(super) const TEMPLATE: &str = "{# <tool_call> #}{% for m in messages %}[{{ m.role }}:{{ m.content }}\
 {% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}\
 {% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %}]{% endfor %}\
 {% if tools %}T{% endif %}{% if add_generation_prompt %}|{% endif %}";
 
 /// The model's call: Hermes-style, as Qwen writes it.
-const CALL: &str = "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+pub(super) const CALL: &str = "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 
 /// The model's answer once the prompt holds a tool's result.
-const ANSWER: &str = "It is 18 C.";
+pub(super) const ANSWER: &str = "It is 18 C.";
 
 /// The prompts the scripted model saw, rendered back to text.
-type Prompts = Arc<Mutex<Vec<String>>>;
+pub(super) type Prompts = Arc<Mutex<Vec<String>>>;
 
 /// A model over the ASCII vocabulary that writes `reply` after the generation prompt, or
 /// [`ANSWER`] when the prompt holds a tool result (`#`); then the end of generation.
-fn scripted(reply: &'static str) -> (ScriptedBackend, Prompts) {
+pub(super) fn scripted(reply: &'static str) -> (ScriptedBackend, Prompts) {
     let tokenizer = ascii_tokenizer();
     let ids = |text: &str| tokenizer.encode(text, false, false).unwrap();
     let (bar, hash) = (ids("|")[0], ids("#")[0]);
@@ -60,7 +60,7 @@ fn scripted(reply: &'static str) -> (ScriptedBackend, Prompts) {
 }
 
 /// A worker over `backend` with [`TEMPLATE`] and `access`.
-fn start(backend: ScriptedBackend, access: crate::Access) -> Arc<Shared> {
+pub(super) fn start(backend: ScriptedBackend, access: crate::Access) -> Arc<Shared> {
     let tokenizer = ascii_tokenizer();
     let formatter =
         PromptFormatter::from_template(TEMPLATE, &tokenizer, TemplateRendering::InProcess).unwrap();

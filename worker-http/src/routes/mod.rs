@@ -6,6 +6,7 @@ mod guard;
 mod messages;
 mod openai;
 mod reply;
+mod responses;
 mod status;
 mod tokens;
 
@@ -51,6 +52,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models/{*model}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/messages", post(messages::messages))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .fallback(not_found)
@@ -155,5 +157,7 @@ mod messages_tests;
 mod openai_tests;
 #[cfg(test)]
 mod reasoning_tests;
+#[cfg(test)]
+mod responses_tests;
 #[cfg(test)]
 mod tests;

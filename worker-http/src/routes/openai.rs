@@ -32,7 +32,8 @@ use crate::job_end::{JobEnd, JobEvent};
 use crate::state::Shared;
 use crate::submit::{JobEvents, Origin, accepting, submit};
 
-fn unix_now() -> u64 {
+/// Seconds since the Unix epoch.
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_secs())

@@ -20,7 +20,7 @@ const PROMPT_TOKENS: usize = 3;
 
 /// `<|channel|>analysis<|message|>xy<|end|><|start|>assistant<|channel|>final<|message|>abc`,
 /// then `<|return|>` (ids of [`harmony_tokenizer`]).
-const HARMONY_REPLY: [u32; 15] = [10, 15, 11, 7, 8, 13, 12, 17, 10, 16, 11, 1, 2, 3, 0];
+pub(super) const HARMONY_REPLY: [u32; 15] = [10, 15, 11, 7, 8, 13, 12, 17, 10, 16, 11, 1, 2, 3, 0];
 
 /// A reply that is not harmony: `zz<|channel|>` then `<|return|>`.
 const PLAIN_REPLY: [u32; 4] = [9, 9, 10, 0];
@@ -36,7 +36,7 @@ fn scripted(reply: &'static [u32]) -> ScriptedBackend {
 
 /// A worker over the harmony vocabulary whose template has harmony's markers (`harmony`) or
 /// not.
-fn worker(reply: &'static [u32], harmony: bool) -> Arc<Shared> {
+pub(super) fn worker(reply: &'static [u32], harmony: bool) -> Arc<Shared> {
     let markers = if harmony {
         "{# <|start|>assistant<|channel|>final<|message|> #}"
     } else {

@@ -1,10 +1,11 @@
-//! OpenAI's API (`/v1/models`, `/v1/chat/completions`, `/v1/completions`): requests validated
-//! into the same [`JobSpec`](super::JobSpec) as `/execute`, answers and errors rendered in
-//! OpenAI's shapes. specs/OPENAI.md states every field and decision.
+//! OpenAI's API (`/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/responses`):
+//! requests validated into the same [`JobSpec`](super::JobSpec) as `/execute`, answers and errors
+//! rendered in OpenAI's shapes. specs/OPENAI.md states every field and decision.
 
 mod reasoning;
 mod request;
 mod response;
+pub mod responses;
 mod tool_calls;
 mod tools;
 
@@ -54,7 +55,8 @@ pub fn error_body(
 /// status and headers; any other response unchanged. A prompt that does not fit the context
 /// (constraint `context_length(N)`) gets OpenAI's own code, `context_length_exceeded`, which the
 /// SDKs and frameworks built on them (LangChain, LiteLLM) turn into their context-overflow
-/// errors; its message already says "maximum context length" as OpenAI's does.
+/// errors; its message already says "maximum context length" as OpenAI's does. An unknown
+/// `previous_response_id` gets OpenAI's `previous_response_not_found`.
 pub fn reshape_error(response: Response) -> Response {
     let Some(parts) = response.extensions().get::<ErrorParts>().cloned() else {
         return response;
@@ -68,6 +70,10 @@ pub fn reshape_error(response: Response) -> Response {
     );
     if parts.overflow.is_some() {
         body["error"]["code"] = json!("context_length_exceeded");
+    }
+    // OpenAI's own code for a `previous_response_id` that is not kept.
+    if parts.constraint.as_deref() == Some(responses::PREVIOUS_RESPONSE_NOT_FOUND) {
+        body["error"]["code"] = json!(responses::PREVIOUS_RESPONSE_NOT_FOUND);
     }
     head.headers.remove(header::CONTENT_LENGTH);
     let json = HeaderValue::from_static("application/json");

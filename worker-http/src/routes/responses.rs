@@ -1,0 +1,194 @@
+//! OpenAI's Responses route, `POST /v1/responses`: the request is validated into the same job
+//! as `/v1/chat/completions`' and submitted the same way, its text cut by the same parsers
+//! (reasoning, tool calls, `routes::reply`); only the answer's shape differs (a response object,
+//! or the typed SSE events). A finished response is kept for `previous_response_id` unless the
+//! request said `store: false` (`crate::response_store`).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use bytes::Bytes;
+use futures_util::Stream;
+use serde_json::Value;
+use worker_common::generate::GenerateEvent;
+
+use super::execute::KEEP_ALIVE;
+use super::openai::unix_now;
+use super::reply::{TextParser, collect, reasoning_format, tool_format};
+use super::{body_or_error, content_type};
+use crate::api::openai::Piece;
+use crate::api::openai::responses::{NamedEvent, ResponseEvents, ResponseHead, ResponsesRequest};
+use crate::api::{ApiError, Limits};
+use crate::connections::Connection;
+use crate::correlation::CorrelationId;
+use crate::job_end::{JobEnd, JobEvent};
+use crate::state::Shared;
+use crate::submit::{JobEvents, Origin, submit};
+
+/// `POST /v1/responses`.
+pub async fn responses(
+    State(shared): State<Arc<Shared>>,
+    CorrelationId(correlation_id): CorrelationId,
+    connection: Option<Extension<Arc<Connection>>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let mut request = parse(&shared, &correlation_id, &headers, body)?;
+    let tools = request.tools.as_ref();
+    let format = tool_format(&shared, tools, &mut request.job, &correlation_id)?;
+    let reasoning = reasoning_format(&shared, &correlation_id)?;
+    let parser = TextParser::new(reasoning, format, tools, request.stream);
+    let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
+    let origin = Origin {
+        job_id: id.clone(),
+        correlation_id: correlation_id.clone(),
+        connection: connection.map(|Extension(connection)| connection),
+    };
+    let accepted = submit(&shared, origin, request.job).await?;
+    let head = ResponseHead {
+        id: id.clone(),
+        created_at: unix_now(),
+        model: accepted.started.model.clone(),
+        echo: request.echo,
+    };
+    let keep = request.store.then(|| Keep {
+        shared: shared.clone(),
+        id,
+        items: request.items,
+    });
+    if request.stream {
+        let (items, first) = ResponseEvents::start(head);
+        let stream = ResponseStream {
+            items,
+            events: accepted.events,
+            parser,
+            keep,
+            ready: first.into_iter().map(named).collect(),
+            ended: false,
+        };
+        let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
+        return Ok(sse.into_response());
+    }
+    let whole = collect(accepted.events, parser, &correlation_id).await?;
+    let (object, output) = ResponseEvents::whole(head, whole.pieces, &whole.done);
+    if let Some(keep) = keep {
+        keep.store(&output);
+    }
+    Ok(Json(object).into_response())
+}
+
+/// The body, validated (with the conversation a `previous_response_id` left); 400 (413) with
+/// every violation otherwise.
+fn parse(
+    shared: &Shared,
+    correlation_id: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<ResponsesRequest, ApiError> {
+    let body = body_or_error(shared, body, correlation_id)?;
+    let limits = Limits {
+        max_tokens_out: shared.settings.max_tokens_out,
+    };
+    let previous = |id: &str| shared.responses.get(id);
+    ResponsesRequest::parse(content_type(headers), &body, limits, &previous)
+        .map_err(|errors| ApiError::invalid(errors, correlation_id))
+}
+
+/// A response to keep once it has finished: its id and conversation so far.
+struct Keep {
+    shared: Arc<Shared>,
+    id: String,
+    items: Vec<Value>,
+}
+
+impl Keep {
+    /// Stores the conversation followed by the response's `output` items.
+    fn store(self, output: &[Value]) {
+        let mut items = self.items;
+        items.extend_from_slice(output);
+        self.shared.responses.insert(self.id, items);
+    }
+}
+
+/// A job's events as the Responses API's: `response.created` and `response.in_progress`, the
+/// output items as the text comes, then `response.completed` (or `response.incomplete`); a
+/// failed job sends `response.failed` instead. Dropping it cancels the job ([`JobEvents`]).
+struct ResponseStream {
+    items: ResponseEvents,
+    events: JobEvents,
+    /// Cuts reasoning and tool calls out of the text.
+    parser: TextParser,
+    /// Where the finished response is kept (`None` with `store: false`).
+    keep: Option<Keep>,
+    ready: VecDeque<Event>,
+    ended: bool,
+}
+
+impl ResponseStream {
+    /// Queues what `event` sends; true when it was the last.
+    fn push(&mut self, event: JobEvent) -> bool {
+        match event {
+            JobEvent::Generate(GenerateEvent::Token { text, .. }) => {
+                let pieces = self.parser.push(text);
+                self.send(pieces);
+                false
+            }
+            JobEvent::Generate(GenerateEvent::Metrics { .. }) => false,
+            JobEvent::End(JobEnd::Finished(done)) => {
+                let rest = self.parser.finish();
+                self.send(rest);
+                let end = self.items.finish(&done);
+                if let Some(keep) = self.keep.take() {
+                    keep.store(self.items.output());
+                }
+                self.ready.extend(end.into_iter().map(named));
+                true
+            }
+            JobEvent::End(JobEnd::Failed { message, .. }) => {
+                let failed = self.items.fail(&message);
+                self.ready.extend(failed.into_iter().map(named));
+                true
+            }
+        }
+    }
+
+    fn send(&mut self, pieces: Vec<Piece>) {
+        for piece in pieces {
+            let events = self.items.piece(piece);
+            self.ready.extend(events.into_iter().map(named));
+        }
+    }
+}
+
+/// `event: <type>` then `data: <json>`.
+fn named((name, data): NamedEvent) -> Event {
+    Event::default().event(name).data(data.to_string())
+}
+
+impl Stream for ResponseStream {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if self.ended {
+                return Poll::Ready(None);
+            }
+            match std::task::ready!(Pin::new(&mut self.events).poll_next(cx)) {
+                Some(event) => self.ended = self.push(event),
+                None => self.ended = true,
+            }
+        }
+    }
+}
