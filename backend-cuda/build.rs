@@ -19,6 +19,7 @@ fn main() -> Result<(), String> {
     println!("cargo:rerun-if-changed=kernels");
     println!("cargo:rerun-if-changed=src/program.rs");
     println!("cargo:rerun-if-changed=src/params.rs");
+    println!("cargo:rerun-if-changed=src/formats.rs");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").ok_or("OUT_DIR is not set")?);
     let embedded = match std::env::var_os("LLORCH_NVRTC") {
         Some(library) => compile_all(Path::new(&library), &out)?,

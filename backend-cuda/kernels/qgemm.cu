@@ -88,19 +88,9 @@ struct QmHalves<ChunkQ6_K> {
     static const bool value = true;
 };
 
-// F<C, S>(args...) for the chunk type C of ggml format id `format` (those of qgemv.cu).
-#define QM_DISPATCH(format, F, S, ...)                              \
-    switch (format) {                                               \
-        case 2: F<ChunkQ4_0, S>(__VA_ARGS__); break;                \
-        case 3: F<ChunkQ4_1, S>(__VA_ARGS__); break;                \
-        case 6: F<ChunkQ5_0, S>(__VA_ARGS__); break;                \
-        case 7: F<ChunkQ5_1, S>(__VA_ARGS__); break;                \
-        case 8: F<ChunkQ8_0, S>(__VA_ARGS__); break;                \
-        case 12: F<ChunkQ4_K, S>(__VA_ARGS__); break;               \
-        case 13: F<ChunkQ5_K, S>(__VA_ARGS__); break;               \
-        case 39: F<ChunkMXFP4, S>(__VA_ARGS__); break;              \
-        default: F<ChunkQ6_K, S>(__VA_ARGS__); break;               \
-    }
+// F<C, S>(args...) for the chunk type C of ggml format id `format` (src/formats.rs).
+#define QM_CALL(C, F, S, ...) F<C, S>(__VA_ARGS__)
+#define QM_DISPATCH(format, F, S, ...) LLORCH_CHUNK_SWITCH(format, QM_CALL, F, S, __VA_ARGS__)
 
 // What a block multiplies: its matrix (one format), and for each of the rows of its weight tile
 // the row it holds. In the gated and RoPE modes each 16-row mma tile holds the first rows
@@ -522,18 +512,13 @@ __device__ __forceinline__ void qgemm_one(const QMatrix& m0, const QMatrix& m1,
     }
 
 // For each tile shape: any mix of formats (`qgemm_<shape>`; a Q4_K_M model's Q·K·V: Q4_K, Q4_K,
-// Q6_K), each block dispatching on its matrix's format; and one kernel per format
-// (`qgemm_<shape>_<format>`, WEIGHT_TYPES' suffixes) for launches of one format.
-#define QGEMM_SHAPE_KERNELS(SHAPE_NAME, SHAPE)                                            \
-    QGEMM_KERNEL(qgemm_##SHAPE_NAME, SHAPE, qgemm<SHAPE>)                                 \
-    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q4_0, SHAPE, (qgemm_one<SHAPE, ChunkQ4_0>))         \
-    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q4_1, SHAPE, (qgemm_one<SHAPE, ChunkQ4_1>))         \
-    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q5_0, SHAPE, (qgemm_one<SHAPE, ChunkQ5_0>))         \
-    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q5_1, SHAPE, (qgemm_one<SHAPE, ChunkQ5_1>))         \
-    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q8_0, SHAPE, (qgemm_one<SHAPE, ChunkQ8_0>))         \
-    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q4_k, SHAPE, (qgemm_one<SHAPE, ChunkQ4_K>))         \
-    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q5_k, SHAPE, (qgemm_one<SHAPE, ChunkQ5_K>))         \
-    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_q6_k, SHAPE, (qgemm_one<SHAPE, ChunkQ6_K>))
+// Q6_K), each block dispatching on its matrix's format; and one kernel per int8 dense format of
+// src/formats.rs (`qgemm_<shape>_<suffix>`) for launches of one format.
+#define QGEMM_ONE_FORMAT(C, suffix, SHAPE_NAME, SHAPE) \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME##_##suffix, SHAPE, (qgemm_one<SHAPE, C>))
+#define QGEMM_SHAPE_KERNELS(SHAPE_NAME, SHAPE)                    \
+    QGEMM_KERNEL(qgemm_##SHAPE_NAME, SHAPE, qgemm<SHAPE>)         \
+    LLORCH_INT8_DENSE_FORMATS(QGEMM_ONE_FORMAT, SHAPE_NAME, SHAPE)
 
 QGEMM_SHAPE_KERNELS(small, QmSmall)
 QGEMM_SHAPE_KERNELS(large, QmLarge)

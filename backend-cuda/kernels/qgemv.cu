@@ -9,9 +9,9 @@
 // 32-element formats each chunk's integer sum and scale are the CPU's; K-quants use the same
 // 32-element activation chunks where the CPU uses 256-element Q8_K blocks.
 //
-// Formats (ggml type ids): Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14
-// (`has_qgemv` in qgemv.rs), and MXFP4 39 for the routed experts (moe.cu). One launch may mix them: the format
-// is an argument per matrix.
+// Formats: those with a chunk decoder below (Chunk*), listed with their ggml type ids in
+// src/formats.rs, which the dispatch (LLORCH_CHUNK_SWITCH) is generated from; MXFP4 only for the
+// routed experts (moe.cu). One launch may mix them: the format is a parameter per matrix.
 
 // QG_WARPS (warps a block) comes from src/program.rs.
 // Input chunks a warp quantizes at once.
@@ -723,18 +723,8 @@ template <int R, int T, int P, int S>
 __device__ __forceinline__ float row_pieces_of(int format, Rows<R> w, int piece, int lane,
                                                int cols, const u8* inputs, int count,
                                                float (*pieces)[QG_MAX_SEGMENTS], int* index) {
-#define QG_PIECES(C) row_pieces<C, R, T, P, S>(w, piece, lane, cols, inputs, count, pieces, index)
-    switch (format) {
-        case 2: return QG_PIECES(ChunkQ4_0);
-        case 3: return QG_PIECES(ChunkQ4_1);
-        case 6: return QG_PIECES(ChunkQ5_0);
-        case 7: return QG_PIECES(ChunkQ5_1);
-        case 8: return QG_PIECES(ChunkQ8_0);
-        case 12: return QG_PIECES(ChunkQ4_K);
-        case 13: return QG_PIECES(ChunkQ5_K);
-        case 39: return QG_PIECES(ChunkMXFP4);
-        default: return QG_PIECES(ChunkQ6_K);
-    }
+#define QG_PIECES(C, ...) return row_pieces<C, R, T, P, S>(__VA_ARGS__)
+    LLORCH_CHUNK_SWITCH(format, QG_PIECES, w, piece, lane, cols, inputs, count, pieces, index)
 #undef QG_PIECES
 }
 

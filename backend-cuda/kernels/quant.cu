@@ -263,14 +263,5 @@ __device__ void gemv_gated(const u8* gate, const u8* up, int rows, int cols, lon
                       p.out, p.use_gelu);                                                       \
     }
 
-WEIGHT_KERNELS(F32, f32)
-WEIGHT_KERNELS(F16, f16)
-WEIGHT_KERNELS(BF16, bf16)
-WEIGHT_KERNELS(Q4_0, q4_0)
-WEIGHT_KERNELS(Q4_1, q4_1)
-WEIGHT_KERNELS(Q5_0, q5_0)
-WEIGHT_KERNELS(Q5_1, q5_1)
-WEIGHT_KERNELS(Q8_0, q8_0)
-WEIGHT_KERNELS(Q4_K, q4_k)
-WEIGHT_KERNELS(Q5_K, q5_k)
-WEIGHT_KERNELS(Q6_K, q6_k)
+// Each dense format of src/formats.rs, with its block decoder above.
+LLORCH_BLOCK_FORMATS(WEIGHT_KERNELS)

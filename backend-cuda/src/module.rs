@@ -13,8 +13,8 @@ use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 use worker_common::backend::BackendError;
 use worker_common::gguf::GgmlType;
 
+use crate::program::{WEIGHT_FORMATS, weight_format};
 use crate::qgemm::TileShape;
-use crate::qgemv::has_qgemv;
 
 pub use crate::program::{compile_options, source};
 
@@ -30,33 +30,27 @@ struct EmbeddedCubin {
 /// The cubins `build.rs` embedded, one per architecture (none when built without `LLORCH_NVRTC`).
 const EMBEDDED: &[EmbeddedCubin] = include!(concat!(env!("OUT_DIR"), "/embedded.rs"));
 
-/// Weight formats with dequantize and GEMV kernels, and the kernels' name suffix.
-pub const WEIGHT_TYPES: [(GgmlType, &str); 11] = [
-    (GgmlType::F32, "f32"),
-    (GgmlType::F16, "f16"),
-    (GgmlType::BF16, "bf16"),
-    (GgmlType::Q4_0, "q4_0"),
-    (GgmlType::Q4_1, "q4_1"),
-    (GgmlType::Q5_0, "q5_0"),
-    (GgmlType::Q5_1, "q5_1"),
-    (GgmlType::Q8_0, "q8_0"),
-    (GgmlType::Q4_K, "q4_k"),
-    (GgmlType::Q5_K, "q5_k"),
-    (GgmlType::Q6_K, "q6_k"),
-];
+/// The formats of dense matrices (those of [`WEIGHT_FORMATS`] with a block decoder: dequantize
+/// and f32 GEMV kernels), as GGUF types with their kernels' name suffix, in the table's order.
+pub fn dense_formats() -> impl Iterator<Item = (GgmlType, &'static str)> {
+    WEIGHT_FORMATS
+        .iter()
+        .filter(|f| f.block.is_some())
+        .filter_map(|f| Some((GgmlType::from_id(f.id)?, f.suffix)))
+}
 
-/// Whether the backend can multiply weights of `ggml_type`.
+/// Whether the backend can multiply dense weights of `ggml_type`.
 pub fn supports(ggml_type: GgmlType) -> bool {
-    WEIGHT_TYPES.iter().any(|(t, _)| *t == ggml_type)
+    weight_format(ggml_type as u32).is_some_and(|f| f.block.is_some())
 }
 
 /// Every kernel of the program, loaded once.
 pub struct Kernels {
-    /// `dequant_*`, in [`WEIGHT_TYPES`] order.
+    /// `dequant_*`, in [`dense_formats`] order.
     dequant: Vec<CudaFunction>,
-    /// `gemv_*`, in [`WEIGHT_TYPES`] order.
+    /// `gemv_*`, in [`dense_formats`] order.
     gemv: Vec<CudaFunction>,
-    /// `gemv_gated_*`, in [`WEIGHT_TYPES`] order.
+    /// `gemv_gated_*`, in [`dense_formats`] order.
     gemv_gated: Vec<CudaFunction>,
     /// The one-token int8-activation GEMV, `qgemv[log2 warps per row][rows per warp - 1]`
     /// (`qgemv_r1_t1_p1_s1`, …, `qgemv_r2_t1_p8_s1`).
@@ -69,7 +63,7 @@ pub struct Kernels {
     /// ([`TileShape`]: `qgemm_small`, `qgemm_large`).
     qgemm_mixed: [CudaFunction; 2],
     /// The same for launches of one format (`qgemm_small_*`, `qgemm_large_*`): each int8
-    /// format of [`WEIGHT_TYPES`] with its kernels.
+    /// dense format of [`WEIGHT_FORMATS`] with its kernels.
     qgemm_one: Vec<(GgmlType, [CudaFunction; 2])>,
     /// Quantizes input rows once for the qgemv and qgemm launches that read them.
     pub quantize_rows: CudaFunction,
@@ -156,8 +150,7 @@ impl Kernels {
                 .collect::<Result<Vec<_>, BackendError>>()
         };
         let per_type = |prefix: &str| -> Result<Vec<CudaFunction>, BackendError> {
-            WEIGHT_TYPES
-                .iter()
+            dense_formats()
                 .map(|(_, suffix)| get(&format!("{prefix}_{suffix}")))
                 .collect()
         };
@@ -168,12 +161,13 @@ impl Kernels {
             qgemv: qgemv_table(1, &[(1, 1), (2, 1), (4, 1), (8, 1)])?,
             qgemv_batched: qgemv_table(8, &[(1, 1), (2, 1), (2, 2)])?,
             qgemm_mixed: [get("qgemm_small")?, get("qgemm_large")?],
-            qgemm_one: WEIGHT_TYPES
+            qgemm_one: WEIGHT_FORMATS
                 .iter()
-                .filter(|(t, _)| has_qgemv(*t))
+                .filter(|f| f.int8_dense())
+                .filter_map(|f| Some((GgmlType::from_id(f.id)?, f.suffix)))
                 .map(|(t, suffix)| {
                     let small = get(&format!("qgemm_small_{suffix}"))?;
-                    Ok((*t, [small, get(&format!("qgemm_large_{suffix}"))?]))
+                    Ok((t, [small, get(&format!("qgemm_large_{suffix}"))?]))
                 })
                 .collect::<Result<_, BackendError>>()?,
             quantize_rows: get("quantize_rows")?,
@@ -234,9 +228,8 @@ pub struct MoeKernels {
 }
 
 fn type_index(ggml_type: GgmlType) -> Result<usize, BackendError> {
-    WEIGHT_TYPES
-        .iter()
-        .position(|(t, _)| *t == ggml_type)
+    dense_formats()
+        .position(|(t, _)| t == ggml_type)
         .ok_or_else(|| BackendError::Unsupported {
             backend: "bespoke-cuda",
             what: format!("weights of type {ggml_type}"),
@@ -403,6 +396,34 @@ fn fnv1a(parts: &[&str]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each format of the table is the GGUF type of its id, named by its kernels' suffix.
+    #[test]
+    fn every_weight_format_is_the_gguf_type_of_its_id() {
+        for f in &WEIGHT_FORMATS {
+            let t = GgmlType::from_id(f.id).unwrap_or_else(|| panic!("{} is no type", f.id));
+            assert_eq!(t.name().to_lowercase(), f.suffix);
+        }
+        let dense: Vec<&str> = dense_formats().map(|(_, s)| s).collect();
+        assert_eq!(dense.len(), 11);
+        assert!(!supports(GgmlType::MXFP4) && supports(GgmlType::Q6_K));
+    }
+
+    /// The chunk dispatch names every chunk format once, the last as its default.
+    #[test]
+    fn the_chunk_dispatch_covers_every_chunk_format() {
+        let macros = crate::program::format_macros();
+        let switch = macros
+            .lines()
+            .find(|l| l.starts_with("#define LLORCH_CHUNK_SWITCH"))
+            .unwrap();
+        for f in WEIGHT_FORMATS.iter().filter(|f| f.chunk.is_some()) {
+            assert_eq!(switch.matches(f.chunk.unwrap()).count(), 1, "{switch}");
+        }
+        assert!(switch.contains("case 39: CALL(ChunkMXFP4"), "{switch}");
+        assert!(switch.contains("default: CALL(ChunkQ6_K"), "{switch}");
+        assert_eq!(switch.matches("case ").count(), 8);
+    }
 
     /// An embedded cubin is what NVRTC compiles here, when it is the version that built it: the
     /// same bits whichever way a start gets its kernels.

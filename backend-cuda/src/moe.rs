@@ -17,7 +17,7 @@ use crate::params::{
     MoeSumParams,
 };
 use crate::pass::Pass;
-use crate::qgemv::{has_qgemv, quantized_row_bytes};
+use crate::qgemv::{has_int8_chunks, quantized_row_bytes};
 use crate::scratch::{Act, Scratch};
 use crate::weights::DeviceVector;
 
@@ -107,7 +107,7 @@ impl ExpertTables {
         let uniform = moe.experts.iter().all(|e| {
             same(&e.gate, &first.gate) && same(&e.up, &first.gate) && same(&e.down, &first.down)
         });
-        let multiplied = |t: GgmlType| has_qgemv(t) || t == GgmlType::MXFP4;
+        let multiplied = |t: GgmlType| has_int8_chunks(t);
         if !uniform || !multiplied(first.gate.ggml_type) || !multiplied(first.down.ggml_type) {
             return Err(BackendError::Unsupported {
                 backend: "bespoke-cuda",

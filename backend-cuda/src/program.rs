@@ -4,6 +4,7 @@
 // time when asked.
 
 include!("params.rs");
+include!("formats.rs");
 
 /// The kernel files of the one NVRTC program, in dependency order (helpers first).
 pub const KERNEL_FILES: [(&str, &str); 8] = [
@@ -20,10 +21,15 @@ pub const KERNEL_FILES: [(&str, &str); 8] = [
 /// Marks where each part of [`source`] begins (`scripts/nvrtc-timing.py` splits on it).
 pub const PART_MARK: &str = "// ---- llorch part: ";
 
-/// The one NVRTC program: the parameter structs' definitions ([`param_definitions`]), then the
-/// kernel files in order, each part opened by a [`PART_MARK`] line.
+/// The one NVRTC program: what Rust defines for the kernels (the parameter structs,
+/// [`param_definitions`], and the format macros, [`format_macros`]), then the kernel files in
+/// order, each part opened by a [`PART_MARK`] line.
 pub fn source() -> String {
-    let mut text = format!("{PART_MARK}params.rs\n{}", param_definitions());
+    let mut text = format!(
+        "{PART_MARK}program.rs\n{}{}",
+        param_definitions(),
+        format_macros()
+    );
     for (name, file) in KERNEL_FILES {
         text.push_str(&format!("{PART_MARK}{name}\n{file}"));
     }

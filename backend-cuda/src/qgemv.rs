@@ -12,6 +12,7 @@ use crate::ops::{Projection, RowNorm, int, long, norm_params, rope_params};
 use crate::params::{DevPtr, QMatrix, QRope, QgemvParams, QuantizeParams, StepRows};
 use crate::program::{
     QG_ACCUMULATE, QG_GELU, QG_MAX_SEGMENTS, QG_ROPE, QG_SEG, QG_SILU, QG_STORE, QG_WARPS,
+    weight_format,
 };
 
 /// Token rows per block of the batched kernels (`qgemv_r*_t8`): each weight chunk a warp loads
@@ -44,19 +45,14 @@ pub fn prequantized(cols: usize, rows: usize) -> bool {
     cols >= PREQUANTIZE_FROM || rows >= PREQUANTIZE_ROWS_FROM
 }
 
-/// Whether [`Gpu::qgemv`] multiplies weights of `ggml_type`.
+/// Whether [`Gpu::qgemv`] (and the GEMM) multiplies dense weights of `ggml_type`.
 pub fn has_qgemv(ggml_type: GgmlType) -> bool {
-    matches!(
-        ggml_type,
-        GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q8_0
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-    )
+    weight_format(ggml_type as u32).is_some_and(|f| f.int8_dense())
+}
+
+/// Whether the int8-activation kernels read `ggml_type` at all (the routed experts' MXFP4 too).
+pub fn has_int8_chunks(ggml_type: GgmlType) -> bool {
+    weight_format(ggml_type as u32).is_some_and(|f| f.chunk.is_some())
 }
 
 /// What a [`Gpu::qgemv`] launch does with its products.

@@ -9,7 +9,7 @@ use worker_common::gguf::GgmlType;
 use worker_common::model::{AttentionShape, RopePlan, RopeStyle, YarnRamp};
 
 use crate::device::{Buffer, Gpu};
-use crate::module::{self, WEIGHT_TYPES};
+use crate::module::{self, dense_formats};
 use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch};
 use crate::params::{DevPtr, StepRows};
 
@@ -188,8 +188,7 @@ fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
     let (rows, n) = (67, 3);
     // 576 columns leave a partial step of 32-element blocks (18 of them, 8 per warp step);
     // 2304 are split over four warps per row, unevenly for 256-element blocks (9 of them).
-    for (&(ggml_type, name), cols) in WEIGHT_TYPES
-        .iter()
+    for ((ggml_type, name), cols) in dense_formats()
         .flat_map(|t| [(t, 512), (t, 576), (t, 2304)])
         .filter(|&(t, cols)| cols % t.0.block_size() as usize == 0)
     {

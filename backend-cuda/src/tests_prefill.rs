@@ -15,7 +15,7 @@ use crate::params::{DevPtr, StepRows};
 use crate::qgemm::{Layout, SplitRoom};
 use crate::qgemv::{QgemvMode, RopeTarget, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, f16_bytes, get, gpu, put, rel_error, to_bytes};
-use crate::tests_qgemv::{Case, TYPES, case, products, quantized, scaled_rope, tolerance};
+use crate::tests_qgemv::{Case, case, int8_types, products, quantized, scaled_rope, tolerance};
 
 /// `rows` f32 token rows of `cols` at `x` quantized by `quantize_rows` (through `norm`).
 fn quantize(gpu: &Gpu, x: &Buffer, norm: Option<RowNorm>, rows: usize, cols: usize) -> Buffer {
@@ -57,7 +57,7 @@ fn qgemm_matches_the_cpu_arithmetic_for_every_quantized_type() {
     let mut rng = Rng(0x6a09_e667);
     // Neither the rows nor the tokens fill whole tiles (of 32, the shape this launch takes).
     let (rows, n) = (200, 70);
-    for &ggml_type in &TYPES {
+    for ggml_type in int8_types() {
         for &cols in widths(ggml_type) {
             let c = case(&gpu, &mut rng, ggml_type, rows, cols);
             let x = rng.floats(n * cols);
@@ -136,7 +136,7 @@ fn qgemm_rows_do_not_depend_on_the_launch() {
     let pieces: [(usize, usize); 5] = [(0, 1), (1, 37), (38, 64), (102, 47), (149, 1)];
     // 2304 columns are three segments: split over blocks, or added in order as they end in
     // one block.
-    for (ggml_type, cols) in TYPES.iter().flat_map(|&t| [(t, 512), (t, 2304)]) {
+    for (ggml_type, cols) in int8_types().into_iter().flat_map(|t| [(t, 512), (t, 2304)]) {
         let cases = [
             case(&gpu, &mut rng, ggml_type, 130, cols),
             case(&gpu, &mut rng, GgmlType::Q8_0, 64, cols),
@@ -324,7 +324,7 @@ fn qgemm_gated_and_rope_modes_equal_store_then_the_separate_kernels() {
             .unwrap();
     };
     // Gated: 100 gate·up slots (not a whole number of 32-slot tiles), SiLU and GELU.
-    for &ggml_type in &TYPES {
+    for ggml_type in int8_types() {
         let (gate, up) = (
             case(&gpu, &mut rng, ggml_type, 100, cols),
             case(&gpu, &mut rng, ggml_type, 100, cols),

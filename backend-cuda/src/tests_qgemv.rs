@@ -11,23 +11,20 @@ use worker_common::model::{RopePlan, RopeStyle, YarnRamp};
 use worker_common::backend::BackendError;
 
 use crate::device::{Buffer, Gpu};
+use crate::module;
 use crate::ops::{DeviceMatrix, Projection, RopeStore, RowNorm};
 use crate::params::DevPtr;
 use crate::qgemm::Layout;
 use crate::qgemv::{QgemvInput, QgemvMode, RopeTarget, has_qgemv, quantized_row_bytes};
 use crate::tests::{PageTable, Rng, get, gpu, put, random_weights, rel_error, to_bytes};
 
-pub(crate) const TYPES: [GgmlType; 8] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
+/// The formats the int8-activation kernels multiply as dense matrices (src/formats.rs).
+pub(crate) fn int8_types() -> Vec<GgmlType> {
+    module::dense_formats()
+        .map(|(t, _)| t)
+        .filter(|&t| has_qgemv(t))
+        .collect()
+}
 /// Each token row of `x` as the CPU's Q8_0 activation blocks would give it back.
 pub(crate) fn quantized(x: &[f32], cols: usize) -> Vec<f64> {
     let mut blocks = Vec::new();
@@ -122,7 +119,7 @@ fn qgemv_matches_the_cpu_arithmetic_for_every_quantized_type() {
     let mut rng = Rng(0x9e37_79b9);
     let (rows, n) = (67, 3);
     // 2304 columns split over several warps per row (72 chunks), unevenly for K-quants.
-    for (ggml_type, cols) in TYPES.iter().flat_map(|&t| [(t, 512), (t, 2304)]) {
+    for (ggml_type, cols) in int8_types().into_iter().flat_map(|t| [(t, 512), (t, 2304)]) {
         assert!(has_qgemv(ggml_type));
         let c = case(&gpu, &mut rng, ggml_type, rows, cols);
         let x = rng.floats(n * cols);
@@ -519,9 +516,9 @@ fn every_kernel_gives_a_row_the_same_bits() {
     // 40 rows: five groups of eight for the batched GEMV, a full and a partial token tile for
     // the GEMM.
     let n = 40;
-    for (ggml_type, rows, cols) in TYPES
-        .iter()
-        .flat_map(|&t| [(t, 67, 512), (t, 8195, 512), (t, 67, 2304), (t, 40, 4864)])
+    for (ggml_type, rows, cols) in int8_types()
+        .into_iter()
+        .flat_map(|t| [(t, 67, 512), (t, 8195, 512), (t, 67, 2304), (t, 40, 4864)])
     {
         let gate = case(&gpu, &mut rng, ggml_type, rows, cols);
         let up = case(&gpu, &mut rng, ggml_type, rows, cols);
