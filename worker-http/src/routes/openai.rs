@@ -19,13 +19,13 @@ use axum::{Extension, Json};
 use bytes::Bytes;
 use futures_util::Stream;
 use serde_json::{Value, json};
-use worker_common::generate::{GenerateEvent, TokenLogprob};
+use worker_common::generate::{Finished, GenerateEvent, TokenLogprob};
 
 use super::execute::KEEP_ALIVE;
 use super::reply::{TextParser, collect, reasoning_format, tool_format};
 use super::{body_or_error, content_type};
 use crate::api::openai::{Endpoint, Logprobs, OpenAiRequest, Piece, Reply, error_body};
-use crate::api::{ApiError, Limits};
+use crate::api::{ApiError, ErrorCode, JobSpec, Limits};
 use crate::connections::Connection;
 use crate::correlation::CorrelationId;
 use crate::job_end::{JobEnd, JobEvent};
@@ -162,7 +162,8 @@ fn parse(
         .map_err(|errors| ApiError::invalid(errors, correlation_id))
 }
 
-/// Submits the job and answers: a stream of chunks, or the whole reply when it has ended.
+/// Submits the request's jobs (one per choice) and answers: a stream of chunks, or the whole
+/// reply when every job has ended.
 async fn answer(
     endpoint: Endpoint,
     shared: &Arc<Shared>,
@@ -183,105 +184,189 @@ async fn answer(
         Endpoint::Completions => None,
     };
     let job_id = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
-    let origin = Origin {
-        job_id: job_id.clone(),
-        correlation_id: correlation_id.clone(),
-        connection,
-    };
     let logprobs = request.job.sampling.logprobs.is_some();
-    let parser = TextParser::new(reasoning, tool_format, tools, request.stream);
-    let accepted = submit(shared, origin, request.job).await?;
-    let reply = Reply {
-        endpoint,
-        id: job_id,
-        created: unix_now(),
-        model: accepted.started.model,
-        logprobs,
-        tokens_as_ids: request.tokens_as_ids,
-    };
+    // Each choice is a job of its own; an error on one drops (cancels) those accepted before.
+    let mut choices = Vec::with_capacity(request.choices);
+    for index in 0..request.choices {
+        let origin = Origin {
+            job_id: choice_job_id(&job_id, index, request.choices),
+            correlation_id: correlation_id.clone(),
+            connection: connection.clone(),
+        };
+        let job = choice_job(&request.job, index);
+        let accepted = submit(shared, origin, job).await?;
+        let reply = Reply {
+            endpoint,
+            id: job_id.clone(),
+            created: unix_now(),
+            model: accepted.started.model.clone(),
+            logprobs,
+            tokens_as_ids: request.tokens_as_ids,
+            index,
+        };
+        let parser = TextParser::new(reasoning, tool_format, tools, request.stream);
+        choices.push((reply, accepted.events, parser));
+    }
     if request.stream {
-        let chunks = ChunkStream::new(reply, accepted.events, request.include_usage, parser);
+        let chunks = ChunkStream::new(choices, request.include_usage);
         let sse = Sse::new(chunks).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
         return Ok(sse.into_response());
     }
-    let whole = collect(accepted.events, parser, &correlation_id).await?;
-    let (content, reasoning) = (whole.content(), whole.reasoning());
-    let body = reply.whole(
-        &content,
-        &reasoning,
-        &whole.calls(),
-        &whole.tokens,
-        &whole.done,
-    );
-    Ok(Json(body).into_response())
+    let collected = choices.into_iter().map(|(reply, events, parser)| async {
+        let whole = collect(events, parser, &correlation_id).await?;
+        Ok::<_, ApiError>((reply, whole))
+    });
+    let collected = futures_util::future::try_join_all(collected).await?;
+    let bodies = collected.iter().map(|(reply, whole)| {
+        let (content, reasoning) = (whole.content(), whole.reasoning());
+        reply.whole_choice(
+            &content,
+            &reasoning,
+            &whole.calls(),
+            &whole.tokens,
+            &whole.done,
+        )
+    });
+    let bodies: Vec<Value> = bodies.collect();
+    let dones: Vec<&Finished> = collected.iter().map(|(_, whole)| &whole.done).collect();
+    let (first, _) = collected.first().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Internal,
+            "a request of no choices",
+            &correlation_id,
+        )
+    })?;
+    Ok(Json(first.whole(bodies, &dones)).into_response())
 }
 
-/// A job's events as OpenAI's chunks: (chat) the role, the text as it comes, the finish
-/// reason, (with `include_usage`) the usage, then `[DONE]`. A failed job sends an `error`
-/// object before `[DONE]`, as vLLM does. Dropping it cancels the job ([`JobEvents`]).
-struct ChunkStream {
+/// Choice `index`'s job id: the reply's id for a request of one choice, else `<id>-<index>`.
+fn choice_job_id(job_id: &str, index: usize, choices: usize) -> String {
+    if choices == 1 {
+        job_id.to_owned()
+    } else {
+        format!("{job_id}-{index}")
+    }
+}
+
+/// Choice `index`'s job: the request's, its seed (when given) advanced by `index`, so that a
+/// seeded request of `n` choices is reproducible and its choices differ when sampled.
+pub(super) fn choice_job(job: &JobSpec, index: usize) -> JobSpec {
+    let mut job = job.clone();
+    job.seed = job.seed.map(|seed| seed.wrapping_add(index as u64));
+    job
+}
+
+/// One choice of a stream: its reply's chunk builder, its job's events and its text parser.
+struct ChoiceStream {
     reply: Reply,
     events: JobEvents,
-    include_usage: bool,
     /// Cuts reasoning and tool calls out of the text.
     parser: TextParser,
     /// Tool calls sent so far.
     calls: usize,
-    ready: VecDeque<Event>,
-    ended: bool,
     /// Characters sent so far (completions' `text_offset`).
     sent_chars: usize,
+    /// The job's end, once it finished.
+    finished: Option<Finished>,
+    ended: bool,
+}
+
+/// A request's jobs' events as OpenAI's chunks, each choice's carrying its index: (chat) the
+/// role, the text as it comes, the finish reason; when every job has ended (with
+/// `include_usage`) the usage, then `[DONE]`. A failed job sends an `error` object, as vLLM
+/// does. Dropping it cancels the jobs ([`JobEvents`]).
+struct ChunkStream {
+    choices: Vec<ChoiceStream>,
+    include_usage: bool,
+    ready: VecDeque<Event>,
+    /// Whether a job failed (then no usage chunk).
+    failed: bool,
+    closed: bool,
+    /// The choice polled first next time, so that no choice waits behind another.
+    next: usize,
 }
 
 impl ChunkStream {
-    fn new(reply: Reply, events: JobEvents, include_usage: bool, parser: TextParser) -> Self {
-        let ready = reply.role_chunk().iter().map(data).collect();
+    fn new(choices: Vec<(Reply, JobEvents, TextParser)>, include_usage: bool) -> Self {
+        let mut ready = VecDeque::new();
+        let choices = choices
+            .into_iter()
+            .map(|(reply, events, parser)| {
+                ready.extend(reply.role_chunk().iter().map(data));
+                ChoiceStream {
+                    reply,
+                    events,
+                    parser,
+                    calls: 0,
+                    sent_chars: 0,
+                    finished: None,
+                    ended: false,
+                }
+            })
+            .collect();
         Self {
-            reply,
-            events,
+            choices,
             include_usage,
-            parser,
-            calls: 0,
             ready,
-            ended: false,
-            sent_chars: 0,
+            failed: false,
+            closed: false,
+            next: 0,
         }
     }
 
-    /// Queues what `event` sends; true when it was the last.
-    fn push(&mut self, event: JobEvent) -> bool {
+    /// Queues the usage (when asked and every job finished) and `[DONE]`.
+    fn close(&mut self) {
+        if self.include_usage && !self.failed {
+            let dones: Vec<&Finished> = self
+                .choices
+                .iter()
+                .filter_map(|c| c.finished.as_ref())
+                .collect();
+            if let Some(first) = self.choices.first() {
+                self.ready.push_back(data(&first.reply.usage_chunk(&dones)));
+            }
+        }
+        self.ready.push_back(Event::default().data("[DONE]"));
+        self.closed = true;
+    }
+}
+
+impl ChoiceStream {
+    /// Queues what `event` sends into `ready`; true when it was the job's last, and whether
+    /// the job failed.
+    fn push(&mut self, event: JobEvent, ready: &mut VecDeque<Event>) -> (bool, bool) {
         match event {
             JobEvent::Generate(GenerateEvent::Token { text, logprobs, .. }) => {
                 let released = self.parser.push(text);
-                self.send_pieces(released, &logprobs);
-                false
+                self.send_pieces(released, &logprobs, ready);
+                (false, false)
             }
-            JobEvent::Generate(GenerateEvent::Metrics { .. }) => false,
+            JobEvent::Generate(GenerateEvent::Metrics { .. }) => (false, false),
             JobEvent::End(JobEnd::Finished(done)) => {
                 let rest = self.parser.finish();
-                self.send_pieces(rest, &[]);
-                let finish = self.reply.finish_chunk(&done, self.calls > 0);
-                self.ready.push_back(data(&finish));
-                if self.include_usage {
-                    self.ready.push_back(data(&self.reply.usage_chunk(&done)));
-                }
-                self.ready.push_back(Event::default().data("[DONE]"));
-                true
+                self.send_pieces(rest, &[], ready);
+                ready.push_back(data(&self.reply.finish_chunk(&done, self.calls > 0)));
+                self.finished = Some(done);
+                (true, false)
             }
             JobEvent::End(JobEnd::Failed { code, message, .. }) => {
                 let error = error_body(code, code.status(), &message, None);
-                self.ready.push_back(data(&error));
-                self.ready.push_back(Event::default().data("[DONE]"));
-                true
+                ready.push_back(data(&error));
+                (true, true)
             }
         }
     }
 }
 
-impl ChunkStream {
+impl ChoiceStream {
     /// Queues content, reasoning and tool-call chunks; the event's log-probabilities ride with
     /// its first content chunk (a call's and the reasoning's tokens have none in a stream).
-    fn send_pieces(&mut self, pieces: Vec<Piece>, logprobs: &[TokenLogprob]) {
+    fn send_pieces(
+        &mut self,
+        pieces: Vec<Piece>,
+        logprobs: &[TokenLogprob],
+        ready: &mut VecDeque<Event>,
+    ) {
         let mut logprobs = Some(logprobs);
         for piece in pieces {
             let chunk = match piece {
@@ -300,7 +385,7 @@ impl ChunkStream {
                     .reply
                     .arguments_chunk(self.calls.saturating_sub(1), &text),
             };
-            self.ready.push_back(data(&chunk));
+            ready.push_back(data(&chunk));
         }
     }
 }
@@ -314,16 +399,42 @@ impl Stream for ChunkStream {
     type Item = Result<Event, Infallible>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
         loop {
-            if let Some(event) = self.ready.pop_front() {
+            if let Some(event) = this.ready.pop_front() {
                 return Poll::Ready(Some(Ok(event)));
             }
-            if self.ended {
+            if this.closed {
                 return Poll::Ready(None);
             }
-            match std::task::ready!(Pin::new(&mut self.events).poll_next(cx)) {
-                Some(event) => self.ended = self.push(event),
-                None => self.ended = true,
+            if this.choices.iter().all(|c| c.ended) {
+                this.close();
+                continue;
+            }
+            // Each open choice in turn, from the one after the last that sent.
+            let count = this.choices.len();
+            let mut progressed = false;
+            for k in 0..count {
+                let i = (this.next + k) % count;
+                let choice = &mut this.choices[i];
+                if choice.ended {
+                    continue;
+                }
+                match Pin::new(&mut choice.events).poll_next(cx) {
+                    Poll::Ready(Some(event)) => {
+                        let (ended, failed) = choice.push(event, &mut this.ready);
+                        choice.ended = ended;
+                        this.failed |= failed;
+                    }
+                    Poll::Ready(None) => choice.ended = true,
+                    Poll::Pending => continue,
+                }
+                this.next = (i + 1) % count;
+                progressed = true;
+                break;
+            }
+            if !progressed {
+                return Poll::Pending;
             }
         }
     }

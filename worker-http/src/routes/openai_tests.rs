@@ -135,6 +135,94 @@ async fn a_completion_whole_and_streamed_carries_the_same_text_and_usage() {
 }
 
 #[tokio::test]
+async fn n_choices_are_jobs_of_their_own_whole_and_streamed() {
+    let shared = worker(counting(), 4);
+    let body = json!({"model": "x", "prompt": "abc", "max_tokens": 5, "temperature": 0, "n": 3});
+    let (status, whole) = send(&shared, "POST", "/v1/completions", Some(body.clone())).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let whole: Value = serde_json::from_str(&whole).unwrap();
+    let choices = whole["choices"].as_array().unwrap();
+    let indices: Vec<u64> = choices
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, [0, 1, 2]);
+    assert!(choices.iter().all(|c| c["text"] == "abcxy"), "{whole}");
+    // The prompt is counted once, the generated tokens of every choice.
+    let usage = json!({"prompt_tokens": 3, "completion_tokens": 15, "total_tokens": 18,
+        "prompt_tokens_details": {"cached_tokens": 0}});
+    assert_eq!(whole["usage"], usage);
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (status, stream) = send(&shared, "POST", "/v1/completions", Some(streamed)).await;
+    assert_eq!(status, StatusCode::OK);
+    let chunks = chunks(&stream);
+    assert_eq!(chunks.last().unwrap(), "[DONE]");
+    assert_eq!(chunks.iter().filter(|c| *c == "[DONE]").count(), 1);
+    for index in 0..3 {
+        let mine = |c: &&Value| c["choices"][0]["index"] == index;
+        let text: String = chunks
+            .iter()
+            .filter(mine)
+            .filter_map(|c| c["choices"][0]["text"].as_str())
+            .collect();
+        assert_eq!(text, "abcxy", "choice {index}: {stream}");
+        let finishes = chunks
+            .iter()
+            .filter(mine)
+            .filter(|c| !c["choices"][0]["finish_reason"].is_null());
+        assert_eq!(finishes.count(), 1, "choice {index}");
+    }
+    let usages: Vec<&Value> = chunks.iter().filter(|c| !c["usage"].is_null()).collect();
+    assert_eq!(usages.len(), 1);
+    assert_eq!(usages[0]["usage"], usage);
+    assert_eq!(&chunks[chunks.len() - 2], usages[0]);
+}
+
+#[tokio::test]
+async fn each_streamed_chat_choice_opens_with_its_role() {
+    let shared = chat_worker();
+    let body = json!({"messages": [{"role": "user", "content": "ab"}], "max_tokens": 3,
+        "temperature": 0, "n": 2, "stream": true});
+    let (status, stream) = send(&shared, "POST", "/v1/chat/completions", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{stream}");
+    let chunks = chunks(&stream);
+    let roles: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"]["role"] == "assistant")
+        .map(|c| &c["choices"][0]["index"])
+        .collect();
+    assert_eq!(roles, [&json!(0), &json!(1)], "{stream}");
+}
+
+#[test]
+fn a_seeded_requests_choices_take_the_seed_advanced_by_their_index() {
+    use crate::api::Limits;
+    use crate::api::openai::{Endpoint, OpenAiRequest};
+    let job = |body: Value| {
+        let body = body.to_string();
+        let limits = Limits { max_tokens_out: 64 };
+        OpenAiRequest::parse(
+            Endpoint::Completions,
+            Some("application/json"),
+            body.as_bytes(),
+            limits,
+        )
+        .unwrap()
+        .job
+    };
+    let seeded = job(json!({"prompt": "a", "seed": u64::MAX - 1, "n": 3}));
+    let seeds: Vec<Option<u64>> = (0..3)
+        .map(|i| super::openai::choice_job(&seeded, i).seed)
+        .collect();
+    assert_eq!(seeds, [Some(u64::MAX - 1), Some(u64::MAX), Some(0)]);
+    let unseeded = job(json!({"prompt": "a", "n": 3}));
+    assert_eq!(super::openai::choice_job(&unseeded, 2).seed, None);
+}
+
+#[tokio::test]
 async fn a_chat_renders_its_messages_with_the_template() {
     let shared = chat_worker();
     let body = json!({"messages": [{"role": "system", "content": "ab"}, {"role": "user", "content": "c"}],

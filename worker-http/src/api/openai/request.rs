@@ -31,7 +31,13 @@ pub struct OpenAiRequest {
     pub tokens_as_ids: bool,
     /// The tools a chat may call (none on completions, or with `tool_choice: none`).
     pub tools: Option<Tools>,
+    /// `n`: choices to generate, each a job of its own (1 to [`MAX_CHOICES`]).
+    pub choices: usize,
 }
+
+/// Most choices (`n`) a request may ask for: each is a sequence of its own, so a request of
+/// many would take a batch's worth of the worker's slots.
+pub const MAX_CHOICES: usize = 16;
 
 /// Roles a chat message may have (`developer` is OpenAI's newer name for `system`).
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -72,12 +78,7 @@ impl OpenAiRequest {
         let stream = fields.boolean("stream");
         let include_usage = stream_options(&mut fields);
         let tokens_as_ids = fields.boolean("return_tokens_as_token_ids");
-        if let Some(n) = fields.get("n")
-            && n.as_u64() != Some(1)
-        {
-            let message = "only n = 1 is supported: one choice per request".into();
-            fields.fail("n", "equals(1)", message, Some(n));
-        }
+        let choices = choice_count(&mut fields);
         refuse_unsupported(&mut fields, endpoint);
         if !fields.errors.is_empty() {
             return Err(fields.errors);
@@ -103,7 +104,25 @@ impl OpenAiRequest {
             include_usage: stream && include_usage,
             tokens_as_ids,
             tools,
+            choices,
         })
+    }
+}
+
+/// `n`: an integer from 1 to [`MAX_CHOICES`] (absent: 1).
+fn choice_count(fields: &mut Fields<'_>) -> usize {
+    let Some(n) = fields.get("n") else {
+        return 1;
+    };
+    match n.as_u64().and_then(|n| usize::try_from(n).ok()) {
+        Some(count @ 1..=MAX_CHOICES) => count,
+        _ => {
+            let message = format!(
+                "n must be an integer from 1 to {MAX_CHOICES}: each choice is a sequence of its own"
+            );
+            fields.fail("n", &format!("range(1, {MAX_CHOICES})"), message, Some(n));
+            1
+        }
     }
 }
 

@@ -28,15 +28,20 @@ fn tool_call(call: &ToolCall, index: Option<usize>) -> Value {
     value
 }
 
-/// `usage` of a finished job: prompt tokens after templating, generated tokens (an
-/// end-of-generation token not counted) and the prompt tokens the prefix cache served.
-pub fn usage(done: &Finished) -> Value {
-    let completion_tokens = done.tokens.len();
+/// `usage` of a request's finished jobs (one per choice, all of one prompt): the prompt's tokens
+/// after templating and those of them the prefix cache served, as the first choice's job saw
+/// them (OpenAI counts the prompt once); the tokens every choice generated (an
+/// end-of-generation token not counted).
+pub fn usage(dones: &[&Finished]) -> Value {
+    let (prompt_tokens, cached_tokens) = dones
+        .first()
+        .map_or((0, 0), |done| (done.prompt_tokens, done.cached_tokens));
+    let completion_tokens: usize = dones.iter().map(|done| done.tokens.len()).sum();
     json!({
-        "prompt_tokens": done.prompt_tokens,
+        "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
-        "total_tokens": done.prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     })
 }
 
@@ -55,6 +60,8 @@ pub struct Reply {
     pub logprobs: bool,
     /// Name tokens `token_id:<id>` in log-probability entries.
     pub tokens_as_ids: bool,
+    /// The choice this reply's chunks carry (`index`: 0 unless the request asked for `n`).
+    pub index: usize,
 }
 
 /// Log-probabilities of some of a reply's tokens, in the endpoint's shape.
@@ -158,7 +165,8 @@ impl Reply {
         finish: Option<&str>,
     ) -> Value {
         let logprobs = self.logprobs(logprobs);
-        let mut choice = json!({"index": 0, "logprobs": logprobs, "finish_reason": finish});
+        let mut choice =
+            json!({"index": self.index, "logprobs": logprobs, "finish_reason": finish});
         let text = text.unwrap_or_default();
         match (self.endpoint, chunk) {
             (Endpoint::Completions, _) => choice["text"] = json!(text),
@@ -171,10 +179,18 @@ impl Reply {
         choice
     }
 
-    /// The whole reply of a non-streamed request: its text, its reasoning (chat's
+    /// The whole reply of a non-streamed request around its `choices` ([`Reply::whole_choice`]
+    /// of each), with the usage of their jobs.
+    pub fn whole(&self, choices: Vec<Value>, dones: &[&Finished]) -> Value {
+        let mut reply = self.envelope(false, Value::Array(choices));
+        reply["usage"] = usage(dones);
+        reply
+    }
+
+    /// This reply's choice of a non-streamed request: its text, its reasoning (chat's
     /// `reasoning_content`, present only when there is some), the tool calls parsed out of it,
     /// the tokens' log-probabilities.
-    pub fn whole(
+    pub fn whole_choice(
         &self,
         text: &str,
         reasoning: &str,
@@ -195,17 +211,14 @@ impl Reply {
                 message["content"] = Value::Null;
             }
         }
-        let mut reply = self.envelope(false, json!([choice]));
-        reply["usage"] = usage(done);
-        reply
+        choice
     }
 
     /// A chat stream's first chunk, naming the role (OpenAI sends it before any text).
     pub fn role_chunk(&self) -> Option<Value> {
         (self.endpoint == Endpoint::Chat).then(|| {
             let delta = json!({"role": "assistant", "content": ""});
-            let choice =
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null});
+            let choice = json!({"index": self.index, "delta": delta, "logprobs": null, "finish_reason": null});
             self.envelope(true, json!([choice]))
         })
     }
@@ -235,7 +248,8 @@ impl Reply {
     }
 
     fn delta_chunk(&self, delta: Value) -> Value {
-        let choice = json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null});
+        let choice =
+            json!({"index": self.index, "delta": delta, "logprobs": null, "finish_reason": null});
         self.envelope(true, json!([choice]))
     }
 
@@ -246,9 +260,9 @@ impl Reply {
     }
 
     /// `stream_options.include_usage`'s last chunk: no choices, the usage.
-    pub fn usage_chunk(&self, done: &Finished) -> Value {
+    pub fn usage_chunk(&self, dones: &[&Finished]) -> Value {
         let mut chunk = self.envelope(true, json!([]));
-        chunk["usage"] = usage(done);
+        chunk["usage"] = usage(dones);
         chunk
     }
 }
@@ -276,6 +290,19 @@ mod tests {
         offset: 0,
     };
 
+    /// The whole reply of one choice.
+    fn whole_reply(
+        reply: &Reply,
+        text: &str,
+        reasoning: &str,
+        calls: &[ToolCall],
+        tokens: &[TokenLogprob],
+        done: &Finished,
+    ) -> Value {
+        let choice = reply.whole_choice(text, reasoning, calls, tokens, done);
+        reply.whole(vec![choice], &[done])
+    }
+
     fn reply(endpoint: Endpoint) -> Reply {
         Reply {
             endpoint,
@@ -284,12 +311,20 @@ mod tests {
             model: "m".into(),
             logprobs: false,
             tokens_as_ids: false,
+            index: 0,
         }
     }
 
     #[test]
     fn a_whole_chat_reply_has_the_message_usage_and_finish_reason() {
-        let whole = reply(Endpoint::Chat).whole("hi", "", &[], &[], &done(StopReason::MaxTokens));
+        let whole = whole_reply(
+            &reply(Endpoint::Chat),
+            "hi",
+            "",
+            &[],
+            &[],
+            &done(StopReason::MaxTokens),
+        );
         assert_eq!(whole["object"], "chat.completion");
         assert_eq!(whole["choices"][0]["message"]["content"], "hi");
         assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
@@ -301,7 +336,7 @@ mod tests {
     #[test]
     fn reasoning_is_its_own_field_only_when_there_is_some() {
         let chat = reply(Endpoint::Chat);
-        let whole = chat.whole("4", "2+2", &[], &[], &done(StopReason::Eos));
+        let whole = whole_reply(&chat, "4", "2+2", &[], &[], &done(StopReason::Eos));
         let message = &whole["choices"][0]["message"];
         assert_eq!(
             (
@@ -310,7 +345,7 @@ mod tests {
             ),
             (Some("4"), Some("2+2"))
         );
-        let plain = chat.whole("4", "", &[], &[], &done(StopReason::Eos));
+        let plain = whole_reply(&chat, "4", "", &[], &[], &done(StopReason::Eos));
         assert!(
             plain["choices"][0]["message"]
                 .get("reasoning_content")
@@ -340,7 +375,7 @@ mod tests {
         );
         let finish = chat.finish_chunk(&done(StopReason::StopSequence), false);
         assert_eq!(finish["choices"][0]["delta"], json!({}));
-        let usage = chat.usage_chunk(&done(StopReason::Eos));
+        let usage = chat.usage_chunk(&[&done(StopReason::Eos)]);
         assert_eq!(usage["choices"], json!([]));
         assert_eq!(usage["usage"]["completion_tokens"], 3);
     }
@@ -353,7 +388,8 @@ mod tests {
             arguments: "{}".into(),
         };
         let chat = reply(Endpoint::Chat);
-        let whole = chat.whole(
+        let whole = whole_reply(
+            &chat,
             "",
             "",
             std::slice::from_ref(&call),

@@ -205,7 +205,9 @@ fn sampling_stop_seed_and_streaming_fields() {
         refusals(chat(json!({"temperature": 3}))),
         [pair("temperature", "range(0.0..=2.0)")]
     );
-    assert_eq!(refusals(chat(json!({"n": 2}))), [pair("n", "equals(1)")]);
+    for n in [json!(0), json!(17), json!("2"), json!(1.5)] {
+        assert_eq!(refusals(chat(json!({"n": n}))), [pair("n", "range(1, 16)")]);
+    }
     assert_eq!(
         refusals(chat(json!({"model": 5}))),
         [pair("model", "type(string)")]
