@@ -437,9 +437,32 @@ async fn what_is_not_served_is_refused_in_openais_shape() {
     assert_eq!(error["param"], "include");
     let error = refused(&shared, json!({"model": "m"})).await;
     assert_eq!(error["param"], "input");
-    let long = question(json!({"input": "a".repeat(300)}));
-    let error = refused(&shared, long).await;
-    assert_eq!(error["code"], "context_length_exceeded", "{error}");
+}
+
+/// A prompt over the context is refused with OpenAI's code, naming the Responses API's fields
+/// (`input`, `max_output_tokens`), not chat's (`messages`, `max_tokens`): the real worker
+/// showed the chat route's wording here (tests/openai/responses_check.py).
+#[tokio::test]
+async fn a_prompt_over_the_context_names_input_and_max_output_tokens() {
+    let (shared, _) = worker("Sunny.");
+    for budget in [json!({}), json!({"max_output_tokens": 8})] {
+        let mut long = question(json!({"input": "a".repeat(300)}));
+        long.as_object_mut()
+            .unwrap()
+            .extend(budget.as_object().unwrap().clone());
+        let error = refused(&shared, long).await;
+        assert_eq!(
+            (&error["code"], &error["param"]),
+            (&json!("context_length_exceeded"), &json!("input")),
+            "{error}"
+        );
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("input: This model's maximum context length is")
+                && message.ends_with("lower max_output_tokens."),
+            "{message}"
+        );
+    }
 }
 
 #[tokio::test]
