@@ -11,9 +11,9 @@ answered by its `function_call_output` both by resending the items and through
 `previous_response_id`, `responses.stream` (the same text as a whole greedy run, every event in
 order, a function call's arguments streamed), and errors (a prompt over the context, an unknown
 `previous_response_id`). Every response and every stream event is validated against the SDK's own
-types (pydantic, not the SDK's lenient construction). Asserts on structure, never on the model's
-wording, except that a stream and a whole run at T = 0 say the same. Exits non-zero, naming the
-failed check, on the first failure.
+types (pydantic in strict mode, not the SDK's lenient construction). Asserts on structure, never
+on the model's wording, except that a stream and a whole run at T = 0 say the same. Exits
+non-zero, naming the failed check, on the first failure.
 """
 
 import json
@@ -63,7 +63,7 @@ def check(condition, what):
 def create(client, **request):
     """`responses.create`, its raw JSON validated as a `Response`."""
     raw = client.responses.with_raw_response.create(**request)
-    Response.model_validate(raw.http_response.json())
+    Response.model_validate(raw.http_response.json(), strict=True)
     return raw.parse()
 
 
@@ -74,14 +74,20 @@ def streamed(client, **request):
     events = []
     with client.responses.stream(**request) as stream:
         for event in stream:
-            events.append(EVENTS.validate_python(event.to_dict(warnings=False)))
+            events.append(EVENTS.validate_python(event.to_dict(warnings=False), strict=True))
         # The helper keeps only a `response.completed` event's response as the final one.
         if events and events[-1].type == "response.incomplete":
             stream.until_done()
             final = events[-1].response
         else:
             final = stream.get_final_response()
-    Response.model_validate(final.to_dict(warnings=False))
+    Response.model_validate(final.to_dict(warnings=False), strict=True)
+    # (The helper turns the last event's items into parsed ones, `parsed: None` added.)
+    done = [event.item.to_dict(exclude_none=True, warnings=False) for event in events
+            if event.type == "response.output_item.done"]
+    last = events[-1].response.output
+    check(done == [item.to_dict(exclude_none=True, warnings=False) for item in last],
+          f"the {len(done)} items output_item.done sent are the last event's response's")
     check([event.sequence_number for event in events] == list(range(len(events))),
           f"the stream's {len(events)} events are numbered from 0")
     check_order(events)
@@ -190,7 +196,7 @@ def check_structured(client, model):
     request = dict(model=model, input="Give the capital of France, its country and its population as JSON.",
                    max_output_tokens=80, **GREEDY)
     raw = client.responses.with_raw_response.parse(text_format=Capital, **request)
-    Response.model_validate(raw.http_response.json())
+    Response.model_validate(raw.http_response.json(), strict=True)
     parsed = raw.parse()
     check(parsed.status == "completed" and isinstance(parsed.output_parsed, Capital),
           f"responses.parse with a pydantic text_format: {parsed.output_parsed!r}")
