@@ -181,20 +181,22 @@ def check_text(client, model):
                  max_output_tokens=5, **GREEDY)
     check(cut.status == "incomplete" and cut.incomplete_details is not None
           and cut.incomplete_details.reason == "max_output_tokens"
-          and cut.usage.output_tokens == 5,
-          f"max_output_tokens cuts the reply: {cut.output_text!r} ({cut.status}, "
-          f"{cut.incomplete_details})")
+          and cut.usage.output_tokens == 5
+          and [item.status for item in cut.output] == ["incomplete"],
+          f"max_output_tokens cuts the reply, its item incomplete: {cut.output_text!r} "
+          f"({cut.status}, {cut.incomplete_details})")
     final, events = streamed(client, model=model, input="Count from 1 to 50, separated by commas.",
                              max_output_tokens=5, **GREEDY)
     check(events[-1].type == "response.incomplete" and final.status == "incomplete"
           and final.incomplete_details.reason == "max_output_tokens"
-          and text_of(final) == cut.output_text,
+          and text_of(final) == cut.output_text
+          and [item.status for item in final.output] == ["incomplete"],
           "a stream cut by max_output_tokens ends with response.incomplete")
 
 
 def check_structured(client, model):
-    request = dict(model=model, input="Give the capital of France, its country and its population as JSON.",
-                   max_output_tokens=80, **GREEDY)
+    request = dict(model=model, max_output_tokens=80, **GREEDY,
+                   input="Give the capital of France, its country and its population as JSON.")
     raw = client.responses.with_raw_response.parse(text_format=Capital, **request)
     Response.model_validate(raw.http_response.json(), strict=True)
     parsed = raw.parse()
