@@ -2,7 +2,8 @@
 //! `scripts/requirements-sdk.txt`, installed by `scripts/fetch-assets.sh python`) drives the
 //! real worker on Qwen2.5-Coder-0.5B through `tests/openai/sdk_check.py`: chat and completions,
 //! streamed and whole, usage, seeds, errors, and equality with `/execute`. Anthropic's SDK
-//! drives `/v1/messages` the same way (`tests/openai/messages_check.py`).
+//! drives `/v1/messages` the same way (`tests/openai/messages_check.py`), and the `openai` SDK
+//! OpenAI's `/v1/responses` (`tests/openai/responses_check.py`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -89,6 +90,23 @@ fn the_official_anthropic_sdk_drives_the_messages_api() {
         &["--threads", "2", "--ctx-size", "2048", "--api-key", KEY],
     );
     let stdout = run_python("messages_check.py", &worker, &[KEY]);
+    assert!(stdout.contains("every check passed"), "{stdout}");
+}
+
+/// OpenAI's Responses API as its users reach it: the official `openai` SDK drives
+/// Qwen2.5-Coder-1.5B through `tests/openai/responses_check.py`: `responses.create` (instructions,
+/// usage, a `max_output_tokens` cut), `responses.parse` with a pydantic `text_format`, a forced
+/// function call answered by resending the items and through `previous_response_id`,
+/// `responses.stream` (text and a call's arguments), errors; every response and event validated
+/// against the SDK's types.
+#[test]
+fn the_official_openai_sdk_drives_the_responses_api() {
+    let _serial = serial();
+    let worker = Worker::ready(
+        &Model::Qwen15.path(),
+        &["--threads", "2", "--ctx-size", "2048"],
+    );
+    let stdout = run_python("responses_check.py", &worker, &[]);
     assert!(stdout.contains("every check passed"), "{stdout}");
 }
 

@@ -112,6 +112,21 @@ impl ContextOverflow {
     }
 }
 
+/// A prompt over the context in OpenAI's wording ("maximum context length", which clients match
+/// on), naming the request's `budget` field.
+fn overflow_message(overflow: &ContextOverflow, budget: &str) -> String {
+    let ContextOverflow {
+        prompt_tokens,
+        max_tokens,
+        context,
+    } = *overflow;
+    format!(
+        "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion): the prompt has room for {}. Please shorten the prompt or lower {budget}.",
+        prompt_tokens + max_tokens,
+        overflow.room()
+    )
+}
+
 /// A non-stream error response: `{"errors":[…], "error":{code, message, correlation_id}}`.
 #[derive(Debug)]
 pub struct ApiError {
@@ -168,21 +183,32 @@ impl ApiError {
     /// constraint `context_length(<room>)`, in OpenAI's wording ("maximum context length"),
     /// which clients match on; the numbers stay in the error for the other APIs' wordings.
     pub fn context_overflow(field: &str, overflow: ContextOverflow, correlation_id: &str) -> Self {
-        let ContextOverflow {
-            prompt_tokens,
-            max_tokens,
-            context,
-        } = overflow;
-        let room = overflow.room();
-        let message = format!(
-            "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion): the prompt has room for {room}. Please shorten the prompt or lower max_tokens.",
-            prompt_tokens + max_tokens
-        );
-        let constraint = format!("context_length({room})");
+        let message = overflow_message(&overflow, "max_tokens");
+        let constraint = format!("context_length({})", overflow.room());
         Self {
             overflow: Some(overflow),
             ..Self::invalid_field(field, &constraint, message, correlation_id)
         }
+    }
+
+    /// The same error for a request whose prompt came in `field` and its budget in `budget`
+    /// (the Responses API's `input` and `max_output_tokens`): a submitted job's errors name a
+    /// chat prompt's fields, `messages` and `max_tokens`.
+    pub fn prompt_in(mut self, field: &str, budget: &str) -> Self {
+        let mut renamed = false;
+        for error in &mut self.errors {
+            if error.field == "messages" {
+                error.field = field.into();
+                if let Some(overflow) = &self.overflow {
+                    error.message = overflow_message(overflow, budget);
+                }
+                renamed = true;
+            }
+        }
+        if let ([one], true) = (self.errors.as_slice(), renamed) {
+            self.message = format!("{}: {}", one.field, one.message);
+        }
+        self
     }
 
     /// A body over the size limit (413, in the same shape).

@@ -53,7 +53,11 @@ pub async fn responses(
         correlation_id: correlation_id.clone(),
         connection: connection.map(|Extension(connection)| connection),
     };
-    let accepted = submit(&shared, origin, request.job).await?;
+    // The prompt's errors (over the context, a template that fails) name the Responses API's
+    // fields, not chat's.
+    let accepted = submit(&shared, origin, request.job)
+        .await
+        .map_err(|err| err.prompt_in("input", "max_output_tokens"))?;
     let head = ResponseHead {
         id: id.clone(),
         created_at: unix_now(),

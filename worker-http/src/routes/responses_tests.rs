@@ -437,9 +437,87 @@ async fn what_is_not_served_is_refused_in_openais_shape() {
     assert_eq!(error["param"], "include");
     let error = refused(&shared, json!({"model": "m"})).await;
     assert_eq!(error["param"], "input");
-    let long = question(json!({"input": "a".repeat(300)}));
-    let error = refused(&shared, long).await;
-    assert_eq!(error["code"], "context_length_exceeded", "{error}");
+}
+
+/// The item `max_output_tokens` cut is `incomplete`, as OpenAI marks it, in the whole response,
+/// in the stream's `output_item.done` and its `response.incomplete`; an item before it stays
+/// `completed`. The real worker showed every item `completed` in an incomplete response
+/// (tests/openai/responses_check.py). A conversation holding the cut item goes on.
+#[tokio::test]
+async fn the_item_a_cut_ends_is_incomplete() {
+    let (shared, _) = worker("Sunny.");
+    let cut = respond(&shared, question(json!({"max_output_tokens": 3}))).await;
+    assert_eq!(
+        (&cut["status"], &cut["output"][0]["status"]),
+        (&json!("incomplete"), &json!("incomplete")),
+        "{cut}"
+    );
+    let whole = respond(&shared, question(json!({}))).await;
+    assert_eq!(whole["output"][0]["status"], "completed", "{whole}");
+
+    // A message, then a call cut in its arguments (at 70 of CALL's characters, one token
+    // each). Whole, the call not had whole comes back as the message's text (the parser's
+    // rule); streamed, the call's item was open when the cut came.
+    let (shared, _) = worker(CALL);
+    let cut_call = question(json!({"tools": [weather_tool()], "max_output_tokens": 70}));
+    let statuses = |items: Vec<&Value>| -> Vec<(Value, Value)> {
+        let status = |item: &Value| (item["type"].clone(), item["status"].clone());
+        items.into_iter().map(status).collect()
+    };
+    let whole = respond(&shared, cut_call.clone()).await;
+    let output = whole["output"].as_array().unwrap();
+    assert_eq!(
+        statuses(output.iter().collect()),
+        [(json!("message"), json!("incomplete"))],
+        "{whole}"
+    );
+    let mut streamed = cut_call;
+    streamed["stream"] = json!(true);
+    let (status, body) = post(&shared, streamed).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let events = events(&body);
+    let done = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_item.done")
+        .map(|(_, data)| &data["item"]);
+    let expected = [
+        (json!("message"), json!("completed")),
+        (json!("function_call"), json!("incomplete")),
+    ];
+    assert_eq!(statuses(done.collect()), expected, "{body}");
+    let (name, last) = events.last().unwrap();
+    assert_eq!(name, "response.incomplete");
+    let output = last["response"]["output"].as_array().unwrap();
+    assert_eq!(statuses(output.iter().collect()), expected, "{body}");
+
+    let followup = question(json!({"previous_response_id": whole["id"], "input": "ok"}));
+    respond(&shared, followup).await;
+}
+
+/// A prompt over the context is refused with OpenAI's code, naming the Responses API's fields
+/// (`input`, `max_output_tokens`), not chat's (`messages`, `max_tokens`): the real worker
+/// showed the chat route's wording here (tests/openai/responses_check.py).
+#[tokio::test]
+async fn a_prompt_over_the_context_names_input_and_max_output_tokens() {
+    let (shared, _) = worker("Sunny.");
+    for budget in [json!({}), json!({"max_output_tokens": 8})] {
+        let mut long = question(json!({"input": "a".repeat(300)}));
+        long.as_object_mut()
+            .unwrap()
+            .extend(budget.as_object().unwrap().clone());
+        let error = refused(&shared, long).await;
+        assert_eq!(
+            (&error["code"], &error["param"]),
+            (&json!("context_length_exceeded"), &json!("input")),
+            "{error}"
+        );
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("input: This model's maximum context length is")
+                && message.ends_with("lower max_output_tokens."),
+            "{message}"
+        );
+    }
 }
 
 #[tokio::test]

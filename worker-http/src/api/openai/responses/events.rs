@@ -68,7 +68,7 @@ impl ResponseEvents {
         for piece in pieces {
             events.piece(piece);
         }
-        events.close();
+        events.close_as(item_status(done));
         let object = events.end_object(done);
         (object, events.output)
     }
@@ -99,7 +99,7 @@ impl ResponseEvents {
     /// The reply ended: the open item's end, then `response.completed` (or
     /// `response.incomplete` when `max_output_tokens` cut it) with the whole response.
     pub fn finish(&mut self, done: &Finished) -> Vec<NamedEvent> {
-        let mut events = self.close();
+        let mut events = self.close_as(item_status(done));
         let object = self.end_object(done);
         let name = match Status::of(done) {
             Status::Incomplete => "response.incomplete",
@@ -208,9 +208,14 @@ impl ResponseEvents {
         events.push(self.event("response.function_call_arguments.delta", data));
     }
 
-    /// Closes the open item, if any: its text's and part's `done` events and
-    /// `response.output_item.done`; the item joins the output.
+    /// Closes the open item, if any, as completed: another item follows it.
     fn close(&mut self) -> Vec<NamedEvent> {
+        self.close_as("completed")
+    }
+
+    /// Closes the open item, if any, with `status`: its text's and part's `done` events and
+    /// `response.output_item.done`; the item joins the output.
+    fn close_as(&mut self, status: &str) -> Vec<NamedEvent> {
         let Some(Open {
             kind,
             id,
@@ -233,26 +238,36 @@ impl ResponseEvents {
                 events.push(self.event("response.output_text.done", done));
                 let part = with(at, "part", text_part(&text));
                 events.push(self.event("response.content_part.done", part));
-                message_item(&id, Some(&text), "completed")
+                message_item(&id, Some(&text), status)
             }
             Kind::Reasoning => {
                 let done = with(at.clone(), "text", json!(text));
                 events.push(self.event("response.reasoning_text.done", done));
                 let part = with(at, "part", reasoning_part(&text));
                 events.push(self.event("response.content_part.done", part));
-                reasoning_item(&id, Some(&text), "completed")
+                reasoning_item(&id, Some(&text), status)
             }
             Kind::Call(call) => {
                 let done = json!({"item_id": id, "output_index": index, "name": call.name,
                     "arguments": text});
                 events.push(self.event("response.function_call_arguments.done", done));
-                call_item(&call, &text, "completed")
+                call_item(&call, &text, status)
             }
         };
         let done = json!({"output_index": index, "item": item});
         events.push(self.event("response.output_item.done", done));
         self.output.push(item);
         events
+    }
+}
+
+/// The status of the item open when the reply ended: `incomplete` when `max_output_tokens` (or
+/// the context) cut it, as OpenAI marks the item it cut; `completed` otherwise. Items closed
+/// before (another followed them, or a call the parser had whole) are completed.
+fn item_status(done: &Finished) -> &'static str {
+    match Status::of(done) {
+        Status::Incomplete => Status::Incomplete.as_str(),
+        _ => Status::Completed.as_str(),
     }
 }
 
