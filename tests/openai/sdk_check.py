@@ -4,7 +4,7 @@ Run by tests/tests/http_openai.rs against a real worker on a real model:
 
     PYTHONPATH=$ASSETS/python/sdk python3 tests/openai/sdk_check.py http://127.0.0.1:PORT
 
-Checks streaming and whole chat and completions, `usage`, seeds, errors, and that
+Checks streaming and whole chat and completions, `usage`, seeds, `n` choices, errors, and that
 /v1/completions samples exactly what /execute does for the same raw prompt and seed. Exits
 non-zero, naming the failed check, on the first failure.
 """
@@ -151,6 +151,25 @@ def completions(client, base, model):
     check(executed == first, f"/execute raw with the same seed samples the same text {executed!r}")
     check(end["type"] == "end", "the /execute job ended normally")
 
+    # n choices: choice i takes seed + i, so choice 0 is the seeded text above and choice 1
+    # the text of seed 1235; a stream carries the same choices by index.
+    both = client.completions.create(**sampled, n=2)
+    indices = [c.index for c in both.choices]
+    check(indices == [0, 1], f"n = 2 gives choices 0 and 1: {indices}")
+    check(both.choices[0].text == first, "choice 0 of n = 2 is the seed's own text")
+    single = client.completions.create(**sampled).usage
+    alone = client.completions.create(**{**sampled, "seed": 1235})
+    check(both.choices[1].text == alone.choices[0].text, "choice 1 of n = 2 is the text of seed + 1")
+    check(both.usage.prompt_tokens == single.prompt_tokens and both.usage.completion_tokens
+          == single.completion_tokens + alone.usage.completion_tokens,
+          f"usage counts the prompt once and both choices' tokens: {both.usage}")
+    texts = {}
+    for chunk in client.completions.create(**sampled, n=2, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    check(texts == {0: both.choices[0].text, 1: both.choices[1].text},
+          f"a stream of n = 2 carries each choice by index: {texts}")
+
 
 def logprobs(client, base, model):
     question = [{"role": "user", "content": "Count from one to five."}]
@@ -188,14 +207,14 @@ def logprobs(client, base, model):
 def errors(client, model):
     try:
         client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "hi"}], n=2
+            model=model, messages=[{"role": "user", "content": "hi"}], n=17
         )
     except openai.BadRequestError as err:
         body = err.body or {}
         check(body.get("param") == "n" and body.get("code") == "invalid_request",
-              f"n = 2 is a 400 naming the field: {body}")
+              f"n = 17 is a 400 naming the field: {body}")
     else:
-        check(False, "n = 2 was accepted")
+        check(False, "n = 17 was accepted")
     try:
         client.chat.completions.create(model=model, messages=[])
     except openai.BadRequestError as err:
