@@ -375,7 +375,7 @@ __device__ void attention_rows(const float* q, const u16* k_cache, const u16* v_
 
 #define ATTENTION_KERNEL(NAME, SIZE)                                                               \
     extern "C" __global__ void __launch_bounds__(SIZE::THREADS) NAME(                              \
-        const AttentionParams p) {                                                                 \
+        const __grid_constant__ AttentionParams p) {                                               \
         attention_rows<SIZE>(p.q, p.k_cache, p.v_cache, p.rows.pos, p.rows.tables, p.rows.pages,   \
                              p.out, p.n_head, p.n_head_kv, p.dk, p.dv, p.scale, p.window, p.sinks, \
                              p.n);                                                                 \
@@ -405,7 +405,7 @@ __device__ __forceinline__ int pow2_at_least(int n) { return n <= 1 ? 1 : 1 << (
 // leaves the block writes the result itself. The grid is sized for the longest row of the pass
 // (positions are only known on the device); blocks without leaves return at once.
 extern "C" __global__ void __launch_bounds__(ATT_CHUNK)
-attention_split(const AttentionParams args) {
+attention_split(const __grid_constant__ AttentionParams args) {
     const float* q = args.q;
     const u16 *k_cache = args.k_cache, *v_cache = args.v_cache;
     const int *pos_of = args.rows.pos, *tables = args.rows.tables, *all_pages = args.rows.pages;

@@ -8,7 +8,7 @@
 
 // One thread per row: the `used` highest of `count` logits (bias included; the lower index
 // first among equals), best first, weighted by the softmax of the chosen logits.
-extern "C" __global__ void moe_route(const MoeRouteParams p) {
+extern "C" __global__ void moe_route(const __grid_constant__ MoeRouteParams p) {
     int t = blockIdx.x * blockDim.x + threadIdx.x, count = p.count, used = p.used;
     if (t >= p.n) return;
     const float* row = p.logits + (long long)t * count;
@@ -47,7 +47,7 @@ __device__ __forceinline__ float swiglu_oai(float gate, float up, float alpha, f
 // expert, in pair order (counted by ballots, so the grouping is the same on every run);
 // `active` lists the experts with pairs, in order, then -1 up to min(count, pairs) entries.
 extern "C" __global__ void __launch_bounds__(1024)
-moe_group(const MoeGroupParams args) {
+moe_group(const __grid_constant__ MoeGroupParams args) {
     extern __shared__ int moe_counts[];
     const int* ids = args.ids;
     int pairs = args.pairs, count = args.count;
@@ -89,7 +89,7 @@ moe_group(const MoeGroupParams args) {
 }
 
 // sorted[k] = quantized input row order[k] / used (each pair's token's row), one block per k.
-extern "C" __global__ void moe_gather(const MoeGatherParams p) {
+extern "C" __global__ void moe_gather(const __grid_constant__ MoeGatherParams p) {
     int k = blockIdx.x, bytes = p.bytes;
     const int4* src = (const int4*)(p.rows + (long long)(p.order[k] / p.used) * bytes);
     int4* dst = (int4*)(p.sorted + (long long)k * bytes);
@@ -119,7 +119,7 @@ __device__ __forceinline__ void prefetch_rows(const Rows<R>& w, long long bytes,
 // weight chunk loaded once for up to MOE_TOKENS positions, a position's sums the same whatever
 // the others are.
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
-moe_gate_up(const MoeGateUpParams p) {
+moe_gate_up(const __grid_constant__ MoeGateUpParams p) {
     long long row_bytes = p.row_bytes;
     int rows = p.rows, cols = p.cols;
     int e = p.active[blockIdx.y], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -151,7 +151,7 @@ moe_gate_up(const MoeGateUpParams p) {
 // expert e = active[blockIdx.y], the activations quantized in expert order at `sorted`; one warp per
 // row r, as moe_gate_up.
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
-moe_down(const MoeDownParams args) {
+moe_down(const __grid_constant__ MoeDownParams args) {
     long long row_bytes = args.row_bytes;
     int rows = args.rows, cols = args.cols;
     int e = args.active[blockIdx.y], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -179,7 +179,7 @@ moe_down(const MoeDownParams args) {
 // grouping): the sums are those of moe_gate_up and moe_down (warp_row_totals, qgemv.cu's order),
 // so a row's results do not depend on which kernel ran; with one token per expert the batched accumulators only cost registers.
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
-moe_pair_gate_up(const MoeGateUpParams args) {
+moe_pair_gate_up(const __grid_constant__ MoeGateUpParams args) {
     int p = blockIdx.y, e = args.ids[p], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp, rows = args.rows;
     if (r >= rows) return;
@@ -195,7 +195,7 @@ moe_pair_gate_up(const MoeGateUpParams args) {
 }
 
 extern "C" __global__ void __launch_bounds__(QG_WARPS * 32)
-moe_pair_down(const MoeDownParams args) {
+moe_pair_down(const __grid_constant__ MoeDownParams args) {
     int p = blockIdx.y, e = args.ids[p], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp, rows = args.rows;
     if (r >= rows) return;
@@ -209,7 +209,7 @@ moe_pair_down(const MoeDownParams args) {
 }
 
 // x[t][i] += Σ_slot out[t · used + slot][i], the slots added best first.
-extern "C" __global__ void moe_sum(const MoeSumParams p) {
+extern "C" __global__ void moe_sum(const __grid_constant__ MoeSumParams p) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, width = p.width;
     if (i >= (long long)p.n * width) return;
     long long t = i / width, c = i - t * width;

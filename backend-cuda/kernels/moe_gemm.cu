@@ -87,7 +87,7 @@ __device__ void moe_gemm_down_tile(QmTiles<S>& sh, const QmBlock& b, const float
 
 // moe_gate_up's launch (the same arguments) on tensor cores: grid.x over tiles of BM / 2 slots.
 extern "C" __global__ void __launch_bounds__(MoeShape::THREADS, MoeShape::BLOCKS)
-moe_gemm_gate_up(const MoeGateUpParams p) {
+moe_gemm_gate_up(const __grid_constant__ MoeGateUpParams p) {
     __shared__ __align__(16) QmTiles<MoeShape> sh;
     int e = p.active[blockIdx.y];
     if (e < 0) return;
@@ -101,7 +101,7 @@ moe_gemm_gate_up(const MoeGateUpParams p) {
 
 // moe_down's launch (the same arguments) on tensor cores: grid.x over tiles of BM rows.
 extern "C" __global__ void __launch_bounds__(MoeShape::THREADS, MoeShape::BLOCKS)
-moe_gemm_down(const MoeDownParams p) {
+moe_gemm_down(const __grid_constant__ MoeDownParams p) {
     __shared__ __align__(16) QmTiles<MoeShape> sh;
     int e = p.active[blockIdx.y];
     if (e < 0) return;

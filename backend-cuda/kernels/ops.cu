@@ -4,7 +4,7 @@
 
 // out = x / rms(x) * w per row of `width` (one block of 256 threads per row; in place allowed).
 extern "C" __global__ void __launch_bounds__(256)
-rms_norm(const RmsNormParams p) {
+rms_norm(const __grid_constant__ RmsNormParams p) {
     __shared__ double partial[8];
     int width = p.width;
     const float* row = p.x + (long long)blockIdx.x * width;
@@ -35,7 +35,7 @@ rms_norm(const RmsNormParams p) {
 // ramp when yarn_high ≥ 0 (rope_angle), and its cosine and sine scaled by attn_factor. `neox`
 // pairs (i, i + dims/2), otherwise (2i, 2i + 1).
 extern "C" __global__ void __launch_bounds__(256)
-rope_store(const RopeStoreParams args) {
+rope_store(const __grid_constant__ RopeStoreParams args) {
     const QRope& r = args.rope;
     int t = blockIdx.x, p = r.rows.pos[t], half_dims = r.dims / 2, head_dim = r.head_dim;
     int n_head = args.n_head, k_width = args.n_head_kv * head_dim, v_width = args.v_width;
@@ -61,14 +61,14 @@ rope_store(const RopeStoreParams args) {
 }
 
 // x[i] += y[i % width], i < total: a bias on every row.
-extern "C" __global__ void add_bias(const ElementwiseParams p) {
+extern "C" __global__ void add_bias(const __grid_constant__ ElementwiseParams p) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.total;
          i += (long long)gridDim.x * blockDim.x)
         p.x[i] += p.y[i % p.width];
 }
 
 // x[i] += y[i].
-extern "C" __global__ void add(const ElementwiseParams p) {
+extern "C" __global__ void add(const __grid_constant__ ElementwiseParams p) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.total;
          i += (long long)gridDim.x * blockDim.x)
         p.x[i] += p.y[i];
@@ -76,7 +76,7 @@ extern "C" __global__ void add(const ElementwiseParams p) {
 
 // out[t][j] = act(gate[t][j]) * up[t][j] for j < width, rows `stride` floats apart in the inputs
 // (2·width for a fused [gate | up] row), `width` apart in out.
-extern "C" __global__ void gated(const GatedParams p) {
+extern "C" __global__ void gated(const __grid_constant__ GatedParams p) {
     long long total = (long long)p.rows * p.width, stride = p.stride;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
@@ -88,7 +88,7 @@ extern "C" __global__ void gated(const GatedParams p) {
 }
 
 // dst[t][j] = src[t][offset + j], j < width: one part of a fused projection's rows.
-extern "C" __global__ void copy_cols(const CopyParams p) {
+extern "C" __global__ void copy_cols(const __grid_constant__ CopyParams p) {
     long long total = (long long)p.rows * p.width;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
@@ -99,7 +99,7 @@ extern "C" __global__ void copy_cols(const CopyParams p) {
 
 // dst[i] = src[ids[i]], rows of `width` floats, i < rows: the rows a pass's head multiplies
 // (the last of each chunk that wants logits).
-extern "C" __global__ void gather_rows(const CopyParams p) {
+extern "C" __global__ void gather_rows(const __grid_constant__ CopyParams p) {
     long long total = (long long)p.rows * p.width;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
@@ -109,7 +109,7 @@ extern "C" __global__ void gather_rows(const CopyParams p) {
 }
 
 // x = cap · tanh(x / cap).
-extern "C" __global__ void softcap(const ElementwiseParams p) {
+extern "C" __global__ void softcap(const __grid_constant__ ElementwiseParams p) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.total;
          i += (long long)gridDim.x * blockDim.x)
         p.x[i] = tanhf(p.x[i] / p.cap) * p.cap;
@@ -156,7 +156,7 @@ __device__ void block_best(float* value, int* index) {
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-argmax_logits(const ArgmaxParams p) {
+argmax_logits(const __grid_constant__ ArgmaxParams p) {
     __shared__ bool s_last;
     int n = p.n, allowed_words = p.allowed_words;
     const float* logits = p.logits + (long long)blockIdx.y * n;

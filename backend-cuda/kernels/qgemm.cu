@@ -505,10 +505,8 @@ __device__ __forceinline__ void qgemm_one(const QMatrix& m0, const QMatrix& m1,
 // matrices and rotation, as the one-row kernels take them).
 #define QGEMM_KERNEL(NAME, SHAPE, CALL)                                                            \
     extern "C" __global__ void __launch_bounds__(SHAPE::THREADS, SHAPE::BLOCKS) NAME(              \
-        const QgemmParams p) {                                                                     \
-        QMatrix m0 = p.m0, m1 = p.m1, m2 = p.m2;                                                   \
-        QRope rope = p.rope;                                                                       \
-        CALL(m0, m1, m2, rope, p.cols, p.n, p.pre, p.mode, p.partial, p.counters);                 \
+        const __grid_constant__ QgemmParams p) {                                                   \
+        CALL(p.m0, p.m1, p.m2, p.rope, p.cols, p.n, p.pre, p.mode, p.partial, p.counters);         \
     }
 
 // For each tile shape: any mix of formats (`qgemm_<shape>`; a Q4_K_M model's Q·K·V: Q4_K, Q4_K,

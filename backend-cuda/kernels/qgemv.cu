@@ -112,7 +112,7 @@ __device__ QInput quantize_input(const float* row, const float* norm, float eps,
 // qinput_bytes(cols), once for every block of the launches that read it: a wide input (the
 // FFN down projection's) or one read by thousands of blocks (the output head's) would cost
 // more quantized in each block. The row's chunks are spread over grid.x blocks, one per warp.
-extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) quantize_rows(const QuantizeParams p) {
+extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) quantize_rows(const __grid_constant__ QuantizeParams p) {
     int warps = blockDim.x >> 5;
     quantize_input(p.x + (long long)blockIdx.y * p.cols, p.norm, p.eps, p.cols,
                    p.out + (long long)blockIdx.y * qinput_bytes(p.cols), blockIdx.x * warps,
@@ -826,10 +826,9 @@ __device__ void qgemv(const QMatrix& m0, const QMatrix& m1, const QMatrix& m2, c
 
 #define QGEMV_KERNEL(R, T, P, S)                                                                   \
     extern "C" __global__ void __launch_bounds__(QG_WARPS * 32) qgemv_r##R##_t##T##_p##P##_s##S(   \
-        const QgemvParams p) {                                                                     \
-        QMatrix m0 = p.m0, m1 = p.m1, m2 = p.m2;                                                   \
-        QRope rope = p.rope;                                                                       \
-        qgemv<R, T, P, S>(m0, m1, m2, rope, p.cols, p.n, p.x, p.pre, p.norm, p.eps, p.mode);        \
+        const __grid_constant__ QgemvParams p) {                                                   \
+        qgemv<R, T, P, S>(p.m0, p.m1, p.m2, p.rope, p.cols, p.n, p.x, p.pre, p.norm, p.eps,        \
+                          p.mode);                                                                 \
     }
 
 QGEMV_KERNEL(1, 1, 1, 1)

@@ -249,16 +249,16 @@ __device__ void gemv_gated(const u8* gate, const u8* up, int rows, int cols, lon
 }
 
 #define WEIGHT_KERNELS(T, name)                                                                 \
-    extern "C" __global__ void dequant_##name(const DequantParams p) {                          \
+    extern "C" __global__ void dequant_##name(const __grid_constant__ DequantParams p) {                          \
         dequant<T>(p.w, p.rows, p.cols, p.row_bytes, p.ids, p.scale, p.out);                    \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_##name(                  \
-        const GemvParams p) {                                                                   \
+        const __grid_constant__ GemvParams p) {                                                 \
         gemv<T>(p.w0, p.w1, p.w2, p.rows0, p.rows1, p.rows2, p.cols, p.row_bytes, p.block_elems, \
                 p.parts, p.x, p.norm, p.eps, p.b0, p.b1, p.b2, p.y0, p.y1, p.y2, p.accumulate);  \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_gated_##name(            \
-        const GemvGatedParams p) {                                                              \
+        const __grid_constant__ GemvGatedParams p) {                                            \
         gemv_gated<T>(p.gate, p.up, p.rows, p.cols, p.row_bytes, p.x, p.norm, p.eps, p.split,   \
                       p.out, p.use_gelu);                                                       \
     }
