@@ -3,36 +3,29 @@
 //! (reasoning, tool calls); only the answer's shape differs (a message object, or Anthropic's
 //! named SSE events).
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
-use futures_util::Stream;
 use serde_json::{Value, json};
-use worker_common::generate::GenerateEvent;
+use worker_common::generate::Finished;
 
 use super::execute::KEEP_ALIVE;
+use super::named_stream::{Named, NamedEvents, NamedStream};
 use super::reply::{TextParser, collect, reasoning_format, tool_format};
 use super::{body_or_error, content_type};
-use crate::api::anthropic::{
-    BlockEvents, Message, MessagesRequest, NamedEvent, Purpose, error_body,
-};
+use crate::api::anthropic::{BlockEvents, Message, MessagesRequest, Purpose, error_body};
 use crate::api::openai::Piece;
-use crate::api::{ApiError, Limits};
+use crate::api::{ApiError, ErrorCode, Limits};
 use crate::connections::Connection;
 use crate::correlation::CorrelationId;
-use crate::job_end::{JobEnd, JobEvent};
 use crate::state::Shared;
-use crate::submit::{JobEvents, Origin, prompt_tokens, submit};
+use crate::submit::{Origin, prompt_tokens, submit};
 
 /// `POST /v1/messages`.
 pub async fn messages(
@@ -63,14 +56,11 @@ pub async fn messages(
         let started = &accepted.started;
         let (blocks, first) =
             BlockEvents::start(&message, started.prompt_tokens, started.cached_tokens);
-        let stream = MessageStream {
+        let named = MessageEvents {
             blocks,
-            events: accepted.events,
-            parser,
             correlation_id,
-            ready: first.into_iter().map(named).collect(),
-            ended: false,
         };
+        let stream = NamedStream::new(named, accepted.events, parser, first);
         let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
         return Ok(sse.into_response());
     }
@@ -117,70 +107,25 @@ fn parse(
 
 /// A job's events as Anthropic's: `message_start` and `ping`, the content blocks as the text
 /// comes, `message_delta` and `message_stop`; a failed job sends an `error` event instead of
-/// the end. Dropping it cancels the job ([`JobEvents`]).
-struct MessageStream {
+/// the end.
+struct MessageEvents {
     blocks: BlockEvents,
-    events: JobEvents,
-    /// Cuts reasoning and tool calls out of the text.
-    parser: TextParser,
     correlation_id: String,
-    ready: VecDeque<Event>,
-    ended: bool,
 }
 
-impl MessageStream {
-    /// Queues what `event` sends; true when it was the last.
-    fn push(&mut self, event: JobEvent) -> bool {
-        match event {
-            JobEvent::Generate(GenerateEvent::Token { text, .. }) => {
-                let pieces = self.parser.push(text);
-                self.send(pieces);
-                false
-            }
-            JobEvent::Generate(GenerateEvent::Metrics { .. }) => false,
-            JobEvent::End(JobEnd::Finished(done)) => {
-                let rest = self.parser.finish();
-                self.send(rest);
-                let end = self.blocks.finish(&done);
-                self.ready.extend(end.into_iter().map(named));
-                true
-            }
-            JobEvent::End(JobEnd::Failed { code, message, .. }) => {
-                let error = error_body(code.status(), &message, Some(&self.correlation_id));
-                self.ready.push_back(named(("error", error)));
-                true
-            }
-        }
+impl NamedEvents for MessageEvents {
+    fn piece(&mut self, piece: Piece) -> Vec<Named> {
+        self.blocks.piece(piece)
     }
 
-    fn send(&mut self, pieces: Vec<Piece>) {
-        for piece in pieces {
-            let events = self.blocks.piece(piece);
-            self.ready.extend(events.into_iter().map(named));
-        }
+    fn finish(&mut self, done: &Finished) -> Vec<Named> {
+        self.blocks.finish(done)
     }
-}
 
-/// `event: <name>` then `data: <json>`.
-fn named((name, data): NamedEvent) -> Event {
-    Event::default().event(name).data(data.to_string())
-}
-
-impl Stream for MessageStream {
-    type Item = Result<Event, Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        loop {
-            if let Some(event) = self.ready.pop_front() {
-                return Poll::Ready(Some(Ok(event)));
-            }
-            if self.ended {
-                return Poll::Ready(None);
-            }
-            match std::task::ready!(Pin::new(&mut self.events).poll_next(cx)) {
-                Some(event) => self.ended = self.push(event),
-                None => self.ended = true,
-            }
-        }
+    fn fail(&mut self, code: ErrorCode, message: &str) -> Vec<Named> {
+        vec![(
+            "error",
+            error_body(code.status(), message, Some(&self.correlation_id)),
+        )]
     }
 }

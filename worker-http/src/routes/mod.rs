@@ -4,6 +4,7 @@ mod control;
 mod execute;
 mod guard;
 mod messages;
+mod named_stream;
 mod openai;
 mod reply;
 mod responses;

@@ -4,35 +4,30 @@
 //! or the typed SSE events). A finished response is kept for `previous_response_id` unless the
 //! request said `store: false` (`crate::response_store`).
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
-use futures_util::Stream;
 use serde_json::Value;
-use worker_common::generate::GenerateEvent;
+use worker_common::generate::Finished;
 
 use super::execute::KEEP_ALIVE;
+use super::named_stream::{Named, NamedEvents, NamedStream};
 use super::openai::unix_now;
 use super::reply::{TextParser, collect, reasoning_format, tool_format};
 use super::{body_or_error, content_type};
 use crate::api::openai::Piece;
-use crate::api::openai::responses::{NamedEvent, ResponseEvents, ResponseHead, ResponsesRequest};
-use crate::api::{ApiError, Limits};
+use crate::api::openai::responses::{ResponseEvents, ResponseHead, ResponsesRequest};
+use crate::api::{ApiError, ErrorCode, Limits};
 use crate::connections::Connection;
 use crate::correlation::CorrelationId;
-use crate::job_end::{JobEnd, JobEvent};
 use crate::state::Shared;
-use crate::submit::{JobEvents, Origin, submit};
+use crate::submit::{Origin, submit};
 
 /// `POST /v1/responses`.
 pub async fn responses(
@@ -71,14 +66,12 @@ pub async fn responses(
     });
     if request.stream {
         let (items, first) = ResponseEvents::start(head);
-        let stream = ResponseStream {
-            items,
-            events: accepted.events,
+        let stream = NamedStream::new(
+            ResponseItems { items, keep },
+            accepted.events,
             parser,
-            keep,
-            ready: first.into_iter().map(named).collect(),
-            ended: false,
-        };
+            first,
+        );
         let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
         return Ok(sse.into_response());
     }
@@ -125,74 +118,27 @@ impl Keep {
 
 /// A job's events as the Responses API's: `response.created` and `response.in_progress`, the
 /// output items as the text comes, then `response.completed` (or `response.incomplete`); a
-/// failed job sends `response.failed` instead. Dropping it cancels the job ([`JobEvents`]).
-struct ResponseStream {
+/// failed job sends `response.failed` instead.
+struct ResponseItems {
     items: ResponseEvents,
-    events: JobEvents,
-    /// Cuts reasoning and tool calls out of the text.
-    parser: TextParser,
     /// Where the finished response is kept (`None` with `store: false`).
     keep: Option<Keep>,
-    ready: VecDeque<Event>,
-    ended: bool,
 }
 
-impl ResponseStream {
-    /// Queues what `event` sends; true when it was the last.
-    fn push(&mut self, event: JobEvent) -> bool {
-        match event {
-            JobEvent::Generate(GenerateEvent::Token { text, .. }) => {
-                let pieces = self.parser.push(text);
-                self.send(pieces);
-                false
-            }
-            JobEvent::Generate(GenerateEvent::Metrics { .. }) => false,
-            JobEvent::End(JobEnd::Finished(done)) => {
-                let rest = self.parser.finish();
-                self.send(rest);
-                let end = self.items.finish(&done);
-                if let Some(keep) = self.keep.take() {
-                    keep.store(self.items.output());
-                }
-                self.ready.extend(end.into_iter().map(named));
-                true
-            }
-            JobEvent::End(JobEnd::Failed { message, .. }) => {
-                let failed = self.items.fail(&message);
-                self.ready.extend(failed.into_iter().map(named));
-                true
-            }
-        }
+impl NamedEvents for ResponseItems {
+    fn piece(&mut self, piece: Piece) -> Vec<Named> {
+        self.items.piece(piece)
     }
 
-    fn send(&mut self, pieces: Vec<Piece>) {
-        for piece in pieces {
-            let events = self.items.piece(piece);
-            self.ready.extend(events.into_iter().map(named));
+    fn finish(&mut self, done: &Finished) -> Vec<Named> {
+        let end = self.items.finish(done);
+        if let Some(keep) = self.keep.take() {
+            keep.store(self.items.output());
         }
+        end
     }
-}
 
-/// `event: <type>` then `data: <json>`.
-fn named((name, data): NamedEvent) -> Event {
-    Event::default().event(name).data(data.to_string())
-}
-
-impl Stream for ResponseStream {
-    type Item = Result<Event, Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        loop {
-            if let Some(event) = self.ready.pop_front() {
-                return Poll::Ready(Some(Ok(event)));
-            }
-            if self.ended {
-                return Poll::Ready(None);
-            }
-            match std::task::ready!(Pin::new(&mut self.events).poll_next(cx)) {
-                Some(event) => self.ended = self.push(event),
-                None => self.ended = true,
-            }
-        }
+    fn fail(&mut self, _code: ErrorCode, message: &str) -> Vec<Named> {
+        self.items.fail(message)
     }
 }
