@@ -13,7 +13,8 @@ Run by tests/tests/http_openai.rs against a real worker on a real model:
   a prompt over the context raises `litellm.ContextWindowExceededError`, not a bare
   `BadRequestError`.
 - instructor (`instructor.from_openai`, its default TOOLS mode): `create` returns a validated
-  pydantic model with a nested model, `create_iterable` a list of them.
+  pydantic model with a nested model (and its streaming parser rebuilds it from the call's
+  arguments in pieces), `create_iterable` a list of them.
 
 Each client runs offline: LiteLLM is told to use its bundled model map, and every socket
 connection or name lookup outside the loopback range fails the check. Exits non-zero, naming
@@ -207,6 +208,13 @@ def check_instructor(one, many):
     check(calls and calls[0].function.name == "Person",
           f"from the worker's forced {calls[0].function.name if calls else None!r} tool call"
           f" ({completion.usage.prompt_tokens} + {completion.usage.completion_tokens} tokens)")
+    # instructor's streaming parser (on jiter's partial mode: instructor 1.17.0 declares an
+    # older jiter than openai's, see requirements-sdk.txt) on the call's arguments in pieces.
+    arguments = calls[0].function.arguments
+    partials = list(instructor.Partial[Person].model_from_chunks(
+        arguments[i:i + 7] for i in range(0, len(arguments), 7)))
+    check(len(partials) > 2 and partials[-1].model_dump() == person.model_dump(),
+          f"instructor's partial parser rebuilds it from {len(partials)} pieces of the arguments")
     people = many.result()
     check(len(people) >= 1 and all(isinstance(p, Person) and isinstance(p.address, Address)
                                    for p in people),
