@@ -3,7 +3,8 @@
 //! real worker on Qwen2.5-Coder-0.5B through `tests/openai/sdk_check.py`: chat and completions,
 //! streamed and whole, usage, seeds, errors, and equality with `/execute`. Anthropic's SDK
 //! drives `/v1/messages` the same way (`tests/openai/messages_check.py`), and the `openai` SDK
-//! OpenAI's `/v1/responses` (`tests/openai/responses_check.py`).
+//! OpenAI's `/v1/responses` (`tests/openai/responses_check.py`); LangChain, LiteLLM and
+//! instructor drive OpenAI's API as their users do (`tests/openai/clients_check.py`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -107,6 +108,23 @@ fn the_official_openai_sdk_drives_the_responses_api() {
         &["--threads", "2", "--ctx-size", "2048"],
     );
     let stdout = run_python("responses_check.py", &worker, &[]);
+    assert!(stdout.contains("every check passed"), "{stdout}");
+}
+
+/// Three third-party clients of OpenAI's API (pinned in `scripts/requirements-sdk.txt`) drive
+/// Qwen2.5-Coder-1.5B in a 2,048-token context through `tests/openai/clients_check.py`, offline:
+/// LangChain's `ChatOpenAI` (`invoke`, `stream`, and a prompt over the context raising its
+/// `ContextOverflowError`), `litellm.completion` (whole, streamed, and
+/// `ContextWindowExceededError`), and `instructor` in its TOOLS mode (`create` and
+/// `create_iterable` returning a validated pydantic model with a nested one).
+#[test]
+fn third_party_openai_clients_drive_the_worker() {
+    let _serial = serial();
+    let worker = Worker::ready(
+        &Model::Qwen15.path(),
+        &["--threads", "2", "--ctx-size", "2048"],
+    );
+    let stdout = run_python("clients_check.py", &worker, &[]);
     assert!(stdout.contains("every check passed"), "{stdout}");
 }
 

@@ -112,8 +112,11 @@ impl ContextOverflow {
     }
 }
 
-/// A prompt over the context in OpenAI's wording ("maximum context length", which clients match
-/// on), naming the request's `budget` field.
+/// A prompt over the context in OpenAI's wordings, naming the request's `budget` field: its
+/// classic one ("This model's maximum context length is", which LiteLLM and most clients match
+/// on) and its newer one ("Input tokens exceed the configured limit", which LangChain's
+/// `langchain-openai` matches on: on `openai` 3's errors, whose text no longer carries the
+/// body's `code`, the message is all it sees).
 fn overflow_message(overflow: &ContextOverflow, budget: &str) -> String {
     let ContextOverflow {
         prompt_tokens,
@@ -121,9 +124,9 @@ fn overflow_message(overflow: &ContextOverflow, budget: &str) -> String {
         context,
     } = *overflow;
     format!(
-        "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion): the prompt has room for {}. Please shorten the prompt or lower {budget}.",
+        "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion): the prompt has room for {room}. Input tokens exceed the configured limit of {room} tokens. Please shorten the prompt or lower {budget}.",
         prompt_tokens + max_tokens,
-        overflow.room()
+        room = overflow.room()
     )
 }
 
