@@ -28,6 +28,11 @@ One file per architecture, named `synthetic-<arch>.gguf`:
           gpt-oss's pre-tokenizer (`gpt-4o`), harmony's special tokens appended, and the
           harmony chat template llama.cpp ships (scripts/synthetic/gpt-oss.jinja, from
           llama.cpp's models/templates/openai-gpt-oss-120b.jinja).
+  float   `qwen2` (Q/K/V biases) whose matrices are the float formats: Q/K/V and the
+          embeddings F16, the attention output, gate and up BF16, the down projection F32,
+          the untied output F16. No fixture: the CUDA backend's f32 GEMV and its many-row twin
+          are held to each other bit for bit (tests/tests/cuda_batch_invariance.rs); generated
+          where it is tested (`gen-synthetic-models.py float`).
 
 Every model: 4 layers, width 256, 4 query heads and 2 key/value heads, FFN 512 (gpt-oss: 256
 per expert). Weights are
@@ -113,6 +118,8 @@ class Arch:
     # Full-size shapes: matrices drawn as random blocks (no quantization pass), the vocabulary
     # padded with reserved control tokens to `n_vocab`.
     full_size: bool = False
+    # Made by default (with llama.cpp logit fixtures, scripts/gen-synthetic-fixtures.py).
+    fixture: bool = True
     n_vocab: int = 0
 
 
@@ -137,6 +144,14 @@ MXFP4_FFN = {
     "ffn_gate": Q.MXFP4,
     "ffn_up": Q.MXFP4,
     "ffn_down": Q.MXFP4,
+}
+
+FLOATS = {
+    **{name: Q.F16 for name in Q4_K_M},
+    "attn_output": Q.BF16,
+    "ffn_gate": Q.BF16,
+    "ffn_up": Q.BF16,
+    "ffn_down": Q.F32,
 }
 
 MOE = {
@@ -218,6 +233,15 @@ ARCHS = {
         full_size=True,
         n_vocab=201088,
     ),
+    "float": Arch(
+        gguf_arch="qwen2",
+        vocab_file="ggml-vocab-qwen2.gguf",
+        shape=Shape(norm_eps=1e-6),
+        file_type=gguf.LlamaFileType.MOSTLY_F16,
+        formats=FLOATS,
+        metadata={"context_length": 32768, "rope.freq_base": 1000000.0},
+        fixture=False,
+    ),
     "phi3": Arch(
         gguf_arch="phi3",
         vocab_file="ggml-vocab-phi-3.gguf",
@@ -235,12 +259,14 @@ ARCHS = {
 
 # Not fixture models: the shapes GPU users serve, in the mixes they download, for speed and memory
 # measurements, generated where they are measured: `llama3.1-8b` (Llama-3.1-8B, Q4_K_M, 4.8 GiB),
-# `qwen2.5-7b` (Qwen2.5-7B with its Q/K/V biases), and `<name>-q5_k_m`, `-q6_k`, `-q8_0` of each.
+# `qwen2.5-7b` (Qwen2.5-7B with its Q/K/V biases), and `<name>-q5_k_m`, `-q6_k`, `-q8_0`, `-f16`
+# of each (F16: 15 GiB, Gaussian weights).
 FULL_SIZE_MIXES = {
     "": (gguf.LlamaFileType.MOSTLY_Q4_K_M, Q4_K_M),
     "-q5_k_m": (gguf.LlamaFileType.MOSTLY_Q5_K_M, Q5_K_M),
     "-q6_k": (gguf.LlamaFileType.MOSTLY_Q6_K, ALL_Q6_K),
     "-q8_0": (gguf.LlamaFileType.MOSTLY_Q8_0, ALL_Q8_0),
+    "-f16": (gguf.LlamaFileType.MOSTLY_F16, {name: Q.F16 for name in Q4_K_M}),
 }
 FULL_SIZE_SHAPES = {
     "llama3.1-8b": ("llama", "ggml-vocab-llama-bpe.gguf", 128256,
@@ -305,8 +331,9 @@ def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> n
 
 def matrix(rng: np.random.Generator, rows: int, cols: int, qtype: Q, full_size: bool = False) -> np.ndarray:
     """A `rows` × `cols` matrix in `qtype`, weights spreading ≈ 1/√cols."""
-    # K-quant blocks are drawn byte by byte already (fast enough at full size).
-    if full_size and qtype != Q.F32 and qtype not in KQUANT_SCALES:
+    # K-quant blocks are drawn byte by byte already, float formats from Gaussians (fast enough at
+    # full size).
+    if full_size and qtype in (Q.Q8_0, Q.MXFP4):
         return random_blocks(rng, rows, cols, qtype)
     sigma = 1.0 / math.sqrt(cols)
     if qtype in KQUANT_SCALES:
@@ -483,10 +510,10 @@ def main() -> None:
     parser.add_argument("--vocab", type=Path, default=ASSETS / "vocab")
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("archs", nargs="*", choices=[[], *sorted(ARCHS)], default=[],
-                        help="default: every model but the full-size ones")
+                        help="default: every model with fixtures (not the full-size ones or float)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    fixtures = sorted(name for name, arch in ARCHS.items() if not arch.full_size)
+    fixtures = sorted(name for name, arch in ARCHS.items() if arch.fixture and not arch.full_size)
     for name in args.archs or fixtures:
         path = write_model(name, ARCHS[name], args.out, args.vocab, args.seed)
         print(f"{path} ({path.stat().st_size} bytes)")

@@ -124,11 +124,6 @@ impl InferenceBackend for CpuBackend {
         self.model.spec.hparams.vocab_size
     }
 
-    fn chunking_invariant(&self) -> bool {
-        // Every matmul row, norm and attention row is computed alone (kernels/mod.rs).
-        true
-    }
-
     fn step(
         &mut self,
         chunks: &[Chunk<'_>],

@@ -72,7 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         decode.push(DECODE as f64 / t.elapsed().as_secs_f64());
     }
-    // The first run warms up (module load, cuBLAS heuristics, allocations, graph capture).
+    // The first run warms up (module load, allocations, graph capture).
     let (prefill, decode, decode_after) = (
         median(&prefill[1..]),
         median(&decode[1..]),
@@ -170,10 +170,6 @@ impl InferenceBackend for Timed {
 
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
-    }
-
-    fn chunking_invariant(&self) -> bool {
-        self.inner.chunking_invariant()
     }
 
     fn paces_prefill(&self) -> bool {

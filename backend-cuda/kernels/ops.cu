@@ -5,25 +5,10 @@
 // out = x / rms(x) * w per row of `width` (one block of 256 threads per row; in place allowed).
 extern "C" __global__ void __launch_bounds__(256)
 rms_norm(const __grid_constant__ RmsNormParams p) {
-    __shared__ double partial[8];
     int width = p.width;
     const float* row = p.x + (long long)blockIdx.x * width;
     float* dst = p.out + (long long)blockIdx.x * width;
-    double sum = 0.0;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        float v = row[i];
-        sum += (double)(v * v);
-    }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; ++w) sum += partial[w];
-        partial[0] = sum;
-    }
-    __syncthreads();
-    float mean = (float)(partial[0] / (double)width);
-    float scale = 1.0f / sqrtf(mean + p.eps);
+    float scale = rms_scale(row, width, p.eps);
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = (row[i] * scale) * p.w[i];
 }
 
@@ -60,12 +45,6 @@ rope_store(const __grid_constant__ RopeStoreParams args) {
         r.v_cache[row * v_width + j] = f2h(args.v[(long long)t * v_width + j]);
 }
 
-// x[i] += y[i % width], i < total: a bias on every row.
-extern "C" __global__ void add_bias(const __grid_constant__ ElementwiseParams p) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.total;
-         i += (long long)gridDim.x * blockDim.x)
-        p.x[i] += p.y[i % p.width];
-}
 
 // x[i] += y[i].
 extern "C" __global__ void add(const __grid_constant__ ElementwiseParams p) {

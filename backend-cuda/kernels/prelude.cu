@@ -29,6 +29,32 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// 1 / rms(row) for RMSNorm, one order whatever the block (rms_norm, the f32 GEMVs and the
+// quantized launches' inputs all call it, so a row normalized by any of them has the same
+// bits): the squares (f32 products, summed in f64) of elements i ≡ v (mod NORM_THREADS) summed
+// in order by "virtual thread" v, each warp's 32 by the xor butterfly, the NORM_THREADS / 32
+// warps' totals in order. A block of B threads (B dividing NORM_THREADS) plays NORM_THREADS / B
+// virtual threads a thread. Called by every thread of the block; returns the same to all.
+__device__ float rms_scale(const float* row, int cols, float eps) {
+    __shared__ double partial[NORM_THREADS / 32];
+    for (int v = threadIdx.x; v < NORM_THREADS; v += blockDim.x) {
+        double squares = 0.0;
+#pragma unroll 4
+        for (int i = v; i < cols; i += NORM_THREADS) {
+            float x = row[i];
+            squares += (double)(x * x);
+        }
+        for (int o = 16; o > 0; o >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, o);
+        if ((v & 31) == 0) partial[v >> 5] = squares;
+    }
+    __syncthreads();
+    double total = partial[0];
+    for (int w = 1; w < NORM_THREADS / 32; ++w) total += partial[w];
+    // Every thread has read `partial` before a later call of the block writes it.
+    __syncthreads();
+    return 1.0f / sqrtf((float)(total / (double)cols) + eps);
+}
+
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;

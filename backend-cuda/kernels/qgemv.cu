@@ -56,7 +56,6 @@ __device__ __forceinline__ QInput qinput_at(int cols, const u8* base) {
 // every thread of the block (at most QG_WARPS warps).
 __device__ QInput quantize_input(const float* row, const float* norm, float eps, int cols, u8* dst,
                                  int first, int step) {
-    __shared__ double partial[QG_WARPS];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = cols >> 5;
     int warps = blockDim.x >> 5;
     signed char* q = (signed char*)dst;
@@ -64,20 +63,7 @@ __device__ QInput quantize_input(const float* row, const float* norm, float eps,
     int* sum = (int*)(d + chunks);
     float* s = (float*)(sum + chunks);
     float scale = 1.0f;
-    if (norm) {
-        double squares = 0.0;
-#pragma unroll 4
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-            float v = row[i];
-            squares += (double)(v * v);
-        }
-        for (int o = 16; o > 0; o >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, o);
-        if (lane == 0) partial[warp] = squares;
-        __syncthreads();
-        squares = partial[0];
-        for (int w = 1; w < warps; ++w) squares += partial[w];
-        scale = 1.0f / sqrtf((float)(squares / (double)cols) + eps);
-    }
+    if (norm) scale = rms_scale(row, cols, eps);
     // QUANT_BATCH chunks per warp at a time, so that their loads are in flight together: one
     // chunk after another, each waiting on its load, made the prologue of a wide input (the FFN
     // down projection's) longer than the products.

@@ -1,6 +1,8 @@
 // Weight formats: one element of a row at a time, with the operations (and rounding) of the
 // CPU backend's reference dequantizers (ggml's dequantize_row_*), then the kernels built on
-// them: dequantize (prefill's cuBLAS path and embedding lookups) and GEMV (decode).
+// them: dequantize (embedding lookups, every format) and, for the float formats (F32, F16,
+// BF16), the f32 GEMV and its many-row twin, which sum every output in one order (THE FLOAT
+// ORDER below).
 //
 // Block layouts are ggml-common.h's; every f16 field sits at an even offset of an even-sized
 // block, and each tensor has its own allocation, so 2-byte loads are aligned.
@@ -129,47 +131,71 @@ __device__ void dequant(const u8* w, int rows, int cols, long long row_bytes, co
     }
 }
 
-// One lane's share of Σ_c W[row][c] · x[c] (summed over the warp by the caller). The weights
-// take the values `at` gives, rounded the same way; only the order of the sum differs. Lanes on
-// consecutive elements, each dequantized on its own. This is the decode path of the formats
-// without an int8-activation GEMV (F32, F16, BF16, Q5_K; qgemv.cu has the others) and of a
-// launch mixing such a format with quantized ones, so it is kept plain rather than tuned per
-// format.
+// THE FLOAT ORDER. Every product of a float-format matrix by f32 activations, by the GEMV
+// (`gemv_*`, `gemv_gated_*`) or by its many-row twin (`fgemm_*`), sums an output the same way:
+// the row is cut into `parts` pieces of whole blocks (`float_parts` in ops.rs: a function of the
+// launch's matrices, never of its token rows); in a piece, lane l of a warp takes elements
+// l + 32j (j = 0, 1, …) and adds each product by FMA (fmaf(w, x, acc)) into acc[j & 1] in
+// increasing j; the lane's value is acc[0] + acc[1]; the 32 lanes' values are added by
+// warp_sum's xor butterfly (16 first); the pieces' totals are added in order, then the
+// epilogue (bias, residual, gate). So a row's bits do not depend on the kernel, the tile or the
+// other rows (kernel test `float_rows_do_not_depend_on_the_kernel`).
+
+// Lane `lane`'s values of THE FLOAT ORDER for R weight rows `w` times N input rows `x`, over
+// `len` elements: out[r][t] = acc[0] + acc[1] of row r by input t. Each weight is dequantized
+// once for the N inputs (the twin's reuse; the GEMV takes R = N = 1).
+template <typename T, int R, int N>
+__device__ __forceinline__ void lane_dots(const u8* const (&w)[R], const float* const (&x)[N],
+                                          int len, int lane, float (&out)[R][N]) {
+    float acc[2][R][N];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < N; ++t) acc[0][r][t] = acc[1][r][t] = 0.0f;
+    for (int base = 0; base < len; base += 64) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            int c = base + 32 * j + lane;
+            if (c >= len) break;
+            float wv[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) wv[r] = T::at(w[r], c);
+#pragma unroll
+            for (int t = 0; t < N; ++t) {
+                float xv = x[t][c];
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[j][r][t] = fmaf(wv[r], xv, acc[j][r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < N; ++t) out[r][t] = acc[0][r][t] + acc[1][r][t];
+}
+
+// One lane's value of THE FLOAT ORDER for one row and one input (summed over the warp by the
+// caller). The weights take the values `at` gives, rounded the same way.
 template <typename T>
 __device__ __forceinline__ float row_dot(const u8* row, const float* x, int cols, int lane) {
-    float acc0 = 0.0f, acc1 = 0.0f;
-    int c = lane;
-    for (; c + 32 < cols; c += 64) {
-        acc0 = fmaf(T::at(row, c), x[c], acc0);
-        acc1 = fmaf(T::at(row, c + 32), x[c + 32], acc1);
-    }
-    if (c < cols) acc0 = fmaf(T::at(row, c), x[c], acc0);
-    return acc0 + acc1;
+    const u8* w[1] = {row};
+    const float* xs[1] = {x};
+    float out[1][1];
+    lane_dots<T, 1, 1>(w, xs, cols, lane, out);
+    return out[0][0];
 }
 
 // GEMV_WARPS (warps per block of the GEMV kernels) comes from src/program.rs.
 
 // The input row of token blockIdx.y, RMS-normalized into shared memory when `norm` is given
-// (as rms_norm in ops.cu computes it: f64 sum of squares, then (x · scale) · w), so that a GEMV
-// takes the residual stream itself: each block redoes this short pass instead of a launch of
-// its own. Called by every thread of the block (`norm` is the same for all).
+// (rms_scale's arithmetic, as rms_norm in ops.cu), so that a GEMV takes the residual stream
+// itself: each block redoes this short pass instead of a launch of its own. Called by every
+// thread of the block (`norm` is the same for all).
 __device__ const float* gemv_input(const float* x, const float* norm, int cols, float eps) {
     extern __shared__ F4 s_input[];
-    __shared__ double partial[GEMV_WARPS];
     const float* row = x + (long long)blockIdx.y * cols;
     if (!norm) return row;
-    double sum = 0.0;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float v = row[i];
-        sum += (double)(v * v);
-    }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
-    __syncthreads();
-    sum = partial[0];
-    for (int w = 1; w < GEMV_WARPS; ++w) sum += partial[w];
-    float mean = (float)(sum / (double)cols);
-    float scale = 1.0f / sqrtf(mean + eps);
+    float scale = rms_scale(row, cols, eps);
     float* out = (float*)s_input;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = (row[i] * scale) * norm[i];
     __syncthreads();
@@ -248,10 +274,58 @@ __device__ void gemv_gated(const u8* gate, const u8* up, int rows, int cols, lon
         out[(long long)blockIdx.y * rows + row] = (use_gelu ? gelu_tanh(g) : silu(g)) * u;
 }
 
-#define WEIGHT_KERNELS(T, name)                                                                 \
-    extern "C" __global__ void dequant_##name(const __grid_constant__ DequantParams p) {                          \
+// The many-row twin of gemv (THE FLOAT ORDER, the same bits for every output): `out[t][r] =
+// W[r] · x[t] (+ bias)`, or added to `out` with `accumulate`, for n input rows already
+// normalized. A warp holds FG_ROWS weight rows × FG_TOKENS inputs, each lane its values of all
+// of them, so a weight is read and dequantized once for FG_TOKENS inputs; the block's
+// GEMV_WARPS warps take consecutive token groups of the same rows (their weight loads hit L1).
+// Grid: x over row groups of FG_ROWS, y over token groups of GEMV_WARPS · FG_TOKENS.
+template <typename T>
+__device__ void fgemm(const FgemmParams& p) {
+    static_assert(FG_ROWS * FG_TOKENS == 32, "one output a lane");
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int row0 = blockIdx.x * FG_ROWS, t0 = (blockIdx.y * GEMV_WARPS + warp) * FG_TOKENS;
+    if (t0 >= p.n) return;  // the whole warp: no barrier follows
+    int nb = p.cols / p.block_elems;
+    long long block_bytes = p.row_bytes / nb;
+    const u8* w[FG_ROWS];
+    const float* x[FG_TOKENS];
+    float total = 0.0f;  // lane r · FG_TOKENS + t holds output (r, t)
+    for (int part = 0; part < p.parts; ++part) {
+        int first = nb * part / p.parts, last = nb * (part + 1) / p.parts;
+#pragma unroll
+        for (int r = 0; r < FG_ROWS; ++r)
+            w[r] = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + first * block_bytes;
+#pragma unroll
+        for (int t = 0; t < FG_TOKENS; ++t)
+            x[t] = p.x + (long long)min(t0 + t, p.n - 1) * p.cols + first * p.block_elems;
+        float dots[FG_ROWS][FG_TOKENS];
+        lane_dots<T, FG_ROWS, FG_TOKENS>(w, x, (last - first) * p.block_elems, lane, dots);
+#pragma unroll
+        for (int r = 0; r < FG_ROWS; ++r)
+#pragma unroll
+            for (int t = 0; t < FG_TOKENS; ++t) {
+                float s = warp_sum(dots[r][t]);
+                if (lane == r * FG_TOKENS + t) total = part == 0 ? s : total + s;
+            }
+    }
+    int row = row0 + lane / FG_TOKENS, t = t0 + lane % FG_TOKENS;
+    if (row >= p.rows || t >= p.n) return;
+    float v = p.bias ? total + p.bias[row] : total;
+    float* dst = p.out + (long long)t * p.rows + row;
+    *dst = p.accumulate ? *dst + v : v;
+}
+
+// Every format with a block decoder: its dequantize kernel (embedding lookups).
+#define DEQUANT_KERNEL(T, name)                                                                 \
+    extern "C" __global__ void dequant_##name(const __grid_constant__ DequantParams p) {       \
         dequant<T>(p.w, p.rows, p.cols, p.row_bytes, p.ids, p.scale, p.out);                    \
-    }                                                                                           \
+    }
+
+LLORCH_BLOCK_FORMATS(DEQUANT_KERNEL)
+
+// The float formats (no int8 chunk decoder): the GEMV, the gated GEMV and the twin.
+#define FLOAT_KERNELS(T, name)                                                                  \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_##name(                  \
         const __grid_constant__ GemvParams p) {                                                 \
         gemv<T>(p.w0, p.w1, p.w2, p.rows0, p.rows1, p.rows2, p.cols, p.row_bytes, p.block_elems, \
@@ -261,7 +335,10 @@ __device__ void gemv_gated(const u8* gate, const u8* up, int rows, int cols, lon
         const __grid_constant__ GemvGatedParams p) {                                            \
         gemv_gated<T>(p.gate, p.up, p.rows, p.cols, p.row_bytes, p.x, p.norm, p.eps, p.split,   \
                       p.out, p.use_gelu);                                                       \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) fgemm_##name(                 \
+        const __grid_constant__ FgemmParams p) {                                                \
+        fgemm<T>(p);                                                                            \
     }
 
-// Each dense format of src/formats.rs, with its block decoder above.
-LLORCH_BLOCK_FORMATS(WEIGHT_KERNELS)
+LLORCH_FLOAT_FORMATS(FLOAT_KERNELS)

@@ -1,10 +1,9 @@
-//! The GPU as the backend uses it: one context and stream, the kernels, cuBLAS, and device
+//! The GPU as the backend uses it: one context and stream, the kernels, and device
 //! buffers that know their size, so memory is reported from actual allocations.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
     DriverError, LaunchConfig, PinnedHostSlice, PushKernelArg, result as driver, sys,
@@ -41,7 +40,7 @@ struct ByValue<P>(P);
 // definition the kernels are compiled with, so its bytes are what the kernel reads.
 unsafe impl<P: KernelParams> DeviceRepr for ByValue<P> {}
 
-/// The device, its stream, kernels and cuBLAS handle.
+/// The device, its stream and kernels.
 pub struct Gpu {
     /// The primary context of the device.
     pub ctx: Arc<CudaContext>,
@@ -49,11 +48,8 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     /// The compiled kernels.
     pub kernels: Kernels,
-    // Before the workspace: the handle that uses it goes first.
-    blas: CudaBlas,
-    blas_workspace: Buffer,
-    /// Device-wide bytes in use once the context existed, before the module, cuBLAS or any
-    /// buffer: the baseline of [`Gpu::held_since_open`].
+    /// Device-wide bytes in use once the context existed, before the module or any buffer: the
+    /// baseline of [`Gpu::held_since_open`].
     used_at_open: u64,
     /// Device name, e.g. `NVIDIA H100 80GB HBM3`.
     pub name: String,
@@ -65,10 +61,6 @@ pub struct Gpu {
     /// ([`Gpu::begin_capture`]).
     invalidate_next_capture: AtomicBool,
 }
-
-/// cuBLAS's workspace, given to it at load so that it is allocated and counted up front rather
-/// than by cuBLAS at the first GEMM (32 MiB is what cuBLAS itself takes on Hopper).
-const BLAS_WORKSPACE: usize = 32 << 20;
 
 /// A driver error as a backend error, naming what failed: [`BackendError::DeviceLost`] when
 /// the error is sticky ([`is_sticky`]), else [`BackendError::Device`].
@@ -137,7 +129,7 @@ fn alloc_on(
 }
 
 impl Gpu {
-    /// Opens device `ordinal`, compiles or loads the kernels and creates the cuBLAS handle.
+    /// Opens device `ordinal` and compiles or loads the kernels.
     pub fn open(ordinal: u32) -> Result<Self, BackendError> {
         let count = CudaContext::device_count().map_err(|e| device_error("cuDeviceGetCount", e))?;
         if i64::from(ordinal) >= i64::from(count) {
@@ -166,26 +158,10 @@ impl Gpu {
             .map_err(|e| device_error("cuDriverGetVersion", e))?;
         let used_at_open = device_used(&ctx)?;
         let kernels = Kernels::load(&ctx)?;
-        let blas = CudaBlas::new(stream.clone())
-            .map_err(|e| BackendError::Device(format!("creating the cuBLAS handle: {e}")))?;
-        let blas_workspace = alloc_on(&stream, BLAS_WORKSPACE, "cuBLAS workspace")?;
-        // SAFETY: the workspace is a live device buffer of the size given; it is declared after
-        // the handle in `Gpu`, so it outlives every use by the handle.
-        unsafe {
-            blas_sys::cublasSetWorkspace_v2(
-                *blas.handle(),
-                blas_workspace.ptr as *mut std::ffi::c_void,
-                blas_workspace.bytes(),
-            )
-        }
-        .result()
-        .map_err(|e| BackendError::Device(format!("setting the cuBLAS workspace: {e}")))?;
         Ok(Self {
             ctx,
             stream,
             kernels,
-            blas,
-            blas_workspace,
             used_at_open,
             name,
             sm: format!("{major}.{minor}"),
@@ -208,11 +184,6 @@ impl Gpu {
             .mem_get_info()
             .map_err(|e| device_error("cuMemGetInfo", e))?;
         Ok((free as u64, total as u64))
-    }
-
-    /// Bytes of cuBLAS's workspace.
-    pub fn blas_workspace_bytes(&self) -> usize {
-        self.blas_workspace.bytes()
     }
 
     /// Device-wide bytes in use now minus those in use when the context had just been created:
@@ -359,8 +330,8 @@ impl Gpu {
             .ok_or_else(|| BackendError::Device("the graph capture recorded nothing".to_owned()))
     }
 
-    /// The sticky error the context holds, if any: after a call failed (a cuBLAS call, whose
-    /// status does not say why), synchronizing the context tells a poisoned one apart, since a
+    /// The sticky error the context holds, if any: after a call failed (one whose status does
+    /// not say why), synchronizing the context tells a poisoned one apart, since a
     /// sticky error is returned by every call from then on.
     pub fn sticky_error(&self) -> Option<DriverError> {
         match self.ctx.synchronize() {
@@ -421,44 +392,6 @@ impl Gpu {
         unsafe { builder.launch(config) }
             .map(|_| ())
             .map_err(|e| device_error("launching a kernel", e))
-    }
-
-    /// `c[n][m] = b[n][k] · a[m][k]ᵀ` in f32 (row-major), by cuBLAS SGEMM.
-    pub fn sgemm_nt(
-        &self,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: DevPtr<f32>,
-        b: DevPtr<f32>,
-        c: DevPtr<f32>,
-    ) -> Result<(), BackendError> {
-        let dim = |v: usize| {
-            i32::try_from(v).map_err(|_| BackendError::InvalidInput(format!("GEMM size {v}")))
-        };
-        let (m, n, k) = (dim(m)?, dim(n)?, dim(k)?);
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        // Column-major view: C (m×n, ld m) = Aᵀ (A is k×m, ld k) · B (k×n, ld k).
-        // SAFETY: the pointers are live device buffers of at least m·k, k·n and m·n floats.
-        unsafe {
-            blas::sgemm(
-                *self.blas.handle(),
-                blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                m,
-                n,
-                k,
-                &alpha,
-                a.addr() as *const f32,
-                k,
-                b.addr() as *const f32,
-                k,
-                &beta,
-                c.addr() as *mut f32,
-                m,
-            )
-        }
-        .map_err(|e| BackendError::Device(format!("cublasSgemm: {e}")))
     }
 
     /// Whether the driver reports `buffer` as device memory (not host or managed memory).

@@ -10,8 +10,8 @@ pub struct WeightFormat {
     pub id: u32,
     /// The name suffix of its kernels (`dequant_q4_k`, `qgemm_small_q4_k`).
     pub suffix: &'static str,
-    /// quant.cu's block decoder, for the formats of dense matrices (`dequant_*`, `gemv_*`,
-    /// `gemv_gated_*`).
+    /// quant.cu's block decoder, for the formats of dense matrices (`dequant_*`; the float
+    /// formats' `gemv_*`, `gemv_gated_*`, `fgemm_*`).
     pub block: Option<&'static str>,
     /// qgemv.cu's int8 chunk decoder, for the formats the int8-activation kernels multiply
     /// (the GEMVs, the tensor-core GEMM, the routed experts).
@@ -22,6 +22,12 @@ impl WeightFormat {
     /// Dense matrices of this format take the int8-activation GEMVs and the GEMM.
     pub const fn int8_dense(&self) -> bool {
         self.block.is_some() && self.chunk.is_some()
+    }
+
+    /// Dense matrices of this format take the f32 GEMVs and their twin (quant.cu's THE FLOAT
+    /// ORDER): a block decoder and no int8 chunk decoder.
+    pub const fn float_dense(&self) -> bool {
+        self.block.is_some() && self.chunk.is_none()
     }
 }
 
@@ -64,6 +70,7 @@ pub fn weight_format(id: u32) -> Option<&'static WeightFormat> {
 
 /// The C++ macros over [`WEIGHT_FORMATS`] the kernel files expand:
 /// `LLORCH_BLOCK_FORMATS(X)` is `X(block, suffix)` for each dense format (quant.cu's kernels),
+/// `LLORCH_FLOAT_FORMATS(X)` `X(block, suffix)` for each float format (quant.cu's f32 GEMVs),
 /// `LLORCH_INT8_DENSE_FORMATS(X, ...)` `X(chunk, suffix, ...)` for each int8 dense format (the
 /// GEMM's per-format kernels), and `LLORCH_CHUNK_SWITCH(format, CALL, ...)` a switch on a
 /// format id calling `CALL(chunk, ...)` with its chunk decoder.
@@ -74,6 +81,11 @@ pub fn format_macros() -> String {
         if let Some(block) = f.block {
             text.push_str(&format!(" X({block}, {})", f.suffix));
         }
+    }
+    text.push_str("\n#define LLORCH_FLOAT_FORMATS(X)");
+    for f in WEIGHT_FORMATS.iter().filter(|f| f.float_dense()) {
+        let block = f.block.unwrap_or_default();
+        text.push_str(&format!(" X({block}, {})", f.suffix));
     }
     text.push_str("\n#define LLORCH_INT8_DENSE_FORMATS(X, ...)");
     for f in WEIGHT_FORMATS.iter().filter(|f| f.int8_dense()) {

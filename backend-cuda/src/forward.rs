@@ -11,8 +11,9 @@ use crate::kv::KvPool;
 use crate::moe::ExpertTables;
 use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch};
 use crate::params::{DevPtr, StepRows};
-use crate::pass::{Pass, check_pass, decode_splits, is_long, segments};
+use crate::pass::{Pass, check_pass, decode_splits, is_long};
 use crate::program::MAX_HEAD;
+use crate::project::same_layout;
 use crate::qgemv::{QgemvMode, RopeTarget, has_qgemv};
 use crate::scratch::{Act, Scratch};
 use crate::weights::{DeviceVector, Layer, Weights};
@@ -80,10 +81,9 @@ impl Model<'_> {
         scratch: &mut Scratch,
     ) -> Result<(), BackendError> {
         check_pass(chunks)?;
-        let gemv = !chunks.iter().any(|c| is_long(c));
-        let segments = if gemv { Vec::new() } else { segments(chunks) };
-        let need = Scratch::need(chunks, gemv);
-        scratch.reserve(self.gpu, self.plan, need, !gemv)?;
+        let long = chunks.iter().any(|c| is_long(c));
+        let need = Scratch::need(chunks, !long);
+        scratch.reserve(self.gpu, self.plan, need)?;
         scratch.upload_step(self.gpu, chunks)?;
         let splits = chunks
             .iter()
@@ -93,15 +93,12 @@ impl Model<'_> {
         let pass = Pass {
             rows: need.rows,
             heads: need.heads,
-            segments: &segments,
+            long,
             head_is_last: chunks.len() == 1,
             splits,
         };
-        // A float-format matrix in a pass of long chunks goes through cuBLAS, which is not
-        // captured.
-        let sgemm = !gemv && scratch.dequant().is_some();
         let decodes = pass.rows == chunks.len() && pass.heads == chunks.len();
-        if pass.rows > MAX_GRAPH_ROWS || sgemm || !(decodes || alone) {
+        if pass.rows > MAX_GRAPH_ROWS || !(decodes || alone) {
             return self.run(&pass, scratch);
         }
         self.replay(&pass, decodes, scratch)
@@ -109,12 +106,7 @@ impl Model<'_> {
 
     /// Launches the graph of `pass`'s shape; captures it first when there is none and it is
     /// `due` or the shape came before, else launches the pass kernel by kernel.
-    fn replay(
-        &self,
-        pass: &Pass<'_>,
-        due: bool,
-        scratch: &mut Scratch,
-    ) -> Result<(), BackendError> {
+    fn replay(&self, pass: &Pass, due: bool, scratch: &mut Scratch) -> Result<(), BackendError> {
         let shape = PassShape::of(pass);
         if scratch.graphs.get(&shape).is_none() {
             if !scratch.graphs.seen_before(&shape) && !due {
@@ -150,7 +142,7 @@ impl Model<'_> {
 
     /// Queues the whole pass, whose rows are in [`Act::Step`]; the output head and the greedy
     /// choices for its head rows.
-    fn run(&self, pass: &Pass<'_>, s: &Scratch) -> Result<(), BackendError> {
+    fn run(&self, pass: &Pass, s: &Scratch) -> Result<(), BackendError> {
         let n = pass.rows;
         self.gpu.dequant(
             &self.weights.token_embd,
@@ -175,7 +167,7 @@ impl Model<'_> {
     }
 
     /// The output head over the pass's head rows, then their greedy choices.
-    fn head(&self, pass: &Pass<'_>, s: &Scratch) -> Result<(), BackendError> {
+    fn head(&self, pass: &Pass, s: &Scratch) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let m = pass.heads;
         let input = if pass.head_is_last {
@@ -204,7 +196,7 @@ impl Model<'_> {
             let normed = s.ptr(Act::Normed);
             self.gpu
                 .rms_norm(input, norm.weight, normed, m, hp.n_embd, norm.eps)?;
-            self.project(&[head], normed, None, m, &[], s)?;
+            self.project(&[head], normed, None, m, s)?;
         }
         if let Some(cap) = hp.final_logit_softcapping {
             self.gpu.softcap(logits, cap, m * hp.vocab_size)?;
@@ -215,18 +207,18 @@ impl Model<'_> {
 
     /// The input of projections of the pass's rows at `x` through RMSNorm `norm`: `x` itself
     /// with the norm for the projections to apply on the fly (the GEMV kernels as they
-    /// quantize their input, the GEMM pass's `quantize_rows`); for a GEMV pass over rows too
-    /// wide for that, normalized into [`Act::Normed`] first.
+    /// quantize their input, `quantize_rows`, the float twin's `rms_norm`); for rows too wide
+    /// for a GEMV's shared memory, normalized into [`Act::Normed`] first (the same bits).
     fn normalized(
         &self,
         x: DevPtr<f32>,
         norm: &DeviceVector,
-        pass: &Pass<'_>,
+        pass: &Pass,
         s: &Scratch,
     ) -> Result<(DevPtr<f32>, Option<RowNorm>), BackendError> {
         let hp = &self.plan.hp;
         let rows = pass.rows;
-        if !pass.gemv() || RowNorm::fits(hp.n_embd) {
+        if RowNorm::fits(hp.n_embd) {
             let norm = RowNorm {
                 weight: norm.ptr,
                 eps: hp.norm_eps,
@@ -239,14 +231,14 @@ impl Model<'_> {
         Ok((normed, None))
     }
 
-    /// `x += post_norm(input · Wᵀ + bias)`: straight into the residual stream by the GEMV or
-    /// the tensor-core GEMM when there is no post-norm, else through [`Act::Projected`].
+    /// `x += post_norm(input · Wᵀ + bias)`: straight into the residual stream when there is no
+    /// post-norm, else through [`Act::Projected`].
     fn residual(
         &self,
         w: &DeviceMatrix,
         bias: Option<&DeviceVector>,
         input: DevPtr<f32>,
-        pass: &Pass<'_>,
+        pass: &Pass,
         post_norm: Option<&DeviceVector>,
         s: &Scratch,
     ) -> Result<(), BackendError> {
@@ -254,23 +246,19 @@ impl Model<'_> {
         let n = pass.rows;
         let (x, projected) = (s.ptr(Act::X), s.ptr(Act::Projected));
         let bias = bias.map(|b| b.ptr);
-        if post_norm.is_none() && pass.gemv() {
+        if post_norm.is_none() {
             let part = Projection { w, bias, out: x };
             if has_qgemv(w.ggml_type) {
                 return self.qgemv(&[part], input, None, n, QgemvMode::Accumulate, s);
             }
-            return self.gpu.gemv(&[part], input, None, n, true);
-        }
-        if post_norm.is_none() && has_qgemv(w.ggml_type) {
-            let part = Projection { w, bias, out: x };
-            return self.quantized_gemm(&[part], input, None, n, QgemvMode::Accumulate, s);
+            return self.float_projection(&[part], input, None, n, true, s);
         }
         let part = Projection {
             w,
             bias,
             out: projected,
         };
-        self.project(&[part], input, None, n, pass.segments, s)?;
+        self.project(&[part], input, None, n, s)?;
         if let Some(norm) = post_norm {
             self.gpu
                 .rms_norm(projected, norm.ptr, projected, n, hp.n_embd, hp.norm_eps)?;
@@ -284,7 +272,7 @@ impl Model<'_> {
         layer: &Layer,
         input: DevPtr<f32>,
         norm: Option<RowNorm>,
-        pass: &Pass<'_>,
+        pass: &Pass,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
@@ -302,7 +290,7 @@ impl Model<'_> {
                     .zip(separate_biases(layer))
                     .map(|((w, out), bias)| Projection { w, bias, out })
                     .collect();
-                self.project(&parts, input, norm, n, pass.segments, s)
+                self.project(&parts, input, norm, n, s)
             }
             Qkv::Fused(w) => {
                 let fused = s.ptr(Act::Fused);
@@ -316,7 +304,7 @@ impl Model<'_> {
                     bias,
                     out: fused,
                 };
-                self.project(&[part], input, norm, n, pass.segments, s)?;
+                self.project(&[part], input, norm, n, s)?;
                 self.gpu.copy_cols(fused, width, 0, q, qw, n)?;
                 self.gpu.copy_cols(fused, width, qw, k, kw, n)?;
                 self.gpu.copy_cols(fused, width, qw + kw, v, vw, n)
@@ -324,8 +312,8 @@ impl Model<'_> {
         }
     }
 
-    /// Q, K and V by one launch (the int8-activation GEMV, or in a pass of long chunks the
-    /// tensor-core GEMM) that also rotates Q and K and appends K and V to the cache, when the
+    /// Q, K and V by one int8-activation launch (the GEMV or the tensor-core GEMM, by the
+    /// pass's rows) that also rotates Q and K and appends K and V to the cache, when the
     /// layer allows it (separate quantized matrices, no
     /// Q/K norm between projection and RoPE); `false` when it does not, and nothing ran.
     #[allow(clippy::too_many_arguments)]
@@ -335,7 +323,7 @@ impl Model<'_> {
         rope: RopePlan,
         input: DevPtr<f32>,
         norm: Option<RowNorm>,
-        pass: &Pass<'_>,
+        pass: &Pass,
         kv: &LayerKv,
         s: &Scratch,
     ) -> Result<bool, BackendError> {
@@ -362,12 +350,7 @@ impl Model<'_> {
             .zip(separate_biases(layer))
             .map(|((w, out), bias)| Projection { w, bias, out });
         let parts: Vec<Projection<'_>> = parts.collect();
-        let mode = QgemvMode::Rope(target);
-        if pass.gemv() {
-            self.qgemv(&parts, input, norm, pass.rows, mode, s)?;
-        } else {
-            self.quantized_gemm(&parts, input, norm, pass.rows, mode, s)?;
-        }
+        self.qgemv(&parts, input, norm, pass.rows, QgemvMode::Rope(target), s)?;
         Ok(true)
     }
 
@@ -375,7 +358,7 @@ impl Model<'_> {
         &self,
         il: usize,
         layer: &Layer,
-        pass: &Pass<'_>,
+        pass: &Pass,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
@@ -426,7 +409,7 @@ impl Model<'_> {
             partial: s.ptr(Act::Partial),
             counters: s.ptr(Act::Counters),
         };
-        let split = pass.gemv().then_some(&split);
+        let split = (!pass.long).then_some(&split);
         let sinks = layer.attn_sinks.map(|v| v.ptr);
         gpu.attention(&layer_plan.attention, q, &kv, attn, n, split, sinks)?;
         self.residual(
@@ -439,13 +422,13 @@ impl Model<'_> {
         )
     }
 
-    fn ffn_block(&self, layer: &Layer, pass: &Pass<'_>, s: &Scratch) -> Result<(), BackendError> {
+    fn ffn_block(&self, layer: &Layer, pass: &Pass, s: &Scratch) -> Result<(), BackendError> {
         let hp = &self.plan.hp;
         let gpu = self.gpu;
         let (gate, up) = (s.ptr(Act::Gate), s.ptr(Act::Up));
         let (ff, gelu) = (hp.n_ff, self.plan.activation == Activation::GeluTanh);
         let (input, norm) = self.normalized(s.ptr(Act::X), &layer.ffn_norm, pass, s)?;
-        let (n, gemv) = (pass.rows, pass.gemv());
+        let n = pass.rows;
         let Ffn::Dense {
             gate_up,
             down: ffn_down,
@@ -457,8 +440,8 @@ impl Model<'_> {
             });
         };
         match gate_up {
-            GateUp::Separate { gate: wg, up: wu } if Self::gates_in_one_launch(wg, wu, gemv) => {
-                self.gated_projection(wg, wu, input, norm, n, gemv, gate, s)?;
+            GateUp::Separate { gate: wg, up: wu } if same_layout(wg, wu) => {
+                self.gated_projection(wg, wu, input, norm, n, gate, s)?;
             }
             GateUp::Separate { gate: wg, up: wu } => {
                 let parts = [
@@ -473,10 +456,10 @@ impl Model<'_> {
                         out: up,
                     },
                 ];
-                self.project(&parts, input, norm, n, pass.segments, s)?;
+                self.project(&parts, input, norm, n, s)?;
                 gpu.gated(gate, up, gate, ff, ff, n, gelu)?;
             }
-            GateUp::Fused(w) if Self::gates_in_one_launch(w, w, gemv) => {
+            GateUp::Fused(w) => {
                 let half = DeviceMatrix {
                     rows: ff,
                     ..w.clone()
@@ -485,17 +468,7 @@ impl Model<'_> {
                     ptr: w.ptr.offset(ff * w.row_bytes),
                     ..half.clone()
                 };
-                self.gated_projection(&half, &up_half, input, norm, n, gemv, gate, s)?;
-            }
-            GateUp::Fused(w) => {
-                let fused = s.ptr(Act::Fused);
-                let part = Projection {
-                    w,
-                    bias: None,
-                    out: fused,
-                };
-                self.project(&[part], input, norm, n, pass.segments, s)?;
-                gpu.gated(fused, fused.offset(ff), gate, ff, 2 * ff, n, gelu)?;
+                self.gated_projection(&half, &up_half, input, norm, n, gate, s)?;
             }
         }
         self.residual(ffn_down, None, gate, pass, layer.post_ffn_norm.as_ref(), s)

@@ -29,19 +29,19 @@ pub struct PassShape {
     head_is_last: bool,
     /// Blocks per head of the split decode attention (a GEMV pass; 0 otherwise).
     splits: usize,
-    /// Rows of each chunk of a pass of long chunks (empty for a GEMV pass).
-    segments: Vec<usize>,
+    /// A pass of long chunks (the prefill attention).
+    long: bool,
 }
 
 impl PassShape {
     /// The shape of `pass`.
-    pub fn of(pass: &Pass<'_>) -> Self {
+    pub fn of(pass: &Pass) -> Self {
         Self {
             rows: pass.rows,
             heads: pass.heads,
             head_is_last: pass.head_is_last,
-            splits: if pass.gemv() { pass.splits } else { 0 },
-            segments: pass.segments.iter().map(|s| s.rows).collect(),
+            splits: if pass.long { 0 } else { pass.splits },
+            long: pass.long,
         }
     }
 }

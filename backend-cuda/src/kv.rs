@@ -6,8 +6,8 @@ use worker_common::model::HyperParams;
 use crate::device::{Buffer, Gpu};
 use crate::params::DevPtr;
 
-/// VRAM the default pool leaves free beyond the weights, at least: cuBLAS's workspace, the
-/// module, the activations and the prefill path's dequantized matrix.
+/// VRAM the default pool leaves free beyond the weights, at least: the module and the
+/// activations.
 pub const MIN_HEADROOM: u64 = 1 << 30;
 /// Most bytes the default pool takes.
 const MAX_DEFAULT_BYTES: u64 = 16 << 30;

@@ -16,6 +16,7 @@
 
 mod device;
 mod fault;
+mod float;
 mod forward;
 mod graphs;
 mod kv;
@@ -37,6 +38,8 @@ mod weights;
 mod tests;
 #[cfg(test)]
 mod tests_argmax;
+#[cfg(test)]
+mod tests_float;
 #[cfg(test)]
 mod tests_moe;
 #[cfg(test)]
@@ -89,17 +92,13 @@ pub fn check_driver() -> Result<(), CudaError> {
     }
 }
 
-/// Checks every library the backend calls (driver, NVRTC, cuBLAS): cudarc panics on the first
-/// call into a missing one.
+/// Checks every library the backend calls (driver, NVRTC): cudarc panics on the first call into
+/// a missing one.
 pub fn check_libraries() -> Result<(), CudaError> {
     check_driver()?;
     // SAFETY: as above, each only tries to dlopen its library.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(CudaError::MissingLibrary("NVRTC (libnvrtc.so.13)"));
-    }
-    // SAFETY: as above.
-    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-        return Err(CudaError::MissingLibrary("cuBLAS (libcublas.so.13)"));
     }
     Ok(())
 }
@@ -133,9 +132,8 @@ pub struct CudaBackend {
     weights: DeviceWeights,
     kv: KvPool,
     scratch: Scratch,
-    /// Fixed bytes the loaded backend holds besides the weight buffers: cuBLAS's workspace, and
-    /// what no buffer names (the module, cuBLAS's handle, allocation granularity) as measured at
-    /// load. Reported under `weights`, the fixed part of the footprint.
+    /// Fixed bytes the loaded backend holds besides the weight buffers: what no buffer names
+    /// (the module, allocation granularity) as measured at load. Reported under `weights`, the fixed part of the footprint.
     runtime: u64,
     /// The memory pool's reservation once loaded: what it grows beyond is scratch.
     pool_at_load: u64,
@@ -207,7 +205,6 @@ impl Load for CudaBackend {
         let fault = FaultTrigger::from_env(&gpu)?;
         let scratch = Scratch::new(
             config.context_length.div_ceil(PAGE_SIZE),
-            weights.max_layer_matrix,
             plan.hp.vocab_size,
         );
         Ok(Self {
@@ -265,14 +262,6 @@ impl InferenceBackend for CudaBackend {
         self.plan.hp.vocab_size
     }
 
-    fn chunking_invariant(&self) -> bool {
-        // Every quantized product and the attention follow one order whatever the rows of
-        // their pass (specs/CUDA.md, "One arithmetic"). Not yet: float-format layer matrices
-        // (f32 GEMVs in a pass of short chunks, dequantize + SGEMM in one of long chunks) and
-        // routed experts (grouped GEMV against the GEMM).
-        self.weights.max_layer_matrix == 0 && self.weights.experts.iter().all(Option::is_none)
-    }
-
     fn prefill_chunk(&self) -> usize {
         PREFILL_CHUNK
     }
@@ -295,7 +284,7 @@ impl InferenceBackend for CudaBackend {
             table_entries: limits.sequences * self.kv.context_length.div_ceil(PAGE_SIZE),
         };
         self.gpu.bind()?;
-        self.scratch.reserve(&self.gpu, &self.plan, need, true)
+        self.scratch.reserve(&self.gpu, &self.plan, need)
     }
 
     /// Runs the chunks of 17 tokens or more (`GEMM_MIN_TOKENS`) together in one pass
@@ -366,12 +355,11 @@ impl CudaBackend {
         let passes = pass::passes(chunks);
         let members = |pass: &[usize]| pass.iter().map(|&i| &chunks[i]).collect::<Vec<_>>();
         let gemv = |pass: &[usize]| !pass.iter().any(|&i| pass::is_long(&chunks[i]));
-        let gemm = passes.iter().any(|pass| !gemv(pass));
         // Grown once for the step's largest pass, not pass by pass.
         let need = passes.iter().fold(Need::default(), |room, pass| {
             room.max(Scratch::need(&members(pass), gemv(pass)))
         });
-        self.scratch.reserve(&self.gpu, &self.plan, need, gemm)?;
+        self.scratch.reserve(&self.gpu, &self.plan, need)?;
         for pass in &passes {
             let model = Model {
                 gpu: &self.gpu,
@@ -389,7 +377,7 @@ impl CudaBackend {
     }
 
     /// What poisoned the context, when `err` says or the context does: a `Device` error from a
-    /// call whose status hides the cause (cuBLAS) is checked against the context's sticky error.
+    /// call whose status hides the cause is checked against the context's sticky error.
     fn lost_by(&self, err: &BackendError) -> Option<String> {
         match err {
             BackendError::DeviceLost(what) => Some(what.clone()),
@@ -540,22 +528,20 @@ impl PoolSizing {
     }
 }
 
-/// The fixed bytes beyond the weights (see [`CudaBackend`]'s `runtime`): the cuBLAS workspace
-/// plus what the device's used memory grew by since the context existed and no buffer accounts
-/// for (`buffers`: the weights and the KV pool).
+/// The fixed bytes beyond the weights (see [`CudaBackend`]'s `runtime`): what the device's
+/// used memory grew by since the context existed and no buffer accounts for (`buffers`: the
+/// weights and the KV pool).
 fn runtime_bytes(gpu: &Gpu, buffers: u64) -> Result<u64, BackendError> {
     gpu.sync()?;
-    let workspace = gpu.blas_workspace_bytes() as u64;
     let held = gpu.held_since_open()?;
-    let unnamed = held.saturating_sub(buffers + workspace).min(MAX_UNNAMED);
+    let unnamed = held.saturating_sub(buffers).min(MAX_UNNAMED);
     tracing::info!(
         held_since_context = held,
         buffers,
-        blas_workspace = workspace,
         unnamed,
         "device memory at load beyond the CUDA context"
     );
-    Ok(workspace + unnamed)
+    Ok(unnamed)
 }
 
 /// Checks that the driver reports every weight allocation as device memory (never host or

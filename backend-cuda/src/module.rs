@@ -31,11 +31,20 @@ struct EmbeddedCubin {
 const EMBEDDED: &[EmbeddedCubin] = include!(concat!(env!("OUT_DIR"), "/embedded.rs"));
 
 /// The formats of dense matrices (those of [`WEIGHT_FORMATS`] with a block decoder: dequantize
-/// and f32 GEMV kernels), as GGUF types with their kernels' name suffix, in the table's order.
+/// kernels), as GGUF types with their kernels' name suffix, in the table's order.
 pub fn dense_formats() -> impl Iterator<Item = (GgmlType, &'static str)> {
     WEIGHT_FORMATS
         .iter()
         .filter(|f| f.block.is_some())
+        .filter_map(|f| Some((GgmlType::from_id(f.id)?, f.suffix)))
+}
+
+/// The float formats (F32, F16, BF16: a block decoder, no int8 chunk decoder), which the f32
+/// GEMVs and their many-row twin multiply, in the table's order.
+pub fn float_formats() -> impl Iterator<Item = (GgmlType, &'static str)> {
+    WEIGHT_FORMATS
+        .iter()
+        .filter(|f| f.float_dense())
         .filter_map(|f| Some((GgmlType::from_id(f.id)?, f.suffix)))
 }
 
@@ -48,10 +57,12 @@ pub fn supports(ggml_type: GgmlType) -> bool {
 pub struct Kernels {
     /// `dequant_*`, in [`dense_formats`] order.
     dequant: Vec<CudaFunction>,
-    /// `gemv_*`, in [`dense_formats`] order.
+    /// `gemv_*`, in [`float_formats`] order.
     gemv: Vec<CudaFunction>,
-    /// `gemv_gated_*`, in [`dense_formats`] order.
+    /// `gemv_gated_*`, in [`float_formats`] order.
     gemv_gated: Vec<CudaFunction>,
+    /// `fgemm_*`, in [`float_formats`] order.
+    fgemm: Vec<CudaFunction>,
     /// The one-token int8-activation GEMV, `qgemv[log2 warps per row][rows per warp - 1]`
     /// (`qgemv_r1_t1_p1_s1`, …, `qgemv_r2_t1_p8_s1`).
     pub qgemv: Vec<[CudaFunction; 2]>,
@@ -71,8 +82,6 @@ pub struct Kernels {
     pub rms_norm: CudaFunction,
     /// Rotary position embedding in place, then the keys and values into the pool.
     pub rope_store: CudaFunction,
-    /// Adds a bias to every row.
-    pub add_bias: CudaFunction,
     /// Residual add.
     pub add: CudaFunction,
     /// SiLU- or GELU-gated product of gate and up.
@@ -99,17 +108,22 @@ pub struct Kernels {
 impl Kernels {
     /// The dequantize kernel of `ggml_type`.
     pub fn dequant(&self, ggml_type: GgmlType) -> Result<&CudaFunction, BackendError> {
-        type_index(ggml_type).map(|i| &self.dequant[i])
+        type_index(dense_formats(), ggml_type).map(|i| &self.dequant[i])
     }
 
-    /// The GEMV kernel of `ggml_type`.
+    /// The f32 GEMV kernel of float format `ggml_type`.
     pub fn gemv(&self, ggml_type: GgmlType) -> Result<&CudaFunction, BackendError> {
-        type_index(ggml_type).map(|i| &self.gemv[i])
+        type_index(float_formats(), ggml_type).map(|i| &self.gemv[i])
     }
 
-    /// The gated gate-and-up GEMV kernel of `ggml_type`.
+    /// The gated gate-and-up f32 GEMV kernel of float format `ggml_type`.
     pub fn gemv_gated(&self, ggml_type: GgmlType) -> Result<&CudaFunction, BackendError> {
-        type_index(ggml_type).map(|i| &self.gemv_gated[i])
+        type_index(float_formats(), ggml_type).map(|i| &self.gemv_gated[i])
+    }
+
+    /// The GEMV's many-row twin for float format `ggml_type`.
+    pub fn fgemm(&self, ggml_type: GgmlType) -> Result<&CudaFunction, BackendError> {
+        type_index(float_formats(), ggml_type).map(|i| &self.fgemm[i])
     }
 
     /// The tensor-core GEMM for a launch whose matrices are all of `one_format`, else (`None`,
@@ -149,15 +163,18 @@ impl Kernels {
                 })
                 .collect::<Result<Vec<_>, BackendError>>()
         };
-        let per_type = |prefix: &str| -> Result<Vec<CudaFunction>, BackendError> {
-            dense_formats()
+        let per_float = |prefix: &str| -> Result<Vec<CudaFunction>, BackendError> {
+            float_formats()
                 .map(|(_, suffix)| get(&format!("{prefix}_{suffix}")))
                 .collect()
         };
         Ok(Self {
-            dequant: per_type("dequant")?,
-            gemv: per_type("gemv")?,
-            gemv_gated: per_type("gemv_gated")?,
+            dequant: dense_formats()
+                .map(|(_, suffix)| get(&format!("dequant_{suffix}")))
+                .collect::<Result<_, BackendError>>()?,
+            gemv: per_float("gemv")?,
+            gemv_gated: per_float("gemv_gated")?,
+            fgemm: per_float("fgemm")?,
             qgemv: qgemv_table(1, &[(1, 1), (2, 1), (4, 1), (8, 1)])?,
             qgemv_batched: qgemv_table(8, &[(1, 1), (2, 1), (2, 2)])?,
             qgemm_mixed: [get("qgemm_small")?, get("qgemm_large")?],
@@ -173,7 +190,6 @@ impl Kernels {
             quantize_rows: get("quantize_rows")?,
             rms_norm: get("rms_norm")?,
             rope_store: get("rope_store")?,
-            add_bias: get("add_bias")?,
             add: get("add")?,
             gated: get("gated")?,
             copy_cols: get("copy_cols")?,
@@ -227,8 +243,11 @@ pub struct MoeKernels {
     pub down: [CudaFunction; 3],
 }
 
-fn type_index(ggml_type: GgmlType) -> Result<usize, BackendError> {
-    dense_formats()
+fn type_index(
+    mut formats: impl Iterator<Item = (GgmlType, &'static str)>,
+    ggml_type: GgmlType,
+) -> Result<usize, BackendError> {
+    formats
         .position(|(t, _)| t == ggml_type)
         .ok_or_else(|| BackendError::Unsupported {
             backend: "bespoke-cuda",

@@ -47,11 +47,11 @@ struct ExpertLaunch {
 
 impl ExpertKernel {
     /// The kernel a pass takes.
-    pub fn for_pass(pass: &Pass<'_>) -> Self {
-        match (pass.gemv(), pass.rows) {
-            (false, _) => Self::Gemm,
-            (true, 1) => Self::Pairs,
-            (true, _) => Self::Gemv,
+    pub fn for_pass(pass: &Pass) -> Self {
+        match (pass.long, pass.rows) {
+            (true, _) => Self::Gemm,
+            (false, 1) => Self::Pairs,
+            (false, _) => Self::Gemv,
         }
     }
 
@@ -246,7 +246,7 @@ impl Model<'_> {
         moe: &Experts<DeviceMatrix, DeviceVector>,
         tables: &ExpertTables,
         norm: &DeviceVector,
-        pass: &Pass<'_>,
+        pass: &Pass,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let (hp, n) = (&self.plan.hp, pass.rows);
@@ -262,7 +262,7 @@ impl Model<'_> {
             bias: Some(moe.router_bias.ptr),
             out: b.logits,
         };
-        self.project(&[router], normed, None, n, &[], s)?;
+        self.project(&[router], normed, None, n, s)?;
         let route = MoeRouteParams {
             logits: b.logits,
             count: int(counts.count)?,

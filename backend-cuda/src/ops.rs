@@ -8,20 +8,18 @@ use worker_common::model::{AttentionShape, RopePlan, RopeStyle};
 use crate::device::Gpu;
 use crate::params::{
     ArgmaxParams, AttentionParams, CopyParams, DequantParams, DevPtr, ElementwiseParams,
-    GatedParams, GemvGatedParams, GemvParams, QRope, RmsNormParams, RopeStoreParams, StepRows,
+    GatedParams, QRope, RmsNormParams, RopeStoreParams, StepRows,
 };
 use crate::program::{
     ATT_CHUNK, ATT_H64_QPW, ATT_H64_WARPS, ATT_H128_QPW, ATT_H128_WARPS, ATT_H256_QPW,
-    ATT_H256_WARPS, GEMV_WARPS, MAX_HEAD,
+    ATT_H256_WARPS, MAX_HEAD,
 };
 
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
 /// Most dynamic shared memory a launch gets without raising the kernel's limit: the widest
 /// input a GEMV can RMS-normalize itself ([`RowNorm`]).
-const MAX_DYNAMIC_SHARED: usize = 48 * 1024;
-/// Most warps a gate·up GEMV launch may take with gate and up rows in warps of their own.
-const SPLIT_GATED_MAX_WARPS: usize = 8192;
+pub(crate) const MAX_DYNAMIC_SHARED: usize = 48 * 1024;
 /// The prefill attention kernels (`attention_h64`, `_h128`, `_h256` in attention.cu): the
 /// widest head each takes, its query rows per block and its threads (`AttSize::QUERIES`,
 /// `AttSize::THREADS`), from program.rs's warps and rows a warp.
@@ -73,30 +71,6 @@ pub(crate) fn norm_params(norm: Option<RowNorm>) -> (DevPtr<f32>, f32) {
     norm.map_or((DevPtr::NULL, 0.0), |n| (n.weight, n.eps))
 }
 
-/// Warps per output row of a GEMV launch of `rows` rows shaped as `w`: a row of more than a
-/// few of a warp's load steps (a warp reads about 150–200 bytes of weights per step) is split
-/// over 2 or 4 warps, unless the rows alone give the GPU enough warps.
-fn gemv_parts(rows: usize, w: &DeviceMatrix) -> usize {
-    const MANY_ROWS: usize = 8192;
-    match w.row_bytes {
-        _ if rows >= MANY_ROWS => 1,
-        0..=384 => 1,
-        385..=768 => 2,
-        _ => GEMV_WARPS,
-    }
-}
-
-/// Threads and dynamic shared memory (the normalized input row) of a GEMV block.
-fn gemv_block(norm: Option<RowNorm>, cols: usize) -> Result<(u32, u32), BackendError> {
-    let shared = if norm.is_some() { cols * 4 } else { 0 };
-    if shared > MAX_DYNAMIC_SHARED {
-        return Err(BackendError::Device(format!(
-            "a GEMV cannot normalize {cols} inputs in shared memory"
-        )));
-    }
-    Ok(((GEMV_WARPS * 32) as u32, shared as u32))
-}
-
 /// Blocks for a grid-stride loop over `total` elements (enough to fill the GPU, no more).
 fn blocks(total: usize) -> u32 {
     total.div_ceil(BLOCK as usize).clamp(1, 4096) as u32
@@ -123,111 +97,6 @@ impl Gpu {
             out,
         };
         self.launch(func, (blocks(rows * w.cols), 1), BLOCK, &params)
-    }
-
-    /// `y = W · norm(x[t]) (+ bias)` for `n` tokens and up to three matrices of one format and
-    /// width reading the same input, in one launch (`norm`: an RMSNorm the kernel applies to
-    /// its input rows, if any); with `accumulate` each result is added to its output (the
-    /// residual stream) instead of stored.
-    pub fn gemv(
-        &self,
-        parts: &[Projection<'_>],
-        x: DevPtr<f32>,
-        norm: Option<RowNorm>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<(), BackendError> {
-        let (first, rest) = parts
-            .split_first()
-            .ok_or_else(|| BackendError::Device("a GEMV launch of no matrix".to_owned()))?;
-        let (w, cols, row_bytes) = (first.w, first.w.cols, first.w.row_bytes);
-        if parts.len() > 3
-            || rest.iter().any(|p| {
-                p.w.ggml_type != w.ggml_type || p.w.cols != cols || p.w.row_bytes != row_bytes
-            })
-        {
-            return Err(BackendError::Device(
-                "one GEMV launch takes up to three matrices of one format and width".to_owned(),
-            ));
-        }
-        let part = |i: usize| parts.get(i);
-        let w_of = |i: usize| part(i).map_or(DevPtr::NULL, |p| p.w.ptr);
-        let rows_of = |i: usize| part(i).map_or(Ok(0), |p| int(p.w.rows));
-        let bias_of = |i: usize| part(i).and_then(|p| p.bias).unwrap_or_default();
-        let out_of = |i: usize| part(i).map_or(DevPtr::NULL, |p| p.out);
-        let total = parts.iter().map(|p| p.w.rows).sum();
-        let warps = gemv_parts(total, w);
-        let (norm_w, eps) = norm_params(norm);
-        let params = GemvParams {
-            w0: w_of(0),
-            w1: w_of(1),
-            w2: w_of(2),
-            rows0: rows_of(0)?,
-            rows1: rows_of(1)?,
-            rows2: rows_of(2)?,
-            cols: int(cols)?,
-            row_bytes: long(row_bytes),
-            block_elems: int(w.ggml_type.block_size() as usize)?,
-            parts: warps as i32,
-            x,
-            norm: norm_w,
-            eps,
-            b0: bias_of(0),
-            b1: bias_of(1),
-            b2: bias_of(2),
-            y0: out_of(0),
-            y1: out_of(1),
-            y2: out_of(2),
-            accumulate: i32::from(accumulate),
-        };
-        let func = self.kernels.gemv(w.ggml_type)?;
-        let grid = (
-            int(total.div_ceil(GEMV_WARPS / warps))? as u32,
-            int(n)? as u32,
-        );
-        let block = gemv_block(norm, cols)?;
-        self.launch_shared(func, grid, block, &params)
-    }
-
-    /// `out[t][r] = act(gate[r] · x[t]) · (up[r] · x[t])` for `n` tokens (x through `norm` if
-    /// given), where `up` is the address of a matrix shaped and typed as `gate` (or the up half
-    /// of a fused one).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_gated(
-        &self,
-        gate: &DeviceMatrix,
-        up: DevPtr<u8>,
-        x: DevPtr<f32>,
-        norm: Option<RowNorm>,
-        n: usize,
-        out: DevPtr<f32>,
-        gelu: bool,
-    ) -> Result<(), BackendError> {
-        let (norm_w, eps) = norm_params(norm);
-        // Gate and up in warps of their own while about that many warps fit on an H100 at once
-        // (132 SMs × 64): faster for SmolLM2's 1536 rows, slower for Qwen 0.5B's 4864.
-        let split = 2 * n * gate.rows <= SPLIT_GATED_MAX_WARPS;
-        let params = GemvGatedParams {
-            gate: gate.ptr,
-            up,
-            rows: int(gate.rows)?,
-            cols: int(gate.cols)?,
-            row_bytes: long(gate.row_bytes),
-            x,
-            norm: norm_w,
-            eps,
-            split: i32::from(split),
-            out,
-            use_gelu: i32::from(gelu),
-        };
-        let func = self.kernels.gemv_gated(gate.ggml_type)?;
-        let rows_per_block = if split { GEMV_WARPS / 2 } else { GEMV_WARPS };
-        let grid = (
-            int(gate.rows.div_ceil(rows_per_block))? as u32,
-            int(n)? as u32,
-        );
-        let block = gemv_block(norm, gate.cols)?;
-        self.launch_shared(func, grid, block, &params)
     }
 
     /// RMSNorm of `rows` rows of `width` (`out` may be `x`).
@@ -268,24 +137,6 @@ impl Gpu {
             BLOCK,
             &params,
         )
-    }
-
-    /// `x[t] += bias` for every `bias_len`-wide row of the `total` elements of `x`.
-    pub fn add_bias(
-        &self,
-        x: DevPtr<f32>,
-        bias: DevPtr<f32>,
-        bias_len: usize,
-        total: usize,
-    ) -> Result<(), BackendError> {
-        let params = ElementwiseParams {
-            x,
-            y: bias,
-            width: int(bias_len)?,
-            total: long(total),
-            ..Default::default()
-        };
-        self.launch(&self.kernels.add_bias, (blocks(total), 1), BLOCK, &params)
     }
 
     /// `x += y` over `total` elements.

@@ -56,7 +56,7 @@ impl<T> DevPtr<T> {
         }
     }
 
-    /// The raw address, for the driver and cuBLAS calls that take one.
+    /// The raw address, for the driver calls that take one.
     pub fn addr(self) -> u64 {
         self.addr
     }
@@ -292,7 +292,7 @@ kernel_params! {
         pub out: DevPtr<f32>,
     }
 
-    /// `gemv_*` (any format, f32 arithmetic): up to three matrices of one format and width.
+    /// `gemv_*` (float formats, f32 arithmetic): up to three matrices of one format and width.
     pub struct GemvParams {
         /// The matrices' rows 0 (null: none).
         pub w0: DevPtr<u8>,
@@ -333,6 +333,33 @@ kernel_params! {
         /// See `y0`.
         pub y2: DevPtr<f32>,
         /// 1: add to the outputs.
+        pub accumulate: i32,
+    }
+
+    /// `fgemm_*` (float formats): one matrix by `n` normalized input rows, THE FLOAT ORDER of
+    /// quant.cu as the GEMV's.
+    pub struct FgemmParams {
+        /// Row 0 of the weights.
+        pub w: DevPtr<u8>,
+        /// Weight rows.
+        pub rows: i32,
+        /// Input width.
+        pub cols: i32,
+        /// Bytes per weight row.
+        pub row_bytes: i64,
+        /// Elements per block of the format.
+        pub block_elems: i32,
+        /// Pieces a row is summed in (`float_parts`).
+        pub parts: i32,
+        /// Input rows.
+        pub n: i32,
+        /// f32 input rows of `cols`.
+        pub x: DevPtr<f32>,
+        /// Per-row bias, or null.
+        pub bias: DevPtr<f32>,
+        /// Output rows of `rows`.
+        pub out: DevPtr<f32>,
+        /// 1: added to `out` (the residual), 0: stored.
         pub accumulate: i32,
     }
 
@@ -395,14 +422,12 @@ kernel_params! {
         pub v_width: i32,
     }
 
-    /// `add_bias`, `add`, `softcap`: element-wise over `total` floats of `x`.
+    /// `add`, `softcap`: element-wise over `total` floats of `x`.
     pub struct ElementwiseParams {
         /// Updated in place.
         pub x: DevPtr<f32>,
-        /// The other operand (`add_bias`: a row of `width`), or null.
+        /// The other operand (`add`), or null.
         pub y: DevPtr<f32>,
-        /// `add_bias`'s row width.
-        pub width: i32,
         /// `softcap`'s cap.
         pub cap: f32,
         /// Elements.

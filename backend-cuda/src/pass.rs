@@ -40,43 +40,26 @@ pub fn takes_gemm(rows: usize, weight_bytes: usize, from: Option<usize>) -> bool
     }
 }
 
-/// The rows of one chunk in a pass of long chunks: a float-format matrix gets an SGEMM per
-/// chunk, shaped as if the chunk ran alone, so its results do not depend on the others.
-#[derive(Debug, Clone, Copy)]
-pub struct Segment {
-    /// First row.
-    pub start: usize,
-    /// Rows.
-    pub rows: usize,
-}
-
 /// The shape of one pass: its token rows (of one or more chunks), how many of them the head
 /// multiplies, and which kernels it takes.
 #[derive(Debug, Clone, Copy)]
-pub struct Pass<'a> {
+pub struct Pass {
     /// Token rows.
     pub rows: usize,
     /// Head rows: the last row of each chunk that wants an output.
     pub heads: usize,
-    /// Empty for chunks under [`GEMM_MIN_TOKENS`] tokens (int8-activation GEMVs over all rows
-    /// and the split decode attention); else the chunks of at least that many (the tensor-core
-    /// GEMM, the tiled prefill attention).
-    pub segments: &'a [Segment],
+    /// Chunks of at least [`GEMM_MIN_TOKENS`] tokens (the tiled prefill attention), else
+    /// shorter ones (the split decode attention). The projections take their kernels by the
+    /// pass's rows either way.
+    pub long: bool,
     /// Whether the head rows are the last rows of the pass (one chunk): no gather needed.
     pub head_is_last: bool,
     /// Blocks per head of the split decode attention.
     pub splits: usize,
 }
 
-impl Pass<'_> {
-    /// Whether the pass takes the GEMV kernels.
-    pub fn gemv(&self) -> bool {
-        self.segments.is_empty()
-    }
-}
-
-/// Whether `chunk` takes the SGEMM path (dequantize + SGEMM, one-block attention) rather than
-/// the GEMV kernels: a pass holds chunks of one kind only.
+/// Whether `chunk` joins the pass of long chunks (the tiled prefill attention) rather than the
+/// short one: a pass holds chunks of one kind only.
 pub fn is_long(chunk: &Chunk<'_>) -> bool {
     chunk.tokens.len() >= GEMM_MIN_TOKENS
 }
@@ -120,27 +103,11 @@ pub fn check_pass(chunks: &[&Chunk<'_>]) -> Result<(), BackendError> {
     let long = chunks.iter().filter(|c| is_long(c)).count();
     if long != 0 && long != chunks.len() {
         return Err(BackendError::Device(
-            "a pass takes chunks under the SGEMM size or chunks of at least it, not both"
+            "a pass takes chunks under the prefill attention's size or chunks of at least it, not both"
                 .to_owned(),
         ));
     }
     Ok(())
-}
-
-/// The rows of each chunk of a long pass, one after another.
-pub fn segments(chunks: &[&Chunk<'_>]) -> Vec<Segment> {
-    let mut start = 0;
-    chunks
-        .iter()
-        .map(|chunk| {
-            let segment = Segment {
-                start,
-                rows: chunk.tokens.len(),
-            };
-            start += segment.rows;
-            segment
-        })
-        .collect()
 }
 
 /// Blocks per head of the split decode attention for a chunk ending at `end_pos`: enough for

@@ -41,6 +41,14 @@ pub fn source() -> String {
 pub const PAGE_SIZE: usize = 16;
 /// Warps per block of the f32 GEMV kernels (quant.cu).
 pub const GEMV_WARPS: usize = 4;
+/// Weight rows and input rows a warp of the float formats' many-row twin holds (quant.cu's
+/// `fgemm`): one output a lane.
+pub const FG_ROWS: usize = 4;
+/// See [`FG_ROWS`].
+pub const FG_TOKENS: usize = 8;
+/// The "virtual threads" of RMSNorm's one order (prelude.cu's `rms_scale`): a block of any
+/// size that divides it sums a row's squares as `rms_norm`'s block of this many threads.
+pub const NORM_THREADS: usize = 256;
 /// Warps per block of the int8-activation GEMV kernels (qgemv.cu).
 pub const QG_WARPS: usize = 8;
 /// 32-element chunks per segment of the quantized products' one order (qgemv.cu): a segment is
@@ -92,9 +100,12 @@ pub const QG_ROPE: usize = 4;
 
 /// The constants above that the kernels read, by the names they read them under: each is
 /// defined here alone and passed to NVRTC as `-D` (no `.cu` file defines it).
-pub const KERNEL_CONSTANTS: [(&str, usize); 22] = [
+pub const KERNEL_CONSTANTS: [(&str, usize); 25] = [
     ("PAGE_SIZE", PAGE_SIZE),
     ("GEMV_WARPS", GEMV_WARPS),
+    ("FG_ROWS", FG_ROWS),
+    ("FG_TOKENS", FG_TOKENS),
+    ("NORM_THREADS", NORM_THREADS),
     ("QG_WARPS", QG_WARPS),
     ("QG_SEG", QG_SEG),
     ("QG_MAX_SEGMENTS", QG_MAX_SEGMENTS),

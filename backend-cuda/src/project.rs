@@ -1,104 +1,101 @@
-//! The projections of a pass (`out = norm(input) · Wᵀ`), by the kernels its shape takes: for the
-//! quantized formats the int8-activation GEMVs or the int8 tensor-core GEMM over all rows, by the
-//! pass's rows (the same bits either way: `pass::takes_gemm`); for the float formats f32 GEMVs
-//! in a pass of short chunks, dequantize + SGEMM per chunk in a pass of long ones.
+//! The projections of a pass (`out = norm(input) · Wᵀ`), by the kernels its rows take: for the
+//! quantized formats the int8-activation GEMVs or the int8 tensor-core GEMM
+//! ([`takes_gemm`]), for the float formats the f32 GEMV or its many-row twin
+//! ([`FGEMM_MIN_ROWS`]). Each family sums an output in one order whichever of its kernels runs,
+//! so a row's bits depend neither on the other rows of its pass nor on how its prompt was cut.
 
 use worker_common::backend::BackendError;
 use worker_common::model::Activation;
 
+use crate::float::{FGEMM_MIN_ROWS, float_parts};
 use crate::forward::Model;
 use crate::ops::{DeviceMatrix, Projection, RowNorm};
 use crate::params::DevPtr;
-use crate::pass::{Segment, takes_gemm};
+use crate::pass::takes_gemm;
 use crate::qgemv::{QgemvInput, QgemvMode, has_qgemv, prequantized};
 use crate::scratch::{Act, Scratch};
 
 impl Model<'_> {
-    /// `out = norm(input) · Wᵀ (+ bias)` for each part, `n` token rows: with `segments` (a
-    /// pass of long chunks) by [`Model::gemm`]; else GEMV launches over all rows: one
-    /// int8-activation launch when every part's format has one, else one f32 GEMV launch per
-    /// run of parts with the same format.
+    /// `out = norm(input) · Wᵀ (+ bias)` for each part, `n` token rows: the quantized parts by
+    /// one int8-activation launch ([`Model::qgemv`]), the float ones by one launch per run of
+    /// parts with the same layout ([`Model::float_projection`]).
     pub(crate) fn project(
         &self,
         parts: &[Projection<'_>],
         input: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
-        segments: &[Segment],
-        s: &Scratch,
-    ) -> Result<(), BackendError> {
-        if !segments.is_empty() {
-            return self.gemm(parts, input, norm, n, segments, s);
-        }
-        if parts.iter().all(|p| has_qgemv(p.w.ggml_type)) {
-            return self.qgemv(parts, input, norm, n, QgemvMode::Store, s);
-        }
-        let mut start = 0;
-        while start < parts.len() {
-            let w = parts[start].w;
-            let end = parts[start..]
-                .iter()
-                .position(|p| !same_layout(p.w, w))
-                .map_or(parts.len(), |i| start + i);
-            self.gpu.gemv(&parts[start..end], input, norm, n, false)?;
-            start = end;
-        }
-        Ok(())
-    }
-
-    /// The projections of a pass of long chunks: the quantized parts by one tensor-core GEMM
-    /// launch over all `n` rows ([`Model::quantized_gemm`]); the others (float formats) with
-    /// each matrix dequantized once, then an SGEMM per segment shaped as if its chunk ran
-    /// alone, so that no row's results depend on the other chunks.
-    fn gemm(
-        &self,
-        parts: &[Projection<'_>],
-        input: DevPtr<f32>,
-        norm: Option<RowNorm>,
-        n: usize,
-        segments: &[Segment],
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let (quantized, float): (Vec<Projection<'_>>, Vec<Projection<'_>>) =
             parts.iter().partition(|p| has_qgemv(p.w.ggml_type));
         if !quantized.is_empty() {
-            self.quantized_gemm(&quantized, input, norm, n, QgemvMode::Store, s)?;
+            self.qgemv(&quantized, input, norm, n, QgemvMode::Store, s)?;
         }
-        let Some(first) = float.first() else {
-            return Ok(());
-        };
-        let input = match norm {
-            Some(norm) => {
-                let normed = s.ptr(Act::Normed);
-                let cols = first.w.cols;
-                self.gpu
-                    .rms_norm(input, norm.weight, normed, n, cols, norm.eps)?;
-                normed
-            }
-            None => input,
-        };
-        let dequant = s.dequant().ok_or_else(|| {
-            BackendError::Device("no dequantization scratch for a float matrix".to_owned())
-        })?;
-        for p in float {
-            self.gpu.dequant(p.w, p.w.rows, None, 1.0, dequant)?;
-            for segment in segments {
-                let (rows, cols) = (segment.rows, p.w.cols);
-                let x = input.offset(segment.start * cols);
-                let out = p.out.offset(segment.start * p.w.rows);
-                self.gpu.sgemm_nt(p.w.rows, rows, cols, dequant, x, out)?;
-            }
-            if let Some(bias) = p.bias {
-                self.gpu.add_bias(p.out, bias, p.w.rows, n * p.w.rows)?;
-            }
+        let mut start = 0;
+        while start < float.len() {
+            let w = float[start].w;
+            let end = float[start..]
+                .iter()
+                .position(|p| !same_layout(p.w, w))
+                .map_or(float.len(), |i| start + i);
+            self.float_projection(&float[start..end], input, norm, n, false, s)?;
+            start = end;
         }
         Ok(())
+    }
+
+    /// Up to three float-format matrices of one layout by `n` rows at `input` (through `norm`
+    /// when given), stored, or added to their outputs with `accumulate`: by the f32 GEMV under
+    /// [`FGEMM_MIN_ROWS`] rows, else the rows normalized into [`Act::Normed`] and each matrix by
+    /// the twin with the pieces the GEMV launch would have had ([`float_parts`]): the same bits.
+    pub(crate) fn float_projection(
+        &self,
+        parts: &[Projection<'_>],
+        input: DevPtr<f32>,
+        norm: Option<RowNorm>,
+        n: usize,
+        accumulate: bool,
+        s: &Scratch,
+    ) -> Result<(), BackendError> {
+        let Some(first) = parts.first() else {
+            return Ok(());
+        };
+        if n < FGEMM_MIN_ROWS {
+            return self.gpu.gemv(parts, input, norm, n, accumulate);
+        }
+        let input = self.normalized_rows(input, norm, n, first.w.cols, s)?;
+        let total = parts.iter().map(|p| p.w.rows).sum();
+        let pieces = float_parts(total, first.w);
+        for part in parts {
+            self.gpu.fgemm(part, input, n, pieces, accumulate)?;
+        }
+        Ok(())
+    }
+
+    /// `input` through `norm` into [`Act::Normed`] when given (rms_norm's arithmetic is the
+    /// in-kernel norms'), else `input`.
+    fn normalized_rows(
+        &self,
+        input: DevPtr<f32>,
+        norm: Option<RowNorm>,
+        n: usize,
+        cols: usize,
+        s: &Scratch,
+    ) -> Result<DevPtr<f32>, BackendError> {
+        let Some(norm) = norm else {
+            return Ok(input);
+        };
+        let normed = s.ptr(Act::Normed);
+        self.gpu
+            .rms_norm(input, norm.weight, normed, n, cols, norm.eps)?;
+        Ok(normed)
     }
 
     /// The `n` rows at `x` (through `norm` when given) quantized once into [`Act::Quantized`],
     /// then times up to three quantized matrices by one tensor-core GEMM launch, as `mode`
     /// says (the GEMV's modes).
-    pub(crate) fn quantized_gemm(
+    fn quantized_gemm(
         &self,
         parts: &[Projection<'_>],
         x: DevPtr<f32>,
@@ -155,9 +152,10 @@ impl Model<'_> {
         self.gpu.qgemv(parts, QgemvInput::Rows(x, norm), n, mode)
     }
 
-    /// `out = act(norm(input) · gateᵀ) · (norm(input) · upᵀ)` by one launch: the GEMV in a
-    /// GEMV pass (`gemv`), else the tensor-core GEMM, which takes quantized formats only
-    /// ([`Model::gates_in_one_launch`]).
+    /// `out = act(norm(input) · gateᵀ) · (norm(input) · upᵀ)`: one int8-activation launch for
+    /// quantized matrices; for float ones the gated GEMV under [`FGEMM_MIN_ROWS`] rows, else
+    /// gate and up by the twin in one piece each (the gated GEMV's order) into [`Act::Gate`]
+    /// and [`Act::Up`], then the activation's product into `out`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_projection(
         &self,
@@ -166,30 +164,29 @@ impl Model<'_> {
         input: DevPtr<f32>,
         norm: Option<RowNorm>,
         n: usize,
-        gemv: bool,
         out: DevPtr<f32>,
         s: &Scratch,
     ) -> Result<(), BackendError> {
         let gelu = self.plan.activation == Activation::GeluTanh;
-        let parts = [gate, up].map(|w| Projection { w, bias: None, out });
-        let mode = QgemvMode::Gated { gelu };
-        if !gemv {
-            return self.quantized_gemm(&parts, input, norm, n, mode, s);
-        }
         if has_qgemv(gate.ggml_type) {
-            return self.qgemv(&parts, input, norm, n, mode, s);
+            let parts = [gate, up].map(|w| Projection { w, bias: None, out });
+            return self.qgemv(&parts, input, norm, n, QgemvMode::Gated { gelu }, s);
         }
-        self.gpu.gemv_gated(gate, up.ptr, input, norm, n, out, gelu)
-    }
-
-    /// Whether gate and up take one [`Model::gated_projection`] launch in a pass (`gemv`: of
-    /// short chunks): same layout, and for a GEMM pass a quantized format.
-    pub(crate) fn gates_in_one_launch(gate: &DeviceMatrix, up: &DeviceMatrix, gemv: bool) -> bool {
-        same_layout(gate, up) && (gemv || has_qgemv(gate.ggml_type))
+        if n < FGEMM_MIN_ROWS {
+            return self.gpu.gemv_gated(gate, up.ptr, input, norm, n, out, gelu);
+        }
+        let input = self.normalized_rows(input, norm, n, gate.cols, s)?;
+        let (gate_out, up_out) = (s.ptr(Act::Gate), s.ptr(Act::Up));
+        for (w, out) in [(gate, gate_out), (up, up_out)] {
+            let part = Projection { w, bias: None, out };
+            self.gpu.fgemm(&part, input, n, 1, false)?;
+        }
+        self.gpu
+            .gated(gate_out, up_out, out, gate.rows, gate.rows, n, gelu)
     }
 }
 
-/// Whether two matrices can share one GEMV launch (same format and row shape).
+/// Whether two matrices can share one launch (same format and row shape).
 pub(crate) fn same_layout(a: &DeviceMatrix, b: &DeviceMatrix) -> bool {
     a.ggml_type == b.ggml_type && a.cols == b.cols && a.row_bytes == b.row_bytes
 }

@@ -139,9 +139,6 @@ impl Layout {
 
 /// Activation buffers, grown to the largest pass and reused.
 pub struct Scratch {
-    /// Elements of the largest float layer matrix: the prefill's dequantization buffer holds one
-    /// (none when every layer matrix takes the tensor-core GEMM).
-    max_layer_matrix: usize,
     /// What the buffers hold.
     room: Need,
     /// The smallest room reserved: one token of one full context.
@@ -151,8 +148,6 @@ pub struct Scratch {
     /// The host side of [`Act::Step`], kept so that a step allocates nothing.
     staging: Vec<u8>,
     buffers: Vec<Buffer>,
-    /// Dequantized float-format weight matrix for the prefill's SGEMM.
-    dequant: Option<Buffer>,
     /// Logits of the head rows, then their choices, copied here straight from the GPU.
     logits: Option<PinnedHostSlice<f32>>,
     /// Head rows of the last pass.
@@ -168,9 +163,8 @@ pub struct Scratch {
 impl Scratch {
     /// No buffers yet; a pass will get room for at least one token with a page table of
     /// `table_pages` entries.
-    pub fn new(table_pages: usize, max_layer_matrix: usize, vocab: usize) -> Self {
+    pub fn new(table_pages: usize, vocab: usize) -> Self {
         Self {
-            max_layer_matrix,
             room: Need::default(),
             floor: Need {
                 rows: 1,
@@ -181,7 +175,6 @@ impl Scratch {
             vocab,
             staging: Vec::new(),
             buffers: Vec::new(),
-            dequant: None,
             logits: None,
             heads: 0,
             graphs: Graphs::default(),
@@ -197,11 +190,7 @@ impl Scratch {
 
     /// Bytes of VRAM held.
     pub fn bytes(&self) -> usize {
-        self.buffers
-            .iter()
-            .chain(&self.dequant)
-            .map(Buffer::bytes)
-            .sum()
+        self.buffers.iter().map(Buffer::bytes).sum()
     }
 
     /// An activation buffer as elements of `T` (f32 unless its [`Act`] says otherwise).
@@ -262,27 +251,12 @@ impl Scratch {
         self.logits_row(self.room.heads).cast()
     }
 
-    /// The prefill's dequantization buffer for float-format matrices, once a pass of long chunks
-    /// reserved it.
-    pub fn dequant(&self) -> Option<DevPtr<f32>> {
-        self.dequant.as_ref().map(Buffer::ptr)
-    }
-
-    /// Makes room for a pass (and the SGEMM scratch with `gemm`); a reallocation drops the
-    /// captured steps, whose launches name the old addresses.
-    pub fn reserve(
-        &mut self,
-        gpu: &Gpu,
-        plan: &ModelPlan,
-        need: Need,
-        gemm: bool,
-    ) -> Result<(), BackendError> {
+    /// Makes room for a pass; a reallocation drops the captured steps, whose launches name the
+    /// old addresses.
+    pub fn reserve(&mut self, gpu: &Gpu, plan: &ModelPlan, need: Need) -> Result<(), BackendError> {
         if !self.room.holds(need) || self.buffers.is_empty() {
             let room = self.room.grown(need).max(self.floor);
             self.allocate(gpu, plan, room)?;
-        }
-        if gemm && self.dequant.is_none() && self.max_layer_matrix > 0 {
-            self.dequant = Some(gpu.alloc(self.max_layer_matrix * 4, "prefill scratch")?);
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use worker_common::gguf::GgmlType;
 use worker_common::model::{AttentionShape, RopePlan, RopeStyle, YarnRamp};
 
 use crate::device::{Buffer, Gpu};
-use crate::module::{self, dense_formats};
+use crate::module::{self, dense_formats, float_formats};
 use crate::ops::{DeviceMatrix, LayerKv, Projection, RopeStore, RowNorm, SplitScratch};
 use crate::params::{DevPtr, StepRows};
 
@@ -183,6 +183,7 @@ fn kernels_compile_for_hopper() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
+    let float: Vec<GgmlType> = float_formats().map(|(t, _)| t).collect();
     let gpu = gpu();
     let mut rng = Rng(0x1234_5678);
     let (rows, n) = (67, 3);
@@ -215,6 +216,10 @@ fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
             mismatches, 0,
             "{name}: dequantized elements differ from the CPU's"
         );
+        if !float.contains(&ggml_type) {
+            // The quantized formats' products are qgemv.cu's (tests_qgemv.rs).
+            continue;
+        }
 
         let x = rng.floats(n * cols);
         let xb = put(&gpu, &to_bytes(&x));
@@ -240,15 +245,6 @@ fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
         eprintln!("gemv {name} ({cols} columns): rel error {err:.2e}");
         assert!(err < 1e-5, "gemv {name}: rel error {err:.2e}");
         check_fused_gemv(&gpu, &mut rng, &matrix, &xb, &expected, n);
-
-        let sg = gpu.alloc(n * rows * 4, "test").unwrap();
-        gpu.sgemm_nt(rows, n, cols, out.ptr(), xb.ptr(), sg.ptr())
-            .unwrap();
-        let err = rel_error(&get(&gpu, &sg, n * rows), &expected);
-        assert!(
-            err < 1e-5,
-            "sgemm on dequantized {name}: rel error {err:.2e}"
-        );
     }
 }
 

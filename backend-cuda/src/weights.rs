@@ -14,7 +14,6 @@ use crate::module;
 use crate::moe::ExpertTables;
 use crate::ops::DeviceMatrix;
 use crate::params::DevPtr;
-use crate::qgemv::has_qgemv;
 
 /// Largest host-to-device copy: the mapping is read (and paged in) a chunk at a time.
 const UPLOAD_CHUNK: usize = 1 << 20;
@@ -35,9 +34,6 @@ pub type Layer = model::Layer<DeviceMatrix, DeviceVector>;
 pub struct DeviceWeights {
     /// The tensors.
     pub tensors: Weights,
-    /// Elements of the largest layer matrix in a float format (for the prefill's dequantization
-    /// scratch; 0 when every layer matrix is quantized).
-    pub max_layer_matrix: usize,
     /// The model's RoPE frequency factors ([`ModelPlan::rope_factors`]), null when none.
     pub rope_factors: DevPtr<f32>,
     /// Per layer, the address tables of its experts (a mixture of experts' layers).
@@ -60,7 +56,6 @@ struct Uploader<'a> {
     done: u64,
     total: u64,
     progress: &'a mut dyn FnMut(LoadProgress),
-    max_layer_matrix: usize,
 }
 
 /// Uploads what `spec` describes and the plan's RoPE factors; `total_bytes` is the progress
@@ -83,7 +78,6 @@ pub fn upload(
         done: 0,
         total: total_bytes,
         progress,
-        max_layer_matrix: 0,
     };
     let tensors = Weights::assemble(gguf, spec, &mut uploader)?;
     let experts = tensors
@@ -108,7 +102,6 @@ pub fn upload(
     gpu.sync()?;
     Ok(DeviceWeights {
         tensors,
-        max_layer_matrix: uploader.max_layer_matrix,
         rope_factors,
         experts,
         buffers: uploader.buffers,
@@ -169,12 +162,6 @@ impl TensorSource for Uploader<'_> {
             });
         }
         let ptr = self.upload_bytes(tensor.data)?;
-        // Only float layer matrices go through the prefill's dequantize + SGEMM path (the
-        // quantized ones take the tensor-core GEMM; the embedding table and head are not layer
-        // matrices).
-        if tensor.name.starts_with("blk.") && !has_qgemv(tensor.ggml_type) && !mxfp4 {
-            self.max_layer_matrix = self.max_layer_matrix.max(tensor.rows * tensor.cols);
-        }
         Ok(DeviceMatrix {
             ggml_type: tensor.ggml_type,
             rows: tensor.rows,

@@ -31,10 +31,13 @@ pub enum Synthetic {
     Mxfp4,
     /// `gpt-oss`: routed MXFP4 experts, sinks, biases, sliding-window layers, YaRN.
     GptOss,
+    /// `qwen2` with F16, BF16 and F32 matrices (no fixture: the CUDA backend's float formats,
+    /// generated where it is tested).
+    Float,
 }
 
 impl Synthetic {
-    /// Every synthetic model.
+    /// Every synthetic model with logit fixtures.
     pub const ALL: [Synthetic; 5] = [
         Synthetic::Llama3,
         Synthetic::Qwen3,
@@ -51,16 +54,25 @@ impl Synthetic {
             Synthetic::Phi3 => "phi3",
             Synthetic::Mxfp4 => "mxfp4",
             Synthetic::GptOss => "gpt-oss",
+            Synthetic::Float => "float",
         }
     }
 
     /// The model's path; fails the test with the command that makes it when it is missing.
     pub fn path(self) -> PathBuf {
         let file = format!("synthetic-{}.gguf", self.name());
-        require(
-            assets_dir().join("models/synthetic").join(file),
-            "synthetic",
-        )
+        let path = assets_dir().join("models/synthetic").join(file);
+        if self == Synthetic::Float {
+            // Not among the fixture models `fetch-assets.sh synthetic` makes.
+            assert!(
+                path.exists(),
+                "test asset {} is missing; run `scripts/fetch-assets.sh synthetic`, then \
+                 `PYTHONPATH=$LLORCH_ASSETS/python/synthetic python3 scripts/gen-synthetic-models.py float`",
+                path.display()
+            );
+            return path;
+        }
+        require(path, "synthetic")
     }
 
     /// llama.cpp's greedy continuations at context `n_ctx`.

@@ -1,7 +1,7 @@
 //! Whole-model logits of the CUDA backend against the CPU backend (the numerical reference) on
 //! the real models: top-1 agrees wherever the CPU's top-2 margin is > 0.5, and the largest
-//! |Δlogit| over the CPU's top-20 is bounded (and printed). Batched prefill (cuBLAS path) and
-//! one-token decode (GEMV path) are both checked. Then the batched step: sequences with
+//! |Δlogit| over the CPU's top-20 is bounded (and printed). Batched prefill (the tensor-core GEMM)
+//! and one-token decode (the GEMVs) are both checked. Then the batched step: sequences with
 //! scrambled, interleaved page tables run together give exactly what each gives alone. Needs an
 //! NVIDIA GPU: `--ignored`.
 

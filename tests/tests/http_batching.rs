@@ -109,13 +109,6 @@ fn a_second_job_sharing_a_long_prefix_is_served_from_the_kv_cache() {
         worker_binary(),
         100.0 * warm / cold
     );
-    assert!(
-        !worker
-            .logs()
-            .iter()
-            .any(|l| l["event"] == "prefix_cache_off"),
-        "SmolLM2's layer matrices are all quantized: the cache must be on"
-    );
     assert!(prompt_tokens > 900, "{prompt_tokens}");
     assert_eq!(terminal(&first)["cached_tokens"], 0);
     assert!(cached >= 960, "only {cached} of {prompt_tokens} reused");

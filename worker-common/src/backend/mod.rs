@@ -344,13 +344,6 @@ pub trait InferenceBackend: Sized + Send + 'static {
     /// Logits per position: the model's output rows.
     fn vocab_size(&self) -> usize;
 
-    /// Whether a chunk's results are also the same however its sequence's positions were cut
-    /// into chunks (so pages another prompt filled, or a re-prefill after preemption, give the
-    /// bits a cold run gives). The worker shares prefix pages only where this holds, keeping
-    /// "same seed, same tokens" under any load: the CPU backend's kernels are row-invariant;
-    /// the CUDA backend's differ between chunk sizes until its batched kernels land.
-    fn chunking_invariant(&self) -> bool;
-
     /// Prefill chunks end on multiples of this many positions (the scheduler's grid, fixed for
     /// the life of the backend, so a prompt is always cut the same way): larger on a device
     /// whose long chunks cost little more than short ones, smaller where a chunk's time delays
@@ -360,8 +353,7 @@ pub trait InferenceBackend: Sized + Send + 'static {
     }
 
     /// Whether the scheduler paces this backend's prompts by the steps' measured times
-    /// (specs/BATCHING.md, "Prefill pacing"; only where [`Self::chunking_invariant`] also
-    /// holds). By default yes; a backend whose short chunks cost much more a token than long
+    /// (specs/BATCHING.md, "Prefill pacing"). By default yes; a backend whose short chunks cost much more a token than long
     /// ones says no and keeps its grid.
     fn paces_prefill(&self) -> bool {
         true

@@ -228,8 +228,6 @@ pub fn generate<B: InferenceBackend>(
         step_tokens: backend.prefill_chunk(),
         prefill_chunk: backend.prefill_chunk(),
         prefix_cache: false,
-        // Alone, a sequence is never preempted.
-        replay_decodes: false,
         // Alone, no decode waits for its prompt.
         paced_prefill: false,
     };

@@ -47,15 +47,10 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Whether full pages are shared between sequences with the same leading tokens.
     pub prefix_cache: bool,
-    /// Whether a sequence re-prefilled after preemption runs its generated tokens one per
-    /// chunk, as their decode steps first ran them (its prompt is cut on the grid, as at first,
-    /// either way): for a backend whose numerics differ between chunk sizes, the same chunks
-    /// give the same keys and values, so preemption does not change the tokens.
-    pub replay_decodes: bool,
     /// Whether a step's prompt tokens are bounded by the steps' measured times and cut wherever
-    /// that bound ends (within the grid), shortest prompt first: only for a backend whose
-    /// results do not depend on how a prompt is cut ([`InferenceBackend::chunking_invariant`])
-    /// and that asks for it ([`InferenceBackend::paces_prefill`]).
+    /// that bound ends (within the grid), shortest prompt first: for a backend that asks for it
+    /// ([`InferenceBackend::paces_prefill`]). Every backend's results are the same however a
+    /// prompt is cut (specs/BACKEND.md), so the cuts change no token.
     pub paced_prefill: bool,
 }
 
@@ -128,17 +123,10 @@ pub struct Scheduler<J> {
 }
 
 /// The next prefill chunk of `seq`: up to the next multiple of `grid` (or the end of its
-/// history); with `replay_decodes`, never past the end of its prompt, and one token at a time
-/// after it (see [`SchedulerConfig::replay_decodes`]).
-fn prefill_len(seq: &Sequence, grid: usize, replay_decodes: bool) -> usize {
-    let computed = seq.computed();
-    let to_boundary = grid - computed % grid;
-    let len = seq.pending().min(to_boundary);
-    match (replay_decodes, seq.prompt_len().checked_sub(computed)) {
-        (false, _) => len,
-        (true, Some(to_prompt_end)) if to_prompt_end > 0 => len.min(to_prompt_end),
-        (true, _) => 1,
-    }
+/// history, generated tokens included after a preemption).
+fn prefill_len(seq: &Sequence, grid: usize) -> usize {
+    let to_boundary = grid - seq.computed() % grid;
+    seq.pending().min(to_boundary)
 }
 
 /// Pages holding `positions` positions.
@@ -401,8 +389,7 @@ impl<J: EventSink> Scheduler<J> {
                 // What the last of the order (the oldest, when paced) keeps for itself.
                 let keep = if k + 1 < order.len() { reserved } else { 0 };
                 let seq = &self.running[i].seq;
-                let mut len =
-                    prefill_len(seq, self.config.prefill_chunk, self.config.replay_decodes);
+                let mut len = prefill_len(seq, self.config.prefill_chunk);
                 // Paced, a prompt that costs little all at once ends in this step from the
                 // budget; the others share the allowance.
                 let finishing =
@@ -462,7 +449,7 @@ impl<J: EventSink> Scheduler<J> {
         let oldest = order.remove(0);
         order.sort_by_key(|&i| self.running[i].seq.pending());
         order.push(oldest);
-        let oldest_wants = prefill_len(&self.running[oldest].seq, self.config.prefill_chunk, false);
+        let oldest_wants = prefill_len(&self.running[oldest].seq, self.config.prefill_chunk);
         (order, oldest_wants.min((allowance / 4).max(1)))
     }
 

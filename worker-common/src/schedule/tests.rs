@@ -55,7 +55,6 @@ fn config(max_running: usize) -> SchedulerConfig {
         step_tokens: 512,
         prefill_chunk: PREFILL_CHUNK,
         prefix_cache: true,
-        replay_decodes: false,
         paced_prefill: false,
     }
 }
@@ -143,7 +142,6 @@ fn long_prompts_are_cut_on_the_prefill_grid_and_decodes_go_first() {
         step_tokens: 256,
         prefill_chunk: PREFILL_CHUNK,
         prefix_cache: false,
-        replay_decodes: false,
         paced_prefill: false,
     };
     run_all(config, &mut backend, requests);
@@ -300,7 +298,7 @@ fn a_shared_prefix_skips_its_prefill_and_changes_nothing() {
 /// Twelve jobs on a pool of 14 pages, eight at a time, so that they preempt each other; checks
 /// that each ends once with the tokens it gives alone, no gap and no repeat. Returns the
 /// prompt lengths and the chunks (first position, tokens) of every step.
-fn exhaust_the_pool(replay_decodes: bool) -> (Vec<usize>, Vec<(usize, usize)>) {
+fn exhaust_the_pool() -> (Vec<usize>, Vec<(usize, usize)>) {
     let requests: Vec<_> = (0..12)
         .map(|i| request(prompt(30 + i * 5, i as u32), 40))
         .collect();
@@ -313,7 +311,6 @@ fn exhaust_the_pool(replay_decodes: bool) -> (Vec<usize>, Vec<(usize, usize)>) {
     let mut scheduler = Scheduler::new(
         SchedulerConfig {
             prefix_cache: false,
-            replay_decodes,
             ..config(8)
         },
         14,
@@ -374,19 +371,10 @@ fn chunks_end_where_a_first_run_cuts(prompts: &[usize], chunks: &[(usize, usize)
 
 #[test]
 fn page_exhaustion_preempts_and_every_job_still_ends_once_with_its_tokens() {
-    let (prompts, chunks) = exhaust_the_pool(false);
+    let (prompts, chunks) = exhaust_the_pool();
     assert!(
         !chunks_end_where_a_first_run_cuts(&prompts, &chunks),
         "a re-prefill runs prompt and generated tokens together"
-    );
-}
-
-#[test]
-fn with_replayed_decodes_a_re_prefill_runs_the_chunks_of_the_first_run() {
-    let (prompts, chunks) = exhaust_the_pool(true);
-    assert!(
-        chunks_end_where_a_first_run_cuts(&prompts, &chunks),
-        "{chunks:?}"
     );
 }
 

@@ -134,10 +134,6 @@ impl InferenceBackend for ScriptedBackend {
         self.vocab_size
     }
 
-    fn chunking_invariant(&self) -> bool {
-        true
-    }
-
     fn reserve(&mut self, limits: StepLimits) -> Result<(), BackendError> {
         *self.reserved.lock().unwrap_or_else(PoisonError::into_inner) = Some(limits);
         Ok(())

@@ -209,9 +209,8 @@ fn publish<B: InferenceBackend>(
         max_running: loaded.slots,
         step_tokens: shared.settings.batch_tokens as usize,
         prefill_chunk: backend.prefill_chunk(),
-        prefix_cache: prefix_cache(shared, backend),
-        replay_decodes: !backend.chunking_invariant(),
-        paced_prefill: backend.chunking_invariant() && backend.paces_prefill(),
+        prefix_cache: shared.settings.prefix_cache,
+        paced_prefill: backend.paces_prefill(),
     };
     let scheduler = Scheduler::new(config, backend.kv_pages(), backend.vocab_size());
     let limits = StepLimits {
@@ -226,21 +225,6 @@ fn publish<B: InferenceBackend>(
     shared.set_scheduler(scheduler.stats());
     shared.publish(loaded, &backend.info());
     scheduler
-}
-
-/// Whether prompts share KV pages: asked for, and the backend's results do not depend on how
-/// a prompt was cut into chunks (else a shared page would change the tokens; BATCHING.md).
-fn prefix_cache<B: InferenceBackend>(shared: &Shared, backend: &B) -> bool {
-    let wanted = shared.settings.prefix_cache;
-    let invariant = backend.chunking_invariant();
-    if wanted && !invariant {
-        tracing::info!(
-            event = "prefix_cache_off",
-            worker_id = shared.settings.worker_id.as_str(),
-            "prefix cache off: this backend's results depend on prompt chunking"
-        );
-    }
-    wanted && invariant
 }
 
 /// Serves the queue with an already built backend on a new engine thread (the in-process
@@ -305,7 +289,7 @@ fn serve<B: InferenceBackend>(shared: &Shared, mut backend: B, mut scheduler: Sc
             Err(payload) => Fatal::Panic(panic_message(payload.as_ref())),
         };
         fail_worker(shared, &fatal, scheduler, &lost);
-        // Freeing on a poisoned context fails (cuBLAS's handle panics on it), and a backend that
+        // Freeing on a poisoned context fails (a library's handle may panic on it), and a backend that
         // a panic left half-way through a step promises nothing: the process exits within the
         // grace, and the backend is left to its end.
         std::mem::forget(backend);

@@ -58,10 +58,6 @@ impl InferenceBackend for Flaky {
         self.inner.vocab_size()
     }
 
-    fn chunking_invariant(&self) -> bool {
-        true
-    }
-
     fn step(
         &mut self,
         chunks: &[Chunk<'_>],
@@ -137,15 +133,12 @@ fn random_specs(rng: &mut Rng) -> Vec<Spec> {
 fn random_config(rng: &mut Rng) -> SchedulerConfig {
     let max_running = rng.pick(1..=6);
     let prefill_chunk = [16, 32, 64, 256][rng.pick(0..=3)];
-    let replay_decodes = rng.chance(50);
     SchedulerConfig {
         max_running,
         step_tokens: rng.pick(prefill_chunk + max_running..=prefill_chunk + 64),
         prefill_chunk,
         prefix_cache: rng.chance(50),
-        replay_decodes,
-        // Pacing cuts anywhere: only where the results do not depend on the cuts.
-        paced_prefill: !replay_decodes && rng.chance(50),
+        paced_prefill: rng.chance(50),
     }
 }
 
