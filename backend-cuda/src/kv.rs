@@ -9,9 +9,10 @@ use crate::params::DevPtr;
 /// VRAM the default pool leaves free beyond the weights, at least: the module and the
 /// activations.
 pub const MIN_HEADROOM: u64 = 1 << 30;
-/// Most bytes the default pool takes.
+/// Most bytes the default pool takes without `--parallel`.
 const MAX_DEFAULT_BYTES: u64 = 16 << 30;
-/// Most full contexts the default pool holds: more sequences than a step ever runs at once.
+/// Most full contexts the default pool holds without `--parallel`: more sequences than a step
+/// ever runs at once.
 const MAX_DEFAULT_CONTEXTS: u64 = 64;
 
 /// The pool: f16, `[layer][row][kv_width]` keys, then values in the same layout, where the row
@@ -29,22 +30,24 @@ pub fn position_bytes(hp: &HyperParams) -> u64 {
     (hp.n_layers * (hp.k_width() + hp.v_width()) * 2) as u64
 }
 
-/// The default pool size: what is free after the weights less a headroom (the larger of
-/// [`MIN_HEADROOM`] and a tenth of the device), capped at 64 contexts (or `parallel`, if
-/// more) and 16 GiB. The caller checks that it holds at least one context.
+/// The default pool size: with `parallel` (`--parallel N`), N full contexts, as llama-server
+/// sizes its cache for `-np N -c N·ctx`; without, 64 contexts capped at 16 GiB. Either way at
+/// most what is free after the weights less a headroom (the larger of [`MIN_HEADROOM`] and a
+/// tenth of the device). The caller checks that it holds at least one context.
 pub fn default_bytes(
     free: u64,
     total: u64,
     (context_length, parallel): (usize, Option<usize>),
     position: u64,
 ) -> u64 {
-    let contexts = MAX_DEFAULT_CONTEXTS
-        .max(parallel.unwrap_or(0) as u64)
-        .saturating_mul(context_length as u64)
-        .saturating_mul(position);
-    free.saturating_sub(headroom(total))
-        .min(contexts)
-        .min(MAX_DEFAULT_BYTES)
+    let context = (context_length as u64).saturating_mul(position);
+    let wanted = match parallel {
+        Some(parallel) => (parallel as u64).saturating_mul(context),
+        None => MAX_DEFAULT_CONTEXTS
+            .saturating_mul(context)
+            .min(MAX_DEFAULT_BYTES),
+    };
+    free.saturating_sub(headroom(total)).min(wanted)
 }
 
 /// VRAM the default pool leaves free on a device of `total` bytes.
@@ -107,10 +110,22 @@ mod tests {
             default_bytes(70 * GIB, 80 * GIB, (8192, None), 1024),
             512 << 20
         );
-        // --parallel 128 raises the cap of 64 contexts to 128.
+        // --parallel N: N contexts, beyond 16 GiB and 64 contexts when memory allows.
         assert_eq!(
             default_bytes(70 * GIB, 80 * GIB, (8192, Some(128)), 1024),
             GIB
+        );
+        assert_eq!(
+            default_bytes(70 * GIB, 80 * GIB, (8192, Some(1)), 1 << 20),
+            8 * GIB
+        );
+        assert_eq!(
+            default_bytes(70 * GIB, 80 * GIB, (8192, Some(4)), 1 << 20),
+            32 * GIB
+        );
+        assert_eq!(
+            default_bytes(70 * GIB, 80 * GIB, (8192, Some(16)), 1 << 20),
+            62 * GIB
         );
         // A small device: at least 1 GiB stays free.
         assert_eq!(

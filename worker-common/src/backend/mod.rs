@@ -289,7 +289,8 @@ pub struct LoadConfig {
     /// after weights and scratch, capped: see each backend's spec).
     pub kv_cache_bytes: Option<u64>,
     /// Sequences the worker runs at once (`--parallel`), when given: the default pool then holds
-    /// at least that many full contexts (memory allowing), so they run without preemption.
+    /// that many full contexts (memory allowing), so they run without preemption and the pool
+    /// takes no more than they need.
     pub parallel: Option<usize>,
 }
 
