@@ -7,18 +7,34 @@
 // Block layouts are ggml-common.h's; every f16 field sits at an even offset of an even-sized
 // block, and each tensor has its own allocation, so 2-byte loads are aligned.
 
+// The float formats also read four elements c.. c + 3 at once (`quad`, c a multiple of 4 and the
+// row's bytes a multiple of the quad's: one 16- or 8-byte load), the same values `at` gives.
 struct F32 {
     static __device__ __forceinline__ float at(const u8* row, int c) { return ((const float*)row)[c]; }
+    static __device__ __forceinline__ void quad(const u8* row, int c, float (&v)[4]) {
+        F4 q = ld_f4((const float*)row + c);
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    }
 };
 
 struct F16 {
     static __device__ __forceinline__ float at(const u8* row, int c) { return ld_f16(row + 2 * c); }
+    static __device__ __forceinline__ void quad(const u8* row, int c, float (&v)[4]) {
+        uint2 q = *(const uint2*)(row + 2 * c);
+        v[0] = h2f((u16)q.x), v[1] = h2f((u16)(q.x >> 16));
+        v[2] = h2f((u16)q.y), v[3] = h2f((u16)(q.y >> 16));
+    }
 };
 
 struct BF16 {
     // A 16-bit shift, as ggml (a conversion instruction could quiet signalling NaNs).
     static __device__ __forceinline__ float at(const u8* row, int c) {
         return __uint_as_float((u32)((const u16*)row)[c] << 16);
+    }
+    static __device__ __forceinline__ void quad(const u8* row, int c, float (&v)[4]) {
+        uint2 q = *(const uint2*)(row + 2 * c);
+        v[0] = __uint_as_float(q.x << 16), v[1] = __uint_as_float(q.x & 0xffff0000u);
+        v[2] = __uint_as_float(q.y << 16), v[3] = __uint_as_float(q.y & 0xffff0000u);
     }
 };
 
@@ -133,18 +149,29 @@ __device__ void dequant(const u8* w, int rows, int cols, long long row_bytes, co
 
 // THE FLOAT ORDER. Every product of a float-format matrix by f32 activations, by the GEMV
 // (`gemv_*`, `gemv_gated_*`) or by its many-row twin (`fgemm_*`), sums an output the same way:
-// the row is cut into `parts` pieces of whole blocks (`float_parts` in ops.rs: a function of the
-// launch's matrices, never of its token rows); in a piece, lane l of a warp takes elements
-// l + 32j (j = 0, 1, …) and adds each product by FMA (fmaf(w, x, acc)) into acc[j & 1] in
-// increasing j; the lane's value is acc[0] + acc[1]; the 32 lanes' values are added by
-// warp_sum's xor butterfly (16 first); the pieces' totals are added in order, then the
-// epilogue (bias, residual, gate). So a row's bits do not depend on the kernel, the tile or the
-// other rows (kernel test `float_rows_do_not_depend_on_the_kernel`).
+// the row is cut into `parts` pieces of whole quads (four elements; `float_piece`; `parts` is
+// `float_parts` in float.rs, a function of the launch's matrices, never of its token rows); in
+// a piece, lane l of a warp takes quads l + 32j (j = 0, 1, …) and adds the quad's four products
+// in element order by FMA (fmaf(w, x, acc)) into acc[j & 1], in increasing j; the lane's value
+// is acc[0] + acc[1]; the 32 lanes' values are added by warp_sum's xor butterfly (16 first);
+// the pieces' totals are added in order, then the epilogue (bias, residual, gate). So a row's
+// bits do not depend on the kernel, the tile or the other rows (kernel test
+// `float_rows_do_not_depend_on_the_kernel`). A row whose width is a multiple of 4 reads a
+// quad in one load (VEC); another one element at a time, the same products.
+
+// Elements [first, last) of piece `part` of `parts` of a row of `cols`: whole quads, the last
+// piece to the row's end.
+__device__ __forceinline__ void float_piece(int cols, int parts, int part, int* first, int* last) {
+    int quads = (cols + 3) >> 2;
+    *first = min(cols, 4 * (quads * part / parts));
+    *last = min(cols, 4 * (quads * (part + 1) / parts));
+}
 
 // Lane `lane`'s values of THE FLOAT ORDER for R weight rows `w` times N input rows `x`, over
-// `len` elements: out[r][t] = acc[0] + acc[1] of row r by input t. Each weight is dequantized
-// once for the N inputs (the twin's reuse; the GEMV takes R = N = 1).
-template <typename T, int R, int N>
+// `len` elements: out[r][t] = acc[0] + acc[1] of row r by input t. Each weight quad is read
+// once for the N inputs (the twin's reuse; the GEMV takes R = N = 1). VEC: `len` and the
+// pointers' element offsets are multiples of 4 (quads in one load each).
+template <typename T, int R, int N, bool VEC>
 __device__ __forceinline__ void lane_dots(const u8* const (&w)[R], const float* const (&x)[N],
                                           int len, int lane, float (&out)[R][N]) {
     float acc[2][R][N];
@@ -152,19 +179,37 @@ __device__ __forceinline__ void lane_dots(const u8* const (&w)[R], const float* 
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int t = 0; t < N; ++t) acc[0][r][t] = acc[1][r][t] = 0.0f;
-    for (int base = 0; base < len; base += 64) {
+    for (int base = 0; base < len; base += 256) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            int c = base + 32 * j + lane;
+            int c = base + 128 * j + 4 * lane;
             if (c >= len) break;
-            float wv[R];
+            int count = VEC ? 4 : min(4, len - c);
+            float wv[R][4];
 #pragma unroll
-            for (int r = 0; r < R; ++r) wv[r] = T::at(w[r], c);
+            for (int r = 0; r < R; ++r) {
+                if (VEC) {
+                    T::quad(w[r], c, wv[r]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) wv[r][e] = e < count ? T::at(w[r], c + e) : 0.0f;
+                }
+            }
 #pragma unroll
             for (int t = 0; t < N; ++t) {
-                float xv = x[t][c];
+                float xv[4];
+                if (VEC) {
+                    F4 q = ld_f4(x[t] + c);
+                    xv[0] = q.x, xv[1] = q.y, xv[2] = q.z, xv[3] = q.w;
+                } else {
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[j][r][t] = fmaf(wv[r], xv, acc[j][r][t]);
+                    for (int e = 0; e < 4; ++e) xv[e] = e < count ? x[t][c + e] : 0.0f;
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (e < count) acc[j][r][t] = fmaf(wv[r][e], xv[e], acc[j][r][t]);
             }
         }
     }
@@ -174,14 +219,19 @@ __device__ __forceinline__ void lane_dots(const u8* const (&w)[R], const float* 
         for (int t = 0; t < N; ++t) out[r][t] = acc[0][r][t] + acc[1][r][t];
 }
 
-// One lane's value of THE FLOAT ORDER for one row and one input (summed over the warp by the
-// caller). The weights take the values `at` gives, rounded the same way.
+// One lane's value of THE FLOAT ORDER for one row and one input over `len` elements (summed
+// over the warp by the caller); `vec` as lane_dots' VEC.
 template <typename T>
-__device__ __forceinline__ float row_dot(const u8* row, const float* x, int cols, int lane) {
+__device__ __forceinline__ float row_dot(const u8* row, const float* x, int len, int lane,
+                                         bool vec) {
     const u8* w[1] = {row};
     const float* xs[1] = {x};
     float out[1][1];
-    lane_dots<T, 1, 1>(w, xs, cols, lane, out);
+    if (vec) {
+        lane_dots<T, 1, 1, true>(w, xs, len, lane, out);
+    } else {
+        lane_dots<T, 1, 1, false>(w, xs, len, lane, out);
+    }
     return out[0][0];
 }
 
@@ -203,13 +253,13 @@ __device__ const float* gemv_input(const float* x, const float* norm, int cols, 
 }
 
 // Rows of up to three matrices of one format and width that read the same input (Q, K and V):
-// `parts` warps (1, 2 or 4) per output row, each on a contiguous run of the row's whole blocks
-// of `block_elems` elements, so that a long row is not one warp's chain of loads; grid.x over
+// `parts` warps (1, 2 or 4) per output row, each on one piece of the row (`float_piece`), so
+// that a long row is not one warp's chain of loads; grid.x over
 // the rows of all three, grid.y over tokens. Optional per-matrix bias and input RMSNorm; with
 // `accumulate` the result is added to y (the residual) instead of stored.
 template <typename T>
 __device__ void gemv(const u8* w0, const u8* w1, const u8* w2, int rows0, int rows1, int rows2,
-                     int cols, long long row_bytes, int block_elems, int parts, const float* x,
+                     int cols, long long row_bytes, int parts, const float* x,
                      const float* norm, float eps, const float* b0, const float* b1,
                      const float* b2, float* y0, float* y1, float* y2, int accumulate) {
     __shared__ float s_part[GEMV_WARPS];
@@ -229,12 +279,13 @@ __device__ void gemv(const u8* w0, const u8* w1, const u8* w2, int rows0, int ro
         }
     }
     bool valid = row < rows;
-    int nb = cols / block_elems, first = nb * part / parts, last = nb * (part + 1) / parts;
-    long long block_bytes = row_bytes / nb;
+    int first, last;
+    float_piece(cols, parts, part, &first, &last);
+    long long elem_bytes = row_bytes / cols;
     float acc = 0.0f;
     if (valid)
-        acc = warp_sum(row_dot<T>(w + row * row_bytes + first * block_bytes,
-                                  xt + first * block_elems, (last - first) * block_elems, lane));
+        acc = warp_sum(row_dot<T>(w + row * row_bytes + first * elem_bytes, xt + first,
+                                  last - first, lane, (cols & 3) == 0));
     if (parts > 1) {
         if (lane == 0) s_part[warp] = acc;
         __syncthreads();
@@ -262,13 +313,14 @@ __device__ void gemv_gated(const u8* gate, const u8* up, int rows, int cols, lon
     int row = split ? blockIdx.x * (GEMV_WARPS / 2) + (warp >> 1) : blockIdx.x * GEMV_WARPS + warp;
     bool valid = row < rows, is_up = split && (warp & 1);
     float g = 0.0f, u = 0.0f;
-    if (valid) g = warp_sum(row_dot<T>((is_up ? up : gate) + row * row_bytes, xt, cols, lane));
+    bool vec = (cols & 3) == 0;
+    if (valid) g = warp_sum(row_dot<T>((is_up ? up : gate) + row * row_bytes, xt, cols, lane, vec));
     if (split) {
         if (lane == 0) s_dot[warp] = g;
         __syncthreads();
         u = s_dot[warp | 1];
     } else if (valid) {
-        u = warp_sum(row_dot<T>(up + row * row_bytes, xt, cols, lane));
+        u = warp_sum(row_dot<T>(up + row * row_bytes, xt, cols, lane, vec));
     }
     if (valid && !is_up && lane == 0)
         out[(long long)blockIdx.y * rows + row] = (use_gelu ? gelu_tanh(g) : silu(g)) * u;
@@ -286,21 +338,25 @@ __device__ void fgemm(const FgemmParams& p) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int row0 = blockIdx.x * FG_ROWS, t0 = (blockIdx.y * GEMV_WARPS + warp) * FG_TOKENS;
     if (t0 >= p.n) return;  // the whole warp: no barrier follows
-    int nb = p.cols / p.block_elems;
-    long long block_bytes = p.row_bytes / nb;
+    long long elem_bytes = p.row_bytes / p.cols;
     const u8* w[FG_ROWS];
     const float* x[FG_TOKENS];
     float total = 0.0f;  // lane r · FG_TOKENS + t holds output (r, t)
     for (int part = 0; part < p.parts; ++part) {
-        int first = nb * part / p.parts, last = nb * (part + 1) / p.parts;
+        int first, last;
+        float_piece(p.cols, p.parts, part, &first, &last);
 #pragma unroll
         for (int r = 0; r < FG_ROWS; ++r)
-            w[r] = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + first * block_bytes;
+            w[r] = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + first * elem_bytes;
 #pragma unroll
         for (int t = 0; t < FG_TOKENS; ++t)
-            x[t] = p.x + (long long)min(t0 + t, p.n - 1) * p.cols + first * p.block_elems;
+            x[t] = p.x + (long long)min(t0 + t, p.n - 1) * p.cols + first;
         float dots[FG_ROWS][FG_TOKENS];
-        lane_dots<T, FG_ROWS, FG_TOKENS>(w, x, (last - first) * p.block_elems, lane, dots);
+        if ((p.cols & 3) == 0) {
+            lane_dots<T, FG_ROWS, FG_TOKENS, true>(w, x, last - first, lane, dots);
+        } else {
+            lane_dots<T, FG_ROWS, FG_TOKENS, false>(w, x, last - first, lane, dots);
+        }
 #pragma unroll
         for (int r = 0; r < FG_ROWS; ++r)
 #pragma unroll
@@ -328,8 +384,8 @@ LLORCH_BLOCK_FORMATS(DEQUANT_KERNEL)
 #define FLOAT_KERNELS(T, name)                                                                  \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_##name(                  \
         const __grid_constant__ GemvParams p) {                                                 \
-        gemv<T>(p.w0, p.w1, p.w2, p.rows0, p.rows1, p.rows2, p.cols, p.row_bytes, p.block_elems, \
-                p.parts, p.x, p.norm, p.eps, p.b0, p.b1, p.b2, p.y0, p.y1, p.y2, p.accumulate);  \
+        gemv<T>(p.w0, p.w1, p.w2, p.rows0, p.rows1, p.rows2, p.cols, p.row_bytes, p.parts, p.x,  \
+                p.norm, p.eps, p.b0, p.b1, p.b2, p.y0, p.y1, p.y2, p.accumulate);                \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_gated_##name(            \
         const __grid_constant__ GemvGatedParams p) {                                            \

@@ -18,8 +18,8 @@ const SPLIT_GATED_MAX_WARPS: usize = 8192;
 
 /// Pieces a row is summed in (THE FLOAT ORDER's `parts`) for a launch of `rows` rows shaped as
 /// `w`, whichever kernel runs it: a function of the launch's matrices alone, never of its
-/// token rows. In the GEMV each piece is a warp's: a row of more than a few of a warp's load
-/// steps (a warp reads about 150–200 bytes of weights per step) is split over 2 or 4 warps,
+/// token rows. In the GEMV each piece is a warp's: a row of more than a few hundred bytes (a
+/// warp reads a quad a lane, 256 bytes of F16 or BF16 a step) is split over 2 or 4 warps,
 /// unless the rows alone give the GPU enough warps.
 pub(crate) fn float_parts(rows: usize, w: &DeviceMatrix) -> usize {
     const MANY_ROWS: usize = 8192;
@@ -85,7 +85,6 @@ impl Gpu {
             rows2: rows_of(2)?,
             cols: int(cols)?,
             row_bytes: long(row_bytes),
-            block_elems: int(w.ggml_type.block_size() as usize)?,
             parts: warps as i32,
             x,
             norm: norm_w,
@@ -165,7 +164,6 @@ impl Gpu {
             rows: int(w.rows)?,
             cols: int(w.cols)?,
             row_bytes: long(w.row_bytes),
-            block_elems: int(w.ggml_type.block_size() as usize)?,
             parts: int(parts)?,
             n: int(n)?,
             x,

@@ -310,9 +310,7 @@ kernel_params! {
         pub cols: i32,
         /// Bytes per row (the same for the three).
         pub row_bytes: i64,
-        /// Elements per block of the format.
-        pub block_elems: i32,
-        /// Warps per row.
+        /// Warps per row, one piece each (`float_parts`).
         pub parts: i32,
         /// f32 input rows.
         pub x: DevPtr<f32>,
@@ -347,8 +345,6 @@ kernel_params! {
         pub cols: i32,
         /// Bytes per weight row.
         pub row_bytes: i64,
-        /// Elements per block of the format.
-        pub block_elems: i32,
         /// Pieces a row is summed in (`float_parts`).
         pub parts: i32,
         /// Input rows.

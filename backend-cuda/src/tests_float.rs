@@ -65,8 +65,9 @@ fn float_rows_do_not_depend_on_the_kernel() {
     let gpu = gpu();
     let mut rng = Rng(0xf10a7);
     // 256 columns: one piece; 576: two (F16/BF16) or four (F32), a partial lane step; 4096:
-    // four pieces. 67 rows: partial row groups; 8195: one piece a row (float_parts).
-    let shapes = [(67, 256), (67, 576), (67, 4096), (8195, 576)];
+    // four pieces; 570: quads read element by element, a short last quad. 67 rows: partial
+    // row groups; 8195: one piece a row (float_parts).
+    let shapes = [(67, 256), (67, 576), (67, 4096), (67, 570), (8195, 576)];
     for ((ggml_type, name), (rows, cols)) in float_formats().flat_map(|t| shapes.map(|s| (t, s))) {
         let what = format!("{name} {rows}×{cols}");
         let (_w, w) = matrix(&gpu, &mut rng, ggml_type, rows, cols);
