@@ -85,6 +85,26 @@ pub(super) fn put(gpu: &Gpu, data: &[u8]) -> Buffer {
     buffer
 }
 
+/// `data`, `rows` rows of `cols` elements of `ggml_type`, on the device as a matrix (the buffer
+/// holds it).
+pub(super) fn put_matrix(
+    gpu: &Gpu,
+    ggml_type: GgmlType,
+    data: &[u8],
+    rows: usize,
+    cols: usize,
+) -> (Buffer, DeviceMatrix) {
+    let buffer = put(gpu, data);
+    let matrix = DeviceMatrix {
+        ggml_type,
+        rows,
+        cols,
+        row_bytes: data.len() / rows,
+        ptr: buffer.ptr(),
+    };
+    (buffer, matrix)
+}
+
 pub(super) fn get(gpu: &Gpu, buffer: &Buffer, len: usize) -> Vec<f32> {
     let mut out = vec![0.0; len];
     gpu.download_f32(buffer, &mut out).unwrap();
@@ -196,14 +216,7 @@ fn dequant_and_gemv_match_the_cpu_reference_for_every_type() {
         let data = random_weights(&mut rng, ggml_type, rows, cols);
         let mut reference = vec![0.0f32; rows * cols];
         quant::dequantize(ggml_type, &data, &mut reference).unwrap();
-        let w = put(&gpu, &data);
-        let matrix = DeviceMatrix {
-            ggml_type,
-            rows,
-            cols,
-            row_bytes: data.len() / rows,
-            ptr: w.ptr(),
-        };
+        let (_w, matrix) = put_matrix(&gpu, ggml_type, &data, rows, cols);
         let out = gpu.alloc(rows * cols * 4, "test").unwrap();
         gpu.dequant(&matrix, rows, None, 1.0, out.ptr()).unwrap();
         let ours = get(&gpu, &out, rows * cols);

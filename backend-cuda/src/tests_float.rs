@@ -8,7 +8,8 @@ use crate::device::{Buffer, Gpu};
 use crate::float::float_parts;
 use crate::module::float_formats;
 use crate::ops::{DeviceMatrix, Projection, RowNorm};
-use crate::tests::{Rng, get, gpu, put, random_weights, to_bytes};
+use crate::tests::{Rng, get, gpu, put, put_matrix, random_weights, to_bytes};
+use worker_common::gguf::GgmlType;
 
 /// Token rows of every launch, and the pieces the twin also takes them in.
 const TOKENS: usize = 40;
@@ -23,20 +24,12 @@ fn bits(gpu: &Gpu, buffer: &Buffer, len: usize) -> Vec<u32> {
 fn matrix(
     gpu: &Gpu,
     rng: &mut Rng,
-    ggml_type: worker_common::gguf::GgmlType,
+    ggml_type: GgmlType,
     rows: usize,
     cols: usize,
 ) -> (Buffer, DeviceMatrix) {
     let data = random_weights(rng, ggml_type, rows, cols);
-    let buffer = put(gpu, &data);
-    let m = DeviceMatrix {
-        ggml_type,
-        rows,
-        cols,
-        row_bytes: data.len() / rows,
-        ptr: buffer.ptr(),
-    };
-    (buffer, m)
+    put_matrix(gpu, ggml_type, &data, rows, cols)
 }
 
 /// The twin over token rows `range` of `x` into `out` (rows of `w.rows`), `parts` pieces a row.
