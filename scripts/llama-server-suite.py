@@ -4,7 +4,7 @@ llama.cpp build b11434) run against llorch-cpud: the tests of OpenAI's routes (a
 /v1/messages, tokenize/detokenize, the API key) that do not depend on llama.cpp's own models,
 fields or routes; every other test is listed with the reason it does not apply (NOT_APPLICABLE).
 
-    scripts/llama-server-suite.py                      # build first: cargo build --release -p llorch-cpud
+    cargo build --release -p llorch-cpud && scripts/llama-server-suite.py
     scripts/llama-server-suite.py --model qwen05 --binary PATH --json report.json
     scripts/llama-server-suite.py --list               # the classification only, nothing run
     scripts/llama-server-suite.py -k test_tokenize     # a subset (pytest's -k), N/A still listed
@@ -30,7 +30,8 @@ Steps (idempotent, offline after the first run):
    reason. Exits 1 when a test failed that KNOWN_FAILURES does not name, or a known one passed
    (the list must be kept true), else 0.
 
-The worker's logs go to <work>/logs/<test>.log. Python standard library plus the pinned packages.
+The worker's logs go to <work>/logs/<test>.log; a run that fails keeps its scratch folder.
+Python standard library plus the pinned packages.
 """
 
 from __future__ import annotations
@@ -73,10 +74,13 @@ OTHER_MODEL = ("needs another model than the Qwen2.5 family the worker serves he
                "and tool-call format, its abilities)")
 REASONING_MODEL = ("needs a reasoning model (DeepSeek-R1, Qwen3) and llama-server's "
                    "--reasoning-format / `thinking`: Qwen2.5-Coder writes no reasoning")
-FINGERPRINT = "asserts llama-server's `system_fingerprint` (\"b<build>\"), which the worker does not send"
+FINGERPRINT = ("asserts llama-server's `system_fingerprint` (\"b<build>\"), which the worker does "
+               "not send")
+STORIES_FINGERPRINT = STORIES + "; and " + FINGERPRINT
 SLOTS = "llama-server's /slots, /props or slot options (`id_slot`, --slots)"
-ERROR_FIELDS = ("llama-server's own error type `exceed_context_size_error` with `n_prompt_tokens` and "
-                "`n_ctx`; the worker answers OpenAI's `context_length_exceeded` (specs/OPENAI.md, Errors)")
+ERROR_FIELDS = ("llama-server's own error type `exceed_context_size_error` with `n_prompt_tokens` "
+                "and `n_ctx`; the worker answers OpenAI's `context_length_exceeded` "
+                "(specs/OPENAI.md, Errors)")
 GRAMMAR_GBNF = ("llama.cpp's `grammar` (GBNF) and `json_schema` request fields; the worker takes "
                 "`response_format` (and `grammar` on /execute, Lark/regex/JSON)")
 NO_V1 = ("an OpenAI client with a base URL without /v1 (llama-server's un-prefixed aliases); the "
@@ -90,7 +94,8 @@ MULTI_HOST = "listens on two addresses (--host 127.0.0.1,::1); the worker takes 
 CONTROL = ("llama.cpp's chat extensions `add_generation_prompt` / `continue_final_message`, "
            "checked through `__verbose`")
 INPUT_TOKENS = "llama-server's /chat/completions/input_tokens token counter"
-JSON_OBJECT_SCHEMA = ("llama.cpp's `schema` inside `response_format: {type: json_object}` (OpenAI's "
+JSON_OBJECT_SCHEMA = ("llama.cpp's `schema` inside `response_format: {type: json_object}` "
+                      "(OpenAI's "
                       "json_object has none: the worker constrains to any JSON object, and takes a "
                       "schema as `json_schema`); the rows that expect a 400 send `max_tokens: 0`, "
                       "which the worker refuses whatever the format")
@@ -104,8 +109,10 @@ NOT_APPLICABLE: list[tuple[str, str]] = [
     ("unit/test_infill.py::*", "fill-in-the-middle (/infill)"),
     ("unit/test_lora.py::*", "LoRA adapters (--lora, /lora-adapters)"),
     ("unit/test_speculative.py::*", "speculative decoding (--model-draft, --spec-type)"),
-    ("unit/test_slot_save.py::*", "saving and restoring slots (/slots?action=save, --slot-save-path)"),
-    ("unit/test_kv_keep_only_active.py::*", "llama-server's KV retention of idle slots (/slots, --cache-ram)"),
+    ("unit/test_slot_save.py::*",
+     "saving and restoring slots (/slots?action=save, --slot-save-path)"),
+    ("unit/test_kv_keep_only_active.py::*",
+     "llama-server's KV retention of idle slots (/slots, --cache-ram)"),
     ("unit/test_metrics.py::*", "llama-server's Prometheus metric names (--metrics); the worker's "
                                "/metrics has its own (specs/HTTP.md)"),
     ("unit/test_router.py::*", "llama-server's router mode (several models, /models/load)"),
@@ -132,11 +139,11 @@ NOT_APPLICABLE: list[tuple[str, str]] = [
                                                    "/completion (" + NATIVE + ")"),
     ("unit/test_basic.py::test_no_ui", WEB_UI),
     # test_chat_completion.py
-    ("unit/test_chat_completion.py::test_chat_completion[*]", STORIES + "; and " + FINGERPRINT),
+    ("unit/test_chat_completion.py::test_chat_completion[*]", STORIES_FINGERPRINT),
     ("unit/test_chat_completion.py::test_chat_completion_cached_tokens", STORIES + " (prompt and "
      "cached token counts of its template)"),
-    ("unit/test_chat_completion.py::test_chat_completion_stream[*]", STORIES + "; and " + FINGERPRINT),
-    ("unit/test_chat_completion.py::test_chat_completion_with_openai_library", STORIES + "; and " + FINGERPRINT),
+    ("unit/test_chat_completion.py::test_chat_completion_stream[*]", STORIES_FINGERPRINT),
+    ("unit/test_chat_completion.py::test_chat_completion_with_openai_library", STORIES_FINGERPRINT),
     ("unit/test_chat_completion.py::test_chat_template", TEMPLATE_OVERRIDE),
     ("unit/test_chat_completion.py::test_chat_template_assistant_prefill[*]", TEMPLATE_OVERRIDE),
     ("unit/test_chat_completion.py::test_chat_template_continue_final_message_*", CONTROL),
@@ -165,7 +172,7 @@ NOT_APPLICABLE: list[tuple[str, str]] = [
     ("unit/test_chat_completion.py::test_chat_completions_token_count", INPUT_TOKENS),
     ("unit/test_chat_completion.py::test_verbose_debug", VERBOSE),
     # test_completion.py: OpenAI's /v1/completions only through the SDK; the rest is native
-    ("unit/test_completion.py::test_completion_with_openai_library", STORIES + "; and " + FINGERPRINT),
+    ("unit/test_completion.py::test_completion_with_openai_library", STORIES_FINGERPRINT),
     ("unit/test_completion.py::test_completion_stream_with_openai_library", STORIES),
     ("unit/test_completion.py::test_completion_stream_with_openai_library_stops",
      OTHER_MODEL + " (Phi-3.5-mini's own output)"),
@@ -183,7 +190,8 @@ NOT_APPLICABLE: list[tuple[str, str]] = [
     ("unit/test_compat_anthropic.py::test_anthropic_tool_result_with_image", VISION),
     ("unit/test_compat_anthropic.py::test_anthropic_thinking_history_in_*", TEMPLATE_OVERRIDE
      + " (Qwen3's, for its `thinking` history)"),
-    ("unit/test_compat_anthropic.py::test_anthropic_thinking_with_reasoning_model[*]", REASONING_MODEL),
+    ("unit/test_compat_anthropic.py::test_anthropic_thinking_with_reasoning_model[*]",
+     REASONING_MODEL),
     # test_security.py
     ("unit/test_security.py::test_access_static_assets_without_api_key", WEB_UI),
     ("unit/test_security.py::test_incorrect_api_key[*]", "posts to llama-server's own "
@@ -268,7 +276,7 @@ def fetch_sdist() -> Path:
 
 
 def install_requirements() -> Path:
-    """The pinned packages in $LLORCH_ASSETS/python/server-suite, reinstalled when the list changes."""
+    """The pinned packages in $LLORCH_ASSETS/python/server-suite (again when the list changes)."""
     dest = assets() / "python" / "server-suite"
     stamp = dest / ".requirements"
     if stamp.is_file() and stamp.read_bytes() == REQUIREMENTS.read_bytes():
@@ -382,7 +390,7 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--binary", type=Path, help="llorch-cpud (default: the release build)")
     parser.add_argument("--model", default="qwen15",
-                        help=f"{', '.join(k for k in MODELS if k.startswith('qwen'))} or a GGUF path")
+                        help="qwen15, qwen05 or a GGUF path")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     parser.add_argument("--list", action="store_true", help="print the classification; run nothing")
@@ -394,6 +402,7 @@ def main() -> int:
     pydir = install_requirements()
     work = args.work or Path(tempfile.mkdtemp(prefix="llama-server-suite."))
     work.mkdir(parents=True, exist_ok=True)
+    status = 2
     try:
         tests = extract_tests(sdist, work)
         binary = (args.binary or default_binary()).resolve()
@@ -405,17 +414,21 @@ def main() -> int:
         not_applicable = {i: r for i in ids if (r := classify(i)) is not None}
         runnable = [i for i in ids if i not in not_applicable]
         if args.list:
+            status = 0
             for i in runnable:
                 print(f"run  {i}")
             for i, reason in not_applicable.items():
                 print(f"n/a  {i}  ({reason})")
-            print(f"{len(runnable)} to run, {len(not_applicable)} not applicable, {len(ids)} in all")
+            print(f"{len(runnable)} to run, {len(not_applicable)} not applicable, "
+                  f"{len(ids)} in all")
             return 0
         extra = ["-k", args.keyword] if args.keyword else []
         results = run(tests, env, runnable, extra)
-        return report(ids, runnable, not_applicable, results, binary, model, args.json)
+        status = report(ids, runnable, not_applicable, results, binary, model, args.json)
+        return status
     finally:
-        if not args.keep and args.work is None:
+        # A failed run keeps its folder: the worker's logs are the first thing to read.
+        if args.work is None and not args.keep and (status == 0 or args.list):
             shutil.rmtree(work, ignore_errors=True)
         elif not args.list:
             log(f"scratch folder kept: {work}")
@@ -451,7 +464,8 @@ def report(ids, runnable, not_applicable, results, binary, model, json_path) -> 
     out += ["", "## Not applicable"]
     for reason, members in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
         files = sorted({m.split("::")[0] for m in members})
-        out.append(f"- {len(members)}: {reason} ({', '.join(f.removeprefix('unit/') for f in files)})")
+        names = ", ".join(f.removeprefix("unit/") for f in files)
+        out.append(f"- {len(members)}: {reason} ({names})")
     print("\n".join(out))
     if json_path:
         json_path.write_text(json.dumps({

@@ -104,7 +104,7 @@ class ServerProcess(LlamaServerProcess):
         """The options this test set away from upstream's defaults, as {name: value}."""
         changed = {}
         for name, default in vars(LlamaServerProcess).items():
-            if name.startswith("_") or callable(default) or isinstance(default, (staticmethod, property)):
+            if name.startswith("_") or callable(default) or isinstance(default, staticmethod):
                 continue
             if name in ("process", "server_port", "server_host", "external_server"):
                 continue
@@ -148,7 +148,8 @@ class ServerProcess(LlamaServerProcess):
 
     def start(self, timeout_seconds: int = DEFAULT_HTTP_TIMEOUT) -> None:
         args = self.worker_args()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLORCH_") or k == "LLORCH_ASSETS"}
+        # The worker reads LLORCH_* as its flags: none of the caller's leak into it.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LLORCH_")}
         if self.api_key:
             env["LLORCH_API_KEY"] = self.api_key  # not on the command line (ps)
         print(f"tests: starting llorch-cpud with: {' '.join(args)}")
@@ -184,7 +185,8 @@ class ServerProcess(LlamaServerProcess):
         self._drain.start()
         deadline = time.time() + timeout_seconds
         if not started.wait(timeout_seconds) or not self.server_port:
-            raise RuntimeError("llorch-cpud did not log its startup line:\n" + "\n".join(self._tail))
+            raise RuntimeError("llorch-cpud did not log its startup line:\n"
+                               + "\n".join(self._tail))
         while time.time() < deadline:
             try:
                 if self.make_request("GET", "/health", timeout=5).status_code == 200:
