@@ -1,8 +1,8 @@
 //! The shape of a pass: which of a step's chunks run together, and with which kernels. A pass
-//! holds either chunks of at least [`GEMM_MIN_TOKENS`] tokens (the int8 tensor-core GEMM over all
-//! rows, the prefill attention; float formats dequantize + SGEMM, one SGEMM per chunk) or
-//! shorter ones (the split decode attention; the int8 formats' projections by the GEMVs or, from
-//! [`takes_gemm`]'s row counts, the GEMM; float formats the f32 GEMVs), never both.
+//! holds either chunks of at least [`GEMM_MIN_TOKENS`] tokens (the prefill attention) or shorter
+//! ones (the split decode attention), never both. In either, each projection takes its kernel by
+//! the pass's rows: the int8 formats the GEMVs or, from [`takes_gemm`]'s row counts, the GEMM;
+//! the float formats the f32 GEMV or its twin (`float.rs`). A row's bits are the same either way.
 
 use worker_common::backend::{BackendError, Chunk, PAGE_SIZE};
 

@@ -309,7 +309,7 @@ impl<'a> Run<'a> {
     }
 }
 
-/// Three scripts: a prompt through the SGEMM path, a short one through the GEMV path, and one
+/// Three scripts: a prompt through the GEMM path, a short one through the GEMV path, and one
 /// prefilled in two chunks; logits or greedy choices; page tables drawn from a scrambled pool
 /// and dealt out in turn, so the sequences' pages interleave.
 fn scripts(vocab: usize, kv_pages: usize) -> Vec<Script> {
