@@ -9,7 +9,8 @@
 #
 # Environment: ISAS ("native", plus "avx2" where the CPU has AVX-512), THREADS ("1 2"),
 # PROMPT_TOKENS (128), GEN_TOKENS (64), ROUNDS (3), REPS (best of REPS per engine run, 3).
-# Model keys: smollm2 qwen05 qwen15 gemma3 (scripts/fetch-assets.sh models).
+# Model keys: smollm2 qwen05 qwen15 gemma3 (scripts/fetch-assets.sh models), or a .gguf file's
+# path (e.g. a scripts/gen-synthetic-models.py file of a format the real models lack).
 #
 # Ours: backend-cpu's `run_prompt --bench` (prefill of P tokens in one forward; decode of G tokens
 # after an 8-token prompt, greedy). Peer: `llama-bench -p P -n G -r REPS` (prefill from an empty
@@ -36,10 +37,15 @@ declare -A files=(
   [qwen15]=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
   [gemma3]=gemma-3-270m-q4_k_m.gguf
 )
+# The path of model `key`: a key above, or a .gguf file's path (a synthetic model, say).
+model_path() {
+  if [[ "$1" == *.gguf ]]; then echo "$1"; else echo "$ASSETS/models/${files[$1]}"; fi
+}
 for key in "${models[@]}"; do
-  [[ -n "${files[$key]:-}" ]] || { echo "bench-cpu: unknown model key '$key'" >&2; exit 2; }
-  [[ -f "$ASSETS/models/${files[$key]}" ]] ||
-    { echo "bench-cpu: $ASSETS/models/${files[$key]} missing: scripts/fetch-assets.sh models" >&2; exit 2; }
+  [[ "$key" == *.gguf || -n "${files[$key]:-}" ]] ||
+    { echo "bench-cpu: unknown model key '$key' (a key, or a .gguf path)" >&2; exit 2; }
+  [[ -f "$(model_path "$key")" ]] ||
+    { echo "bench-cpu: $(model_path "$key") missing: scripts/fetch-assets.sh models" >&2; exit 2; }
 done
 cargo build --release -q -p backend-cpu --example run_prompt
 run_prompt="$(scripts/target-dir.sh)/release/examples/run_prompt"
@@ -60,7 +66,7 @@ for isa in $ISAS; do
   ours_isa=""
   [[ "$isa" == native ]] || ours_isa="$isa"
   for key in "${models[@]}"; do
-    model="$ASSETS/models/${files[$key]}"
+    model=$(model_path "$key")
     for threads in $THREADS; do
       for ((round = 1; round <= ROUNDS; round++)); do
         LLORCH_CPU_ISA="$ours_isa" "$run_prompt" --model "$model" --threads "$threads" \

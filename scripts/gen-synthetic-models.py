@@ -28,6 +28,9 @@ One file per architecture, named `synthetic-<arch>.gguf`:
           gpt-oss's pre-tokenizer (`gpt-4o`), harmony's special tokens appended, and the
           harmony chat template llama.cpp ships (scripts/synthetic/gpt-oss.jinja, from
           llama.cpp's models/templates/openai-gpt-oss-120b.jinja).
+  q3_k    `llama` in a Q3_K_M-like mix: Q3_K for the embeddings, Q/K, gate and up, Q4_K for V,
+          the attention output and down, Q6_K for the untied output (llama.cpp's Q3_K_M keeps
+          a few early V and down matrices at Q5_K too); Phi-3's (SentencePiece) tokenizer.
   float   `qwen2` (Q/K/V biases) whose matrices are the float formats: Q/K/V and the
           embeddings F16, the attention output, gate and up BF16, the down projection F32,
           the untied output F16. No fixture: the CUDA backend's f32 GEMV and its many-row twin
@@ -138,6 +141,13 @@ Q4_K_M = {
 ALL_Q8_0 = {name: Q.Q8_0 for name in Q4_K_M}
 Q5_K_M = {name: Q.Q5_K if q == Q.Q4_K else q for name, q in Q4_K_M.items()}
 ALL_Q6_K = {name: Q.Q6_K for name in Q4_K_M}
+Q3_K_M = {
+    **{name: Q.Q3_K for name in Q4_K_M},
+    "attn_v": Q.Q4_K,
+    "attn_output": Q.Q4_K,
+    "ffn_down": Q.Q4_K,
+    "output": Q.Q6_K,
+}
 MXFP4_FFN = {
     **ALL_Q8_0,
     "token_embd": Q.MXFP4,
@@ -233,6 +243,14 @@ ARCHS = {
         full_size=True,
         n_vocab=201088,
     ),
+    "q3_k": Arch(
+        gguf_arch="llama",
+        vocab_file="ggml-vocab-phi-3.gguf",
+        shape=Shape(),
+        file_type=gguf.LlamaFileType.MOSTLY_Q3_K_M,
+        formats=Q3_K_M,
+        metadata={"context_length": 4096, "rope.freq_base": 10000.0},
+    ),
     "float": Arch(
         gguf_arch="qwen2",
         vocab_file="ggml-vocab-qwen2.gguf",
@@ -259,11 +277,12 @@ ARCHS = {
 
 # Not fixture models: the shapes GPU users serve, in the mixes they download, for speed and memory
 # measurements, generated where they are measured: `llama3.1-8b` (Llama-3.1-8B, Q4_K_M, 4.8 GiB),
-# `qwen2.5-7b` (Qwen2.5-7B with its Q/K/V biases), and `<name>-q5_k_m`, `-q6_k`, `-q8_0`, `-f16`
-# of each (F16: 15 GiB, Gaussian weights).
+# `qwen2.5-7b` (Qwen2.5-7B with its Q/K/V biases), `llama3.2-1b` (for the CPU), and
+# `<name>-q5_k_m`, `-q3_k_m`, `-q6_k`, `-q8_0`, `-f16` of each (F16: 15 GiB, Gaussian weights).
 FULL_SIZE_MIXES = {
     "": (gguf.LlamaFileType.MOSTLY_Q4_K_M, Q4_K_M),
     "-q5_k_m": (gguf.LlamaFileType.MOSTLY_Q5_K_M, Q5_K_M),
+    "-q3_k_m": (gguf.LlamaFileType.MOSTLY_Q3_K_M, Q3_K_M),
     "-q6_k": (gguf.LlamaFileType.MOSTLY_Q6_K, ALL_Q6_K),
     "-q8_0": (gguf.LlamaFileType.MOSTLY_Q8_0, ALL_Q8_0),
     "-f16": (gguf.LlamaFileType.MOSTLY_F16, {name: Q.F16 for name in Q4_K_M}),
@@ -276,6 +295,10 @@ FULL_SIZE_SHAPES = {
                    Shape(n_layers=28, n_embd=3584, n_head=28, n_head_kv=4, head_dim=128, n_ff=18944,
                          norm_eps=1e-6),
                    {"context_length": 32768, "rope.freq_base": 1000000.0}),
+    # For CPU measurements: Llama-3.2-1B's shape (its output untied here).
+    "llama3.2-1b": ("llama", "ggml-vocab-llama-bpe.gguf", 128256,
+                    Shape(n_layers=16, n_embd=2048, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192),
+                    {"context_length": 131072, "rope.freq_base": 500000.0}),
 }
 for shape_name, (gguf_arch, vocab, n_vocab, shape, metadata) in FULL_SIZE_SHAPES.items():
     for suffix, (file_type, formats) in FULL_SIZE_MIXES.items():
@@ -284,7 +307,7 @@ for shape_name, (gguf_arch, vocab, n_vocab, shape, metadata) in FULL_SIZE_SHAPES
                                           full_size=True, n_vocab=n_vocab)
 
 # Byte offsets of the f16 super-block scales in a K-quant block: (d, dmin or None).
-KQUANT_SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, None)}
+KQUANT_SCALES = {Q.Q3_K: (108, None), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, None)}
 # The sub-block offset (dmin) in units of d that centres a format's unsigned quants.
 DMIN_CENTRE = {Q.Q4_K: 7.5, Q.Q5_K: 15.5}
 

@@ -1,7 +1,7 @@
 //! The CPU backend against llama.cpp b11434 on the synthetic models of the architectures no
 //! real weights of reach us (Llama 3.1's RoPE frequency factors, Qwen3's Q/K norms, Phi-3's
 //! long and short RoPE factors, gpt-oss's routed experts, sinks and sliding windows) and on
-//! MXFP4 weights: every generated position of 8 prompts, the prompt in one step
+//! MXFP4 and Q3_K weights: every generated position of 8 prompts, the prompt in one step
 //! and then llama.cpp's greedy tokens one at a time. Top-1 agrees wherever llama.cpp's top-2
 //! margin is > 0.5 and the logits of its top-20 are close.
 
@@ -41,6 +41,11 @@ fn phi3_long_rope_factors_match_llama_cpp_beyond_the_original_context() {
 #[test]
 fn mxfp4_matrices_match_llama_cpp() {
     check(Synthetic::Mxfp4, 512);
+}
+
+#[test]
+fn q3_k_matrices_match_llama_cpp() {
+    check(Synthetic::Q3K, 512);
 }
 
 #[test]

@@ -138,7 +138,7 @@ fn an_invalidated_capture_runs_its_pass_uncaptured() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn synthetic_models_are_batch_invariant_on_the_gpu() {
-    for model in Synthetic::ALL {
+    for model in Synthetic::ALL.into_iter().filter(|m| m.on_cuda()) {
         invariance(model);
     }
 }

@@ -71,7 +71,7 @@ pub type FloatDot = fn(&[u8], &[f32]) -> Result<f32, DotError>;
 pub enum Kernel {
     /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (packed at load).
     Legacy(Legacy),
-    /// Q4_K, Q5_K, Q6_K.
+    /// Q3_K, Q4_K, Q5_K, Q6_K.
     KQuant(KQuant),
     /// F32, F16, BF16: one row × one token per call.
     Float(FloatDot),
@@ -83,6 +83,7 @@ pub fn kernel(ggml_type: GgmlType) -> Option<Kernel> {
         return Some(Kernel::Legacy(format));
     }
     Some(match ggml_type {
+        GgmlType::Q3_K => Kernel::KQuant(KQuant::Q3K),
         GgmlType::Q4_K => Kernel::KQuant(KQuant::Q4K),
         GgmlType::Q5_K => Kernel::KQuant(KQuant::Q5K),
         GgmlType::Q6_K => Kernel::KQuant(KQuant::Q6K),

@@ -14,9 +14,12 @@
 //! Kernel choice, the process's [`crate::isa`] level: AVX-512 VNNI (256-bit, `avx512vnni` +
 //! `avx512vl`, k-quants only) before AVX2 + FMA + F16C before [`scalar`].
 //!
-//! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q4_K, Q5_K, Q6_K). For every
+//! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q3_K, Q4_K, Q5_K, Q6_K). For every
 //! super-block in order, exact i32 sums, then one f32 step:
 //!
+//! - Q3_K: `isum = Σ_k (sc_k - 32) · Σ_{l in sub-block k} q_l · y_l` over the 16 sub-blocks of
+//!   16 (`q` the signed 3-bit quant, `sc_k` the 6-bit scale); then
+//!   `sum = sum + (d_w * d_a) * isum`, as Q6_K.
 //! - Q4_K / Q5_K: `isum = Σ_j sc_j · Σ_{l in sub-block j} q_l · y_l` over the 8 sub-blocks of
 //!   32 (`q` the unsigned 4- or 5-bit quant, `sc_j` the 6-bit scale), and
 //!   `msum = Σ_j m_j · (bsums[2j] + bsums[2j+1])` (`m_j` the 6-bit min, `bsums` the activation
@@ -27,7 +30,7 @@
 //!   `sum = sum + (d_w * d_a) * isum`.
 //!
 //! `isum` and `msum` are converted to f32 with one rounding (they may exceed 2^24). No
-//! overflow for any input bytes: Q4_K `|isum| ≤ 256·15·128·63 < 2^25`, Q5_K
+//! overflow for any input bytes: Q3_K `|isum| ≤ 256·4·128·32 = 2^22`, Q4_K `|isum| ≤ 256·15·128·63 < 2^25`, Q5_K
 //! `≤ 256·31·128·63 < 2^26`, Q6_K `≤ 256·32·128·128 = 2^27`, and `|msum| ≤ 8·63·2·32768 < 2^25`
 //! even for arbitrary i16 `bsums`.
 //!
@@ -65,6 +68,8 @@ use crate::quant::activation::BlockQ8K;
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
 use crate::quant::f16_le;
 
+/// Bytes per Q3_K super-block: `hmask: [u8; 32]`, `qs: [u8; 64]`, `scales: [u8; 12]`, `d: f16`.
+pub const Q3_K_BYTES: usize = 110;
 /// Bytes per Q4_K super-block: `d, dmin: f16`, `scales: [u8; 12]`, `qs: [u8; 128]`.
 pub const Q4_K_BYTES: usize = 144;
 /// Bytes per Q5_K super-block: `d, dmin: f16`, `scales: [u8; 12]`, `qh: [u8; 32]`,
@@ -76,6 +81,8 @@ pub const Q6_K_BYTES: usize = 210;
 /// A k-quant weight format (256-element super-blocks, dotted with Q8_K activations).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KQuant {
+    /// [`Q3_K_BYTES`]-byte super-blocks.
+    Q3K,
     /// [`Q4_K_BYTES`]-byte super-blocks.
     Q4K,
     /// [`Q5_K_BYTES`]-byte super-blocks.
@@ -88,6 +95,7 @@ impl KQuant {
     /// Bytes per super-block.
     pub const fn block_bytes(self) -> usize {
         match self {
+            KQuant::Q3K => Q3_K_BYTES,
             KQuant::Q4K => Q4_K_BYTES,
             KQuant::Q5K => Q5_K_BYTES,
             KQuant::Q6K => Q6_K_BYTES,
@@ -189,6 +197,11 @@ dispatch!(
     ///
     /// Errors when `w` is not exactly one super-block per activation block; never panics.
     dot_q4_k_q8_k, BlockQ8K, Q4_K_BYTES, q4_k_q8_k, [k_simd::q4_k_q8_k]
+);
+dispatch!(
+    /// Dot product of a Q3_K weight row (110-byte super-blocks) with Q8_K activations; see
+    /// [`dot_q4_k_q8_k`].
+    dot_q3_k_q8_k, BlockQ8K, Q3_K_BYTES, q3_k_q8_k, [k_simd::q3_k_q8_k]
 );
 dispatch!(
     /// Dot product of a Q5_K weight row (176-byte super-blocks) with Q8_K activations; see

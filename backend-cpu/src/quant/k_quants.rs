@@ -1,5 +1,7 @@
-//! The 256-element k-quant super-blocks: Q4_K, Q5_K and Q6_K.
+//! The 256-element k-quant super-blocks: Q3_K, Q4_K, Q5_K and Q6_K.
 //!
+//! Q3_K has 16 sub-blocks of 16 with 6-bit scales stored with an offset of 32:
+//! `(d * (sc - 32)) * q`, `q` a signed 3-bit quant (2 low bits in `qs`, the third in `hmask`).
 //! Q4_K and Q5_K split a super-block into 8 sub-blocks of 32 with a 6-bit scale and a 6-bit min
 //! each, packed into 12 bytes; elements are `d * sc * q - dmin * m`, computed as
 //! `dequantize_row_q4_K` does: `(d * sc) * q - (dmin * m)`. Q6_K has 16 sub-blocks of 16 with
@@ -36,6 +38,42 @@ fn packed_scales(block: &[u8]) -> [u8; 12] {
 fn sub_block(j: usize, scales: &[u8; 12], d: f32, dmin: f32) -> (f32, f32) {
     let (sc, m) = scale_min(j, scales);
     (d * f32::from(sc), dmin * f32::from(m))
+}
+
+/// The 16 scales of a Q3_K block (bytes 96..108, each `0..64`, stored with an offset of 32),
+/// as `dequantize_row_q3_K` unpacks them: scale `j` takes its low 4 bits from nibble `j / 8`
+/// of byte `j % 8` and its top 2 bits from bits `2 (j / 4)..` of byte `8 + j % 4`.
+pub(crate) fn q3_k_scales(packed: &[u8; 12]) -> [u8; 16] {
+    std::array::from_fn(|j| {
+        let low = (packed[j % 8] >> (4 * (j / 8))) & 0x0F;
+        let high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        low | (high << 4)
+    })
+}
+
+/// The signed 3-bit quant of element `128 h + 32 k + l` of a Q3_K block (h in 0..2, k in 0..4,
+/// l in 0..32): bits `2k..2k + 2` of `qs[32 h + l]`, minus 4 unless bit `4 h + k` of `hmask[l]`
+/// is set.
+pub(crate) fn q3_k_quant(block: &[u8; 110], h: usize, k: usize, l: usize) -> i8 {
+    let low = ((block[32 + 32 * h + l] >> (2 * k)) & 3) as i8;
+    let high_set = block[l] & (1 << (4 * h + k)) != 0;
+    if high_set { low } else { low - 4 }
+}
+
+/// Q3_K (110 bytes): `hmask: [u8; 32]`, `qs: [u8; 64]`, `scales: [u8; 12]`, `d: f16`. Element
+/// `128 h + 32 k + l` is `(d * (sc[8 h + 2 k + l / 16] - 32)) * q` (see [`q3_k_quant`]).
+pub(super) fn q3_k(data: &[u8], out: &mut [f32]) {
+    for (block, y) in blocks::<110, QK_K>(data, out) {
+        let d = f16_le([block[108], block[109]]);
+        let mut packed = [0; 12];
+        packed.copy_from_slice(&block[96..108]);
+        let scales = q3_k_scales(&packed);
+        for (i, y) in y.iter_mut().enumerate() {
+            let (h, k, l) = (i / 128, (i / 32) % 4, i % 32);
+            let dl = d * f32::from(scales[8 * h + 2 * k + l / 16] as i8 - 32);
+            *y = dl * f32::from(q3_k_quant(block, h, k, l));
+        }
+    }
 }
 
 /// Q4_K (144 bytes): `d: f16`, `dmin: f16`, `scales: [u8; 12]`, `qs: [u8; 128]`. Each 32 bytes

@@ -16,6 +16,7 @@ mod float;
 mod k_quants;
 #[cfg(test)]
 pub(crate) use k_quants::scale_min;
+pub(crate) use k_quants::{q3_k_quant, q3_k_scales};
 mod legacy;
 
 use worker_common::gguf::GgmlType;
@@ -106,6 +107,7 @@ pub fn is_supported(ggml_type: GgmlType) -> bool {
             | GgmlType::Q5_0
             | GgmlType::Q5_1
             | GgmlType::Q8_0
+            | GgmlType::Q3_K
             | GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
@@ -156,6 +158,7 @@ pub fn dequantize(ggml_type: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(
         GgmlType::Q5_0 => legacy::q5_0(data, out),
         GgmlType::Q5_1 => legacy::q5_1(data, out),
         GgmlType::Q8_0 => legacy::q8_0(data, out),
+        GgmlType::Q3_K => k_quants::q3_k(data, out),
         GgmlType::Q4_K => k_quants::q4_k(data, out),
         GgmlType::Q5_K => k_quants::q5_k(data, out),
         GgmlType::Q6_K => k_quants::q6_k(data, out),

@@ -180,6 +180,37 @@ fn q5_k_adds_sixteen_for_the_high_bit() {
 }
 
 #[test]
+fn q3_k_is_signed_three_bit_quants_times_offset_scales() {
+    let hmask: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(41) ^ 0x69).collect();
+    let qs: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(23) ^ 0x96).collect();
+    // The 16 six-bit scales, packed as ggml's `quantize_row_q3_K_ref` packs them: low nibbles
+    // of 0..8 in bytes 0..8, of 8..16 in their high nibbles, top two bits in bytes 8..12.
+    let scales: Vec<u8> = (0..16u8).map(|j| (j * 13 + 5) % 64).collect();
+    let mut packed = [0u8; 12];
+    for (j, &s) in scales.iter().enumerate() {
+        packed[j % 8] |= (s & 0x0F) << (4 * (j / 8));
+        packed[8 + j % 4] |= (s >> 4) << (2 * (j / 4));
+    }
+    let mut block = hmask.clone();
+    block.extend_from_slice(&qs);
+    block.extend_from_slice(&packed);
+    block.extend_from_slice(&F16_HALF);
+    // Element e is in half e / 128, at 32k + l there: 2 bits from qs, the third from hmask.
+    let expected: Vec<f32> = (0..256)
+        .map(|e| {
+            let (half, r) = (e / 128, e % 128);
+            let (k, l) = (r / 32, r % 32);
+            let low = i32::from((qs[32 * half + l] >> (2 * k)) & 3);
+            let high = (hmask[l] >> (4 * half + k)) & 1;
+            let q = if high == 1 { low } else { low - 4 };
+            let sc = i32::from(scales[8 * half + 2 * k + l / 16]) - 32;
+            0.5 * sc as f32 * q as f32
+        })
+        .collect();
+    assert_bits(&run(GgmlType::Q3_K, &block), &expected);
+}
+
+#[test]
 fn q6_k_is_signed_six_bit_quants_times_signed_scales() {
     let ql: Vec<u8> = (0..128u8).map(|i| i.wrapping_mul(29) ^ 0x3C).collect();
     let qh: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(53) ^ 0xA5).collect();

@@ -1,7 +1,8 @@
 //! Scalar kernels of the k-quant super-blocks against Q8_K activations (see the parent module
 //! for the order and the overflow bounds).
 
-use super::{BlockQ8K, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, f16_le, weight_blocks};
+use super::{BlockQ8K, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, f16_le, weight_blocks};
+use crate::quant::{q3_k_quant, q3_k_scales};
 
 /// The 8 scales and 8 mins of a Q4_K / Q5_K super-block, unpacked from bytes 4..16 with
 /// word-wide masks (branch-free); equal to `get_scale_min_k4` /
@@ -79,6 +80,27 @@ pub(super) fn q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let isum = k_isum(&w[48..], Some(&w[16..48]), &scales, &a.qs);
         let (d, dmin) = (f16_le([w[0], w[1]]), f16_le([w[2], w[3]]));
         sum = k_step(sum, d, dmin, a.d, isum, min_sum(&mins, &a.bsums));
+    }
+    sum
+}
+
+/// Q3_K: element `128 h + 32 k + l` (h in 0..2, k in 0..4, l in 0..32) is the signed 3-bit
+/// quant [`q3_k_quant`] with scale `sc[8 h + 2 k + l / 16] - 32`.
+pub(super) fn q3_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (w, a) in weight_blocks::<Q3_K_BYTES>(w).zip(a) {
+        let mut packed = [0; 12];
+        packed.copy_from_slice(&w[96..108]);
+        let scales = q3_k_scales(&packed);
+        let mut isum = 0i32;
+        for (j, &sc) in scales.iter().enumerate() {
+            let (h, k, first) = (j / 8, (j % 8) / 2, 16 * (j % 2));
+            let s: i32 = (first..first + 16)
+                .map(|l| i32::from(q3_k_quant(w, h, k, l)) * i32::from(a.qs[128 * h + 32 * k + l]))
+                .sum();
+            isum += (i32::from(sc) - 32) * s;
+        }
+        sum += (f16_le([w[108], w[109]]) * a.d) * isum as f32;
     }
     sum
 }

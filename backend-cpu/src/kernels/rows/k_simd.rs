@@ -54,6 +54,7 @@ pub(super) fn dot_rows(
         };
     }
     match format {
+        KQuant::Q3K => run!(formats::Q3K),
         KQuant::Q4K => run!(formats::Q4K),
         KQuant::Q5K => run!(formats::Q5K),
         KQuant::Q6K => run!(formats::Q6K),
@@ -86,11 +87,18 @@ pub(super) fn one(format: KQuant, vnni: bool, w: &[u8], a: &[BlockQ8K]) -> Optio
         };
     }
     match format {
+        KQuant::Q3K => run!(formats::Q3K),
         KQuant::Q4K => run!(formats::Q4K),
         KQuant::Q5K => run!(formats::Q5K),
         KQuant::Q6K => run!(formats::Q6K),
     }
     Some(out[0])
+}
+
+/// The one-row Q3_K × Q8_K dot of [`super::scalar`] with the VNNI or AVX2 body (as
+/// [`crate::isa`] says); `None` below AVX2.
+pub(super) fn q3_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
+    one(KQuant::Q3K, crate::isa::vnni(), w, a)
 }
 
 /// The one-row Q4_K × Q8_K dot of [`super::scalar`] with the VNNI or AVX2 body (as
@@ -306,10 +314,14 @@ unsafe fn tile<F: KType, const VNNI: bool, const R: usize, const C: usize>(
                 prefetch(row, i, bytes);
             }
             let a: [&BlockQ8K; C] = std::array::from_fn(|c| &cols[c][i]);
-            if format == KQuant::Q6K {
-                let isums = q6_isums::<VNNI, R, C>(w, a);
+            if format == KQuant::Q6K || format == KQuant::Q3K {
+                let (isums, d_at) = if format == KQuant::Q6K {
+                    (q6_isums::<VNNI, R, C>(w, a), 208)
+                } else {
+                    (q3_isums::<VNNI, R, C>(w, a), 108)
+                };
                 for r in 0..R {
-                    let d = f16_le([w[r][208], w[r][209]]);
+                    let d = f16_le([w[r][d_at], w[r][d_at + 1]]);
                     for c in 0..C {
                         sums[r][c] += (d * a[c].d) * isums[r][c] as f32;
                     }
@@ -399,6 +411,89 @@ unsafe fn k_isums<const VNNI: bool, const R: usize, const C: usize>(
             }
         }
         (isums, msums)
+    }
+}
+
+/// `isum` of one Q3_K super-block per (row, token). Each half (128 elements) uses the 32
+/// bytes of `qs` at `32 + 32h`; its chunk `k` takes bits `2k..2k + 2` of them and bit
+/// `4h + k` of `hmask` (bytes 0..32) as the code's bit 2, so the code is `q + 4` in `0..8`
+/// (the reference's `q` minus 4 when that bit is clear), with scale `8h + 2k` for elements
+/// 0..16 and `8h + 2k + 1` for 16..32, less 32. As for Q6_K, the offset comes off the pair
+/// sums: `(q + 4)·y − 4·y`, each exact in i16 (at most `2 · 7 · 128`).
+#[inline(always)]
+unsafe fn q3_isums<const VNNI: bool, const R: usize, const C: usize>(
+    w: [&[u8]; R],
+    a: [&BlockQ8K; C],
+) -> [[i32; C]; R] {
+    unsafe {
+        let three = _mm256_set1_epi8(3);
+        let four = _mm256_set1_epi8(4);
+        let zero = _mm256_setzero_si256();
+        // The signed scales less 32 of each half (sub-blocks 8h..8h + 8), per row.
+        let mut scales = [[zero; R]; 2];
+        let mut hmask = [zero; R];
+        for r in 0..R {
+            let mut packed = [0; 12];
+            packed.copy_from_slice(&w[r][96..108]);
+            let unpacked = crate::quant::q3_k_scales(&packed).map(|s| s.wrapping_sub(32));
+            for (half, bytes) in unpacked.chunks_exact(8).enumerate() {
+                let mut eight = [0; 8];
+                eight.copy_from_slice(bytes);
+                scales[half][r] = both_halves(eight, true);
+            }
+            hmask[r] = load32(w[r], 0);
+        }
+        let mut acc = [[zero; C]; R];
+        for (half, half_scales) in scales.iter().enumerate() {
+            for k in 0..4 {
+                let mut q = [zero; R];
+                let mut sc = [zero; R];
+                let bit = 4 * half + k;
+                for r in 0..R {
+                    let qs = load32(w[r], 32 + 32 * half);
+                    let low = _mm256_and_si256(shift_right(qs, 2 * k), three);
+                    // Bit `bit` of each hmask byte, moved to bit 2 (0 or 4 per byte).
+                    let high = _mm256_and_si256(shift_right_left(hmask[r], bit), four);
+                    q[r] = _mm256_or_si256(low, high);
+                    sc[r] = pick(half_scales[r], 2 * k, 2 * k + 1);
+                }
+                for c in 0..C {
+                    let y = load32(&a[c].qs, 128 * half + 32 * k);
+                    let offset = _mm256_maddubs_epi16(four, y);
+                    for r in 0..R {
+                        let pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(q[r], y), offset);
+                        acc[r][c] = scaled_add::<VNNI>(acc[r][c], pairs, sc[r]);
+                    }
+                }
+            }
+        }
+        let mut isums = [[0; C]; R];
+        for c in 0..C {
+            for r in 0..R {
+                isums[r][c] = sum_pair(acc[r][c], zero).0;
+            }
+        }
+        isums
+    }
+}
+
+/// `v` shifted right by `bits` (0..8) in 16-bit lanes; the callers' masks drop the bits that
+/// cross from one byte into the other.
+#[inline(always)]
+unsafe fn shift_right(v: __m256i, bits: usize) -> __m256i {
+    unsafe { _mm256_srl_epi16(v, _mm_cvtsi32_si128(bits as i32)) }
+}
+
+/// `v` with bit `bit` (0..8) of each byte moved to bit 2, by a 16-bit shift either way; the
+/// callers' mask keeps bit 2 of each byte only.
+#[inline(always)]
+unsafe fn shift_right_left(v: __m256i, bit: usize) -> __m256i {
+    unsafe {
+        if bit >= 2 {
+            shift_right(v, bit - 2)
+        } else {
+            _mm256_sll_epi16(v, _mm_cvtsi32_si128((2 - bit) as i32))
+        }
     }
 }
 

@@ -5,9 +5,10 @@
 //! siblings and take rows whose lengths were already checked.
 
 pub(super) use super::float::{bf16_f32, f16_f32, f32_f32};
-pub(super) use super::k_quants::{q4_k_q8_k, q5_k_q8_k, q6_k_q8_k};
+pub(super) use super::k_quants::{q3_k_q8_k, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k};
 use super::{
-    BlockQ8K, DotError, KQuant, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, check_len, check_rows,
+    BlockQ8K, DotError, KQuant, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, check_len,
+    check_rows,
 };
 
 /// Defines a public length-checking wrapper around a scalar kernel.
@@ -20,6 +21,7 @@ macro_rules! checked {
     };
 }
 
+checked!(dot_q3_k_q8_k, BlockQ8K, Q3_K_BYTES, q3_k_q8_k);
 checked!(dot_q4_k_q8_k, BlockQ8K, Q4_K_BYTES, q4_k_q8_k);
 checked!(dot_q5_k_q8_k, BlockQ8K, Q5_K_BYTES, q5_k_q8_k);
 checked!(dot_q6_k_q8_k, BlockQ8K, Q6_K_BYTES, q6_k_q8_k);
@@ -51,6 +53,7 @@ pub(super) fn dot_rows_k_unchecked(
     out: &mut [f32],
 ) {
     let kernel = match format {
+        KQuant::Q3K => q3_k_q8_k,
         KQuant::Q4K => q4_k_q8_k,
         KQuant::Q5K => q5_k_q8_k,
         KQuant::Q6K => q6_k_q8_k,

@@ -63,7 +63,16 @@ type Kernel = fn(&[u8], &[BlockQ8K]) -> Result<f32, DotError>;
 type Simd = fn(&[u8], &[BlockQ8K]) -> Option<f32>;
 
 /// (name, bytes, d offset, has dmin, dispatching, scalar, AVX2).
-const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 3] = [
+const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 4] = [
+    (
+        "q3_k",
+        Q3_K_BYTES,
+        108,
+        false,
+        dot_q3_k_q8_k,
+        scalar::dot_q3_k_q8_k,
+        |w, a| k_simd::one(KQuant::Q3K, false, w, a),
+    ),
     (
         "q4_k",
         Q4_K_BYTES,
@@ -140,17 +149,20 @@ fn k_extremes_are_exact() {
         }];
         let y = i64::from(aq);
         let msum = 63 * 8 * 2 * i64::from(bsum);
-        // Q4_K: sc = m = 63, q = 15; Q5_K: q = 31; Q6_K: scale -1 (0xFF), q = 63 - 32.
+        // Q3_K: scale 63 - 32, q = 3 (high bit set); Q4_K: sc = m = 63, q = 15; Q5_K: q = 31;
+        // Q6_K: scale -1 (0xFF), q = 63 - 32.
+        let q3 = (31 * 3 * y * 256) as f32;
         let q4 = (63 * 15 * y * 256 - msum) as f32;
         let q5 = (63 * 31 * y * 256 - msum) as f32;
         let q6 = (-31 * y * 256) as f32;
-        for (name, bytes, d_at, _, dispatched, reference, avx2) in KERNELS {
+        for (name, bytes, d_at, two, dispatched, reference, avx2) in KERNELS {
             let mut w = vec![0xFF; bytes];
             w[d_at..d_at + 2].copy_from_slice(&f16::ONE.to_le_bytes());
-            if name != "q6_k" {
+            if two {
                 w[2..4].copy_from_slice(&f16::ONE.to_le_bytes());
             }
             let want = match name {
+                "q3_k" => q3,
                 "q4_k" => q4,
                 "q5_k" => q5,
                 _ => q6,
@@ -187,6 +199,7 @@ fn k_scalar_dots_match_f64_reference() {
             .collect();
         for (name, bytes, d_at, two, _, reference_dot, _) in KERNELS {
             let ggml_type = match name {
+                "q3_k" => GgmlType::Q3_K,
                 "q4_k" => GgmlType::Q4_K,
                 "q5_k" => GgmlType::Q5_K,
                 _ => GgmlType::Q6_K,
@@ -208,7 +221,13 @@ fn k_scalar_dots_match_f64_reference() {
                         let (sc, m) = (sc.iter().max().unwrap(), m.iter().max().unwrap());
                         (d * 31.0 * f64::from(*sc) + dmin * f64::from(*m)) * ya
                     } else {
-                        f16::from_le_bytes([w[208], w[209]]).to_f64().abs() * 32.0 * 128.0 * ya
+                        // The largest |scale · q|: Q3_K 32 · 4, Q6_K 128 · 32.
+                        let most = if name == "q3_k" {
+                            32.0 * 4.0
+                        } else {
+                            128.0 * 32.0
+                        };
+                        f16::from_le_bytes([w[d_at], w[d_at + 1]]).to_f64().abs() * most * ya
                     }
                 })
                 .sum();
