@@ -11,10 +11,10 @@ use worker_common::backend::BackendError;
 use worker_common::gguf::{GgmlType, Gguf};
 use worker_common::model::{self, MatrixTensor, ModelSpec, TensorSource, VectorTensor};
 
-use crate::kernels::formats::{Q4K, Q6K};
-use crate::kernels::rows::{Q4_K_BYTES, Q6_K_BYTES};
+use crate::kernels::formats::{Q3K, Q4K, Q6K};
+use crate::kernels::rows::{Q3_K_BYTES, Q4_K_BYTES, Q6_K_BYTES};
 use crate::kernels::{
-    Arena, GROUP, KLayout, Legacy, PackedK, PackedQ6K, PackedRows, packed_k_available,
+    Arena, GROUP, KLayout, Legacy, PackedK, PackedQ3K, PackedQ6K, PackedRows, packed_k_available,
 };
 use crate::quant;
 use crate::team::Team;
@@ -52,6 +52,8 @@ pub enum Packed {
     KQuant(PackedK),
     /// Q6_K.
     Q6K(PackedQ6K),
+    /// Q3_K.
+    Q3K(PackedQ3K),
 }
 
 impl Packed {
@@ -61,6 +63,7 @@ impl Packed {
             Packed::Legacy(p) => p.bytes(),
             Packed::KQuant(p) => p.bytes(),
             Packed::Q6K(p) => p.bytes(),
+            Packed::Q3K(p) => p.bytes(),
         }
     }
 
@@ -93,6 +96,11 @@ impl Packed {
             GgmlType::Q6_K => Some(
                 PackedQ6K::pack_in(Some(arena), raw, rows)
                     .map(Packed::Q6K)
+                    .ok_or_else(bad),
+            ),
+            GgmlType::Q3_K => Some(
+                PackedQ3K::pack_in(Some(arena), raw, rows)
+                    .map(Packed::Q3K)
                     .ok_or_else(bad),
             ),
             _ => None,
@@ -192,13 +200,14 @@ fn packed_len(ggml_type: GgmlType, rows: usize, row_bytes: usize) -> usize {
         (Some(format), _) => (format.block_bytes(), GROUP * format.block_bytes()),
         (None, GgmlType::Q4_K) => (Q4_K_BYTES, Q4K::GROUP_BYTES),
         (None, GgmlType::Q6_K) => (Q6_K_BYTES, Q6K::GROUP_BYTES),
+        (None, GgmlType::Q3_K) => (Q3_K_BYTES, Q3K::GROUP_BYTES),
         _ => return 0,
     };
     rows.div_ceil(GROUP) * (row_bytes / block_bytes) * group_bytes
 }
 
 /// Repacks every matmul matrix whose format has a packed kernel on this CPU (the 32-element
-/// formats, Q4_K and Q6_K: `kernels::packed`, `kernels::packed_k`) into one arena, a matrix per
+/// formats, Q3_K, Q4_K and Q6_K: `kernels::packed`, `kernels::packed_k`) into one arena, a matrix per
 /// task of `team`; returns the file ranges no longer read, whose pages the caller may release.
 pub fn pack(
     team: &Team,

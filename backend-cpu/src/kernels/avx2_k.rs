@@ -14,6 +14,10 @@
 //! groups at a time, at most `2·2·63·128` in i16), starting each 16-element sub-block's lane
 //! sum at `−32·b_s` (the activation's sum over the sub-block, from `bsums`), so the sum is
 //! the reference's exact `Σ (q − 32)·y`; then times the row's i8 scale. `|isum| < 2^28`.
+//!
+//! Q3_K likewise: the codes `q + 4` (≤ 7) through the same dot, each sub-block's lane sum
+//! starting at `−4·b_s`, so it is the reference's exact `Σ (q + 4)·y − 4·b_s`; then times the
+//! row's scale less 32 (i8).
 #![allow(unused_unsafe)]
 
 use std::arch::x86_64::*;
@@ -21,7 +25,9 @@ use std::ops::Range;
 
 use super::avx2::{dot_groups, load_f16x8};
 use super::packed::Packed;
-use super::packed_k::{KLayout, Q4K_MINS, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL, Q6K_SC};
+use super::packed_k::{
+    KLayout, Q3K_HM, Q3K_QS, Q3K_SC, Q4K_MINS, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL, Q6K_SC,
+};
 use super::rows::KQuant;
 use super::{GROUP, MAX_COLS, TokenOutputs};
 use crate::isa::vnni;
@@ -128,16 +134,106 @@ unsafe fn tile<F: KLayout, const VNNI: bool, const C: usize>(
         let mut sums = [_mm256_setzero_ps(); C];
         for i in 0..blocks {
             let gb = group.as_ptr().add(i * F::GROUP_BYTES);
-            if C > 1 || F::FORMAT == KQuant::Q6K {
+            if C > 1 || F::FORMAT != KQuant::Q4K {
                 super::avx2::prefetch_ahead(gb, F::GROUP_BYTES);
             }
             let y: [&BlockQ8K; C] = std::array::from_fn(|k| &a[(c + k) * blocks + i]);
             match F::FORMAT {
                 KQuant::Q6K => q6_k_block::<VNNI, C>(gb, &y, &mut sums),
+                KQuant::Q3K => q3_k_block::<VNNI, C>(gb, &y, &mut sums),
                 _ => q4_k_block::<VNNI, C>(gb, &y, &mut sums),
             }
         }
         sums
+    }
+}
+
+/// The eight codes (`q + 4`) of quarter `K` of half `H` of a Q3_K group-super-block: quads
+/// `m = 0..8`, bits `2K..2K + 2` of `qs` and bit `4H + K` of `hmask` moved to bit 2 (16-bit
+/// shifts whose strays the masks drop).
+#[inline(always)]
+unsafe fn q3_k_codes<const H: usize, const K: usize>(gb: *const u8) -> [__m256i; 8] {
+    // SAFETY: `gb` points at a whole Q3_K group-super-block; AVX2 guaranteed by the callers.
+    unsafe {
+        let three = _mm256_set1_epi8(3);
+        let four = _mm256_set1_epi8(4);
+        // Plain loops, not closures (see `super::avx2::codes`).
+        let mut codes = [_mm256_setzero_si256(); 8];
+        for (m, code) in codes.iter_mut().enumerate() {
+            let qs = load(gb.add(Q3K_QS + 32 * (8 * H + m)));
+            let hm = load(gb.add(Q3K_HM + 32 * m));
+            let low = match K {
+                0 => qs,
+                1 => _mm256_srli_epi16::<2>(qs),
+                2 => _mm256_srli_epi16::<4>(qs),
+                _ => _mm256_srli_epi16::<6>(qs),
+            };
+            let high = match 4 * H + K {
+                0 => _mm256_slli_epi16::<2>(hm),
+                1 => _mm256_slli_epi16::<1>(hm),
+                2 => hm,
+                3 => _mm256_srli_epi16::<1>(hm),
+                4 => _mm256_srli_epi16::<2>(hm),
+                5 => _mm256_srli_epi16::<3>(hm),
+                6 => _mm256_srli_epi16::<4>(hm),
+                _ => _mm256_srli_epi16::<5>(hm),
+            };
+            *code = _mm256_or_si256(_mm256_and_si256(low, three), _mm256_and_si256(high, four));
+        }
+        codes
+    }
+}
+
+/// Quarter `K` of half `H` of a Q3_K group-super-block (sub-blocks `8H + 2K` and
+/// `8H + 2K + 1`) added into `isum`.
+#[inline(always)]
+unsafe fn q3_k_quarter<const VNNI: bool, const C: usize, const H: usize, const K: usize>(
+    gb: *const u8,
+    y: &[&BlockQ8K; C],
+    isum: &mut [__m256i; C],
+) {
+    // SAFETY: as for `q3_k_codes`; `y` holds whole Q8_K blocks.
+    unsafe {
+        let [q0, q1, q2, q3, q4, q5, q6, q7] = q3_k_codes::<H, K>(gb);
+        for (half, quads) in [[q0, q1, q2, q3], [q4, q5, q6, q7]].iter().enumerate() {
+            let s = 8 * H + 2 * K + half;
+            let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(gb.add(Q3K_SC + 8 * s).cast()));
+            for k in 0..C {
+                let start = _mm256_set1_epi32(-4 * i32::from(y[k].bsums[s]));
+                let at = y[k].qs.as_ptr().add(16 * s);
+                let sub = dot_groups::<VNNI, 4, 2>(quads, at, start);
+                isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(sub, scale));
+            }
+        }
+    }
+}
+
+/// One Q3_K group-super-block against `C` tokens: `sum + (d·d_a)·isum`.
+#[inline(always)]
+unsafe fn q3_k_block<const VNNI: bool, const C: usize>(
+    gb: *const u8,
+    y: &[&BlockQ8K; C],
+    sums: &mut [__m256; C],
+) {
+    // SAFETY: `gb` points at a whole Q3_K group-super-block; AVX2 (and VNNI) guaranteed.
+    unsafe {
+        let mut isum = [_mm256_setzero_si256(); C];
+        q3_k_quarter::<VNNI, C, 0, 0>(gb, y, &mut isum);
+        q3_k_quarter::<VNNI, C, 0, 1>(gb, y, &mut isum);
+        q3_k_quarter::<VNNI, C, 0, 2>(gb, y, &mut isum);
+        q3_k_quarter::<VNNI, C, 0, 3>(gb, y, &mut isum);
+        q3_k_quarter::<VNNI, C, 1, 0>(gb, y, &mut isum);
+        q3_k_quarter::<VNNI, C, 1, 1>(gb, y, &mut isum);
+        q3_k_quarter::<VNNI, C, 1, 2>(gb, y, &mut isum);
+        q3_k_quarter::<VNNI, C, 1, 3>(gb, y, &mut isum);
+        let d = load_f16x8(gb);
+        for k in 0..C {
+            let scaled = _mm256_mul_ps(
+                _mm256_mul_ps(d, _mm256_set1_ps(y[k].d)),
+                _mm256_cvtepi32_ps(isum[k]),
+            );
+            sums[k] = _mm256_add_ps(sums[k], scaled);
+        }
     }
 }
 

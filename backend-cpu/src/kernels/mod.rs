@@ -56,7 +56,7 @@ use worker_common::gguf::GgmlType;
 
 pub use arena::Arena;
 pub use packed::{GROUP, PackedRows};
-pub use packed_k::{KLayout, PackedK, PackedQ6K, packed_k_available};
+pub use packed_k::{KLayout, PackedK, PackedQ3K, PackedQ6K, packed_k_available};
 
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use rows::DotError;

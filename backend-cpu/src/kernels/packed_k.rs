@@ -1,4 +1,4 @@
-//! Q4_K and Q6_K rows repacked at load, [`GROUP`](super::GROUP) rows interleaved per super-block as the
+//! Q3_K, Q4_K and Q6_K rows repacked at load, [`GROUP`](super::GROUP) rows interleaved per super-block as the
 //! 32-element formats are ([`super::packed`]): one 32-byte quant vector holds four consecutive
 //! elements of each of eight rows, so one integer dot instruction adds four products for eight
 //! rows, and each row's exact super-block sums end in one i32 lane. The kernels keep the
@@ -21,13 +21,20 @@
 //! `h`, quarter `j`, `m < 8`) take nibble `j / 2` of `ql` vector `16h + 8(j % 2) + m` and bits
 //! `2j..2j + 2` of `qh` vector `8h + m`: eight rows' codes for four elements, unpacked with
 //! a shift, masks and an or.
+//!
+//! Q3_K (912 bytes, 8 × 114): `d[8]` (f16); `sc[16][8]` (i8, sub-block-major: the six-bit
+//! scales less 32, unpacked); 16 vectors of `qs`, vector `v` holding in bytes `4r..4r+4` the
+//! `qs` bytes `4v..4v+4` of row `r`; 8 vectors of `hmask`, likewise. Elements
+//! `128h + 32k + 4m..+4` (half `h`, quarter `k`, `m < 8`) take bits `2k..2k + 2` of `qs`
+//! vector `8h + m` and bit `4h + k` of `hmask` vector `m`: codes `q + 4` in `0..8`.
 
 use std::sync::Arc;
 
 use super::arena::Arena;
-use super::formats::{KType, Q4K, Q6K};
+use super::formats::{KType, Q3K, Q4K, Q6K};
 use super::packed::Packed;
-use super::rows::{Q4_K_BYTES, Q6_K_BYTES, scales_mins};
+use super::rows::{Q3_K_BYTES, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
+use crate::quant::q3_k_scales;
 
 /// A k-quant format with an interleaved layout and a packed kernel.
 pub trait KLayout: KType {
@@ -48,6 +55,15 @@ pub(super) const Q6K_SC: usize = 16;
 pub(super) const Q6K_QL: usize = Q6K_SC + 128;
 pub(super) const Q6K_QH: usize = Q6K_QL + 32 * 32;
 
+/// Offsets inside a Q3_K group-super-block.
+pub(super) const Q3K_SC: usize = 16;
+pub(super) const Q3K_QS: usize = Q3K_SC + 128;
+pub(super) const Q3K_HM: usize = Q3K_QS + 16 * 32;
+
+impl KLayout for Q3K {
+    const GROUP_BYTES: usize = Q3K_HM + 8 * 32;
+}
+
 impl KLayout for Q4K {
     const GROUP_BYTES: usize = Q4K_GROUP_BYTES;
 }
@@ -61,6 +77,9 @@ pub type PackedK = Packed<Q4K>;
 
 /// A matrix of Q6_K rows in the interleaved layout.
 pub type PackedQ6K = Packed<Q6K>;
+
+/// A matrix of Q3_K rows in the interleaved layout.
+pub type PackedQ3K = Packed<Q3K>;
 
 /// Whether this CPU runs the packed Q4_K kernel (AVX2, FMA, F16C); elsewhere the rows stay in
 /// their GGUF layout for the reference kernels.
@@ -93,6 +112,20 @@ impl PackedQ6K {
     pub fn pack_in(arena: Option<&Arc<Arena>>, raw: &[u8], n_rows: usize) -> Option<Self> {
         let sizes = (Q6_K_BYTES, Q6K::GROUP_BYTES);
         Self::interleave(arena, Q6K, raw, n_rows, sizes, put_q6_k)
+    }
+}
+
+impl PackedQ3K {
+    /// Repacks `n_rows` row-major Q3_K rows held in `raw`; `None` for rows that are not
+    /// whole super-blocks.
+    pub fn pack(raw: &[u8], n_rows: usize) -> Option<Self> {
+        Self::pack_in(None, raw, n_rows)
+    }
+
+    /// [`Self::pack`] into a region of `arena` (`None` too when the arena is full).
+    pub fn pack_in(arena: Option<&Arc<Arena>>, raw: &[u8], n_rows: usize) -> Option<Self> {
+        let sizes = (Q3_K_BYTES, Q3K::GROUP_BYTES);
+        Self::interleave(arena, Q3K, raw, n_rows, sizes, put_q3_k)
     }
 }
 
@@ -131,5 +164,23 @@ fn put_q6_k(block: &[u8], lane: usize, out: &mut [u8]) {
     }
     for u in 0..16 {
         put_dword(block, 128 + 4 * u, lane, out, Q6K_QH + 32 * u);
+    }
+}
+
+fn put_q3_k(block: &[u8], lane: usize, out: &mut [u8]) {
+    let Ok(block) = <&[u8; Q3_K_BYTES]>::try_from(block) else {
+        return;
+    };
+    out[2 * lane..2 * lane + 2].copy_from_slice(&block[108..110]);
+    let mut packed = [0; 12];
+    packed.copy_from_slice(&block[96..108]);
+    for (s, scale) in q3_k_scales(&packed).into_iter().enumerate() {
+        out[Q3K_SC + 8 * s + lane] = scale.wrapping_sub(32);
+    }
+    for v in 0..16 {
+        put_dword(block, 32 + 4 * v, lane, out, Q3K_QS + 32 * v);
+    }
+    for u in 0..8 {
+        put_dword(block, 4 * u, lane, out, Q3K_HM + 32 * u);
     }
 }

@@ -17,8 +17,9 @@
 //! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q3_K, Q4_K, Q5_K, Q6_K). For every
 //! super-block in order, exact i32 sums, then one f32 step:
 //!
-//! - Q3_K: `isum = Σ_k (sc_k - 32) · Σ_{l in sub-block k} q_l · y_l` over the 16 sub-blocks of
-//!   16 (`q` the signed 3-bit quant, `sc_k` the 6-bit scale); then
+//! - Q3_K: `isum = Σ_k (sc_k - 32) · (Σ_{l in sub-block k} (q_l + 4) · y_l − 4 · bsums[k])`
+//!   over the 16 sub-blocks of 16 (`q` the signed 3-bit quant, `sc_k` the 6-bit scale, `bsums`
+//!   the activation block's stored sums: the same as `Σ q·y` for consistent ones); then
 //!   `sum = sum + (d_w * d_a) * isum`, as Q6_K.
 //! - Q4_K / Q5_K: `isum = Σ_j sc_j · Σ_{l in sub-block j} q_l · y_l` over the 8 sub-blocks of
 //!   32 (`q` the unsigned 4- or 5-bit quant, `sc_j` the 6-bit scale), and
@@ -30,7 +31,7 @@
 //!   `sum = sum + (d_w * d_a) * isum`.
 //!
 //! `isum` and `msum` are converted to f32 with one rounding (they may exceed 2^24). No
-//! overflow for any input bytes: Q3_K `|isum| ≤ 256·4·128·32 = 2^22`, Q4_K `|isum| ≤ 256·15·128·63 < 2^25`, Q5_K
+//! overflow for any input bytes: Q3_K `|isum| ≤ 32·(256·7·128 + 4·16·32768) < 2^27`, Q4_K `|isum| ≤ 256·15·128·63 < 2^25`, Q5_K
 //! `≤ 256·31·128·63 < 2^26`, Q6_K `≤ 256·32·128·128 = 2^27`, and `|msum| ≤ 8·63·2·32768 < 2^25`
 //! even for arbitrary i16 `bsums`.
 //!

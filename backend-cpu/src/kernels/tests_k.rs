@@ -1,4 +1,4 @@
-//! The packed Q4_K and Q6_K kernels against the k-quants' scalar reference on the raw rows,
+//! The packed Q3_K, Q4_K and Q6_K kernels against the k-quants' scalar reference on the raw rows,
 //! bit for bit, with the VNNI body (where the CPU has it) and the AVX2 body forced.
 
 use half::f16;
@@ -6,7 +6,8 @@ use half::f16;
 use super::packed::Packed;
 use super::rows::{KQuant, scalar};
 use super::{
-    GROUP, KLayout, PackedK, PackedQ6K, dot_packed_k, dot_packed_k_into, packed_k_available,
+    GROUP, KLayout, PackedK, PackedQ3K, PackedQ6K, dot_packed_k, dot_packed_k_into,
+    packed_k_available,
 };
 use crate::quant::activation::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::quant::test_rng::Rng;
@@ -20,6 +21,7 @@ fn weights(rng: &mut Rng, format: KQuant, blocks: usize, extreme: bool) -> Vec<u
         let start = w.len();
         w.extend((0..format.block_bytes()).map(|_| if extreme { 0xFF } else { rng.byte() }));
         let scales: &[usize] = match format {
+            KQuant::Q3K => &[108],
             KQuant::Q6K => &[208],
             _ => &[0, 2],
         };
@@ -44,6 +46,7 @@ fn packed_equals_scalar() {
     let mut rng = Rng(0xC0FF_EE00_1234_5678);
     check_format(&mut rng, PackedK::pack);
     check_format(&mut rng, PackedQ6K::pack);
+    check_format(&mut rng, PackedQ3K::pack);
 }
 
 /// The packed kernel of `F` against the reference over shapes with partial groups, several

@@ -27,6 +27,24 @@ pub(crate) fn scales_mins<const B: usize>(w: &[u8; B]) -> ([u8; 8], [u8; 8]) {
     (bytes(sc_lo, sc_hi), bytes(m_lo, m_hi))
 }
 
+/// The 16 six-bit scales of a Q3_K super-block (before the offset of 32), unpacked from bytes
+/// 96..108 with word-wide masks, as two little-endian words of eight (kept in registers by
+/// the SIMD kernels); their bytes are [`q3_k_scales`] for every byte pattern. Scales
+/// `4i..4i + 4` take their low nibbles from word 0 (i even) or 1 (i odd), shifted by 4 for
+/// i ≥ 2, and their top two bits from bits `2i..2i + 2` of each byte of word 2.
+pub(crate) fn q3_scales_words(w: &[u8; Q3_K_BYTES]) -> [u64; 2] {
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([w[96 + i], w[97 + i], w[98 + i], w[99 + i]]);
+    let (a0, a1, a2) = (word(0), word(4), word(8));
+    let group = |i: u32| {
+        let low = if i.is_multiple_of(2) { a0 } else { a1 };
+        ((low >> (4 * (i / 2))) & LOW4) | (((a2 >> (2 * i)) & LOW2) << 4)
+    };
+    let pair = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    [pair(group(0), group(1)), pair(group(2), group(3))]
+}
+
 /// `Σ_j m_j · (bsums[2j] + bsums[2j+1])`, exact (`< 2^25` in magnitude).
 pub(super) fn min_sum(mins: &[u8; 8], bsums: &[i16; 16]) -> i32 {
     mins.iter()
@@ -85,7 +103,10 @@ pub(super) fn q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 }
 
 /// Q3_K: element `128 h + 32 k + l` (h in 0..2, k in 0..4, l in 0..32) is the signed 3-bit
-/// quant [`q3_k_quant`] with scale `sc[8 h + 2 k + l / 16] - 32`.
+/// quant [`q3_k_quant`] with scale `sc[8 h + 2 k + l / 16] - 32`; sub-block `j` covers the
+/// activation's 16 elements `16 j..16 j + 16`, whose stored sum is `bsums[j]`. The quant's
+/// offset of 4 comes off through `bsums`, as ggml's Q4_K mins do:
+/// `isum = Σ_j sc_j · (Σ (q + 4) · y − 4 · bsums[j])`.
 pub(super) fn q3_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     let mut sum = 0.0f32;
     for (w, a) in weight_blocks::<Q3_K_BYTES>(w).zip(a) {
@@ -95,10 +116,13 @@ pub(super) fn q3_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let mut isum = 0i32;
         for (j, &sc) in scales.iter().enumerate() {
             let (h, k, first) = (j / 8, (j % 8) / 2, 16 * (j % 2));
-            let s: i32 = (first..first + 16)
-                .map(|l| i32::from(q3_k_quant(w, h, k, l)) * i32::from(a.qs[128 * h + 32 * k + l]))
+            let codes: i32 = (first..first + 16)
+                .map(|l| {
+                    let code = i32::from(q3_k_quant(w, h, k, l)) + 4;
+                    code * i32::from(a.qs[128 * h + 32 * k + l])
+                })
                 .sum();
-            isum += (i32::from(sc) - 32) * s;
+            isum += (i32::from(sc) - 32) * (codes - 4 * i32::from(a.bsums[j]));
         }
         sum += (f16_le([w[108], w[109]]) * a.d) * isum as f32;
     }

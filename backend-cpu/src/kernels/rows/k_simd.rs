@@ -20,7 +20,7 @@
 
 use std::arch::x86_64::*;
 
-use super::k_quants::{k_step, scales_mins};
+use super::k_quants::{k_step, q3_scales_words, scales_mins};
 use super::{BlockQ8K, KQuant, f16_le};
 use crate::kernels::formats::{self, KType};
 
@@ -418,8 +418,9 @@ unsafe fn k_isums<const VNNI: bool, const R: usize, const C: usize>(
 /// bytes of `qs` at `32 + 32h`; its chunk `k` takes bits `2k..2k + 2` of them and bit
 /// `4h + k` of `hmask` (bytes 0..32) as the code's bit 2, so the code is `q + 4` in `0..8`
 /// (the reference's `q` minus 4 when that bit is clear), with scale `8h + 2k` for elements
-/// 0..16 and `8h + 2k + 1` for 16..32, less 32. As for Q6_K, the offset comes off the pair
-/// sums: `(q + 4)·y − 4·y`, each exact in i16 (at most `2 · 7 · 128`).
+/// 0..16 and `8h + 2k + 1` for 16..32, less 32. The codes' pair sums with the activations
+/// (`vpmaddubsw`, at most `2 · 7 · 128`) are scaled into the accumulator; the offset,
+/// `4 · Σ_j sc_j · bsums[j]`, is one `vpmaddwd` of the 16 scales by `bsums` per token.
 #[inline(always)]
 unsafe fn q3_isums<const VNNI: bool, const R: usize, const C: usize>(
     w: [&[u8]; R],
@@ -429,18 +430,20 @@ unsafe fn q3_isums<const VNNI: bool, const R: usize, const C: usize>(
         let three = _mm256_set1_epi8(3);
         let four = _mm256_set1_epi8(4);
         let zero = _mm256_setzero_si256();
-        // The signed scales less 32 of each half (sub-blocks 8h..8h + 8), per row.
+        // The signed scales less 32 of each half (sub-blocks 8h..8h + 8), and all 16 in
+        // sub-block order, per row.
         let mut scales = [[zero; R]; 2];
+        let mut all_scales = [zero; R];
         let mut hmask = [zero; R];
+        let offset = _mm256_set1_epi16(32);
         for r in 0..R {
-            let mut packed = [0; 12];
-            packed.copy_from_slice(&w[r][96..108]);
-            let unpacked = crate::quant::q3_k_scales(&packed).map(|s| s.wrapping_sub(32));
-            for (half, bytes) in unpacked.chunks_exact(8).enumerate() {
-                let mut eight = [0; 8];
-                eight.copy_from_slice(bytes);
-                scales[half][r] = both_halves(eight, true);
+            let words = q3_scales_words(w[r].try_into().unwrap_or(&[0; 110]));
+            for (half, word) in words.iter().enumerate() {
+                let eight = both_halves(word.to_le_bytes(), false);
+                scales[half][r] = _mm256_sub_epi16(eight, offset);
             }
+            let sixteen = _mm_set_epi64x(words[1] as i64, words[0] as i64);
+            all_scales[r] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(sixteen), offset);
             hmask[r] = load32(w[r], 0);
         }
         let mut acc = [[zero; C]; R];
@@ -459,9 +462,8 @@ unsafe fn q3_isums<const VNNI: bool, const R: usize, const C: usize>(
                 }
                 for c in 0..C {
                     let y = load32(&a[c].qs, 128 * half + 32 * k);
-                    let offset = _mm256_maddubs_epi16(four, y);
                     for r in 0..R {
-                        let pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(q[r], y), offset);
+                        let pairs = _mm256_maddubs_epi16(q[r], y);
                         acc[r][c] = scaled_add::<VNNI>(acc[r][c], pairs, sc[r]);
                     }
                 }
@@ -469,8 +471,11 @@ unsafe fn q3_isums<const VNNI: bool, const R: usize, const C: usize>(
         }
         let mut isums = [[0; C]; R];
         for c in 0..C {
+            let bsums = _mm256_loadu_si256(a[c].bsums.as_ptr().cast());
             for r in 0..R {
-                isums[r][c] = sum_pair(acc[r][c], zero).0;
+                let offsets = _mm256_madd_epi16(bsums, all_scales[r]);
+                let (codes, offset) = sum_pair(acc[r][c], offsets);
+                isums[r][c] = codes - 4 * offset;
             }
         }
         isums

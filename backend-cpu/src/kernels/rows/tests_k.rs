@@ -149,9 +149,9 @@ fn k_extremes_are_exact() {
         }];
         let y = i64::from(aq);
         let msum = 63 * 8 * 2 * i64::from(bsum);
-        // Q3_K: scale 63 - 32, q = 3 (high bit set); Q4_K: sc = m = 63, q = 15; Q5_K: q = 31;
-        // Q6_K: scale -1 (0xFF), q = 63 - 32.
-        let q3 = (31 * 3 * y * 256) as f32;
+        // Q3_K: scale 63 - 32, code q + 4 = 7, offset 4 · bsums; Q4_K: sc = m = 63, q = 15;
+        // Q5_K: q = 31; Q6_K: scale -1 (0xFF), q = 63 - 32.
+        let q3 = (31 * 7 * y * 256 - 4 * 31 * 16 * i64::from(bsum)) as f32;
         let q4 = (63 * 15 * y * 256 - msum) as f32;
         let q5 = (63 * 31 * y * 256 - msum) as f32;
         let q6 = (-31 * y * 256) as f32;
@@ -348,6 +348,18 @@ fn quantize_q8_k_round_trip_and_ggml_rounding() {
                 assert_eq!(i32::from(*s), want);
             }
         }
+    }
+}
+
+#[test]
+fn q3_scale_words_match_the_reference_unpacking() {
+    let mut rng = Rng(6);
+    for _ in 0..2000 {
+        let w: [u8; Q3_K_BYTES] = std::array::from_fn(|_| k_byte(&mut rng));
+        let packed: [u8; 12] = std::array::from_fn(|i| w[96 + i]);
+        let [low, high] = super::k_quants::q3_scales_words(&w);
+        let bytes: Vec<u8> = [low.to_le_bytes(), high.to_le_bytes()].concat();
+        assert_eq!(bytes, crate::quant::q3_k_scales(&packed), "{packed:?}");
     }
 }
 
