@@ -12,7 +12,6 @@ use worker_common::gguf::{GgmlType, Gguf};
 use worker_common::model::{self, MatrixTensor, ModelSpec, TensorSource, VectorTensor};
 
 use crate::kernels::formats::{Q3K, Q4K, Q6K};
-use crate::kernels::rows::{Q3_K_BYTES, Q4_K_BYTES, Q6_K_BYTES};
 use crate::kernels::{
     Arena, GROUP, KLayout, Legacy, PackedK, PackedQ3K, PackedQ6K, PackedRows, packed_k_available,
 };
@@ -198,9 +197,9 @@ fn matmul_matrices(weights: &mut Weights) -> Vec<&mut Matrix> {
 fn packed_len(ggml_type: GgmlType, rows: usize, row_bytes: usize) -> usize {
     let (block_bytes, group_bytes) = match (Legacy::of(ggml_type), ggml_type) {
         (Some(format), _) => (format.block_bytes(), GROUP * format.block_bytes()),
-        (None, GgmlType::Q4_K) => (Q4_K_BYTES, Q4K::GROUP_BYTES),
-        (None, GgmlType::Q6_K) => (Q6_K_BYTES, Q6K::GROUP_BYTES),
-        (None, GgmlType::Q3_K) => (Q3_K_BYTES, Q3K::GROUP_BYTES),
+        (None, GgmlType::Q4_K) => (Q4K::BLOCK_BYTES, Q4K::GROUP_BYTES),
+        (None, GgmlType::Q6_K) => (Q6K::BLOCK_BYTES, Q6K::GROUP_BYTES),
+        (None, GgmlType::Q3_K) => (Q3K::BLOCK_BYTES, Q3K::GROUP_BYTES),
         _ => return 0,
     };
     rows.div_ceil(GROUP) * (row_bytes / block_bytes) * group_bytes

@@ -1,15 +1,18 @@
 //! `LLORCH_CPU_ISA` on the real CPU worker: every instruction-set level this machine has (the
 //! scalar oracle always) shows in `/health` and gives the same greedy tokens and the same
-//! log-probabilities, bit for bit, on SmolLM2 (32-element formats) and Qwen 0.5B (k-quants);
+//! log-probabilities, bit for bit, on SmolLM2 (32-element formats), Qwen 0.5B (k-quants) and
+//! the synthetic Q3_K_M model;
 //! a level the CPU lacks or a name that is none fails the start with `MODEL_LOAD_FAILED`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::time::Duration;
 
 use backend_cpu::isa::Isa;
-use llorch_tests::assets::Model;
+use llorch_tests::assets::{Asset, Model};
 use llorch_tests::http;
+use llorch_tests::synthetic::Synthetic;
 use llorch_tests::worker::{Worker, serial, worker_binary};
 use serde_json::{Value, json};
 
@@ -29,12 +32,8 @@ fn levels() -> Vec<&'static str> {
 }
 
 /// `/health`'s `cpu_isa` and a greedy 12-token completion with the top-5 log-probabilities.
-fn run(model: Model, level: &str) -> (String, Value) {
-    let worker = Worker::spawn_with_env(
-        &model.path(),
-        &["--threads", "2"],
-        &[("LLORCH_CPU_ISA", level)],
-    );
+fn run(model: &Path, level: &str) -> (String, Value) {
+    let worker = Worker::spawn_with_env(model, &["--threads", "2"], &[("LLORCH_CPU_ISA", level)]);
     worker.wait_ready();
     let health = http::get(worker.addr, "/health").unwrap().json();
     let body = json!({"prompt": "The three primary colors are", "max_tokens": 12,
@@ -48,14 +47,15 @@ fn run(model: Model, level: &str) -> (String, Value) {
     )
 }
 
-fn every_level_computes_the_same_bits(model: Model) {
+fn every_level_computes_the_same_bits(model: impl Asset) {
     if worker_binary() != "llorch-cpud" {
         return;
     }
     let _serial = serial();
+    let model = model.path();
     let mut first: Option<(&str, Value)> = None;
     for level in levels() {
-        let (shown, logprobs) = run(model, level);
+        let (shown, logprobs) = run(&model, level);
         assert!(
             shown.starts_with(level),
             "{level}: /health says cpu_isa {shown:?}"
@@ -64,8 +64,10 @@ fn every_level_computes_the_same_bits(model: Model) {
         match &first {
             None => first = Some((level, logprobs)),
             Some((reference, expected)) => assert_eq!(
-                &logprobs, expected,
-                "{model:?}: {level} differs from {reference}"
+                &logprobs,
+                expected,
+                "{}: {level} differs from {reference}",
+                model.display()
             ),
         }
     }
@@ -79,6 +81,11 @@ fn every_isa_level_gives_the_same_tokens_and_logprobs_on_smollm2() {
 #[test]
 fn every_isa_level_gives_the_same_tokens_and_logprobs_on_qwen() {
     every_level_computes_the_same_bits(Model::Qwen05);
+}
+
+#[test]
+fn every_isa_level_gives_the_same_tokens_and_logprobs_on_q3_k() {
+    every_level_computes_the_same_bits(Synthetic::Q3K);
 }
 
 #[test]

@@ -194,16 +194,56 @@ unsafe fn q3_k_quarter<const VNNI: bool, const C: usize, const H: usize, const K
 ) {
     // SAFETY: as for `q3_k_codes`; `y` holds whole Q8_K blocks.
     unsafe {
-        let [q0, q1, q2, q3, q4, q5, q6, q7] = q3_k_codes::<H, K>(gb);
+        let codes = q3_k_codes::<H, K>(gb);
+        sub_block_pair::<VNNI, C>(codes, gb.add(Q3K_SC), 8 * H + 2 * K, 4, y, isum);
+    }
+}
+
+/// Sub-blocks `s` and `s + 1` (16 elements each, the eight rows' codes in `codes[0..4]` and
+/// `codes[4..8]`) of an i8-scaled group-super-block whose scales start at `scales`, for each
+/// token: the exact `Σ code·y − offset·bsums[s]` per row, times the row's scale, into `isum`.
+#[inline(always)]
+unsafe fn sub_block_pair<const VNNI: bool, const C: usize>(
+    codes: [__m256i; 8],
+    scales: *const u8,
+    s: usize,
+    offset: i32,
+    y: &[&BlockQ8K; C],
+    isum: &mut [__m256i; C],
+) {
+    // SAFETY: `scales` holds the group-super-block's `sc[16][8]`; AVX2 guaranteed by the callers.
+    unsafe {
+        let [q0, q1, q2, q3, q4, q5, q6, q7] = codes;
         for (half, quads) in [[q0, q1, q2, q3], [q4, q5, q6, q7]].iter().enumerate() {
-            let s = 8 * H + 2 * K + half;
-            let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(gb.add(Q3K_SC + 8 * s).cast()));
+            let s = s + half;
+            let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(scales.add(8 * s).cast()));
             for k in 0..C {
-                let start = _mm256_set1_epi32(-4 * i32::from(y[k].bsums[s]));
+                let start = _mm256_set1_epi32(-offset * i32::from(y[k].bsums[s]));
                 let at = y[k].qs.as_ptr().add(16 * s);
                 let sub = dot_groups::<VNNI, 4, 2>(quads, at, start);
                 isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(sub, scale));
             }
+        }
+    }
+}
+
+/// `sums[k] + (d·d_a)·isum[k]` for each token, `d` the eight rows' f16 scales at `gb`.
+#[inline(always)]
+unsafe fn add_scaled<const C: usize>(
+    gb: *const u8,
+    y: &[&BlockQ8K; C],
+    isum: &[__m256i; C],
+    sums: &mut [__m256; C],
+) {
+    // SAFETY: `gb` starts with eight f16 scales; AVX2 and F16C guaranteed by the callers.
+    unsafe {
+        let d = load_f16x8(gb);
+        for k in 0..C {
+            let scaled = _mm256_mul_ps(
+                _mm256_mul_ps(d, _mm256_set1_ps(y[k].d)),
+                _mm256_cvtepi32_ps(isum[k]),
+            );
+            sums[k] = _mm256_add_ps(sums[k], scaled);
         }
     }
 }
@@ -226,14 +266,7 @@ unsafe fn q3_k_block<const VNNI: bool, const C: usize>(
         q3_k_quarter::<VNNI, C, 1, 1>(gb, y, &mut isum);
         q3_k_quarter::<VNNI, C, 1, 2>(gb, y, &mut isum);
         q3_k_quarter::<VNNI, C, 1, 3>(gb, y, &mut isum);
-        let d = load_f16x8(gb);
-        for k in 0..C {
-            let scaled = _mm256_mul_ps(
-                _mm256_mul_ps(d, _mm256_set1_ps(y[k].d)),
-                _mm256_cvtepi32_ps(isum[k]),
-            );
-            sums[k] = _mm256_add_ps(sums[k], scaled);
-        }
+        add_scaled(gb, y, &isum, sums);
     }
 }
 
@@ -270,28 +303,10 @@ unsafe fn q6_k_block<const VNNI: bool, const C: usize>(
                     *code =
                         _mm256_or_si256(_mm256_and_si256(low, mask), _mm256_and_si256(high, top));
                 }
-                let [q0, q1, q2, q3, q4, q5, q6, q7] = codes;
-                for (half, quads) in [[q0, q1, q2, q3], [q4, q5, q6, q7]].iter().enumerate() {
-                    let s = 8 * h + 2 * j + half;
-                    let scale =
-                        _mm256_cvtepi8_epi32(_mm_loadl_epi64(gb.add(Q6K_SC + 8 * s).cast()));
-                    for k in 0..C {
-                        let start = _mm256_set1_epi32(-32 * i32::from(y[k].bsums[s]));
-                        let at = y[k].qs.as_ptr().add(16 * s);
-                        let sub = dot_groups::<VNNI, 4, 2>(quads, at, start);
-                        isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(sub, scale));
-                    }
-                }
+                sub_block_pair::<VNNI, C>(codes, gb.add(Q6K_SC), 8 * h + 2 * j, 32, y, &mut isum);
             }
         }
-        let d = load_f16x8(gb);
-        for k in 0..C {
-            let scaled = _mm256_mul_ps(
-                _mm256_mul_ps(d, _mm256_set1_ps(y[k].d)),
-                _mm256_cvtepi32_ps(isum[k]),
-            );
-            sums[k] = _mm256_add_ps(sums[k], scaled);
-        }
+        add_scaled(gb, y, &isum, sums);
     }
 }
 

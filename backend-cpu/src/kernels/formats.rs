@@ -22,7 +22,7 @@ macro_rules! markers {
     ($trait:ident, $enum:ident: $($name:ident => $variant:ident),*) => {
         $(
             #[doc = concat!("The ", stringify!($variant), " format.")]
-            #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+            #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
             pub struct $name;
 
             impl $trait for $name {

@@ -37,9 +37,13 @@ use super::rows::{Q3_K_BYTES, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
 use crate::quant::q3_k_scales;
 
 /// A k-quant format with an interleaved layout and a packed kernel.
-pub trait KLayout: KType {
+pub trait KLayout: KType + Default {
+    /// Bytes of a super-block in the GGUF rows.
+    const BLOCK_BYTES: usize;
     /// Bytes of a group-super-block (eight rows).
     const GROUP_BYTES: usize;
+    /// Writes GGUF super-block `block` as row `lane` of the group-super-block `out`.
+    fn put(block: &[u8], lane: usize, out: &mut [u8]);
 }
 
 /// Bytes of a Q4_K group-super-block.
@@ -61,15 +65,27 @@ pub(super) const Q3K_QS: usize = Q3K_SC + 128;
 pub(super) const Q3K_HM: usize = Q3K_QS + 16 * 32;
 
 impl KLayout for Q3K {
+    const BLOCK_BYTES: usize = Q3_K_BYTES;
     const GROUP_BYTES: usize = Q3K_HM + 8 * 32;
+    fn put(block: &[u8], lane: usize, out: &mut [u8]) {
+        put_q3_k(block, lane, out);
+    }
 }
 
 impl KLayout for Q4K {
+    const BLOCK_BYTES: usize = Q4_K_BYTES;
     const GROUP_BYTES: usize = Q4K_GROUP_BYTES;
+    fn put(block: &[u8], lane: usize, out: &mut [u8]) {
+        put_q4_k(block, lane, out);
+    }
 }
 
 impl KLayout for Q6K {
+    const BLOCK_BYTES: usize = Q6_K_BYTES;
     const GROUP_BYTES: usize = Q6K_QH + 16 * 32;
+    fn put(block: &[u8], lane: usize, out: &mut [u8]) {
+        put_q6_k(block, lane, out);
+    }
 }
 
 /// A matrix of Q4_K rows in the interleaved layout.
@@ -81,14 +97,14 @@ pub type PackedQ6K = Packed<Q6K>;
 /// A matrix of Q3_K rows in the interleaved layout.
 pub type PackedQ3K = Packed<Q3K>;
 
-/// Whether this CPU runs the packed Q4_K kernel (AVX2, FMA, F16C); elsewhere the rows stay in
-/// their GGUF layout for the reference kernels.
+/// Whether this CPU runs the packed k-quant kernels (AVX2, FMA, F16C); elsewhere the rows stay
+/// in their GGUF layout for the reference kernels.
 pub fn packed_k_available() -> bool {
     crate::isa::avx2()
 }
 
-impl PackedK {
-    /// Repacks `n_rows` row-major Q4_K rows held in `raw`; `None` for rows that are not
+impl<F: KLayout> Packed<F> {
+    /// Repacks `n_rows` row-major rows of `F` held in `raw`; `None` for rows that are not
     /// whole super-blocks.
     pub fn pack(raw: &[u8], n_rows: usize) -> Option<Self> {
         Self::pack_in(None, raw, n_rows)
@@ -96,36 +112,8 @@ impl PackedK {
 
     /// [`Self::pack`] into a region of `arena` (`None` too when the arena is full).
     pub fn pack_in(arena: Option<&Arc<Arena>>, raw: &[u8], n_rows: usize) -> Option<Self> {
-        let sizes = (Q4_K_BYTES, Q4K_GROUP_BYTES);
-        Self::interleave(arena, Q4K, raw, n_rows, sizes, put_q4_k)
-    }
-}
-
-impl PackedQ6K {
-    /// Repacks `n_rows` row-major Q6_K rows held in `raw`; `None` for rows that are not
-    /// whole super-blocks.
-    pub fn pack(raw: &[u8], n_rows: usize) -> Option<Self> {
-        Self::pack_in(None, raw, n_rows)
-    }
-
-    /// [`Self::pack`] into a region of `arena` (`None` too when the arena is full).
-    pub fn pack_in(arena: Option<&Arc<Arena>>, raw: &[u8], n_rows: usize) -> Option<Self> {
-        let sizes = (Q6_K_BYTES, Q6K::GROUP_BYTES);
-        Self::interleave(arena, Q6K, raw, n_rows, sizes, put_q6_k)
-    }
-}
-
-impl PackedQ3K {
-    /// Repacks `n_rows` row-major Q3_K rows held in `raw`; `None` for rows that are not
-    /// whole super-blocks.
-    pub fn pack(raw: &[u8], n_rows: usize) -> Option<Self> {
-        Self::pack_in(None, raw, n_rows)
-    }
-
-    /// [`Self::pack`] into a region of `arena` (`None` too when the arena is full).
-    pub fn pack_in(arena: Option<&Arc<Arena>>, raw: &[u8], n_rows: usize) -> Option<Self> {
-        let sizes = (Q3_K_BYTES, Q3K::GROUP_BYTES);
-        Self::interleave(arena, Q3K, raw, n_rows, sizes, put_q3_k)
+        let sizes = (F::BLOCK_BYTES, F::GROUP_BYTES);
+        Self::interleave(arena, F::default(), raw, n_rows, sizes, F::put)
     }
 }
 
