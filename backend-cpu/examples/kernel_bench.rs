@@ -111,11 +111,21 @@ fn legacy_decode() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// The k-quant formats (and IQ4_XS, which shares their super-block) the GGUF-layout tiles read.
+const K_FORMATS: [KQuant; 5] = [
+    KQuant::Q3K,
+    KQuant::Q4K,
+    KQuant::Q5K,
+    KQuant::Q6K,
+    KQuant::Iq4Xs,
+];
+
 /// The d (and dmin) offsets of a k-quant super-block.
 fn k_scales(format: KQuant) -> &'static [usize] {
     match format {
         KQuant::Q3K => &[108],
         KQuant::Q6K => &[208],
+        KQuant::Iq4Xs => &[0],
         _ => &[0, 2],
     }
 }
@@ -124,7 +134,7 @@ fn k_decode() -> Result<(), Box<dyn Error>> {
     let cols = 4864;
     let mut q8_k = Vec::new();
     quantize_q8_k(&activations(cols), &mut q8_k)?;
-    for format in [KQuant::Q3K, KQuant::Q4K, KQuant::Q5K, KQuant::Q6K] {
+    for format in K_FORMATS {
         let row_bytes = cols / 256 * format.block_bytes();
         let rows = TOTAL_BYTES / row_bytes;
         let weights = weights(rows * row_bytes, format.block_bytes(), k_scales(format));
@@ -146,7 +156,7 @@ fn k_prefill() -> Result<(), Box<dyn Error>> {
     let mut q8_k = Vec::new();
     quantize_q8_k(&activations(cols * tokens), &mut q8_k)?;
     let per_token = cols / 256;
-    for format in [KQuant::Q3K, KQuant::Q4K, KQuant::Q5K, KQuant::Q6K] {
+    for format in K_FORMATS {
         let row_bytes = per_token * format.block_bytes();
         let weights = weights(rows * row_bytes, format.block_bytes(), k_scales(format));
         let mut out = vec![0.0; rows * tokens];
@@ -158,6 +168,7 @@ fn k_prefill() -> Result<(), Box<dyn Error>> {
             KQuant::Q4K => dot::dot_q4_k_q8_k,
             KQuant::Q5K => dot::dot_q5_k_q8_k,
             KQuant::Q6K => dot::dot_q6_k_q8_k,
+            KQuant::Iq4Xs => dot::dot_iq4_xs_q8_k,
         };
         let per_row = best(PREFILL_REPS, || {
             for (row, out) in weights

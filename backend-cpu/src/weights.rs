@@ -11,9 +11,10 @@ use worker_common::backend::BackendError;
 use worker_common::gguf::{GgmlType, Gguf};
 use worker_common::model::{self, MatrixTensor, ModelSpec, TensorSource, VectorTensor};
 
-use crate::kernels::formats::{Q3K, Q4K, Q6K};
+use crate::kernels::formats::{Iq4Xs, Q3K, Q4K, Q6K};
 use crate::kernels::{
-    Arena, GROUP, KLayout, Legacy, PackedK, PackedQ3K, PackedQ6K, PackedRows, packed_k_available,
+    Arena, GROUP, KLayout, Legacy, PackedIq4Xs, PackedK, PackedQ3K, PackedQ6K, PackedRows,
+    packed_k_available,
 };
 use crate::quant;
 use crate::team::Team;
@@ -53,6 +54,8 @@ pub enum Packed {
     Q6K(PackedQ6K),
     /// Q3_K.
     Q3K(PackedQ3K),
+    /// IQ4_XS.
+    Iq4Xs(PackedIq4Xs),
 }
 
 impl Packed {
@@ -63,6 +66,7 @@ impl Packed {
             Packed::KQuant(p) => p.bytes(),
             Packed::Q6K(p) => p.bytes(),
             Packed::Q3K(p) => p.bytes(),
+            Packed::Iq4Xs(p) => p.bytes(),
         }
     }
 
@@ -100,6 +104,11 @@ impl Packed {
             GgmlType::Q3_K => Some(
                 PackedQ3K::pack_in(Some(arena), raw, rows)
                     .map(Packed::Q3K)
+                    .ok_or_else(bad),
+            ),
+            GgmlType::IQ4_XS => Some(
+                PackedIq4Xs::pack_in(Some(arena), raw, rows)
+                    .map(Packed::Iq4Xs)
                     .ok_or_else(bad),
             ),
             _ => None,
@@ -200,13 +209,14 @@ fn packed_len(ggml_type: GgmlType, rows: usize, row_bytes: usize) -> usize {
         (None, GgmlType::Q4_K) => (Q4K::BLOCK_BYTES, Q4K::GROUP_BYTES),
         (None, GgmlType::Q6_K) => (Q6K::BLOCK_BYTES, Q6K::GROUP_BYTES),
         (None, GgmlType::Q3_K) => (Q3K::BLOCK_BYTES, Q3K::GROUP_BYTES),
+        (None, GgmlType::IQ4_XS) => (Iq4Xs::BLOCK_BYTES, Iq4Xs::GROUP_BYTES),
         _ => return 0,
     };
     rows.div_ceil(GROUP) * (row_bytes / block_bytes) * group_bytes
 }
 
 /// Repacks every matmul matrix whose format has a packed kernel on this CPU (the 32-element
-/// formats, Q3_K, Q4_K and Q6_K: `kernels::packed`, `kernels::packed_k`) into one arena, a matrix per
+/// formats, Q3_K, Q4_K, Q6_K and IQ4_XS: `kernels::packed`, `kernels::packed_k`) into one arena, a matrix per
 /// task of `team`; returns the file ranges no longer read, whose pages the caller may release.
 pub fn pack(
     team: &Team,

@@ -33,6 +33,8 @@ pub enum Synthetic {
     GptOss,
     /// `llama` in a Q3_K_M-like mix (Q3_K, Q4_K, Q6_K).
     Q3K,
+    /// `llama` in an IQ4_XS mix (IQ4_XS but for the Q6_K output).
+    Iq4Xs,
     /// `qwen2` with F16, BF16 and F32 matrices (no fixture: the CUDA backend's float formats,
     /// generated where it is tested).
     Float,
@@ -40,13 +42,14 @@ pub enum Synthetic {
 
 impl Synthetic {
     /// Every synthetic model with logit fixtures.
-    pub const ALL: [Synthetic; 6] = [
+    pub const ALL: [Synthetic; 7] = [
         Synthetic::Llama3,
         Synthetic::Qwen3,
         Synthetic::Phi3,
         Synthetic::Mxfp4,
         Synthetic::GptOss,
         Synthetic::Q3K,
+        Synthetic::Iq4Xs,
     ];
 
     /// Its short name, as in file names.
@@ -58,14 +61,15 @@ impl Synthetic {
             Synthetic::Mxfp4 => "mxfp4",
             Synthetic::GptOss => "gpt-oss",
             Synthetic::Q3K => "q3_k",
+            Synthetic::Iq4Xs => "iq4_xs",
             Synthetic::Float => "float",
         }
     }
 
-    /// Whether the CUDA backend reads every tensor format of the model (it has no Q3_K
-    /// kernels yet and refuses such a file by name).
+    /// Whether the CUDA backend reads every tensor format of the model (it has no Q3_K or
+    /// IQ4_XS kernels yet and refuses such a file by name).
     pub fn on_cuda(self) -> bool {
-        self != Synthetic::Q3K
+        !matches!(self, Synthetic::Q3K | Synthetic::Iq4Xs)
     }
 
     /// The model's path; fails the test with the command that makes it when it is missing.

@@ -8,7 +8,9 @@
 //! (In these formats every element is rounded at most once, see `backend_cpu::quant`, so the
 //! exact match also holds for implementations that order the products differently.)
 //! The models use F32, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K only, so every supported format is also
-//! compared on random blocks, which reach every bit pattern of quants, scales and mins.
+//! compared on random blocks, which reach every bit pattern of quants, scales and mins; all but
+//! IQ4_XS, which candle does not read (its dequantizer is held to hand-built blocks and to
+//! gguf-py's in `backend_cpu::quant`'s unit tests).
 
 #![allow(clippy::unwrap_used)]
 
@@ -127,9 +129,9 @@ fn qwen_coder_15b_dequantizes_like_candle() {
     assert_candle_dequantizes_the_same(Model::Qwen15);
 }
 
-/// candle's dtype for each supported type.
-fn candle_dtype(ggml_type: GgmlType) -> GgmlDType {
-    match ggml_type {
+/// candle's dtype for each supported type; `None` for those candle lacks.
+fn candle_dtype(ggml_type: GgmlType) -> Option<GgmlDType> {
+    Some(match ggml_type {
         GgmlType::F32 => GgmlDType::F32,
         GgmlType::F16 => GgmlDType::F16,
         GgmlType::BF16 => GgmlDType::BF16,
@@ -142,8 +144,9 @@ fn candle_dtype(ggml_type: GgmlType) -> GgmlDType {
         GgmlType::Q4_K => GgmlDType::Q4K,
         GgmlType::Q5_K => GgmlDType::Q5K,
         GgmlType::Q6_K => GgmlDType::Q6K,
+        GgmlType::IQ4_XS => return None,
         other => panic!("{other} is not supported"),
-    }
+    })
 }
 
 #[test]
@@ -157,16 +160,19 @@ fn random_blocks_of_every_supported_format_dequantize_like_candle() {
         (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
     };
     const BLOCKS: usize = 4096;
+    let mut not_in_candle = Vec::new();
     for &ggml_type in GgmlType::ALL.iter().filter(|&&t| is_supported(t)) {
+        let Some(dtype) = candle_dtype(ggml_type) else {
+            not_in_candle.push(ggml_type);
+            continue;
+        };
         let bytes = BLOCKS * ggml_type.block_bytes() as usize;
         let data: Vec<u8> = (0..bytes).map(|_| next_byte()).collect();
         let elements = element_count(ggml_type, data.len()).unwrap();
         let mut ours = vec![0.0f32; elements];
         dequantize(ggml_type, &data, &mut ours).unwrap();
 
-        let storage =
-            QStorage::from_data(Cow::Borrowed(&data), &Device::Cpu, candle_dtype(ggml_type))
-                .unwrap();
+        let storage = QStorage::from_data(Cow::Borrowed(&data), &Device::Cpu, dtype).unwrap();
         let theirs = QTensor::new(storage, (elements,))
             .unwrap()
             .dequantize(&Device::Cpu)
@@ -191,4 +197,6 @@ fn random_blocks_of_every_supported_format_dequantize_like_candle() {
              ({nans} NaN)"
         );
     }
+    // Only the formats candle is known to lack go unchecked here.
+    assert_eq!(not_in_candle, [GgmlType::IQ4_XS]);
 }

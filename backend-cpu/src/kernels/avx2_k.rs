@@ -18,19 +18,27 @@
 //! Q3_K likewise: the codes `q + 4` (≤ 7) through the same dot, each sub-block's lane sum
 //! starting at `−4·b_s`, so it is the reference's exact `Σ (q + 4)·y − 4·b_s`; then times the
 //! row's scale less 32 (i8).
+//!
+//! IQ4_XS: the indices become the signed grid values by one `vpshufb` of the grid; the dot
+//! multiplies the broadcast activation quad's magnitudes (u8) by the values carrying its signs
+//! (i8), `|y|·sign(y)·v = v·y`, exact for every byte (`|−128|` is 128 unsigned, and no grid
+//! value is −128); per 32-element sub-block at most `32·128·127 < 2^19`, then times the row's
+//! scale less 32. No bsums: exact for any activations.
 #![allow(unused_unsafe)]
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::{dot_groups, load_f16x8};
+use super::avx2::{broadcast, dot_groups, load_f16x8};
 use super::packed::Packed;
 use super::packed_k::{
-    KLayout, Q3K_HM, Q3K_QS, Q3K_SC, Q4K_MINS, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL, Q6K_SC,
+    IQ4_QS, IQ4_SC, KLayout, Q3K_HM, Q3K_QS, Q3K_SC, Q4K_MINS, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL,
+    Q6K_SC,
 };
 use super::rows::KQuant;
 use super::{GROUP, MAX_COLS, TokenOutputs};
 use crate::isa::vnni;
+use crate::quant::KVALUES_IQ4NL;
 use crate::quant::activation::BlockQ8K;
 
 /// Runs the kernel of `F`; the caller checked the shapes and [`super::packed_k_available`].
@@ -141,6 +149,7 @@ unsafe fn tile<F: KLayout, const VNNI: bool, const C: usize>(
             match F::FORMAT {
                 KQuant::Q6K => q6_k_block::<VNNI, C>(gb, &y, &mut sums),
                 KQuant::Q3K => q3_k_block::<VNNI, C>(gb, &y, &mut sums),
+                KQuant::Iq4Xs => iq4_xs_block::<VNNI, C>(gb, &y, &mut sums),
                 _ => q4_k_block::<VNNI, C>(gb, &y, &mut sums),
             }
         }
@@ -267,6 +276,75 @@ unsafe fn q3_k_block<const VNNI: bool, const C: usize>(
         q3_k_quarter::<VNNI, C, 1, 2>(gb, y, &mut isum);
         q3_k_quarter::<VNNI, C, 1, 3>(gb, y, &mut isum);
         add_scaled(gb, y, &isum, sums);
+    }
+}
+
+/// One IQ4_XS group-super-block against `C` tokens: `sum + (d·d_a)·isum`.
+#[inline(always)]
+unsafe fn iq4_xs_block<const VNNI: bool, const C: usize>(
+    gb: *const u8,
+    y: &[&BlockQ8K; C],
+    sums: &mut [__m256; C],
+) {
+    // SAFETY: `gb` points at a whole IQ4_XS group-super-block; AVX2 (and VNNI) guaranteed.
+    unsafe {
+        let grid = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
+        let mask = _mm256_set1_epi8(0x0F);
+        let mut isum = [_mm256_setzero_si256(); C];
+        for ib in 0..8 {
+            // Values `k` of the eight rows: elements `4k..4k + 4` of the sub-block.
+            let mut values = [_mm256_setzero_si256(); 8];
+            for m in 0..4 {
+                let v = load(gb.add(IQ4_QS + 32 * (4 * ib + m)));
+                values[m] = _mm256_shuffle_epi8(grid, _mm256_and_si256(v, mask));
+                let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+                values[4 + m] = _mm256_shuffle_epi8(grid, high);
+            }
+            let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(gb.add(IQ4_SC + 8 * ib).cast()));
+            for k in 0..C {
+                let sub = signed_dot::<VNNI>(&values, y[k].qs.as_ptr().add(32 * ib));
+                isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(sub, scale));
+            }
+        }
+        add_scaled(gb, y, &isum, sums);
+    }
+}
+
+/// `Σ_k values[k] · quad k of y` per lane, exactly, for signed values (never −128) and any
+/// activation bytes: `vpdpbusd` (two chains) or one `vpmaddubsw` and `vpmaddwd` by ones per
+/// quad (two pair sums, up to `2·32512`, would not fit i16), of `|y|` by `sign(y)·v`.
+#[inline(always)]
+unsafe fn signed_dot<const VNNI: bool>(values: &[__m256i; 8], y: *const i8) -> __m256i {
+    // SAFETY: the callers guarantee AVX2 (and VNNI when `VNNI`) and 32 bytes at `y`.
+    unsafe {
+        if VNNI {
+            let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for k in (0..8).step_by(2) {
+                let ((y0, v0), (y1, v1)) = (quad(values, y, k), quad(values, y, k + 1));
+                even = _mm256_dpbusd_epi32(even, y0, v0);
+                odd = _mm256_dpbusd_epi32(odd, y1, v1);
+            }
+            return _mm256_add_epi32(even, odd);
+        }
+        let ones = _mm256_set1_epi16(1);
+        let mut sum = _mm256_setzero_si256();
+        for k in 0..8 {
+            let (yk, vk) = quad(values, y, k);
+            let pairs = _mm256_maddubs_epi16(yk, vk);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+        }
+        sum
+    }
+}
+
+/// Quad `k` of `y` broadcast as magnitudes (u8), and `values[k]` with its signs: a function,
+/// not a closure, so it is compiled with the callers' target features.
+#[inline(always)]
+unsafe fn quad(values: &[__m256i; 8], y: *const i8, k: usize) -> (__m256i, __m256i) {
+    // SAFETY: as for `signed_dot`.
+    unsafe {
+        let yk = broadcast(y, k);
+        (_mm256_abs_epi8(yk), _mm256_sign_epi8(values[k], yk))
     }
 }
 

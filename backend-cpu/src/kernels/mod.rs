@@ -6,8 +6,8 @@
 //! | family | layout | oracle | AVX2 / AVX-512 VNNI |
 //! |---|---|---|---|
 //! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 | repacked, 8 rows interleaved | [`scalar`] | `avx2` |
-//! | Q4_K, Q6_K | repacked, 8 rows interleaved | [`rows::scalar`] | `avx2_k` |
-//! | Q4_K, Q5_K, Q6_K | GGUF rows | [`rows::scalar`] | `rows/k_simd` |
+//! | Q3_K, Q4_K, Q6_K, IQ4_XS | repacked, 8 rows interleaved | [`rows::scalar`] | `avx2_k` |
+//! | Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | GGUF rows | [`rows::scalar`] | `rows/k_simd` |
 //! | F32, F16, BF16 | GGUF rows | [`rows::scalar`] | `rows/avx2_float` |
 //!
 //! # The 32-element formats
@@ -56,7 +56,7 @@ use worker_common::gguf::GgmlType;
 
 pub use arena::Arena;
 pub use packed::{GROUP, PackedRows};
-pub use packed_k::{KLayout, PackedK, PackedQ3K, PackedQ6K, packed_k_available};
+pub use packed_k::{KLayout, PackedIq4Xs, PackedK, PackedQ3K, PackedQ6K, packed_k_available};
 
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use rows::DotError;
@@ -66,12 +66,13 @@ use rows::KQuant;
 pub type FloatDot = fn(&[u8], &[f32]) -> Result<f32, DotError>;
 
 /// The kernel family of a weight type, which fixes the activation format it reads (ggml's
-/// `vec_dot_type`): Q8_0/Q8_1 for the 32-element formats, Q8_K for the k-quants, f32 for floats.
+/// `vec_dot_type`): Q8_0/Q8_1 for the 32-element formats, Q8_K for the k-quants and IQ4_XS,
+/// f32 for floats.
 #[derive(Debug, Clone, Copy)]
 pub enum Kernel {
     /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (packed at load).
     Legacy(Legacy),
-    /// Q3_K, Q4_K, Q5_K, Q6_K.
+    /// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS.
     KQuant(KQuant),
     /// F32, F16, BF16: one row × one token per call.
     Float(FloatDot),
@@ -87,6 +88,7 @@ pub fn kernel(ggml_type: GgmlType) -> Option<Kernel> {
         GgmlType::Q4_K => Kernel::KQuant(KQuant::Q4K),
         GgmlType::Q5_K => Kernel::KQuant(KQuant::Q5K),
         GgmlType::Q6_K => Kernel::KQuant(KQuant::Q6K),
+        GgmlType::IQ4_XS => Kernel::KQuant(KQuant::Iq4Xs),
         GgmlType::F32 => Kernel::Float(rows::dot_f32_f32),
         GgmlType::F16 => Kernel::Float(rows::dot_f16_f32),
         GgmlType::BF16 => Kernel::Float(rows::dot_bf16_f32),
@@ -251,7 +253,7 @@ fn shape_error(w: &PackedRows, activations: Q8Rows<'_>, cols: usize, outputs: us
 }
 
 /// `out[c * rows + (r − first)] = row r · activation row c` (token-major) for the rows of the
-/// groups `groups` of a packed Q4_K or Q6_K matrix against `cols` rows of Q8_K activations:
+/// groups `groups` of a packed k-quant (or IQ4_XS) matrix against `cols` rows of Q8_K activations:
 /// [`dot_packed_k_into`] with `out` cut into the tokens' runs.
 pub fn dot_packed_k<F: KLayout>(
     w: &packed::Packed<F>,
@@ -273,7 +275,7 @@ pub fn dot_packed_k<F: KLayout>(
 }
 
 /// `out[c][r − first] = row r · activation row c` for the rows of the groups `groups` of a
-/// packed Q4_K or Q6_K matrix against `out.len()` rows of Q8_K activations, bit-identical to
+/// packed k-quant (or IQ4_XS) matrix against `out.len()` rows of Q8_K activations, bit-identical to
 /// [`rows::scalar::dot_rows_k`] on the raw rows (for activations whose `bsums` are their
 /// quants' sums, as [`crate::quant::activation::quantize_q8_k`] makes them).
 pub fn dot_packed_k_into<F: KLayout>(

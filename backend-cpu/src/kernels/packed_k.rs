@@ -1,4 +1,4 @@
-//! Q3_K, Q4_K and Q6_K rows repacked at load, [`GROUP`](super::GROUP) rows interleaved per super-block as the
+//! Q3_K, Q4_K, Q6_K and IQ4_XS rows repacked at load, [`GROUP`](super::GROUP) rows interleaved per super-block as the
 //! 32-element formats are ([`super::packed`]): one 32-byte quant vector holds four consecutive
 //! elements of each of eight rows, so one integer dot instruction adds four products for eight
 //! rows, and each row's exact super-block sums end in one i32 lane. The kernels keep the
@@ -27,14 +27,20 @@
 //! `qs` bytes `4v..4v+4` of row `r`; 8 vectors of `hmask`, likewise. Elements
 //! `128h + 32k + 4m..+4` (half `h`, quarter `k`, `m < 8`) take bits `2k..2k + 2` of `qs`
 //! vector `8h + m` and bit `4h + k` of `hmask` vector `m`: codes `q + 4` in `0..8`.
+//!
+//! IQ4_XS (1104 bytes, 8 × 138): `d[8]` (f16); `sc[8][8]` (i8, sub-block-major: the six-bit
+//! scales less 32, unpacked); 32 vectors of `qs`, vector `v` holding in bytes `4r..4r+4` the
+//! `qs` bytes `4v..4v+4` of row `r`. Sub-block `ib` takes vectors `4ib..4ib + 4`: vector
+//! `4ib + m` holds the indices of its elements `4m..4m+4` in the low nibbles and of
+//! `16 + 4m..16 + 4m + 4` in the high ones.
 
 use std::sync::Arc;
 
 use super::arena::Arena;
-use super::formats::{KType, Q3K, Q4K, Q6K};
+use super::formats::{Iq4Xs, KType, Q3K, Q4K, Q6K};
 use super::packed::Packed;
-use super::rows::{Q3_K_BYTES, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
-use crate::quant::q3_k_scales;
+use super::rows::{IQ4_XS_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
+use crate::quant::{iq4_xs_scales, q3_k_scales};
 
 /// A k-quant format with an interleaved layout and a packed kernel.
 pub trait KLayout: KType + Default {
@@ -72,6 +78,18 @@ impl KLayout for Q3K {
     }
 }
 
+/// Offsets inside an IQ4_XS group-super-block.
+pub(super) const IQ4_SC: usize = 16;
+pub(super) const IQ4_QS: usize = IQ4_SC + 64;
+
+impl KLayout for Iq4Xs {
+    const BLOCK_BYTES: usize = IQ4_XS_BYTES;
+    const GROUP_BYTES: usize = IQ4_QS + 32 * 32;
+    fn put(block: &[u8], lane: usize, out: &mut [u8]) {
+        put_iq4_xs(block, lane, out);
+    }
+}
+
 impl KLayout for Q4K {
     const BLOCK_BYTES: usize = Q4_K_BYTES;
     const GROUP_BYTES: usize = Q4K_GROUP_BYTES;
@@ -96,6 +114,9 @@ pub type PackedQ6K = Packed<Q6K>;
 
 /// A matrix of Q3_K rows in the interleaved layout.
 pub type PackedQ3K = Packed<Q3K>;
+
+/// A matrix of IQ4_XS rows in the interleaved layout.
+pub type PackedIq4Xs = Packed<Iq4Xs>;
 
 /// Whether this CPU runs the packed k-quant kernels (AVX2, FMA, F16C); elsewhere the rows stay
 /// in their GGUF layout for the reference kernels.
@@ -170,5 +191,18 @@ fn put_q3_k(block: &[u8], lane: usize, out: &mut [u8]) {
     }
     for u in 0..8 {
         put_dword(block, 4 * u, lane, out, Q3K_HM + 32 * u);
+    }
+}
+
+fn put_iq4_xs(block: &[u8], lane: usize, out: &mut [u8]) {
+    let Ok(block) = <&[u8; IQ4_XS_BYTES]>::try_from(block) else {
+        return;
+    };
+    out[2 * lane..2 * lane + 2].copy_from_slice(&block[0..2]);
+    for (ib, scale) in iq4_xs_scales(block).into_iter().enumerate() {
+        out[IQ4_SC + 8 * ib + lane] = scale.wrapping_sub(32);
+    }
+    for v in 0..32 {
+        put_dword(block, 8 + 4 * v, lane, out, IQ4_QS + 32 * v);
     }
 }

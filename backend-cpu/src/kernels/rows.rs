@@ -14,8 +14,9 @@
 //! Kernel choice, the process's [`crate::isa`] level: AVX-512 VNNI (256-bit, `avx512vnni` +
 //! `avx512vl`, k-quants only) before AVX2 + FMA + F16C before [`scalar`].
 //!
-//! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q3_K, Q4_K, Q5_K, Q6_K). For every
-//! super-block in order, exact i32 sums, then one f32 step:
+//! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q3_K, Q4_K, Q5_K, Q6_K, and the
+//! i-quant IQ4_XS, which shares their super-block and activation). For every super-block in
+//! order, exact i32 sums, then one f32 step:
 //!
 //! - Q3_K: `isum = Σ_k (sc_k - 32) · (Σ_{l in sub-block k} (q_l + 4) · y_l − 4 · bsums[k])`
 //!   over the 16 sub-blocks of 16 (`q` the signed 3-bit quant, `sc_k` the 6-bit scale, `bsums`
@@ -29,11 +30,14 @@
 //! - Q6_K: `isum = Σ_k sc_k · Σ_{l in sub-block k} (q_l - 32) · y_l` over the 16 sub-blocks of
 //!   16 (`sc_k` the signed 8-bit scale), computed from the quants (not `bsums`); then
 //!   `sum = sum + (d_w * d_a) * isum`.
+//! - IQ4_XS: `isum = Σ_ib (ls_ib - 32) · Σ_{l in sub-block ib} v_l · y_l` over the 8 sub-blocks
+//!   of 32 (`v` the grid value `kvalues_iq4nl[q]` of the 4-bit index, `ls_ib` the 6-bit
+//!   scale); then `sum = sum + (d_w * d_a) * isum`, as Q6_K.
 //!
 //! `isum` and `msum` are converted to f32 with one rounding (they may exceed 2^24). No
 //! overflow for any input bytes: Q3_K `|isum| ≤ 32·(256·7·128 + 4·16·32768) < 2^27`, Q4_K `|isum| ≤ 256·15·128·63 < 2^25`, Q5_K
-//! `≤ 256·31·128·63 < 2^26`, Q6_K `≤ 256·32·128·128 = 2^27`, and `|msum| ≤ 8·63·2·32768 < 2^25`
-//! even for arbitrary i16 `bsums`.
+//! `≤ 256·31·128·63 < 2^26`, Q6_K `≤ 256·32·128·128 = 2^27`, IQ4_XS `≤ 256·127·128·32 < 2^27`,
+//! and `|msum| ≤ 8·63·2·32768 < 2^25` even for arbitrary i16 `bsums`.
 //!
 //! **Float rows** (F32, F16, BF16 weights × f32 activations): 32 lane accumulators
 //! `acc[l]`, `l = 0..32`, all `+0.0`; for every full chunk `c` of 32 elements in order,
@@ -63,11 +67,11 @@ mod tests_k_rows;
 #[cfg(test)]
 mod tests_vnni;
 
-pub use crate::quant::DotError;
 use crate::quant::activation::BlockQ8K;
 #[cfg(test)]
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
 use crate::quant::f16_le;
+pub use crate::quant::{DotError, IQ4_XS_BYTES};
 
 /// Bytes per Q3_K super-block: `hmask: [u8; 32]`, `qs: [u8; 64]`, `scales: [u8; 12]`, `d: f16`.
 pub const Q3_K_BYTES: usize = 110;
@@ -90,6 +94,8 @@ pub enum KQuant {
     Q5K,
     /// [`Q6_K_BYTES`]-byte super-blocks.
     Q6K,
+    /// [`IQ4_XS_BYTES`]-byte super-blocks.
+    Iq4Xs,
 }
 
 impl KQuant {
@@ -100,6 +106,7 @@ impl KQuant {
             KQuant::Q4K => Q4_K_BYTES,
             KQuant::Q5K => Q5_K_BYTES,
             KQuant::Q6K => Q6_K_BYTES,
+            KQuant::Iq4Xs => IQ4_XS_BYTES,
         }
     }
 }
@@ -213,6 +220,11 @@ dispatch!(
     /// Dot product of a Q6_K weight row (210-byte super-blocks) with Q8_K activations; see
     /// [`dot_q4_k_q8_k`].
     dot_q6_k_q8_k, BlockQ8K, Q6_K_BYTES, q6_k_q8_k, [k_simd::q6_k_q8_k]
+);
+dispatch!(
+    /// Dot product of an IQ4_XS weight row (136-byte super-blocks) with Q8_K activations; see
+    /// [`dot_q4_k_q8_k`].
+    dot_iq4_xs_q8_k, BlockQ8K, IQ4_XS_BYTES, iq4_xs_q8_k, [k_simd::iq4_xs_q8_k]
 );
 dispatch!(
     /// Dot product of an F32 weight row (`w`, raw little-endian bytes, any alignment) with f32

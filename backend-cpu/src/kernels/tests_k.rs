@@ -1,4 +1,4 @@
-//! The packed Q3_K, Q4_K and Q6_K kernels against the k-quants' scalar reference on the raw rows,
+//! The packed Q3_K, Q4_K, Q6_K and IQ4_XS kernels against the k-quants' scalar reference on the raw rows,
 //! bit for bit, with the VNNI body (where the CPU has it) and the AVX2 body forced.
 
 use half::f16;
@@ -6,7 +6,7 @@ use half::f16;
 use super::packed::Packed;
 use super::rows::{KQuant, scalar};
 use super::{
-    GROUP, KLayout, PackedK, PackedQ3K, PackedQ6K, dot_packed_k, dot_packed_k_into,
+    GROUP, KLayout, PackedIq4Xs, PackedK, PackedQ3K, PackedQ6K, dot_packed_k, dot_packed_k_into,
     packed_k_available,
 };
 use crate::quant::activation::{BlockQ8K, QK_K, quantize_q8_k};
@@ -23,6 +23,7 @@ fn weights(rng: &mut Rng, format: KQuant, blocks: usize, extreme: bool) -> Vec<u
         let scales: &[usize] = match format {
             KQuant::Q3K => &[108],
             KQuant::Q6K => &[208],
+            KQuant::Iq4Xs => &[0],
             _ => &[0, 2],
         };
         for &at in scales {
@@ -47,6 +48,7 @@ fn packed_equals_scalar() {
     check_format(&mut rng, PackedK::pack);
     check_format(&mut rng, PackedQ6K::pack);
     check_format(&mut rng, PackedQ3K::pack);
+    check_format(&mut rng, PackedIq4Xs::pack);
 }
 
 /// The packed kernel of `F` against the reference over shapes with partial groups, several
@@ -129,4 +131,45 @@ fn packing_refuses_what_it_cannot_pack() {
     assert!(dot_packed_k(&packed, 0..2, &a, 1, &mut out).is_err());
     assert!(dot_packed_k(&packed, 0..1, &a, 2, &mut out).is_err());
     assert!(dot_packed_k(&packed, 0..1, &a, 1, &mut out[..1]).is_err());
+}
+
+/// IQ4_XS needs no `bsums`, and its packed kernel is exact for every activation byte, −128
+/// included (which `quantize_q8_k` never makes, so the test above cannot reach it).
+fn packed_iq4_xs_takes_any_activation_bytes() {
+    let mut rng = Rng(0x1234_5678_9ABC_DEF0);
+    let (blocks, n_rows, cols) = (2, 9, 3);
+    let raw = weights(&mut rng, KQuant::Iq4Xs, n_rows * blocks, false);
+    let packed = PackedIq4Xs::pack(&raw, n_rows).unwrap();
+    for fill in [-128i8, 127, -1] {
+        let a: Vec<BlockQ8K> = (0..cols * blocks)
+            .map(|i| BlockQ8K {
+                d: 0.5,
+                qs: std::array::from_fn(|j| {
+                    if (i + j) % 3 == 0 {
+                        fill
+                    } else {
+                        rng.byte() as i8
+                    }
+                }),
+                bsums: [i16::MIN; 16],
+            })
+            .collect();
+        let mut reference = vec![0.0; n_rows * cols];
+        scalar::dot_rows_k(KQuant::Iq4Xs, &raw, &a, cols, &mut reference).unwrap();
+        let mut fast = vec![f32::NAN; n_rows * cols];
+        dot_packed_k(&packed, 0..packed.groups(), &a, cols, &mut fast).unwrap();
+        for r in 0..n_rows {
+            for c in 0..cols {
+                let (got, want) = (fast[c * n_rows + r], reference[r * cols + c]);
+                assert_eq!(got.to_bits(), want.to_bits(), "{fill}: ({r}, {c})");
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_iq4_xs_is_exact_for_any_activation_bytes() {
+    if packed_k_available() {
+        crate::isa::on_each_simd_path(packed_iq4_xs_takes_any_activation_bytes);
+    }
 }

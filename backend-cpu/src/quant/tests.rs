@@ -210,6 +210,99 @@ fn q3_k_is_signed_three_bit_quants_times_offset_scales() {
     assert_bits(&run(GgmlType::Q3_K, &block), &expected);
 }
 
+/// ggml's grid for the 4-bit indices, `kvalues_iq4nl` of `ggml-common.h` (llama.cpp b11434),
+/// written out again here so the expected values do not come from the code under test.
+const GGML_IQ4NL_GRID: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// A hand-built IQ4_XS block, written from the layout (candle has no IQ4_XS to compare
+/// with): chosen 6-bit scales packed as ggml's `quantize_row_iq4_xs` packs them (low nibbles
+/// in `scales_l`, two at a byte; top two bits in `scales_h`, two bits each), and every index
+/// in each sub-block, element `j` taking index `j` and element `j + 16` index `15 − j`.
+#[test]
+fn iq4_xs_is_grid_values_times_offset_scales() {
+    let scales: [u8; 8] = [33, 0, 63, 32, 34, 31, 48, 16];
+    let (mut high, mut low) = (0u16, [0u8; 4]);
+    for (ib, &s) in scales.iter().enumerate() {
+        low[ib / 2] |= (s & 0x0F) << (4 * (ib % 2));
+        high |= u16::from(s >> 4) << (2 * ib);
+    }
+    assert_eq!((high, low), (0x76B2, [0x01, 0x0F, 0xF2, 0x00]));
+    let mut block = F16_QUARTER.to_vec();
+    block.extend_from_slice(&high.to_le_bytes());
+    block.extend_from_slice(&low);
+    for _ in 0..8 {
+        block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    }
+    let expected: Vec<f32> = (0..256)
+        .map(|e| {
+            let (ib, l) = (e / 32, e % 32);
+            let index = if l < 16 { l } else { 31 - l };
+            let sc = i32::from(scales[ib]) - 32;
+            0.25 * sc as f32 * f32::from(GGML_IQ4NL_GRID[index])
+        })
+        .collect();
+    let out = run(GgmlType::IQ4_XS, &block);
+    assert_bits(&out, &expected);
+    // A few by hand: scale 33 → +1, 0 → −32, 63 → +31, 32 → 0 (−0.0 for negative values).
+    assert_eq!(out[0], -31.75);
+    assert_eq!(out[16], 28.25);
+    assert_eq!(out[32], 1016.0);
+    assert_eq!(out[64 + 15], 875.75);
+    assert_eq!(out[96].to_bits(), (-0.0f32).to_bits());
+    assert_eq!(out[96 + 8].to_bits(), 0.0f32.to_bits());
+}
+
+/// A second IQ4_XS vector, from ggml's own Python package: the expected floats are gguf-py
+/// 0.19.0's `IQ4_XS.dequantize_blocks` (llama.cpp's `gguf-py/gguf/quants.py`, an implementation
+/// of `dequantize_row_iq4_xs` independent of ours) on this block (`d` = 0.125, byte `i` ≥ 2
+/// `73 i + 29`), recorded once; candle has no IQ4_XS.
+#[test]
+fn iq4_xs_matches_gguf_py() {
+    let mut block = vec![0x00, 0x30];
+    block.extend((2..136u32).map(|i| (i * 73 + 29) as u8));
+    let out = run(GgmlType::IQ4_XS, &block);
+    assert_bits(&out, &GGUF_PY_IQ4_XS);
+}
+
+/// gguf-py's dequantization of the block of [`iq4_xs_matches_gguf_py`].
+#[rustfmt::skip]
+const GGUF_PY_IQ4_XS: [f32; 256] = [
+    -74.375, 189.125, -21.25, -269.875, 27.625, -176.375, 80.75, -104.125,
+    146.625, -46.75, 240.125, 2.125, -221.0, 53.125, -138.125, 112.625,
+    -46.75, 53.125, 240.125, -104.125, 2.125, 146.625, -221.0, -46.75,
+    53.125, 240.125, -138.125, 2.125, 146.625, -221.0, -46.75, 53.125,
+    -87.5, 222.5, -25.0, -317.5, 32.5, -207.5, 95.0, -122.5,
+    172.5, -55.0, 282.5, 2.5, -260.0, 62.5, -162.5, 132.5,
+    282.5, -162.5, 2.5, 172.5, -260.0, -55.0, 62.5, 282.5,
+    -162.5, 2.5, 132.5, -260.0, -55.0, 62.5, 282.5, -162.5,
+    -43.75, 111.25, -12.5, -158.75, 16.25, -103.75, 47.5, -61.25,
+    86.25, -27.5, 141.25, 1.25, -130.0, 31.25, -81.25, 66.25,
+    1.25, 66.25, -130.0, -27.5, 31.25, 141.25, -81.25, 1.25,
+    66.25, -130.0, -43.75, 31.25, 141.25, -81.25, 1.25, 66.25,
+    -35.0, 89.0, -10.0, -127.0, 13.0, -83.0, 38.0, -49.0,
+    69.0, -22.0, 113.0, 1.0, -104.0, 25.0, -65.0, 53.0,
+    -104.0, -35.0, 25.0, 113.0, -65.0, 1.0, 53.0, -104.0,
+    -35.0, 25.0, 89.0, -65.0, 1.0, 53.0, -104.0, -35.0,
+    126.875, -322.625, 36.25, 460.375, -47.125, 300.875, -137.75, 177.625,
+    -250.125, 79.75, -409.625, -3.625, 377.0, -90.625, 235.625, -192.125,
+    -90.625, -322.625, 235.625, -3.625, -192.125, 377.0, 126.875, -90.625,
+    -322.625, 235.625, 36.25, -192.125, 377.0, 126.875, -90.625, -322.625,
+    -56.875, 144.625, -16.25, -206.375, 21.125, -134.875, 61.75, -79.625,
+    112.125, -35.75, 183.625, 1.625, -169.0, 40.625, -105.625, 86.125,
+    -105.625, -16.25, 86.125, -169.0, -56.875, 40.625, 144.625, -105.625,
+    -16.25, 86.125, -206.375, -56.875, 40.625, 144.625, -105.625, -16.25,
+    -122.5, 311.5, -35.0, -444.5, 45.5, -290.5, 133.0, -171.5,
+    241.5, -77.0, 395.5, 3.5, -364.0, 87.5, -227.5, 185.5,
+    185.5, -444.5, -122.5, 87.5, 311.5, -227.5, -35.0, 185.5,
+    -444.5, -122.5, 45.5, 311.5, -227.5, -35.0, 185.5, -444.5,
+    -74.375, 189.125, -21.25, -269.875, 27.625, -176.375, 80.75, -104.125,
+    146.625, -46.75, 240.125, 2.125, -221.0, 53.125, -138.125, 112.625,
+    -74.375, 27.625, 189.125, -138.125, -21.25, 112.625, -269.875, -74.375,
+    27.625, 189.125, -176.375, -21.25, 112.625, -269.875, -74.375, 27.625,
+];
+
 #[test]
 fn q6_k_is_signed_six_bit_quants_times_signed_scales() {
     let ql: Vec<u8> = (0..128u8).map(|i| i.wrapping_mul(29) ^ 0x3C).collect();

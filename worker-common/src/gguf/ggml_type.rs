@@ -190,6 +190,14 @@ mod tests {
             (GgmlType::TQ1_0.block_size(), GgmlType::TQ1_0.block_bytes()),
             (256, 54)
         );
+        // block_iq4_xs: d, scales_h, scales_l[QK_K/64], qs[QK_K/2].
+        assert_eq!(
+            (
+                GgmlType::IQ4_XS.block_size(),
+                GgmlType::IQ4_XS.block_bytes()
+            ),
+            (256, 2 + 2 + 4 + 128)
+        );
         assert_eq!(GgmlType::Q8_0.bytes_for(64), Some(68));
         assert_eq!(GgmlType::Q8_0.bytes_for(33), None);
         assert_eq!(GgmlType::F32.bytes_for(u64::MAX), None);

@@ -11,12 +11,15 @@
 //! `8 · 63 · 2 · 7936 < 2^23`, Q6_K (whose `(q − 32)·y` pairs, at most `2 · 32 · 128`, come
 //! from two exact `vpmaddubsw`) at most `8 · 128 · 2 · 8192 = 2^24`. The Q4_K/Q5_K mins go
 //! through `vpmaddwd` of the activation's `bsums` by the mins repeated per pair (at most
-//! `2 · 32768 · 63` per lane). Then the very scalar f32 step of [`super::k_quants`].
+//! `2 · 32768 · 63` per lane). IQ4_XS's signed grid values go through `vpmaddubsw` with the
+//! activations' magnitudes ([`iq4_xs`]). Then the very scalar f32 step of [`super::k_quants`].
 //!
 //! A tile unpacks each weight super-block once for its `C` tokens and loads each activation
 //! block once for its `R` rows; every row prefetches the super-blocks ahead of it, as several
 //! interleaved row streams defeat the hardware prefetchers.
 #![allow(unused_unsafe)]
+
+mod iq4_xs;
 
 use std::arch::x86_64::*;
 
@@ -58,6 +61,7 @@ pub(super) fn dot_rows(
         KQuant::Q4K => run!(formats::Q4K),
         KQuant::Q5K => run!(formats::Q5K),
         KQuant::Q6K => run!(formats::Q6K),
+        KQuant::Iq4Xs => run!(formats::Iq4Xs),
     }
     true
 }
@@ -91,6 +95,7 @@ pub(super) fn one(format: KQuant, vnni: bool, w: &[u8], a: &[BlockQ8K]) -> Optio
         KQuant::Q4K => run!(formats::Q4K),
         KQuant::Q5K => run!(formats::Q5K),
         KQuant::Q6K => run!(formats::Q6K),
+        KQuant::Iq4Xs => run!(formats::Iq4Xs),
     }
     Some(out[0])
 }
@@ -115,6 +120,11 @@ pub(super) fn q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
 /// [`q4_k_q8_k`] for Q6_K.
 pub(super) fn q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
     one(KQuant::Q6K, crate::isa::vnni(), w, a)
+}
+
+/// [`q4_k_q8_k`] for IQ4_XS.
+pub(super) fn iq4_xs_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
+    one(KQuant::Iq4Xs, crate::isa::vnni(), w, a)
 }
 
 /// [`tiles`] compiled for AVX2.
@@ -314,11 +324,11 @@ unsafe fn tile<F: KType, const VNNI: bool, const R: usize, const C: usize>(
                 prefetch(row, i, bytes);
             }
             let a: [&BlockQ8K; C] = std::array::from_fn(|c| &cols[c][i]);
-            if format == KQuant::Q6K || format == KQuant::Q3K {
-                let (isums, d_at) = if format == KQuant::Q6K {
-                    (q6_isums::<VNNI, R, C>(w, a), 208)
-                } else {
-                    (q3_isums::<VNNI, R, C>(w, a), 108)
+            if matches!(format, KQuant::Q6K | KQuant::Q3K | KQuant::Iq4Xs) {
+                let (isums, d_at) = match format {
+                    KQuant::Q6K => (q6_isums::<VNNI, R, C>(w, a), 208),
+                    KQuant::Q3K => (q3_isums::<VNNI, R, C>(w, a), 108),
+                    _ => (iq4_xs::isums::<VNNI, R, C>(w, a), 0),
                 };
                 for r in 0..R {
                     let d = f16_le([w[r][d_at], w[r][d_at + 1]]);

@@ -63,7 +63,7 @@ type Kernel = fn(&[u8], &[BlockQ8K]) -> Result<f32, DotError>;
 type Simd = fn(&[u8], &[BlockQ8K]) -> Option<f32>;
 
 /// (name, bytes, d offset, has dmin, dispatching, scalar, AVX2).
-const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 4] = [
+const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 5] = [
     (
         "q3_k",
         Q3_K_BYTES,
@@ -99,6 +99,15 @@ const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 4] = [
         dot_q6_k_q8_k,
         scalar::dot_q6_k_q8_k,
         |w, a| k_simd::one(KQuant::Q6K, false, w, a),
+    ),
+    (
+        "iq4_xs",
+        IQ4_XS_BYTES,
+        0,
+        false,
+        dot_iq4_xs_q8_k,
+        scalar::dot_iq4_xs_q8_k,
+        |w, a| k_simd::one(KQuant::Iq4Xs, false, w, a),
     ),
 ];
 
@@ -150,7 +159,9 @@ fn k_extremes_are_exact() {
         let y = i64::from(aq);
         let msum = 63 * 8 * 2 * i64::from(bsum);
         // Q3_K: scale 63 - 32, code q + 4 = 7, offset 4 · bsums; Q4_K: sc = m = 63, q = 15;
-        // Q5_K: q = 31; Q6_K: scale -1 (0xFF), q = 63 - 32.
+        // Q5_K: q = 31; Q6_K: scale -1 (0xFF), q = 63 - 32; IQ4_XS: scale 63 - 32, index 15
+        // (grid value 113).
+        let iq4 = (31 * 113 * y * 256) as f32;
         let q3 = (31 * 7 * y * 256 - 4 * 31 * 16 * i64::from(bsum)) as f32;
         let q4 = (63 * 15 * y * 256 - msum) as f32;
         let q5 = (63 * 31 * y * 256 - msum) as f32;
@@ -165,7 +176,8 @@ fn k_extremes_are_exact() {
                 "q3_k" => q3,
                 "q4_k" => q4,
                 "q5_k" => q5,
-                _ => q6,
+                "q6_k" => q6,
+                _ => iq4,
             };
             assert_eq!(reference(&w, &a).unwrap(), want, "{name} {aq}");
             assert_eq!(dispatched(&w, &a).unwrap(), want, "{name} {aq}");
@@ -202,7 +214,8 @@ fn k_scalar_dots_match_f64_reference() {
                 "q3_k" => GgmlType::Q3_K,
                 "q4_k" => GgmlType::Q4_K,
                 "q5_k" => GgmlType::Q5_K,
-                _ => GgmlType::Q6_K,
+                "q6_k" => GgmlType::Q6_K,
+                _ => GgmlType::IQ4_XS,
             };
             let w = k_weights(&mut rng, blocks, bytes, d_at, two);
             let (want, _) = reference(ggml_type, &w, &a);
@@ -221,11 +234,11 @@ fn k_scalar_dots_match_f64_reference() {
                         let (sc, m) = (sc.iter().max().unwrap(), m.iter().max().unwrap());
                         (d * 31.0 * f64::from(*sc) + dmin * f64::from(*m)) * ya
                     } else {
-                        // The largest |scale · q|: Q3_K 32 · 4, Q6_K 128 · 32.
-                        let most = if name == "q3_k" {
-                            32.0 * 4.0
-                        } else {
-                            128.0 * 32.0
+                        // The largest |scale · q|: Q3_K 32 · 4, Q6_K 128 · 32, IQ4_XS 32 · 127.
+                        let most = match name {
+                            "q3_k" => 32.0 * 4.0,
+                            "q6_k" => 128.0 * 32.0,
+                            _ => 32.0 * 127.0,
                         };
                         f16::from_le_bytes([w[d_at], w[d_at + 1]]).to_f64().abs() * most * ya
                     }

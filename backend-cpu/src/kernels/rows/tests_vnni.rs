@@ -27,7 +27,7 @@ fn vnni_matches_scalar_bit_for_bit() {
         return;
     }
     let mut rng = Rng(0xA076_1D64_78BD_642F);
-    let k: [(&str, usize, usize, bool, KFn, SimdK); 4] = [
+    let k: [(&str, usize, usize, bool, KFn, SimdK); 5] = [
         (
             "q3_k",
             Q3_K_BYTES,
@@ -59,6 +59,14 @@ fn vnni_matches_scalar_bit_for_bit() {
             false,
             scalar::dot_q6_k_q8_k,
             |w, a| k_simd::one(KQuant::Q6K, true, w, a),
+        ),
+        (
+            "iq4_xs",
+            IQ4_XS_BYTES,
+            0,
+            false,
+            scalar::dot_iq4_xs_q8_k,
+            |w, a| k_simd::one(KQuant::Iq4Xs, true, w, a),
         ),
     ];
     for round in 0..20 {
@@ -112,6 +120,9 @@ fn vnni_extremes_are_exact() {
             w[208..].copy_from_slice(&f16::ONE.to_le_bytes());
             let want = scalar::dot_q6_k_q8_k(&w, &ak).unwrap();
             assert_eq!(k_simd::one(KQuant::Q6K, true, &w, &ak).unwrap(), want);
+            let w = block(IQ4_XS_BYTES, 2);
+            let want = scalar::dot_iq4_xs_q8_k(&w, &ak).unwrap();
+            assert_eq!(k_simd::one(KQuant::Iq4Xs, true, &w, &ak).unwrap(), want);
         }
     }
 }
