@@ -19,11 +19,13 @@
 //! starting at `−4·b_s`, so it is the reference's exact `Σ (q + 4)·y − 4·b_s`; then times the
 //! row's scale less 32 (i8).
 //!
-//! IQ4_XS: the indices become the signed grid values by one `vpshufb` of the grid; the dot
-//! multiplies the broadcast activation quad's magnitudes (u8) by the values carrying its signs
-//! (i8), `|y|·sign(y)·v = v·y`, exact for every byte (`|−128|` is 128 unsigned, and no grid
-//! value is −128); per 32-element sub-block at most `32·128·127 < 2^19`, then times the row's
-//! scale less 32. No bsums: exact for any activations.
+//! IQ4_XS: the indices become grid values by one `vpshufb` of the grid. With VNNI, the grid
+//! holds the codes `v + 128` (`1..=241`, unsigned) and `vpdpbusd` sums them against the
+//! activations from a lane start of `−128·(b_2ib + b_2ib+1)`, as Q6_K's offset; the AVX2
+//! body, whose `vpmaddubsw` pairs could not hold `2·241·128`, multiplies the broadcast quad's
+//! magnitudes (u8) by the signed values carrying its signs (i8), `|y|·sign(y)·v = v·y`, exact
+//! for every byte (`|−128|` is 128 unsigned; no grid value is −128). Per 32-element sub-block
+//! at most `32·241·128 + 128·65536 < 2^24`, then times the row's scale less 32.
 #![allow(unused_unsafe)]
 
 use std::arch::x86_64::*;
@@ -289,6 +291,12 @@ unsafe fn iq4_xs_block<const VNNI: bool, const C: usize>(
     // SAFETY: `gb` points at a whole IQ4_XS group-super-block; AVX2 (and VNNI) guaranteed.
     unsafe {
         let grid = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
+        // VNNI multiplies the unsigned codes `v + 128` (the sign bit flipped).
+        let grid = if VNNI {
+            _mm256_xor_si256(grid, _mm256_set1_epi8(i8::MIN))
+        } else {
+            grid
+        };
         let mask = _mm256_set1_epi8(0x0F);
         let mut isum = [_mm256_setzero_si256(); C];
         for ib in 0..8 {
@@ -302,7 +310,13 @@ unsafe fn iq4_xs_block<const VNNI: bool, const C: usize>(
             }
             let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(gb.add(IQ4_SC + 8 * ib).cast()));
             for k in 0..C {
-                let sub = signed_dot::<VNNI>(&values, y[k].qs.as_ptr().add(32 * ib));
+                let at = y[k].qs.as_ptr().add(32 * ib);
+                let sub = if VNNI {
+                    let sum = i32::from(y[k].bsums[2 * ib]) + i32::from(y[k].bsums[2 * ib + 1]);
+                    dot_groups::<true, 8, 1>(&values, at, _mm256_set1_epi32(-128 * sum))
+                } else {
+                    signed_dot(&values, at)
+                };
                 isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(sub, scale));
             }
         }
@@ -311,21 +325,12 @@ unsafe fn iq4_xs_block<const VNNI: bool, const C: usize>(
 }
 
 /// `Σ_k values[k] · quad k of y` per lane, exactly, for signed values (never −128) and any
-/// activation bytes: `vpdpbusd` (two chains) or one `vpmaddubsw` and `vpmaddwd` by ones per
-/// quad (two pair sums, up to `2·32512`, would not fit i16), of `|y|` by `sign(y)·v`.
+/// activation bytes: one `vpmaddubsw` of `|y|` by `sign(y)·v` and one `vpmaddwd` by ones per
+/// quad (two pair sums, up to `2·32512`, would not fit i16).
 #[inline(always)]
-unsafe fn signed_dot<const VNNI: bool>(values: &[__m256i; 8], y: *const i8) -> __m256i {
-    // SAFETY: the callers guarantee AVX2 (and VNNI when `VNNI`) and 32 bytes at `y`.
+unsafe fn signed_dot(values: &[__m256i; 8], y: *const i8) -> __m256i {
+    // SAFETY: the callers guarantee AVX2 and 32 bytes at `y`.
     unsafe {
-        if VNNI {
-            let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            for k in (0..8).step_by(2) {
-                let ((y0, v0), (y1, v1)) = (quad(values, y, k), quad(values, y, k + 1));
-                even = _mm256_dpbusd_epi32(even, y0, v0);
-                odd = _mm256_dpbusd_epi32(odd, y1, v1);
-            }
-            return _mm256_add_epi32(even, odd);
-        }
         let ones = _mm256_set1_epi16(1);
         let mut sum = _mm256_setzero_si256();
         for k in 0..8 {

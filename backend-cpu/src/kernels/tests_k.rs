@@ -133,27 +133,28 @@ fn packing_refuses_what_it_cannot_pack() {
     assert!(dot_packed_k(&packed, 0..1, &a, 1, &mut out[..1]).is_err());
 }
 
-/// IQ4_XS needs no `bsums`, and its packed kernel is exact for every activation byte, −128
-/// included (which `quantize_q8_k` never makes, so the test above cannot reach it).
+/// IQ4_XS's packed kernel is exact for every activation byte, −128 included (which
+/// `quantize_q8_k` never makes, so the test above cannot reach it); `bsums` are the quants'
+/// sums, as the VNNI body takes its offset from them.
 fn packed_iq4_xs_takes_any_activation_bytes() {
     let mut rng = Rng(0x1234_5678_9ABC_DEF0);
     let (blocks, n_rows, cols) = (2, 9, 3);
     let raw = weights(&mut rng, KQuant::Iq4Xs, n_rows * blocks, false);
     let packed = PackedIq4Xs::pack(&raw, n_rows).unwrap();
     for fill in [-128i8, 127, -1] {
-        let a: Vec<BlockQ8K> = (0..cols * blocks)
-            .map(|i| BlockQ8K {
-                d: 0.5,
-                qs: std::array::from_fn(|j| {
-                    if (i + j) % 3 == 0 {
-                        fill
-                    } else {
-                        rng.byte() as i8
-                    }
-                }),
-                bsums: [i16::MIN; 16],
-            })
-            .collect();
+        let mut block = |i: usize| {
+            let qs: [i8; QK_K] = std::array::from_fn(|j| {
+                if (i + j).is_multiple_of(3) {
+                    fill
+                } else {
+                    rng.byte() as i8
+                }
+            });
+            let sum = |s: usize| qs[16 * s..][..16].iter().map(|&q| i16::from(q)).sum();
+            let bsums = std::array::from_fn(sum);
+            BlockQ8K { d: 0.5, qs, bsums }
+        };
+        let a: Vec<BlockQ8K> = (0..cols * blocks).map(&mut block).collect();
         let mut reference = vec![0.0; n_rows * cols];
         scalar::dot_rows_k(KQuant::Iq4Xs, &raw, &a, cols, &mut reference).unwrap();
         let mut fast = vec![f32::NAN; n_rows * cols];
