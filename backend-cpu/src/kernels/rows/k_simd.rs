@@ -292,6 +292,15 @@ unsafe fn sum_pair(a: __m256i, b: __m256i) -> (i32, i32) {
     }
 }
 
+/// The exact sum of the eight lanes of each (row, token) accumulator.
+#[inline(always)]
+unsafe fn lane_sums<const R: usize, const C: usize>(acc: [[__m256i; C]; R]) -> [[i32; C]; R] {
+    // SAFETY: only reached from the tiles, whose callers guarantee AVX2.
+    std::array::from_fn(|r| {
+        std::array::from_fn(|c| unsafe { sum_pair(acc[r][c], _mm256_setzero_si256()).0 })
+    })
+}
+
 /// Asks for the super-block [`PREFETCH_BLOCKS`] ahead of block `i` of `row`, a line every 64
 /// bytes (its last line, if it reaches one more, shares the next block's first).
 #[inline(always)]
@@ -561,12 +570,6 @@ unsafe fn q6_isums<const VNNI: bool, const R: usize, const C: usize>(
                 }
             }
         }
-        let mut isums = [[0; C]; R];
-        for c in 0..C {
-            for r in 0..R {
-                isums[r][c] = sum_pair(acc[r][c], zero).0;
-            }
-        }
-        isums
+        lane_sums(acc)
     }
 }

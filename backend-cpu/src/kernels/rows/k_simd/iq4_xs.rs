@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{BlockQ8K, both_halves, load32, pick, scaled_add, sum_pair};
+use super::{BlockQ8K, both_halves, lane_sums, load32, pick, scaled_add};
 use crate::quant::{IQ4_XS_BYTES, KVALUES_IQ4NL, iq4_xs_scales};
 
 /// The 16 bytes of `b` at `off`; zeros if they are not all inside `b` (never the case for
@@ -67,12 +67,6 @@ pub(super) unsafe fn isums<const VNNI: bool, const R: usize, const C: usize>(
                 }
             }
         }
-        let mut isums = [[0; C]; R];
-        for c in 0..C {
-            for r in 0..R {
-                isums[r][c] = sum_pair(acc[r][c], zero).0;
-            }
-        }
-        isums
+        lane_sums(acc)
     }
 }
