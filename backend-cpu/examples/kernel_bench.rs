@@ -89,6 +89,7 @@ fn legacy_decode() -> Result<(), Box<dyn Error>> {
         Legacy::Q4_1,
         Legacy::Q5_0,
         Legacy::Q5_1,
+        Legacy::Iq4Nl,
     ] {
         let activations = if format.uses_q8_1() {
             Q8Rows::Q8_1(&q8_1)
@@ -198,7 +199,7 @@ fn legacy_prefill() -> Result<(), Box<dyn Error>> {
     let (mut q8_0, mut q8_1) = (Vec::new(), Vec::new());
     quantize_q8_0(&x, &mut q8_0)?;
     quantize_q8_1(&x, &mut q8_1)?;
-    for format in [Legacy::Q8_0, Legacy::Q4_1, Legacy::Q5_0] {
+    for format in [Legacy::Q8_0, Legacy::Q4_1, Legacy::Q5_0, Legacy::Iq4Nl] {
         let activations = if format.uses_q8_1() {
             Q8Rows::Q8_1(&q8_1)
         } else {

@@ -216,7 +216,7 @@ fn packed_len(ggml_type: GgmlType, rows: usize, row_bytes: usize) -> usize {
 }
 
 /// Repacks every matmul matrix whose format has a packed kernel on this CPU (the 32-element
-/// formats, Q3_K, Q4_K, Q6_K and IQ4_XS: `kernels::packed`, `kernels::packed_k`) into one arena, a matrix per
+/// formats with IQ4_NL, Q3_K, Q4_K, Q6_K and IQ4_XS: `kernels::packed`, `kernels::packed_k`) into one arena, a matrix per
 /// task of `team`; returns the file ranges no longer read, whose pages the caller may release.
 pub fn pack(
     team: &Team,
@@ -355,8 +355,11 @@ mod tests {
             GgmlType::Q5_0,
             GgmlType::Q5_1,
             GgmlType::Q8_0,
+            GgmlType::IQ4_NL,
+            GgmlType::Q3_K,
             GgmlType::Q4_K,
             GgmlType::Q6_K,
+            GgmlType::IQ4_XS,
         ];
         for ggml_type in types {
             let block = ggml_type.block_bytes() as usize;

@@ -10,7 +10,11 @@
 //! 8·31·128); the format's offset is subtracted as `offset·Σy`, `Σy` the activation block's
 //! quant sum. Q8_0's signed weights are made unsigned by flipping the sign bit on VNNI
 //! (`x + 128`, then `128·Σy` subtracted) and widened to i16 on AVX2 (`vpmaddubsw` would
-//! saturate on 255·127 pairs); both exact for every input.
+//! saturate on 255·127 pairs); both exact for every input. IQ4_NL's indices become grid values
+//! by one `vpshufb` of [`KVALUES_IQ4NL`]: on VNNI the codes `v + 128` (`1..=241`), with
+//! `128·Σy` subtracted as for Q8_0; on AVX2 the signed values, multiplied as `|y|·(sign(y)·v)`
+//! by `vpmaddubsw` (pairs at most `2·128·127`, inside i16) and widened per quad by `vpmaddwd`
+//! ([`signed_dot`], IQ4_XS's too); both exact for every input.
 //!
 //! Intrinsics sit in `unsafe` blocks for older compilers, which treat them as unsafe to call.
 #![allow(unused_unsafe)]
@@ -22,6 +26,7 @@ use std::ops::Range;
 use super::formats::{self, LegacyType};
 use super::packed::group_layout;
 use super::{ActBlock, BlockMeta, GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows, TokenOutputs};
+use crate::quant::KVALUES_IQ4NL;
 
 /// Which integer dot instructions this CPU has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +111,7 @@ unsafe fn by_format<A: ActBlock>(
             Legacy::Q5_0 => run!(formats::Q5_0),
             Legacy::Q5_1 => run!(formats::Q5_1),
             Legacy::Q8_0 => run!(formats::Q8_0),
+            Legacy::Iq4Nl => run!(formats::Iq4Nl),
         }
     }
 }
@@ -231,7 +237,7 @@ unsafe fn fifth(h: __m256i, k: usize) -> __m256i {
 }
 
 /// The eight quant vectors of group-block `gb`: unsigned codes for the nibble formats (and
-/// for Q8_0 on VNNI, sign bit flipped), signed bytes for Q8_0 on AVX2.
+/// for Q8_0 and IQ4_NL on VNNI, sign bit flipped), signed bytes for Q8_0 and IQ4_NL on AVX2.
 #[inline(always)]
 unsafe fn codes<F: LegacyType, const VNNI: bool>(gb: *const u8) -> [__m256i; 8] {
     let format = F::FORMAT;
@@ -255,6 +261,12 @@ unsafe fn codes<F: LegacyType, const VNNI: bool>(gb: *const u8) -> [__m256i; 8] 
             let v = _mm256_loadu_si256(qs.add(32 * p).cast());
             codes[p] = _mm256_and_si256(v, mask);
             codes[p + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+        }
+        if format == Legacy::Iq4Nl {
+            let grid = iq4nl_grid::<VNNI>();
+            for code in &mut codes {
+                *code = _mm256_shuffle_epi8(grid, *code);
+            }
         }
         if let Some(at) = layout.h {
             let h = _mm256_loadu_si256(gb.add(at).cast());
@@ -306,7 +318,53 @@ pub(super) unsafe fn dot_groups<const VNNI: bool, const G: usize, const PER_MADD
     }
 }
 
-/// Row `r`'s exact `Σ codes·y` in lane `r`, plus `start` (codes ≤ 31, or Q8_0's).
+/// The i-quants' 16-value grid ([`KVALUES_IQ4NL`]) in both 128-bit halves, for `vpshufb` by
+/// 4-bit indices: the signed values, or with `CODES` the unsigned codes `v + 128` (the sign
+/// bits flipped, `1..=241`) that `vpdpbusd` multiplies.
+#[inline(always)]
+pub(super) unsafe fn iq4nl_grid<const CODES: bool>() -> __m256i {
+    // SAFETY: the callers guarantee AVX2; the grid is 16 bytes.
+    unsafe {
+        let grid = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
+        if CODES {
+            _mm256_xor_si256(grid, _mm256_set1_epi8(i8::MIN))
+        } else {
+            grid
+        }
+    }
+}
+
+/// `Σ_k values[k] · quad k of y` per lane, exactly, for signed values (never −128) and any
+/// activation bytes: one `vpmaddubsw` of `|y|` by `sign(y)·v` and one `vpmaddwd` by ones per
+/// quad (two pair sums, up to `2·32512`, would not fit i16).
+#[inline(always)]
+pub(super) unsafe fn signed_dot(values: &[__m256i; 8], y: *const i8) -> __m256i {
+    // SAFETY: the callers guarantee AVX2 and 32 bytes at `y`.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut sum = _mm256_setzero_si256();
+        for k in 0..8 {
+            let (yk, vk) = quad(values, y, k);
+            let pairs = _mm256_maddubs_epi16(yk, vk);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+        }
+        sum
+    }
+}
+
+/// Quad `k` of `y` broadcast as magnitudes (u8), and `values[k]` with its signs: a function,
+/// not a closure, so it is compiled with the callers' target features.
+#[inline(always)]
+unsafe fn quad(values: &[__m256i; 8], y: *const i8, k: usize) -> (__m256i, __m256i) {
+    // SAFETY: as for `signed_dot`.
+    unsafe {
+        let yk = broadcast(y, k);
+        (_mm256_abs_epi8(yk), _mm256_sign_epi8(values[k], yk))
+    }
+}
+
+/// Row `r`'s exact `Σ codes·y` in lane `r`, plus `start` (codes ≤ 31, or Q8_0's, or
+/// IQ4_NL's).
 #[inline(always)]
 unsafe fn block_isum<F: LegacyType, const VNNI: bool>(
     codes: &[__m256i; 8],
@@ -317,6 +375,9 @@ unsafe fn block_isum<F: LegacyType, const VNNI: bool>(
     unsafe {
         if !VNNI && F::FORMAT == Legacy::Q8_0 {
             return _mm256_add_epi32(start, signed_isum(codes, y));
+        }
+        if !VNNI && F::FORMAT == Legacy::Iq4Nl {
+            return _mm256_add_epi32(start, signed_dot(codes, y.as_ptr()));
         }
         dot_groups::<VNNI, 8, 4>(codes, y.as_ptr(), start)
     }
@@ -343,13 +404,14 @@ unsafe fn signed_isum(codes: &[__m256i; 8], y: &[i8; 32]) -> __m256i {
     }
 }
 
-/// What a tile subtracts as `−factor·Σy`: the format's code offset, and VNNI's Q8_0 bias.
+/// What a tile subtracts as `−factor·Σy`: the format's code offset, and VNNI's bias of Q8_0
+/// and IQ4_NL.
 #[inline(always)]
 fn tile_factor(format: Legacy, vnni: bool) -> i32 {
     match format {
         Legacy::Q4_0 => 8,
         Legacy::Q5_0 => 16,
-        Legacy::Q8_0 if vnni => 128,
+        Legacy::Q8_0 | Legacy::Iq4Nl if vnni => 128,
         _ => 0,
     }
 }

@@ -31,7 +31,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::{broadcast, dot_groups, load_f16x8};
+use super::avx2::{dot_groups, iq4nl_grid, load_f16x8, signed_dot};
 use super::packed::Packed;
 use super::packed_k::{
     IQ4_QS, IQ4_SC, KLayout, Q3K_HM, Q3K_QS, Q3K_SC, Q4K_MINS, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL,
@@ -40,7 +40,6 @@ use super::packed_k::{
 use super::rows::KQuant;
 use super::{GROUP, MAX_COLS, TokenOutputs};
 use crate::isa::vnni;
-use crate::quant::KVALUES_IQ4NL;
 use crate::quant::activation::BlockQ8K;
 
 /// Runs the kernel of `F`; the caller checked the shapes and [`super::packed_k_available`].
@@ -290,13 +289,8 @@ unsafe fn iq4_xs_block<const VNNI: bool, const C: usize>(
 ) {
     // SAFETY: `gb` points at a whole IQ4_XS group-super-block; AVX2 (and VNNI) guaranteed.
     unsafe {
-        let grid = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
-        // VNNI multiplies the unsigned codes `v + 128` (the sign bit flipped).
-        let grid = if VNNI {
-            _mm256_xor_si256(grid, _mm256_set1_epi8(i8::MIN))
-        } else {
-            grid
-        };
+        // VNNI multiplies the unsigned codes `v + 128`.
+        let grid = iq4nl_grid::<VNNI>();
         let mask = _mm256_set1_epi8(0x0F);
         let mut isum = [_mm256_setzero_si256(); C];
         for ib in 0..8 {
@@ -321,35 +315,6 @@ unsafe fn iq4_xs_block<const VNNI: bool, const C: usize>(
             }
         }
         add_scaled(gb, y, &isum, sums);
-    }
-}
-
-/// `Σ_k values[k] · quad k of y` per lane, exactly, for signed values (never −128) and any
-/// activation bytes: one `vpmaddubsw` of `|y|` by `sign(y)·v` and one `vpmaddwd` by ones per
-/// quad (two pair sums, up to `2·32512`, would not fit i16).
-#[inline(always)]
-unsafe fn signed_dot(values: &[__m256i; 8], y: *const i8) -> __m256i {
-    // SAFETY: the callers guarantee AVX2 and 32 bytes at `y`.
-    unsafe {
-        let ones = _mm256_set1_epi16(1);
-        let mut sum = _mm256_setzero_si256();
-        for k in 0..8 {
-            let (yk, vk) = quad(values, y, k);
-            let pairs = _mm256_maddubs_epi16(yk, vk);
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
-        }
-        sum
-    }
-}
-
-/// Quad `k` of `y` broadcast as magnitudes (u8), and `values[k]` with its signs: a function,
-/// not a closure, so it is compiled with the callers' target features.
-#[inline(always)]
-unsafe fn quad(values: &[__m256i; 8], y: *const i8, k: usize) -> (__m256i, __m256i) {
-    // SAFETY: as for `signed_dot`.
-    unsafe {
-        let yk = broadcast(y, k);
-        (_mm256_abs_epi8(yk), _mm256_sign_epi8(values[k], yk))
     }
 }
 

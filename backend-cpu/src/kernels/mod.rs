@@ -5,7 +5,7 @@
 //!
 //! | family | layout | oracle | AVX2 / AVX-512 VNNI |
 //! |---|---|---|---|
-//! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 | repacked, 8 rows interleaved | [`scalar`] | `avx2` |
+//! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL | repacked, 8 rows interleaved | [`scalar`] | `avx2` |
 //! | Q3_K, Q4_K, Q6_K, IQ4_XS | repacked, 8 rows interleaved | [`rows::scalar`] | `avx2_k` |
 //! | Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | GGUF rows | [`rows::scalar`] | `rows/k_simd` |
 //! | F32, F16, BF16 | GGUF rows | [`rows::scalar`] | `rows/avx2_float` |
@@ -22,7 +22,8 @@
 //!
 //! For one output (row, token), block after block: the block's 32 products are summed exactly
 //! in one i32 (`isum = Σ v_j·y_j`, `v_j` the signed element value: `q − 8` for Q4_0, `q − 16`
-//! for Q5_0, `q` otherwise; `|isum| < 2^20`, so its conversion to f32 is exact), then
+//! for Q5_0, the grid value `kvalues_iq4nl[q]` for IQ4_NL, `q` otherwise; `|isum| ≤ 32·128·128
+//! < 2^20`, so its conversion to f32 is exact), then
 //! `acc = fma(isum, d_w·d_a, acc)` (`d_w·d_a` is exact: two f16 values). Q4_1/Q5_1 also keep
 //! `offsets = fma(m_w, s_a, offsets)`. The result is `acc + offsets`. The [`scalar`]
 //! reference follows it with `f32::mul_add`, the SIMD kernels compute the same exact integer
@@ -66,11 +67,12 @@ use rows::KQuant;
 pub type FloatDot = fn(&[u8], &[f32]) -> Result<f32, DotError>;
 
 /// The kernel family of a weight type, which fixes the activation format it reads (ggml's
-/// `vec_dot_type`): Q8_0/Q8_1 for the 32-element formats, Q8_K for the k-quants and IQ4_XS,
+/// `vec_dot_type`): Q8_0/Q8_1 for the 32-element formats (IQ4_NL's too), Q8_K for the
+/// k-quants and IQ4_XS,
 /// f32 for floats.
 #[derive(Debug, Clone, Copy)]
 pub enum Kernel {
-    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (packed at load).
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (packed at load).
     Legacy(Legacy),
     /// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS.
     KQuant(KQuant),
@@ -117,6 +119,9 @@ pub enum Legacy {
     Q5_1,
     /// `d`, 32 signed bytes; value `d·q`.
     Q8_0,
+    /// `d`, 16 nibble bytes as Q4_0's; value `d·kvalues_iq4nl[q]` (the i-quants' grid,
+    /// `crate::quant::KVALUES_IQ4NL`).
+    Iq4Nl,
 }
 
 impl Legacy {
@@ -128,6 +133,7 @@ impl Legacy {
             GgmlType::Q5_0 => Legacy::Q5_0,
             GgmlType::Q5_1 => Legacy::Q5_1,
             GgmlType::Q8_0 => Legacy::Q8_0,
+            GgmlType::IQ4_NL => Legacy::Iq4Nl,
             _ => return None,
         })
     }
@@ -140,6 +146,7 @@ impl Legacy {
             Legacy::Q5_0 => 22,
             Legacy::Q5_1 => 24,
             Legacy::Q8_0 => 34,
+            Legacy::Iq4Nl => crate::quant::IQ4_NL_BYTES,
         }
     }
 

@@ -12,9 +12,9 @@
 //! - `d[8]`: the rows' f16 scales (16 bytes); then `m[8]` (Q4_1, Q5_1; 16 bytes);
 //! - Q5_0, Q5_1: `h[32]`, the fifth bits, byte `4r + i` holding in bit `k` the fifth bit of
 //!   row `r`'s element `4k + i` (32 bytes);
-//! - nibble formats: four 32-byte vectors; vector `p` holds in bytes `4r..4r+4` the quant
-//!   bytes `4p..4p+4` of row `r`, whose low nibbles are elements `4p..4p+4` and high nibbles
-//!   elements `16+4p..16+4p+4`;
+//! - nibble formats (IQ4_NL's grid indices too): four 32-byte vectors; vector `p` holds in
+//!   bytes `4r..4r+4` the quant bytes `4p..4p+4` of row `r`, whose low nibbles are elements
+//!   `4p..4p+4` and high nibbles elements `16+4p..16+4p+4`;
 //! - Q8_0: eight 32-byte vectors; vector `k` holds in bytes `4r..4r+4` row `r`'s elements
 //!   `4k..4k+4`.
 
@@ -154,7 +154,7 @@ struct RawLayout {
 
 const fn raw_layout(format: Legacy) -> RawLayout {
     match format {
-        Legacy::Q4_0 => RawLayout {
+        Legacy::Q4_0 | Legacy::Q8_0 | Legacy::Iq4Nl => RawLayout {
             m: None,
             qh: None,
             qs: 2,
@@ -173,11 +173,6 @@ const fn raw_layout(format: Legacy) -> RawLayout {
             m: Some(2),
             qh: Some(4),
             qs: 8,
-        },
-        Legacy::Q8_0 => RawLayout {
-            m: None,
-            qh: None,
-            qs: 2,
         },
     }
 }

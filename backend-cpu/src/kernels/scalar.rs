@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use super::{Legacy, PackedRows, Q8Rows, ShapeError, TokenOutputs, check};
 use crate::quant::activation::QK8;
+use crate::quant::iq4_value;
 
 /// `out[r * cols + c] = row r · activation row c` for the whole rows in `rows` (row-major,
 /// raw GGUF blocks, `blocks` blocks each, where `blocks` is the activations' blocks per
@@ -60,6 +61,10 @@ fn decode(format: Legacy, b: &[u8]) -> Block {
             f16(b, 2),
         ),
         Legacy::Q8_0 => (std::array::from_fn(|j| i32::from(b[2 + j] as i8)), 0.0),
+        Legacy::Iq4Nl => {
+            let qs = b[2..].try_into().unwrap_or(&[0; 16]);
+            (std::array::from_fn(|j| i32::from(iq4_value(qs, j))), 0.0)
+        }
     };
     Block {
         values,

@@ -7,15 +7,16 @@ use super::{
     GROUP, Legacy, MAX_COLS, PackedRows, Q8Rows, block_meta, dot_packed, dot_packed_into, scalar,
 };
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1, QK8, quantize_q8_0, quantize_q8_1};
-use crate::quant::dequantize;
 use crate::quant::test_rng::Rng;
+use crate::quant::{KVALUES_IQ4NL, dequantize};
 
-const FORMATS: [Legacy; 5] = [
+const FORMATS: [Legacy; 6] = [
     Legacy::Q4_0,
     Legacy::Q4_1,
     Legacy::Q5_0,
     Legacy::Q5_1,
     Legacy::Q8_0,
+    Legacy::Iq4Nl,
 ];
 
 fn ggml_type(format: Legacy) -> worker_common::gguf::GgmlType {
@@ -26,6 +27,7 @@ fn ggml_type(format: Legacy) -> worker_common::gguf::GgmlType {
         Legacy::Q5_0 => GgmlType::Q5_0,
         Legacy::Q5_1 => GgmlType::Q5_1,
         Legacy::Q8_0 => GgmlType::Q8_0,
+        Legacy::Iq4Nl => GgmlType::IQ4_NL,
     }
 }
 
@@ -47,6 +49,8 @@ fn weights(rng: &mut Rng, format: Legacy, blocks: usize, extreme: bool) -> Vec<u
         while row.len() < start + format.block_bytes() {
             row.push(match (extreme, format) {
                 (true, Legacy::Q8_0) => 0x80,
+                // Index 0: the grid's −127.
+                (true, Legacy::Iq4Nl) => 0x00,
                 (true, _) => 0xFF,
                 (false, _) => rng.byte(),
             });
@@ -152,7 +156,7 @@ fn simd_equals_scalar() {
             }
         }
     }
-    assert_eq!(compared, 5 * 4 * 10 * 2);
+    assert_eq!(compared, FORMATS.len() * 4 * 10 * 2);
 }
 
 #[test]
@@ -353,6 +357,10 @@ fn extreme_blocks_match_hand_sums() {
                     .map(|j| (value(j) - offset) * i32::from(aq))
                     .sum::<i32>() as f32
             };
+            // IQ4_NL: Q4_0's bytes as indices into the grid.
+            let grid: i32 = (0..32)
+                .map(|j| i32::from(KVALUES_IQ4NL[(code(j) & 0x0F) as usize]) * i32::from(aq))
+                .sum();
             let half = f16::from_f32(0.5).to_le_bytes();
             let q4_0 = [&one[..], &[qs; 16]].concat();
             let q4_1 = [&one[..], &half, &[qs; 16]].concat();
@@ -360,6 +368,7 @@ fn extreme_blocks_match_hand_sums() {
             let q5_1 = [&one[..], &half, &qh.to_le_bytes(), &[qs; 16]].concat();
             // Q4_1/Q5_1 add m·s = 0.5 · 2.
             let cases = [
+                (Legacy::Iq4Nl, q4_0.clone(), Q8Rows::Q8_0(&q0), grid as f32),
                 (Legacy::Q4_0, q4_0, Q8Rows::Q8_0(&q0), dot(8, false)),
                 (Legacy::Q4_1, q4_1, Q8Rows::Q8_1(&q1), dot(0, false) + 1.0),
                 (Legacy::Q5_0, q5_0, Q8Rows::Q8_0(&q0), dot(16, true)),

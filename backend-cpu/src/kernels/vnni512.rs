@@ -10,7 +10,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::{Call, Width, group_tiles, load_f16x8, prefetch_ahead, store_rows, tile};
+use super::avx2::{
+    Call, Width, group_tiles, iq4nl_grid, load_f16x8, prefetch_ahead, store_rows, tile,
+};
 use super::formats::LegacyType;
 use super::packed::group_layout;
 use super::{ActBlock, GROUP, Legacy, MAX_COLS, PackedRows, TokenOutputs};
@@ -113,7 +115,8 @@ unsafe fn scales(low: *const u8, high: *const u8) -> __m512 {
 }
 
 /// The eight quant vectors of the group-blocks at `low` and `high`, side by side: unsigned
-/// codes (Q8_0's with the sign bit flipped), as [`super::avx2`]'s `codes` makes them.
+/// codes (Q8_0's and IQ4_NL's with the sign bit flipped), as [`super::avx2`]'s `codes` makes
+/// them.
 #[inline(always)]
 unsafe fn codes<F: LegacyType>(low: *const u8, high: *const u8) -> [__m512i; 8] {
     let format = F::FORMAT;
@@ -134,6 +137,12 @@ unsafe fn codes<F: LegacyType>(low: *const u8, high: *const u8) -> [__m512i; 8] 
             let v = pair(lq.add(32 * p), hq.add(32 * p));
             codes[p] = _mm512_and_si512(v, mask);
             codes[p + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
+        }
+        if format == Legacy::Iq4Nl {
+            let grid = _mm512_broadcast_i32x4(_mm256_castsi256_si128(iq4nl_grid::<true>()));
+            for code in &mut codes {
+                *code = _mm512_shuffle_epi8(grid, *code);
+            }
         }
         if let Some(at) = layout.h {
             let h = pair(low.add(at), high.add(at));

@@ -1,4 +1,10 @@
-//! The i-quants read so far: IQ4_XS.
+//! The i-quants read so far: IQ4_NL and IQ4_XS, whose 4-bit indices select the values of one
+//! fixed non-uniform grid, [`KVALUES_IQ4NL`].
+//!
+//! IQ4_NL (18 bytes, `block_iq4_nl` of ggml-common.h): `d: f16`, `qs: [u8; 16]`, the legacy
+//! 32-element shape of Q4_0: byte `j` of `qs` holds element `j`'s index in its low nibble and
+//! element `j + 16`'s in its high one, and element `j` is `d * KVALUES_IQ4NL[index]`, as
+//! `dequantize_row_iq4_nl` computes it.
 //!
 //! IQ4_XS (136 bytes, `block_iq4_xs` of ggml-common.h): `d: f16`, `scales_h: u16`,
 //! `scales_l: [u8; 4]`, `qs: [u8; 128]`. The 256 weights form 8 sub-blocks of 32, each with a
@@ -12,6 +18,12 @@ use super::{blocks, f16_le};
 /// Elements per super-block (`QK_K`).
 const QK_K: usize = 256;
 
+/// Elements per IQ4_NL block (`QK4_NL`).
+const QK4_NL: usize = 32;
+
+/// Bytes per IQ4_NL block: `d: f16`, `qs: [u8; 16]`.
+pub const IQ4_NL_BYTES: usize = 18;
+
 /// Bytes per IQ4_XS super-block: `d: f16`, `scales_h: u16`, `scales_l: [u8; 4]`,
 /// `qs: [u8; 128]`.
 pub const IQ4_XS_BYTES: usize = 136;
@@ -21,6 +33,24 @@ pub const IQ4_XS_BYTES: usize = 136;
 pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
+
+/// The grid value of element `j` (0..32) of a 32-element block whose 16 index bytes are `qs`:
+/// the low nibbles are elements 0..16, the high ones 16..32 (IQ4_NL's block, and each of
+/// IQ4_XS's sub-blocks).
+pub(crate) fn iq4_value(qs: &[u8; 16], j: usize) -> i8 {
+    KVALUES_IQ4NL[usize::from((qs[j % 16] >> (4 * (j / 16))) & 0x0F)]
+}
+
+/// IQ4_NL: element `j` is `d * value` (see [`iq4_value`]).
+pub(super) fn iq4_nl(data: &[u8], out: &mut [f32]) {
+    for (block, y) in blocks::<IQ4_NL_BYTES, QK4_NL>(data, out) {
+        let [d0, d1, qs @ ..] = block;
+        let d = f16_le([*d0, *d1]);
+        for (j, y) in y.iter_mut().enumerate() {
+            *y = d * f32::from(iq4_value(qs, j));
+        }
+    }
+}
 
 /// The eight 6-bit sub-block scales of an IQ4_XS super-block (each `0..64`, stored with an
 /// offset of 32): scale `ib` takes its low 4 bits from nibble `ib % 2` of `scales_l[ib / 2]`
@@ -38,8 +68,8 @@ pub(crate) fn iq4_xs_scales(block: &[u8; IQ4_XS_BYTES]) -> [u8; 8] {
 /// The grid value of element `l` (0..32) of sub-block `ib` (0..8): the 16 bytes of `qs` at
 /// `8 + 16 ib` hold elements 0..16 in their low nibbles and 16..32 in their high ones.
 pub(crate) fn iq4_xs_value(block: &[u8; IQ4_XS_BYTES], ib: usize, l: usize) -> i8 {
-    let byte = block[8 + 16 * ib + l % 16];
-    KVALUES_IQ4NL[usize::from((byte >> (4 * (l / 16))) & 0x0F)]
+    let qs = block[8 + 16 * ib..][..16].try_into().unwrap_or(&[0; 16]);
+    iq4_value(qs, l)
 }
 
 /// IQ4_XS: element `32 ib + l` is `(d * (ls_ib - 32)) * value` (see [`iq4_xs_value`]).

@@ -14,8 +14,8 @@
 pub mod activation;
 mod float;
 mod i_quants;
-pub use i_quants::IQ4_XS_BYTES;
-pub(crate) use i_quants::{KVALUES_IQ4NL, iq4_xs_scales, iq4_xs_value};
+pub use i_quants::{IQ4_NL_BYTES, IQ4_XS_BYTES};
+pub(crate) use i_quants::{KVALUES_IQ4NL, iq4_value, iq4_xs_scales, iq4_xs_value};
 mod k_quants;
 #[cfg(test)]
 pub(crate) use k_quants::scale_min;
@@ -114,6 +114,7 @@ pub fn is_supported(ggml_type: GgmlType) -> bool {
             | GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
+            | GgmlType::IQ4_NL
             | GgmlType::IQ4_XS
     )
 }
@@ -166,6 +167,7 @@ pub fn dequantize(ggml_type: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(
         GgmlType::Q4_K => k_quants::q4_k(data, out),
         GgmlType::Q5_K => k_quants::q5_k(data, out),
         GgmlType::Q6_K => k_quants::q6_k(data, out),
+        GgmlType::IQ4_NL => i_quants::iq4_nl(data, out),
         GgmlType::IQ4_XS => i_quants::iq4_xs(data, out),
         other => return Err(QuantError::Unsupported(other)),
     }

@@ -210,8 +210,9 @@ fn q3_k_is_signed_three_bit_quants_times_offset_scales() {
     assert_bits(&run(GgmlType::Q3_K, &block), &expected);
 }
 
-/// ggml's grid for the 4-bit indices, `kvalues_iq4nl` of `ggml-common.h` (llama.cpp b11434),
-/// written out again here so the expected values do not come from the code under test.
+/// ggml's grid for the 4-bit indices of IQ4_NL and IQ4_XS, `kvalues_iq4nl` of `ggml-common.h`
+/// (llama.cpp b11434), written out again here so the expected values do not come from the
+/// code under test.
 const GGML_IQ4NL_GRID: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
@@ -301,6 +302,60 @@ const GGUF_PY_IQ4_XS: [f32; 256] = [
     146.625, -46.75, 240.125, 2.125, -221.0, 53.125, -138.125, 112.625,
     -74.375, 27.625, 189.125, -138.125, -21.25, 112.625, -269.875, -74.375,
     27.625, 189.125, -176.375, -21.25, 112.625, -269.875, -74.375, 27.625,
+];
+
+/// A hand-built IQ4_NL block, written from the layout (candle has no IQ4_NL): every index,
+/// element `j` taking index `j` and element `j + 16` index `15 − j`, times `d`.
+#[test]
+fn iq4_nl_is_grid_values_times_d() {
+    let mut block = F16_MINUS_ONE.to_vec();
+    block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let expected: Vec<f32> = (0..32)
+        .map(|j| -f32::from(GGML_IQ4NL_GRID[if j < 16 { j } else { 31 - j }]))
+        .collect();
+    let out = run(GgmlType::IQ4_NL, &block);
+    assert_bits(&out, &expected);
+    assert_eq!(
+        (out[0], out[15], out[16], out[31]),
+        (127.0, -113.0, -113.0, 127.0)
+    );
+}
+
+/// A second IQ4_NL vector, from ggml's own Python package: the expected floats are gguf-py
+/// 0.19.0's `IQ4_NL.dequantize_blocks` (llama.cpp's `gguf-py/gguf/quants.py`, an implementation
+/// of `dequantize_row_iq4_nl` independent of ours) on these four blocks (`d` = 0.125, −0.5, 3
+/// and −0.0, whose products keep the signs of zero; byte `i` of the data past each `d`
+/// `73 i + 29`), recorded once; candle has no IQ4_NL.
+#[test]
+fn iq4_nl_matches_gguf_py() {
+    let mut data = Vec::new();
+    for d in [0x3000u16, 0xB800, 0x4200, 0x8000] {
+        data.extend(d.to_le_bytes());
+        let at = data.len();
+        data.extend((at..at + 16).map(|i| (i * 73 + 29) as u8));
+    }
+    assert_bits(&run(GgmlType::IQ4_NL, &data), &GGUF_PY_IQ4_NL);
+}
+
+/// gguf-py's dequantization of the blocks of [`iq4_nl_matches_gguf_py`].
+#[rustfmt::skip]
+const GGUF_PY_IQ4_NL: [f32; 128] = [
+    14.125, 0.125, -13.0, 3.125, -8.125, 6.625, -4.375, 11.125,
+    -1.25, -15.875, 1.625, -10.375, 4.75, -6.125, 8.625, -2.75,
+    3.125, 14.125, -6.125, 0.125, 8.625, -13.0, -2.75, 3.125,
+    14.125, -6.125, 0.125, 8.625, -13.0, -2.75, 3.125, 14.125,
+    52.0, -12.5, 32.5, -26.5, 17.5, -44.5, 5.0, 63.5,
+    -6.5, 41.5, -19.0, 24.5, -34.5, 11.0, -56.5, -0.5,
+    -34.5, 52.0, 11.0, -12.5, -56.5, 32.5, -0.5, -34.5,
+    52.0, 11.0, -12.5, -56.5, 32.5, -0.5, -26.5, 52.0,
+    -195.0, 159.0, -105.0, 267.0, -30.0, -381.0, 39.0, -249.0,
+    114.0, -147.0, 207.0, -66.0, 339.0, 3.0, -312.0, 75.0,
+    339.0, -195.0, 3.0, 159.0, -312.0, -66.0, 75.0, 339.0,
+    -195.0, 3.0, 159.0, -312.0, -105.0, 75.0, 339.0, -195.0,
+    0.0, -0.0, 0.0, 0.0, -0.0, 0.0, -0.0, 0.0,
+    -0.0, 0.0, -0.0, -0.0, 0.0, -0.0, 0.0, -0.0,
+    0.0, 0.0, -0.0, -0.0, 0.0, -0.0, -0.0, 0.0,
+    0.0, -0.0, -0.0, 0.0, -0.0, -0.0, 0.0, 0.0,
 ];
 
 #[test]

@@ -190,6 +190,14 @@ mod tests {
             (GgmlType::TQ1_0.block_size(), GgmlType::TQ1_0.block_bytes()),
             (256, 54)
         );
+        // block_iq4_nl: d, qs[QK4_NL/2].
+        assert_eq!(
+            (
+                GgmlType::IQ4_NL.block_size(),
+                GgmlType::IQ4_NL.block_bytes()
+            ),
+            (32, 2 + 16)
+        );
         // block_iq4_xs: d, scales_h, scales_l[QK_K/64], qs[QK_K/2].
         assert_eq!(
             (

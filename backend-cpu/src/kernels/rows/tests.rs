@@ -182,12 +182,13 @@ fn legacy_reference_dots_match_f64() {
             (GgmlType::Q4_1, Legacy::Q4_1, 4),
             (GgmlType::Q5_0, Legacy::Q5_0, 2),
             (GgmlType::Q5_1, Legacy::Q5_1, 4),
+            (GgmlType::IQ4_NL, Legacy::Iq4Nl, 2),
         ] {
             let block_bytes = format.block_bytes();
             let w = weights(&mut rng, blocks, block_bytes, head);
             let (want, magnitude) = reference(ggml_type, &w, &a);
             let (got, mut tol) = match ggml_type {
-                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => {
                     (legacy_dot(format, &w, &q, &q1), 0.0)
                 }
                 _ => {
