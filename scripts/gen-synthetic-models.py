@@ -33,6 +33,10 @@ One file per architecture, named `synthetic-<arch>.gguf`:
           a few early V and down matrices at Q5_K too); Phi-3's (SentencePiece) tokenizer.
   iq4_xs  `llama` in an IQ4_XS mix: IQ4_XS for every matrix and the embeddings, Q6_K for the
           untied output (as llama.cpp's IQ4_XS files keep it); Phi-3's tokenizer.
+  iq4_nl  `llama` in an IQ4_NL mix (IQ4_XS's grid in Q4_0's 32-element blocks): IQ4_NL for every
+          matrix and the embeddings, Q6_K for the untied output (llama.cpp's IQ4_NL files keep
+          it so, and without an imatrix also put the first eighth of the down matrices in Q5_K,
+          none of this model's four); Phi-3's tokenizer.
   float   `qwen2` (Q/K/V biases) whose matrices are the float formats: Q/K/V and the
           embeddings F16, the attention output, gate and up BF16, the down projection F32,
           the untied output F16. No fixture: the CUDA backend's f32 GEMV and its many-row twin
@@ -41,8 +45,8 @@ One file per architecture, named `synthetic-<arch>.gguf`:
 
 Every model: 4 layers, width 256, 4 query heads and 2 key/value heads, FFN 512 (gpt-oss: 256
 per expert). Weights are
-random but valid blocks of the format (K-quant and IQ4_XS blocks drawn byte by byte, so every
-sub-block scale and index occurs, with their f16 scales set so a weight's spread is ≈ 1/√cols; Q8_0 quantized from Gaussian values), norms near 1 but the final
+random but valid blocks of the format (K-quant, IQ4_XS and IQ4_NL blocks drawn byte by byte, so
+every sub-block scale and index occurs, with their f16 scales set so a weight's spread is ≈ 1/√cols; Q8_0 quantized from Gaussian values), norms near 1 but the final
 one near 4. The same seed
 (`--seed`, default 17) gives the same bytes: numpy's PCG64 streams are stable across versions, and
 requirements-synthetic.txt pins numpy and gguf. Tokenizer metadata is copied from llama.cpp's
@@ -152,6 +156,10 @@ Q3_K_M = {
 }
 IQ4_XS_MIX = {
     **{name: Q.IQ4_XS for name in Q4_K_M},
+    "output": Q.Q6_K,
+}
+IQ4_NL_MIX = {
+    **{name: Q.IQ4_NL for name in Q4_K_M},
     "output": Q.Q6_K,
 }
 MXFP4_FFN = {
@@ -265,6 +273,14 @@ ARCHS = {
         formats=IQ4_XS_MIX,
         metadata={"context_length": 4096, "rope.freq_base": 10000.0},
     ),
+    "iq4_nl": Arch(
+        gguf_arch="llama",
+        vocab_file="ggml-vocab-phi-3.gguf",
+        shape=Shape(),
+        file_type=gguf.LlamaFileType.MOSTLY_IQ4_NL,
+        formats=IQ4_NL_MIX,
+        metadata={"context_length": 4096, "rope.freq_base": 10000.0},
+    ),
     "float": Arch(
         gguf_arch="qwen2",
         vocab_file="ggml-vocab-qwen2.gguf",
@@ -292,13 +308,14 @@ ARCHS = {
 # Not fixture models: the shapes GPU users serve, in the mixes they download, for speed and memory
 # measurements, generated where they are measured: `llama3.1-8b` (Llama-3.1-8B, Q4_K_M, 4.8 GiB),
 # `qwen2.5-7b` (Qwen2.5-7B with its Q/K/V biases), `llama3.2-1b` (for the CPU), and
-# `<name>-q5_k_m`, `-q3_k_m`, `-iq4_xs`, `-q6_k`, `-q8_0`, `-f16` of each (F16: 15 GiB, Gaussian
+# `<name>-q5_k_m`, `-q3_k_m`, `-iq4_xs`, `-iq4_nl`, `-q6_k`, `-q8_0`, `-f16` of each (F16: 15 GiB, Gaussian
 # weights).
 FULL_SIZE_MIXES = {
     "": (gguf.LlamaFileType.MOSTLY_Q4_K_M, Q4_K_M),
     "-q5_k_m": (gguf.LlamaFileType.MOSTLY_Q5_K_M, Q5_K_M),
     "-q3_k_m": (gguf.LlamaFileType.MOSTLY_Q3_K_M, Q3_K_M),
     "-iq4_xs": (gguf.LlamaFileType.MOSTLY_IQ4_XS, IQ4_XS_MIX),
+    "-iq4_nl": (gguf.LlamaFileType.MOSTLY_IQ4_NL, IQ4_NL_MIX),
     "-q6_k": (gguf.LlamaFileType.MOSTLY_Q6_K, ALL_Q6_K),
     "-q8_0": (gguf.LlamaFileType.MOSTLY_Q8_0, ALL_Q8_0),
     "-f16": (gguf.LlamaFileType.MOSTLY_F16, {name: Q.F16 for name in Q4_K_M}),
@@ -322,16 +339,17 @@ for shape_name, (gguf_arch, vocab, n_vocab, shape, metadata) in FULL_SIZE_SHAPES
                                           file_type=file_type, formats=formats, metadata=metadata,
                                           full_size=True, n_vocab=n_vocab)
 
-# Byte offsets of the f16 super-block scales in a K-quant (or IQ4_XS) block: (d, dmin or None).
+# Byte offsets of the f16 super-block scales in a K-quant (or IQ4_XS, IQ4_NL) block: (d, dmin or
+# None).
 KQUANT_SCALES = {Q.Q3_K: (108, None), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, None),
-                 Q.IQ4_XS: (0, None)}
+                 Q.IQ4_XS: (0, None), Q.IQ4_NL: (0, None)}
 # The sub-block offset (dmin) in units of d that centres a format's unsigned quants.
 DMIN_CENTRE = {Q.Q4_K: 7.5, Q.Q5_K: 15.5}
 
 
 def kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q, sigma: float) -> np.ndarray:
-    """Random K-quant (or IQ4_XS) blocks whose weights spread ≈ sigma: every byte drawn uniformly
-    (so any 6-bit sub-block scale and any 4-bit index of IQ4_XS), then the f16 super-block scale
+    """Random K-quant (or IQ4_XS, IQ4_NL) blocks whose weights spread ≈ sigma: every byte drawn
+    uniformly (so any 6-bit sub-block scale and any 4-bit index), then the f16 block scale
     set per block (a random factor in [0.75, 1.25] around the value that gives sigma), Q4_K's
     dmin at 7.5 × d (Q5_K's at 15.5 × d) so the sub-block offsets centre the weights."""
     block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
@@ -348,7 +366,13 @@ def kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q, sigma:
     set_scales(np.full(n_blocks, 1.0 / 1024, dtype=np.float32))
     sample = gguf.quants.dequantize(blocks[: min(n_blocks, 64)], qtype)
     unit = float(np.std(sample)) * 1024
-    set_scales(sigma / unit * rng.uniform(0.75, 1.25, n_blocks).astype(np.float32))
+    d = sigma / unit * rng.uniform(0.75, 1.25, n_blocks).astype(np.float32)
+    if qtype == Q.IQ4_NL:
+        # The grid is not centred (its mean is -5.875) and no signed sub-block scale cancels that,
+        # so same-signed scales would bias every row alike (one token then wins every position):
+        # a random sign per block, as ggml's quantizer signs d to fit the block's largest weight.
+        d *= rng.choice(np.array([-1.0, 1.0], dtype=np.float32), n_blocks)
+    set_scales(d)
     return blocks.reshape(rows, -1)
 
 
@@ -371,7 +395,7 @@ def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> n
 
 def matrix(rng: np.random.Generator, rows: int, cols: int, qtype: Q, full_size: bool = False) -> np.ndarray:
     """A `rows` × `cols` matrix in `qtype`, weights spreading ≈ 1/√cols."""
-    # K-quant and IQ4_XS blocks are drawn byte by byte already, float formats from Gaussians (fast enough at
+    # K-quant, IQ4_XS and IQ4_NL blocks are drawn byte by byte already, float formats from Gaussians (fast enough at
     # full size).
     if full_size and qtype in (Q.Q8_0, Q.MXFP4):
         return random_blocks(rng, rows, cols, qtype)

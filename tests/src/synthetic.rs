@@ -35,6 +35,8 @@ pub enum Synthetic {
     Q3K,
     /// `llama` in an IQ4_XS mix (IQ4_XS but for the Q6_K output).
     Iq4Xs,
+    /// `llama` in an IQ4_NL mix (IQ4_NL but for the Q6_K output).
+    Iq4Nl,
     /// `qwen2` with F16, BF16 and F32 matrices (no fixture: the CUDA backend's float formats,
     /// generated where it is tested).
     Float,
@@ -42,7 +44,7 @@ pub enum Synthetic {
 
 impl Synthetic {
     /// Every synthetic model with logit fixtures.
-    pub const ALL: [Synthetic; 7] = [
+    pub const ALL: [Synthetic; 8] = [
         Synthetic::Llama3,
         Synthetic::Qwen3,
         Synthetic::Phi3,
@@ -50,6 +52,7 @@ impl Synthetic {
         Synthetic::GptOss,
         Synthetic::Q3K,
         Synthetic::Iq4Xs,
+        Synthetic::Iq4Nl,
     ];
 
     /// Its short name, as in file names.
@@ -62,14 +65,15 @@ impl Synthetic {
             Synthetic::GptOss => "gpt-oss",
             Synthetic::Q3K => "q3_k",
             Synthetic::Iq4Xs => "iq4_xs",
+            Synthetic::Iq4Nl => "iq4_nl",
             Synthetic::Float => "float",
         }
     }
 
-    /// Whether the CUDA backend reads every tensor format of the model (it has no Q3_K or
-    /// IQ4_XS kernels yet and refuses such a file by name).
+    /// Whether the CUDA backend reads every tensor format of the model (it has no Q3_K,
+    /// IQ4_XS or IQ4_NL kernels yet and refuses such a file by name).
     pub fn on_cuda(self) -> bool {
-        !matches!(self, Synthetic::Q3K | Synthetic::Iq4Xs)
+        !matches!(self, Synthetic::Q3K | Synthetic::Iq4Xs | Synthetic::Iq4Nl)
     }
 
     /// The model's path; fails the test with the command that makes it when it is missing.
