@@ -304,6 +304,7 @@ impl<'a> Run<'a> {
                 self.tokens.push(token);
                 Got::Greedy(token)
             }
+            ChunkOutput::GreedyEach(ids) => panic!("no verify pass was asked, got {ids:?}"),
         };
         self.got.push(got);
     }

@@ -293,6 +293,18 @@ impl Metrics {
             "Prompt tokens whose KV came from the prefix cache.",
             stats.cached_tokens,
         );
+        counter(
+            out,
+            "worker_spec_draft_tokens_total",
+            "Tokens drafted for speculative decoding (--spec-ngram).",
+            stats.drafted_tokens,
+        );
+        counter(
+            out,
+            "worker_spec_accepted_tokens_total",
+            "Drafted tokens the model agreed with: tokens that took no step of their own.",
+            stats.accepted_tokens,
+        );
         self.step_sequences
             .render(out, "worker_batch_size", "Sequences per engine step.");
         self.step_tokens
@@ -347,6 +359,8 @@ mod tests {
                 kv_pages_free: 4,
                 preemptions: 2,
                 cached_tokens: 32,
+                drafted_tokens: 9,
+                accepted_tokens: 4,
                 last_step: None,
             },
             memory: MemoryUsage {
@@ -371,6 +385,8 @@ mod tests {
         assert!(text.contains("worker_kv_cache_usage_ratio 0.6\n"));
         assert!(text.contains("worker_preemptions_total 2\n"));
         assert!(text.contains("worker_prefix_cache_hit_tokens_total 32\n"));
+        assert!(text.contains("worker_spec_draft_tokens_total 9\n"));
+        assert!(text.contains("worker_spec_accepted_tokens_total 4\n"));
         assert!(text.contains("worker_batch_size_bucket{le=\"2\"} 0\n"));
         assert!(text.contains("worker_batch_size_bucket{le=\"4\"} 1\n"));
         assert!(text.contains("worker_batch_tokens_sum 40\n"));

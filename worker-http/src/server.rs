@@ -233,6 +233,7 @@ fn settings<B: Load>(flags: &CommonFlags, access: Access) -> Settings {
         batch_tokens: flags.batch_tokens,
         kv_cache_mb: flags.kv_cache_mb,
         prefix_cache: !flags.no_prefix_cache,
+        draft_max: if flags.spec_ngram { flags.draft_max } else { 0 },
         worker_type: B::WORKER_TYPE,
         memory_architecture: B::MEMORY_ARCHITECTURE,
         access,

@@ -21,6 +21,8 @@ pub enum ChunkOutput<'a> {
     Logits(&'a [f32]),
     /// The greedy choice over them.
     Greedy(u32),
+    /// The greedy choice after each of its positions, in order ([`Want::GreedyEach`]).
+    GreedyEach(&'a [u32]),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,6 +33,11 @@ enum Slot {
     /// Set by [`StepOutputs::put_logits`], [`StepOutputs::set_greedy`] or
     /// [`StepOutputs::set_non_finite`].
     Greedy(Option<Choice>),
+    /// Entries `first..first + len` of the per-position choices ([`Want::GreedyEach`]).
+    Each {
+        first: usize,
+        len: usize,
+    },
 }
 
 /// What a greedy chunk got.
@@ -48,6 +55,9 @@ pub struct StepOutputs {
     vocab_size: usize,
     slots: Vec<Slot>,
     logits: Vec<f32>,
+    /// The per-position choices of [`Want::GreedyEach`] chunks, and their tokens.
+    each: Vec<Option<Choice>>,
+    each_tokens: Vec<u32>,
 }
 
 impl StepOutputs {
@@ -70,9 +80,10 @@ impl StepOutputs {
     }
 
     /// Prepares a slot per chunk: a logits row for each chunk that wants logits, an unset
-    /// choice for each that wants the greedy id.
+    /// choice for each that wants the greedy id, one per position for each that wants them all.
     pub fn prepare(&mut self, chunks: &[Chunk<'_>]) {
         self.slots.clear();
+        self.each.clear();
         let mut rows = 0;
         for chunk in chunks {
             self.slots.push(match chunk.want {
@@ -82,8 +93,15 @@ impl StepOutputs {
                     Slot::Logits(rows - 1)
                 }
                 Want::Greedy | Want::GreedyAmong(_) => Slot::Greedy(None),
+                Want::GreedyEach => {
+                    let first = self.each.len();
+                    let len = chunk.tokens.len();
+                    self.each.resize(first + len, None);
+                    Slot::Each { first, len }
+                }
             });
         }
+        self.each_tokens.resize(self.each.len(), 0);
         self.logits.resize(rows * self.vocab_size, 0.0);
     }
 
@@ -115,11 +133,12 @@ impl StepOutputs {
     }
 
     /// [`put_logits`](Self::put_logits) for every chunk of the step that has an output,
-    /// `rows` holding their last positions' logits one after another in chunk order (extra
-    /// rows are ignored). The greedy choices, a scan of the vocabulary each, are tasks the
-    /// backend's `run(tasks, body)` runs (`body(i)` for each `i < tasks`), in parallel on its
-    /// threads: one after another they held a step of many sequences on one thread. Errors
-    /// when `rows` holds fewer rows than chunks with an output.
+    /// `rows` holding the logits of their output rows ([`Want::output_rows`]: the last
+    /// position, or every position) one after another in chunk order (extra rows are ignored).
+    /// The greedy choices, a scan of the vocabulary each, are tasks the backend's
+    /// `run(tasks, body)` runs (`body(i)` for each `i < tasks`), in parallel on its threads:
+    /// one after another they held a step of many sequences on one thread. Errors when `rows`
+    /// holds fewer rows than the chunks' outputs.
     pub fn put_rows(
         &mut self,
         chunks: &[Chunk<'_>],
@@ -129,25 +148,24 @@ impl StepOutputs {
         let mut row_of = rows.chunks_exact(self.vocab_size.max(1));
         let mut outputs = Vec::with_capacity(chunks.len());
         for (index, chunk) in chunks.iter().enumerate() {
-            if !chunk.want.has_output() {
-                continue;
+            for position in 0..chunk.want.output_rows(chunk.tokens.len()) {
+                let row = row_of.next().ok_or_else(|| {
+                    BackendError::InvalidInput(format!("no logits computed for chunk {index}"))
+                })?;
+                outputs.push((index, chunk.want, position, row));
             }
-            let row = row_of.next().ok_or_else(|| {
-                BackendError::InvalidInput(format!("no logits computed for chunk {index}"))
-            })?;
-            outputs.push((index, chunk.want, row));
         }
         let slots = &self.slots;
         let choices: Vec<OnceLock<Choice>> = outputs.iter().map(|_| OnceLock::new()).collect();
         run(outputs.len(), &|i| {
-            let (index, want, row) = outputs[i];
-            if let Some(Slot::Greedy(_)) = slots.get(index) {
+            let (index, want, _, row) = outputs[i];
+            if let Some(Slot::Greedy(_) | Slot::Each { .. }) = slots.get(index) {
                 let _ = choices[i].set(choose(want, row));
             }
         });
-        for (&(index, want, row), choice) in outputs.iter().zip(choices) {
+        for (&(index, want, position, row), choice) in outputs.iter().zip(choices) {
             match choice.into_inner() {
-                Some(choice) => self.set_choice(index, choice),
+                Some(choice) => self.set_choice_at(index, position, choice),
                 None => self.put_logits(index, want, row),
             }
         }
@@ -167,8 +185,21 @@ impl StepOutputs {
     }
 
     fn set_choice(&mut self, index: usize, set: Choice) {
-        if let Some(Slot::Greedy(choice)) = self.slots.get_mut(index) {
-            *choice = Some(set);
+        self.set_choice_at(index, 0, set);
+    }
+
+    /// Records the choice after position `position` of chunk `index` (0 for a chunk with one
+    /// choice).
+    fn set_choice_at(&mut self, index: usize, position: usize, set: Choice) {
+        match self.slots.get_mut(index) {
+            Some(Slot::Greedy(choice)) => *choice = Some(set),
+            Some(&mut Slot::Each { first, len }) if position < len => {
+                self.each[first + position] = Some(set);
+                if let Choice::Token(token) = set {
+                    self.each_tokens[first + position] = token;
+                }
+            }
+            _ => {}
         }
     }
 
@@ -192,12 +223,27 @@ impl StepOutputs {
                 return Err(BackendError::NonFiniteLogits { first });
             }
             Slot::Greedy(None) => return Err(missing()),
+            Slot::Each { first, len } => {
+                for choice in &self.each[first..first + len] {
+                    match choice {
+                        Some(Choice::Token(_)) => {}
+                        Some(Choice::NonFinite(first)) => {
+                            return Err(BackendError::NonFiniteLogits { first: *first });
+                        }
+                        None => return Err(missing()),
+                    }
+                }
+                ChunkOutput::GreedyEach(&self.each_tokens[first..first + len])
+            }
         })
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.logits.capacity() * size_of::<f32>() + self.slots.capacity() * size_of::<Slot>()
+        self.logits.capacity() * size_of::<f32>()
+            + self.slots.capacity() * size_of::<Slot>()
+            + self.each.capacity() * size_of::<Option<Choice>>()
+            + self.each_tokens.capacity() * size_of::<u32>()
     }
 }
 
@@ -407,6 +453,63 @@ mod tests {
             by_rows
                 .put_rows(&chunks, &rows.as_flattened()[..12], &serial)
                 .is_err()
+        );
+    }
+
+    /// A `GreedyEach` chunk takes one row per position and gets the choice after each; a
+    /// non-finite row anywhere in it makes the whole chunk an error.
+    #[test]
+    fn a_greedy_each_chunk_gets_a_choice_per_position() {
+        let pages = [PageId(0)];
+        let chunk = |want, tokens: &'static [u32]| Chunk {
+            tokens,
+            start_pos: 0,
+            pages: &pages,
+            want,
+        };
+        let chunks = [
+            chunk(Want::Greedy, &[1]),
+            chunk(Want::GreedyEach, &[1, 2, 3]),
+            chunk(Want::GreedyEach, &[2, 1]),
+            chunk(Want::Logits, &[3]),
+        ];
+        let rows = [
+            [1.0, 0.0, 0.0, 0.0],
+            [0.0, 5.0, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 5.0],
+            [0.0, 0.0, 5.0, 5.0],
+            [0.0, 5.0, 0.0, 0.0],
+            [f32::NAN, 0.0, 0.0, 0.0],
+            [0.5, 0.25, 0.0, 2.0],
+        ];
+        let mut outputs = StepOutputs::new(4);
+        assert!(outputs.begin(&chunks, 1).is_ok());
+        assert!(
+            outputs
+                .put_rows(&chunks, rows.as_flattened(), &serial)
+                .is_ok()
+        );
+        assert_eq!(outputs.get(0).ok(), Some(ChunkOutput::Greedy(0)));
+        assert_eq!(
+            outputs.get(1).ok(),
+            Some(ChunkOutput::GreedyEach(&[1, 3, 2])),
+            "lowest id on ties"
+        );
+        assert!(matches!(
+            outputs.get(2),
+            Err(BackendError::NonFiniteLogits {
+                first: Some((0, _))
+            })
+        ));
+        assert_eq!(
+            outputs.get(3).ok(),
+            Some(ChunkOutput::Logits(&[0.5, 0.25, 0.0, 2.0]))
+        );
+        assert!(
+            outputs
+                .put_rows(&chunks, &rows.as_flattened()[..24], &serial)
+                .is_err(),
+            "six rows for seven outputs"
         );
     }
 

@@ -6,6 +6,7 @@
 //! [`Finished`] or a [`GenerateError`]; the caller turns that into the stream's one terminal
 //! event. [`generate`] runs one job alone, for the terminal tools and the tests.
 
+pub mod lookup;
 mod prompt;
 mod sequence;
 mod stop;
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use prompt::{CHAT_TEMPLATE_KEY, PromptError, PromptFormatter, TemplateRendering};
-pub use sequence::{Sequence, StepContext};
+pub use sequence::{Sequence, Speculation, StepContext};
 pub use stop::{Released, StopMatcher};
 
 use crate::backend::{BackendError, InferenceBackend, PAGE_SIZE};
@@ -66,6 +67,9 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// The grammar the output must follow, compiled for this job.
     pub grammar: Option<Constraint>,
+    /// Whether the scheduler may draft tokens for this job when the worker speculates
+    /// (specs/SPECULATIVE.md); `false` is the request's opt-out.
+    pub speculative: bool,
 }
 
 /// A streamed event of a running job.
@@ -230,6 +234,7 @@ pub fn generate<B: InferenceBackend>(
         prefix_cache: false,
         // Alone, no decode waits for its prompt.
         paced_prefill: false,
+        draft_max: 0,
     };
     let needed = sequence.max_len().div_ceil(PAGE_SIZE);
     if needed > backend.kv_pages() {

@@ -8,6 +8,11 @@
 //! `history[computed..]`: the prompt at first (in chunks), then one token per step. A sequence
 //! preempted for pages starts again from `computed = 0` and re-runs its whole history, which
 //! gives the same logits (batch invariance) and so the same tokens, without a gap or a repeat.
+//!
+//! While decoding, the scheduler may append drafted tokens to the history for one step
+//! ([`Sequence::propose`]); the step verifies them and [`Sequence::accept`] keeps the run the
+//! model agrees with, then the model's own next token, and forgets the rest
+//! (specs/SPECULATIVE.md).
 
 use std::time::{Duration, Instant};
 
@@ -16,7 +21,7 @@ use super::{
     CancelToken, EventSink, Finished, GenerateError, GenerateEvent, GenerateRequest, LogprobEntry,
     METRICS_INTERVAL, StopReason, TokenLogprob,
 };
-use crate::backend::{ChunkOutput, Want};
+use crate::backend::{BackendError, ChunkOutput, Want};
 use crate::grammar::{Constraint, Guide};
 use crate::sampling::{Choice, Context, Logprobs, Sampler};
 use crate::tokenizer::Tokenizer;
@@ -40,8 +45,14 @@ pub struct Sequence {
     sampler: Sampler,
     /// The grammar the output follows, if any.
     grammar: Option<Guide>,
-    /// The prompt, then every generated token (an end-of-generation token excluded).
+    /// The prompt, then every generated token (an end-of-generation token excluded), then
+    /// the `drafted` tokens proposed for the step being run.
     history: Vec<u32>,
+    drafted: usize,
+    /// Tokens drafted and drafts the model agreed with, since the start.
+    speculation: Speculation,
+    /// How often the model agreed with this sequence's drafts lately.
+    agreement: Agreement,
     /// Positions of `history` whose keys and values are stored.
     computed: usize,
     /// Prompt tokens whose pages came from the prefix cache.
@@ -77,6 +88,9 @@ impl Sequence {
             text: TextStream::new(&request.stop),
             pending_logprobs: Vec::new(),
             history,
+            drafted: 0,
+            speculation: Speculation::default(),
+            agreement: Agreement::default(),
             computed: 0,
             cached_tokens: 0,
             generated: 0,
@@ -101,7 +115,8 @@ impl Sequence {
         self.request.prompt_tokens.len()
     }
 
-    /// The tokens run so far or next: the prompt, then the generated tokens.
+    /// The tokens run so far or next: the prompt, then the generated tokens, then the drafted
+    /// ones while a step verifies them.
     pub fn history(&self) -> &[u32] {
         &self.history
     }
@@ -111,9 +126,53 @@ impl Sequence {
         self.computed
     }
 
-    /// Tokens still to run before the next token can be chosen (1 while decoding).
+    /// Tokens still to run before the next token can be chosen (1 while decoding), drafts not
+    /// counted.
     pub fn pending(&self) -> usize {
-        self.history.len() - self.computed
+        self.history.len() - self.drafted - self.computed
+    }
+
+    /// Tokens drafted for the next step (0 when the sequence does not speculate in it).
+    pub fn drafted(&self) -> usize {
+        self.drafted
+    }
+
+    /// Tokens drafted and drafts accepted since the start.
+    pub fn speculation(&self) -> Speculation {
+        self.speculation
+    }
+
+    /// Most tokens worth drafting now: 0 unless the sequence is decoding, asked for greedy
+    /// tokens without a grammar and did not opt out; else one less than the tokens it may
+    /// still generate (a verify pass emits up to one more than it drafts).
+    pub fn draft_room(&self) -> usize {
+        let greedy = self.sampler.is_plain_greedy() && self.grammar.is_none();
+        if !self.request.speculative || !greedy || self.pending() != 1 || self.drafted > 0 {
+            return 0;
+        }
+        (self.request.max_tokens - self.generated).saturating_sub(1)
+    }
+
+    /// How many tokens to draft: at most `max` and [`draft_room`](Self::draft_room), and only
+    /// those whose chance of agreement, by this sequence's agreement so far, exceeds `cost`
+    /// (the chance at which a draft pays for the compute it takes).
+    pub fn draft_len(&self, cost: f64, max: usize) -> usize {
+        self.agreement.worth(cost, max.min(self.draft_room()))
+    }
+
+    /// Appends `drafts` (at most [`draft_room`](Self::draft_room)) for the next step: its
+    /// chunk is then the next input and the drafts, and it wants the greedy choice after each.
+    pub fn propose(&mut self, drafts: &[u32]) {
+        let take = drafts.len().min(self.draft_room());
+        self.history.extend_from_slice(&drafts[..take]);
+        self.drafted = take;
+        self.speculation.drafted += take as u64;
+    }
+
+    /// Forgets the drafts of a step that did not run.
+    pub fn clear_drafts(&mut self) {
+        self.history.truncate(self.history.len() - self.drafted);
+        self.drafted = 0;
     }
 
     /// Prompt tokens taken from the prefix cache.
@@ -131,6 +190,7 @@ impl Sequence {
 
     /// Forgets every stored position (its pages were taken back): the history runs again.
     pub fn preempt(&mut self) {
+        self.clear_drafts();
         self.computed = 0;
     }
 
@@ -149,6 +209,9 @@ impl Sequence {
     /// end of the history, else the greedy id (among the grammar's allowed ids) when that is
     /// all the sampler would compute.
     pub fn want(&self, len: usize) -> Want<'_> {
+        if self.drafted > 0 {
+            return Want::GreedyEach;
+        }
         if self.computed + len < self.history.len() {
             return Want::Nothing;
         }
@@ -180,10 +243,18 @@ impl Sequence {
         step: &StepContext<'_>,
         sink: &mut dyn EventSink,
     ) -> Result<Option<Finished>, GenerateError> {
-        self.computed += len;
+        if self.drafted > 0 && !matches!(output, ChunkOutput::GreedyEach(_)) {
+            return Err(GenerateError::Backend(BackendError::InvalidInput(format!(
+                "no choice per position for a chunk with {} drafts",
+                self.drafted
+            ))));
+        }
+        // A draft's position counts once the model agrees with it (`accept_verified`).
+        self.computed += len.saturating_sub(self.drafted);
         let tokenizer = step.tokenizer;
-        let Choice { token, logprobs } = match output {
+        let choice = match output {
             ChunkOutput::Nothing => return Ok(None),
+            ChunkOutput::GreedyEach(choices) => return self.accept_verified(choices, step, sink),
             ChunkOutput::Greedy(token) => Choice {
                 token,
                 logprobs: None,
@@ -202,6 +273,53 @@ impl Sequence {
                 self.sampler.choose(logits, &context)
             }
         };
+        self.count_step(step);
+        self.take(choice, step, sink)
+    }
+
+    /// Takes a verify pass's greedy choices, one after the next input and each draft: every
+    /// choice up to and including the first that differs from its draft is the model's next
+    /// token, exactly as one step each would have chosen it; the positions of the drafts after
+    /// that one are forgotten (their keys and values are overwritten by later steps).
+    fn accept_verified(
+        &mut self,
+        choices: &[u32],
+        step: &StepContext<'_>,
+        sink: &mut dyn EventSink,
+    ) -> Result<Option<Finished>, GenerateError> {
+        let drafts = self.history.split_off(self.history.len() - self.drafted);
+        self.drafted = 0;
+        if choices.len() != drafts.len() + 1 {
+            return Err(GenerateError::Backend(BackendError::InvalidInput(format!(
+                "{} choices for a verify pass of {} drafts",
+                choices.len(),
+                drafts.len()
+            ))));
+        }
+        self.count_step(step);
+        let mut agreed = 0;
+        for (i, &token) in choices.iter().enumerate() {
+            let choice = Choice {
+                token,
+                logprobs: None,
+            };
+            if let Some(done) = self.take(choice, step, sink)? {
+                return Ok(Some(done));
+            }
+            if drafts.get(i) != Some(&token) {
+                break;
+            }
+            // The draft is the token just taken: its keys and values are the right ones.
+            self.computed += 1;
+            agreed += 1;
+        }
+        self.speculation.accepted += agreed as u64;
+        self.agreement.observe(agreed, drafts.len());
+        Ok(None)
+    }
+
+    /// Starts the clocks at the first token, or counts a decode step's time.
+    fn count_step(&mut self, step: &StepContext<'_>) {
         let now = Instant::now();
         match self.first_token_at {
             None => {
@@ -212,6 +330,17 @@ impl Sequence {
             }
             Some(_) => self.decode_steps += step.step_time,
         }
+    }
+
+    /// Takes the next token: ends at end-of-generation, a stop string or `max_tokens`, else
+    /// streams its text.
+    fn take(
+        &mut self,
+        Choice { token, logprobs }: Choice,
+        step: &StepContext<'_>,
+        sink: &mut dyn EventSink,
+    ) -> Result<Option<Finished>, GenerateError> {
+        let tokenizer = step.tokenizer;
         if tokenizer.is_end_of_generation(token) && !self.request.ignore_eos {
             return self.finish(StopReason::Eos, None, sink).map(Some);
         }
@@ -374,5 +503,56 @@ impl TextStream {
             released.text.push_str(&self.stops.finish());
         }
         released.text
+    }
+}
+
+/// Tokens a sequence drafted and drafts the model agreed with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Speculation {
+    /// Tokens drafted.
+    pub drafted: u64,
+    /// Drafts equal to the model's own choice, kept without a step of their own.
+    pub accepted: u64,
+}
+
+/// How often the model agreed with a sequence's drafts lately: counts of drafts agreed with and
+/// of verify passes that stopped at a refused draft, decayed per pass so that they follow the
+/// text (code copied from the prompt, then new code).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Agreement {
+    agreed: f64,
+    refused: f64,
+}
+
+/// The weight the counts keep at each verify pass.
+const AGREEMENT_DECAY: f64 = 0.75;
+
+impl Agreement {
+    /// The chance that the model agrees with the next draft given the previous one was agreed
+    /// with: agreed / (agreed + refused), with one of each assumed (an even chance at first).
+    fn chance(&self) -> f64 {
+        (self.agreed + 1.0) / (self.agreed + self.refused + 2.0)
+    }
+
+    /// Drafts worth proposing, at most `max`: the j-th is used only if the j drafts up to it
+    /// are all agreed with, with chance `chance^j`, which must exceed `cost`.
+    fn worth(&self, cost: f64, max: usize) -> usize {
+        let chance = self.chance();
+        let mut reach = 1.0;
+        let mut drafts = 0;
+        while drafts < max {
+            reach *= chance;
+            if reach <= cost {
+                break;
+            }
+            drafts += 1;
+        }
+        drafts
+    }
+
+    /// Takes a verify pass: `agreed` of its `drafted` drafts were agreed with.
+    fn observe(&mut self, agreed: usize, drafted: usize) {
+        self.agreed = self.agreed * AGREEMENT_DECAY + agreed as f64;
+        self.refused = self.refused * AGREEMENT_DECAY + f64::from(u8::from(agreed < drafted));
     }
 }

@@ -14,6 +14,11 @@
 //! bounded by the steps' measured times (`pacing.rs`), shortest prompt first, so a long prompt
 //! neither stretches the running decodes' inter-token latency nor keeps short prompts waiting.
 //!
+//! With speculation on, a decoding sequence may also draft tokens by prompt lookup: its chunk
+//! is then its next input and the drafts, and the step verifies them (specs/SPECULATIVE.md).
+//! Drafts never delay a prompt: they run only in steps without prompt tokens, each as long as
+//! the sequence's measured agreement makes it pay for its measured cost.
+//!
 //! New jobs are admitted by the caller, in arrival order, while [`Scheduler::can_admit`] says
 //! there is room (a slot and the prompt's pages): the caller owns the waiting queue.
 
@@ -27,6 +32,7 @@ use pacing::PrefillPacer;
 pub use pages::{PagePool, PrefixIndex, chain_hash};
 
 use crate::backend::{BackendError, Chunk, InferenceBackend, PAGE_SIZE, PageId, StepOutputs};
+use crate::generate::lookup::{NGRAMS, prompt_lookup};
 use crate::generate::{EventSink, Finished, GenerateError, Sequence, StepContext};
 use crate::tokenizer::Tokenizer;
 
@@ -52,6 +58,10 @@ pub struct SchedulerConfig {
     /// ([`InferenceBackend::paces_prefill`]). Every backend's results are the same however a
     /// prompt is cut (specs/BACKEND.md), so the cuts change no token.
     pub paced_prefill: bool,
+    /// Most tokens a decoding sequence drafts by prompt lookup for one step (`--draft-max`
+    /// with `--spec-ngram`); 0: no speculation. Only for a backend that
+    /// [`verifies_drafts`](InferenceBackend::verifies_drafts).
+    pub draft_max: usize,
 }
 
 /// A job that left the scheduler, with how it ended.
@@ -77,6 +87,10 @@ pub struct SchedulerStats {
     pub preemptions: u64,
     /// Prompt tokens taken from the prefix cache so far.
     pub cached_tokens: u64,
+    /// Tokens drafted so far (speculation).
+    pub drafted_tokens: u64,
+    /// Drafted tokens the model agreed with so far.
+    pub accepted_tokens: u64,
     /// The last step: chunks, tokens and duration.
     pub last_step: Option<StepStats>,
 }
@@ -264,6 +278,7 @@ impl<J: EventSink> Scheduler<J> {
         let mut finished = Vec::new();
         for (k, &(i, len)) in plan.iter().enumerate() {
             let entry = &mut self.running[i];
+            let accepted = entry.seq.speculation().accepted;
             let outcome = match &result {
                 Ok(()) => self
                     .outputs
@@ -272,6 +287,7 @@ impl<J: EventSink> Scheduler<J> {
                     .and_then(|out| entry.seq.accept(len, out, &step, &mut entry.job)),
                 Err(err) => Err(GenerateError::Backend(duplicate(err))),
             };
+            self.stats.accepted_tokens += entry.seq.speculation().accepted - accepted;
             match outcome {
                 Ok(None) => register_full_pages(&mut self.pool, entry),
                 Ok(Some(done)) => finished.push((i, Ok(done))),
@@ -366,6 +382,9 @@ impl<J: EventSink> Scheduler<J> {
 
     /// Chooses this step's chunks: `(index in running, tokens)`, decodes first.
     fn plan(&mut self) -> Vec<(usize, usize)> {
+        for entry in &mut self.running {
+            entry.seq.clear_drafts();
+        }
         loop {
             self.reserve_decode_pages();
             let mut plan = Vec::new();
@@ -377,6 +396,9 @@ impl<J: EventSink> Scheduler<J> {
                     plan.push((i, 1));
                     budget -= 1;
                 }
+            }
+            if self.config.draft_max > 0 && !self.running.iter().any(|e| e.seq.pending() >= 2) {
+                budget -= self.draft(&mut plan, budget);
             }
             let paced = self.config.paced_prefill;
             let mut allowance = budget;
@@ -429,9 +451,35 @@ impl<J: EventSink> Scheduler<J> {
         }
     }
 
-    /// Whether the chunk `(i, len)` of a plan is a decode (or a prompt's last token).
+    /// Gives the decodes of `plan` drafts by prompt lookup, within `budget` tokens, each as
+    /// many as its agreement so far makes worth a draft's measured cost; returns the tokens
+    /// drafted. A sequence whose drafts would need a page the pool lacks drafts nothing.
+    fn draft(&mut self, plan: &mut [(usize, usize)], mut budget: usize) -> usize {
+        let cost = self.pacer.draft_cost(plan.len());
+        let mut drafted = 0;
+        for (i, len) in plan.iter_mut() {
+            let seq = &self.running[*i].seq;
+            let most = seq.draft_len(cost, self.config.draft_max).min(budget);
+            let drafts = prompt_lookup(seq.history(), NGRAMS, most).to_vec();
+            let end = seq.computed() + 1 + drafts.len();
+            if drafts.is_empty() || !self.grow(*i, end) {
+                continue;
+            }
+            let seq = &mut self.running[*i].seq;
+            seq.propose(&drafts);
+            *len += seq.drafted();
+            budget -= seq.drafted();
+            drafted += seq.drafted();
+        }
+        self.stats.drafted_tokens += drafted as u64;
+        drafted
+    }
+
+    /// Whether the chunk `(i, len)` of a plan is a decode (or a prompt's last token), drafts
+    /// aside.
     fn is_decode(&self, i: usize, len: usize) -> bool {
-        len == 1 && self.running[i].seq.pending() == 1
+        let seq = &self.running[i].seq;
+        seq.pending() == 1 && len == 1 + seq.drafted()
     }
 
     /// The sequences with prompt tokens to compute, in the order they take the step's

@@ -211,6 +211,7 @@ fn publish<B: InferenceBackend>(
         prefill_chunk: backend.prefill_chunk(),
         prefix_cache: shared.settings.prefix_cache,
         paced_prefill: backend.paces_prefill(),
+        draft_max: draft_max(shared.settings.draft_max, backend),
     };
     let scheduler = Scheduler::new(config, backend.kv_pages(), backend.vocab_size());
     let limits = StepLimits {
@@ -225,6 +226,21 @@ fn publish<B: InferenceBackend>(
     shared.set_scheduler(scheduler.stats());
     shared.publish(loaded, &backend.info());
     scheduler
+}
+
+/// The scheduler's `draft_max`: `--draft-max` with `--spec-ngram`, on a backend whose verify
+/// pass gives the tokens one step each would; on another speculation stays off, with a warning.
+fn draft_max<B: InferenceBackend>(requested: u32, backend: &B) -> usize {
+    if requested > 0 && !backend.verifies_drafts() {
+        tracing::warn!(
+            event = "speculation_unsupported",
+            backend = B::WORKER_TYPE,
+            "--spec-ngram is off: the {} backend does not verify drafts exactly yet",
+            B::WORKER_TYPE
+        );
+        return 0;
+    }
+    requested as usize
 }
 
 /// Serves the queue with an already built backend on a new engine thread (the in-process

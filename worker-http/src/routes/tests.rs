@@ -37,6 +37,7 @@ pub(super) fn settings(parallel: u32) -> Settings {
         batch_tokens: 512,
         kv_cache_mb: None,
         prefix_cache: true,
+        draft_max: 0,
         access: crate::Access::default(),
         test_engine_panic: None,
     }

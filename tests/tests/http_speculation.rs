@@ -1,0 +1,127 @@
+//! Speculative decoding by prompt lookup (`--spec-ngram`) against the real worker binary
+//! (`LLORCH_TEST_WORKER`, default `llorch-cpud`) on SmolLM2: greedy jobs get exactly the tokens
+//! they get without speculation, alone and together, while drafts are verified and accepted;
+//! `speculative: false` opts a job out; sampled jobs do not speculate and keep their seeded
+//! tokens.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+
+use llorch_tests::http;
+use llorch_tests::stream::{assert_well_formed, job, run, terminal, text};
+use llorch_tests::worker::{serial, smollm2};
+use serde_json::{Value, json};
+
+/// A prompt whose answer repeats most of it: prompt lookup's case.
+const REWRITE: &str = "Rewrite this function so that it returns the largest value.\n\n\
+def total(values):\n    result = 0\n    for value in values:\n        result = result + value\n    \
+return result\n\nHere is the function with that one change:\n\ndef largest(values):\n";
+
+/// A list the model continues: its items follow the same pattern.
+const LIST: &str = "Colors: red, green, blue, red, green, blue, red, green, blue, red,";
+
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let text = http::get(addr, "/metrics").unwrap().text();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// A greedy job of `max_tokens` on `prompt` (raw text), with `extra` fields.
+fn greedy(id: &str, prompt: &str, extra: Value) -> Value {
+    let mut fields = json!({"raw": true, "temperature": 0.0, "max_tokens": 96});
+    if let (Some(fields), Some(extra)) = (fields.as_object_mut(), extra.as_object()) {
+        fields.extend(extra.clone());
+    }
+    job(id, prompt, fields)
+}
+
+/// The text and the generated token count of a finished job.
+fn finished(addr: SocketAddr, body: &Value) -> (String, u64) {
+    let events = run(addr, body);
+    assert_well_formed(&events);
+    let end = terminal(&events);
+    assert_eq!(
+        events.last().map(|e| e.event.as_str()),
+        Some("end"),
+        "{end}"
+    );
+    (text(&events), end["tokens_out"].as_u64().unwrap_or(0))
+}
+
+#[test]
+fn prompt_lookup_gives_exactly_the_tokens_of_plain_decoding() {
+    let _serial = serial();
+    let worker = smollm2(&["--spec-ngram", "--parallel", "4"]);
+    let addr = worker.addr;
+    for (i, prompt) in [REWRITE, LIST].into_iter().enumerate() {
+        let before = drafted_before(addr);
+        let opted_out = greedy(&format!("plain{i}"), prompt, json!({"speculative": false}));
+        let plain = finished(addr, &opted_out);
+        assert_eq!(
+            drafted_before(addr),
+            before,
+            "prompt {i}: an opted-out job drafted"
+        );
+        let fast = finished(addr, &greedy(&format!("fast{i}"), prompt, json!({})));
+        assert_eq!(fast, plain, "prompt {i}: speculation changed the output");
+        assert!(
+            drafted_before(addr) > before,
+            "prompt {i}: nothing was drafted for a prompt that repeats itself"
+        );
+    }
+    let accepted = metric(addr, "worker_spec_accepted_tokens_total");
+    let drafted = metric(addr, "worker_spec_draft_tokens_total");
+    assert!(
+        accepted > 0.0 && accepted <= drafted,
+        "{accepted} of {drafted}"
+    );
+}
+
+/// Drafted tokens so far.
+fn drafted_before(addr: SocketAddr) -> f64 {
+    metric(addr, "worker_spec_draft_tokens_total")
+}
+
+#[test]
+fn speculating_jobs_decoded_together_give_the_tokens_each_gives_alone() {
+    let _serial = serial();
+    let worker = smollm2(&["--spec-ngram", "--parallel", "4"]);
+    let addr = worker.addr;
+    let bodies: Vec<Value> = (0..4)
+        .map(|i| {
+            let prompt = if i % 2 == 0 { REWRITE } else { LIST };
+            greedy(&format!("j{i}"), prompt, json!({"max_tokens": 48 + 8 * i}))
+        })
+        .collect();
+    let alone: Vec<(String, u64)> = bodies
+        .iter()
+        .map(|body| {
+            let mut body = body.clone();
+            body["speculative"] = json!(false);
+            body["job_id"] = json!(format!("alone-{}", body["job_id"].as_str().unwrap_or("")));
+            finished(addr, &body)
+        })
+        .collect();
+    let threads: Vec<_> = bodies
+        .into_iter()
+        .map(|body| std::thread::spawn(move || finished(addr, &body)))
+        .collect();
+    for (i, (thread, alone)) in threads.into_iter().zip(&alone).enumerate() {
+        assert_eq!(&thread.join().unwrap(), alone, "job {i}");
+    }
+    // A seeded sampled job does not speculate and is reproducible beside greedy ones.
+    let sampled = |id: &str| {
+        let body = job(
+            id,
+            LIST,
+            json!({"raw": true, "temperature": 0.8, "seed": 7, "max_tokens": 32}),
+        );
+        finished(addr, &body)
+    };
+    let drafted = drafted_before(addr);
+    let first = sampled("s1");
+    assert_eq!(drafted_before(addr), drafted, "a sampled job drafted");
+    assert_eq!(sampled("s2"), first);
+}
