@@ -8,7 +8,8 @@ function with one change" prompts (greedy, the answer repeats most of the prompt
 
 Batch 1, for each prompt in turn: ours without speculation, ours with `--spec-ngram`, the peer
 without, with `--spec-default` (its maintainers' recommended n-gram setting) and with
-`--spec-type ngram-simple`. Decode tok/s = (generated tokens - 1) / (last token - first token).
+`--spec-type ngram-simple`; every job stops at the closing code fence (the rewritten function is
+the answer). Decode tok/s = (generated tokens - 1) / (last token - first token).
 Our two runs must give the same text (speculation is exact); the report says whether they do.
 Then `--clients` clients at once (distinct prompts), ours without and with speculation:
 aggregate tok/s = all generated tokens / wall time. /metrics gives the drafted and accepted
@@ -86,9 +87,13 @@ def stream(port, path, body, deadline, text_of, end_of):
     return "".join(text), times, tokens if tokens is not None else len(times), None
 
 
+# The rewritten function ends at its code fence: the task's answer, not the prose after it.
+STOP = ["```"]
+
+
 def ours_job(port, prompt, tokens, deadline, job_id):
     body = {"job_id": job_id, "prompt": prompt, "raw": True, "temperature": 0,
-            "max_tokens": tokens}
+            "max_tokens": tokens, "stop": STOP}
     return stream(port, "/execute", body, deadline,
                   lambda e: e.get("t") if e.get("type") == "token" else None,
                   lambda e: (e.get("type") in ("end", "error"), e.get("tokens_out")))
@@ -97,7 +102,7 @@ def ours_job(port, prompt, tokens, deadline, job_id):
 def peer_job(port, prompt, tokens, deadline, job_id):
     del job_id
     body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": False,
-            "stream": True}
+            "stream": True, "stop": STOP}
     return stream(port, "/completion", body, deadline,
                   lambda e: e.get("content"),
                   lambda e: (bool(e.get("stop")),

@@ -524,8 +524,10 @@ struct Agreement {
     refused: f64,
 }
 
-/// The weight the counts keep at each verify pass.
-const AGREEMENT_DECAY: f64 = 0.75;
+/// The weight the counts keep at each verify pass: half, so that a sequence that starts copying
+/// its prompt drafts 2, 5, then 11 tokens (measured on code rewrites: 0.75 ramped too slowly and
+/// gave 1.25x where 0.5 gave 1.6x at 2 CPU threads).
+const AGREEMENT_DECAY: f64 = 0.5;
 
 impl Agreement {
     /// The chance that the model agrees with the next draft given the previous one was agreed
