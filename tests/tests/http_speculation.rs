@@ -2,13 +2,13 @@
 //! (`LLORCH_TEST_WORKER`, default `llorch-cpud`) on SmolLM2: greedy jobs get exactly the tokens
 //! they get without speculation, alone and together, while drafts are verified and accepted;
 //! `speculative: false` opts a job out; sampled jobs do not speculate and keep their seeded
-//! tokens.
+//! tokens; structured output speculates and stays valid, with the tokens it has without.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
 
-use llorch_tests::http;
+use llorch_tests::http::{self, post_json};
 use llorch_tests::stream::{assert_well_formed, job, run, terminal, text};
 use llorch_tests::worker::{serial, smollm2};
 use serde_json::{Value, json};
@@ -124,4 +124,52 @@ fn speculating_jobs_decoded_together_give_the_tokens_each_gives_alone() {
     let first = sampled("s1");
     assert_eq!(drafted_before(addr), drafted, "a sampled job drafted");
     assert_eq!(sampled("s2"), first);
+}
+
+/// A chat request for JSON that repeats its prompt's list, under a schema.
+fn structured(speculative: bool) -> Value {
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string"},
+        "colors": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "colors"]});
+    json!({"messages": [{"role": "user", "content": format!(
+        "Return JSON with the name Alice and these colors, in order: {}",
+        "red, green, blue, red, green, blue, red, green, blue")}],
+        "max_tokens": 80, "temperature": 0, "speculative": speculative,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}})
+}
+
+#[test]
+fn structured_output_speculates_and_keeps_its_tokens() {
+    let _serial = serial();
+    let worker = smollm2(&["--spec-ngram"]);
+    let addr = worker.addr;
+    let content = |speculative| {
+        let reply = post_json(addr, "/v1/chat/completions", &structured(speculative)).unwrap();
+        assert_eq!(reply.status, 200);
+        let reply = reply.json();
+        let choice = &reply["choices"][0];
+        (
+            choice["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            choice["finish_reason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    };
+    let plain = content(false);
+    let drafted = drafted_before(addr);
+    let fast = content(true);
+    assert_eq!(fast, plain, "speculation changed a structured reply");
+    assert!(
+        drafted_before(addr) > drafted,
+        "a structured job drafted nothing"
+    );
+    if plain.1 == "stop" {
+        let parsed: Value = serde_json::from_str(&plain.0).expect("valid JSON");
+        assert!(parsed["colors"].is_array(), "{parsed}");
+    }
 }

@@ -53,6 +53,9 @@ pub struct Sequence {
     speculation: Speculation,
     /// How often the model agreed with this sequence's drafts lately.
     agreement: Agreement,
+    /// A verify pass's choice was refused by the grammar: the next step takes that position's
+    /// choice with the mask, without drafts.
+    needs_mask: bool,
     /// Positions of `history` whose keys and values are stored.
     computed: usize,
     /// Prompt tokens whose pages came from the prefix cache.
@@ -91,6 +94,7 @@ impl Sequence {
             drafted: 0,
             speculation: Speculation::default(),
             agreement: Agreement::default(),
+            needs_mask: false,
             computed: 0,
             cached_tokens: 0,
             generated: 0,
@@ -143,11 +147,12 @@ impl Sequence {
     }
 
     /// Most tokens worth drafting now: 0 unless the sequence is decoding, asked for greedy
-    /// tokens without a grammar and did not opt out; else one less than the tokens it may
+    /// tokens (a grammar or not) and did not opt out; else one less than the tokens it may
     /// still generate (a verify pass emits up to one more than it drafts).
     pub fn draft_room(&self) -> usize {
-        let greedy = self.sampler.is_plain_greedy() && self.grammar.is_none();
-        if !self.request.speculative || !greedy || self.pending() != 1 || self.drafted > 0 {
+        let greedy = self.sampler.is_plain_greedy();
+        let ready = self.pending() == 1 && self.drafted == 0 && !self.needs_mask;
+        if !self.request.speculative || !greedy || !ready {
             return 0;
         }
         (self.request.max_tokens - self.generated).saturating_sub(1)
@@ -160,10 +165,19 @@ impl Sequence {
         self.agreement.worth(cost, max.min(self.draft_room()))
     }
 
-    /// Appends `drafts` (at most [`draft_room`](Self::draft_room)) for the next step: its
-    /// chunk is then the next input and the drafts, and it wants the greedy choice after each.
+    /// Appends `drafts` (at most [`draft_room`](Self::draft_room), and only as many as its
+    /// grammar allows in a row) for the next step: its chunk is then the next input and the
+    /// drafts, and it wants the greedy choice after each.
     pub fn propose(&mut self, drafts: &[u32]) {
-        let take = drafts.len().min(self.draft_room());
+        let mut take = drafts.len().min(self.draft_room());
+        if let Some(grammar) = &self.grammar {
+            // A grammar that fails here fails again, and is reported, where the job takes its
+            // next token.
+            take = grammar
+                .allowed_prefix(&drafts[..take])
+                .unwrap_or(0)
+                .min(take);
+        }
         self.history.extend_from_slice(&drafts[..take]);
         self.drafted = take;
         self.speculation.drafted += take as u64;
@@ -299,6 +313,15 @@ impl Sequence {
         self.count_step(step);
         let mut agreed = 0;
         for (i, &token) in choices.iter().enumerate() {
+            // The pass chose without a mask: where its choice is allowed it is the masked choice
+            // too; where not, the position runs again in the next step, with the mask.
+            if let Some(grammar) = &self.grammar
+                && !grammar.allows(token)?
+            {
+                self.computed -= 1;
+                self.needs_mask = true;
+                break;
+            }
             let choice = Choice {
                 token,
                 logprobs: None,
@@ -341,6 +364,7 @@ impl Sequence {
         sink: &mut dyn EventSink,
     ) -> Result<Option<Finished>, GenerateError> {
         let tokenizer = step.tokenizer;
+        self.needs_mask = false;
         if tokenizer.is_end_of_generation(token) && !self.request.ignore_eos {
             return self.finish(StopReason::Eos, None, sink).map(Some);
         }
