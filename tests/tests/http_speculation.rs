@@ -77,6 +77,8 @@ fn prompt_lookup_gives_exactly_the_tokens_of_plain_decoding() {
         accepted > 0.0 && accepted <= drafted,
         "{accepted} of {drafted}"
     );
+    // One acceptance ratio per job that drafted: the two speculating ones.
+    assert_eq!(metric(addr, "worker_spec_acceptance_ratio_count"), 2.0);
 }
 
 /// Drafted tokens so far.

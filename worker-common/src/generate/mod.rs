@@ -181,6 +181,8 @@ pub struct Finished {
     /// Of the decode time, the steps this job was in (shared with the jobs beside it; the rest
     /// is detokenizing, stop checks, sending events and other jobs' work).
     pub decode_steps_ms: f64,
+    /// Tokens drafted for the job and drafts the model agreed with (speculation).
+    pub speculation: Speculation,
 }
 
 /// Why a job ended abnormally.

@@ -416,6 +416,7 @@ impl Sequence {
             time_to_first_token_ms: ms_between(self.started, first_token_at),
             decode_time_ms: ms_between(first_token_at, Instant::now()),
             decode_steps_ms: self.decode_steps.as_secs_f64() * 1e3,
+            speculation: self.speculation,
         })
     }
 
