@@ -341,7 +341,7 @@ impl CudaBackend {
         outputs.begin(chunks, self.kv.pages)?;
         for chunk in chunks {
             // The scheduler asks only a backend that verifies drafts (this one does not yet).
-            if matches!(chunk.want, Want::GreedyEach) {
+            if matches!(chunk.want, Want::GreedyEach | Want::LogitsEach) {
                 return Err(BackendError::Unsupported {
                     backend: Self::WORKER_TYPE,
                     what: "a choice per position (speculative decoding)".to_owned(),
@@ -422,7 +422,7 @@ impl CudaBackend {
                     choices = true;
                 }
                 Want::Greedy => choices = true,
-                Want::Nothing | Want::Logits | Want::GreedyEach => {}
+                Want::Nothing | Want::Logits | Want::GreedyEach | Want::LogitsEach => {}
             }
         }
         if choices {
@@ -430,7 +430,7 @@ impl CudaBackend {
         }
         for (head, &index) in wanting.iter().enumerate() {
             match chunks[index].want {
-                Want::Nothing | Want::GreedyEach => {}
+                Want::Nothing | Want::GreedyEach | Want::LogitsEach => {}
                 Want::Logits => {
                     self.scratch.download_logits(&self.gpu, head)?;
                     let logits = self.scratch.logits()?;

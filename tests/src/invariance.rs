@@ -73,6 +73,7 @@ impl<B: InferenceBackend> Harness<B> {
                     ChunkOutput::Nothing => (Got::Nothing, Vec::new()),
                     ChunkOutput::Greedy(id) => (Got::Greedy(id), Vec::new()),
                     ChunkOutput::GreedyEach(ids) => (Got::GreedyEach(ids.to_vec()), Vec::new()),
+                    ChunkOutput::LogitsEach(rows) => (Got::Logits(bits(rows)), rows.to_vec()),
                 },
             )
             .collect()

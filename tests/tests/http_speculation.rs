@@ -1,7 +1,7 @@
 //! Speculative decoding by prompt lookup (`--spec-ngram`) against the real worker binary
 //! (`LLORCH_TEST_WORKER`, default `llorch-cpud`) on SmolLM2: greedy jobs get exactly the tokens
 //! they get without speculation, alone and together, while drafts are verified and accepted;
-//! `speculative: false` opts a job out; sampled jobs do not speculate and keep their seeded
+//! `speculative: false` opts a job out; seeded sampled jobs speculate and keep their seed's
 //! tokens; structured output speculates and stays valid, with the tokens it has without.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -113,19 +113,38 @@ fn speculating_jobs_decoded_together_give_the_tokens_each_gives_alone() {
     for (i, (thread, alone)) in threads.into_iter().zip(&alone).enumerate() {
         assert_eq!(&thread.join().unwrap(), alone, "job {i}");
     }
-    // A seeded sampled job does not speculate and is reproducible beside greedy ones.
-    let sampled = |id: &str| {
-        let body = job(
-            id,
-            LIST,
-            json!({"raw": true, "temperature": 0.8, "seed": 7, "max_tokens": 32}),
-        );
-        finished(addr, &body)
+    // A seeded sampled job speculates too, and keeps the tokens of its seed: opted out, alone
+    // and beside greedy jobs.
+    let sampled = |id: &str, speculative: bool| {
+        let fields = json!({"raw": true, "temperature": 0.8, "seed": 7, "max_tokens": 48,
+            "speculative": speculative});
+        finished(addr, &job(id, LIST, fields))
     };
+    let plain = sampled("s0", false);
     let drafted = drafted_before(addr);
-    let first = sampled("s1");
-    assert_eq!(drafted_before(addr), drafted, "a sampled job drafted");
-    assert_eq!(sampled("s2"), first);
+    assert_eq!(
+        sampled("s1", true),
+        plain,
+        "speculation changed a seeded job"
+    );
+    assert!(
+        drafted_before(addr) > drafted,
+        "a sampled job drafted nothing"
+    );
+    let beside: Vec<_> = (0..2)
+        .map(|i| {
+            let body = greedy(&format!("b{i}"), REWRITE, json!({}));
+            std::thread::spawn(move || finished(addr, &body))
+        })
+        .collect();
+    assert_eq!(
+        sampled("s2", true),
+        plain,
+        "a seeded job beside greedy ones"
+    );
+    for thread in beside {
+        thread.join().unwrap();
+    }
 }
 
 /// A chat request for JSON that repeats its prompt's list, under a schema.

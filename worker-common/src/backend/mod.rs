@@ -206,6 +206,11 @@ pub enum Want<'a> {
     /// sequence's next input followed by drafted tokens (specs/SPECULATIVE.md). Asked only of
     /// a backend that [`verifies_drafts`](InferenceBackend::verifies_drafts).
     GreedyEach,
+    /// The logits after every position of the chunk: the verify pass of a sampled (or
+    /// penalized, or logprobs-reporting) sequence's drafts, each row the one `Want::Logits`
+    /// would give a chunk ending there. Asked only of a backend that
+    /// [`verifies_drafts`](InferenceBackend::verifies_drafts).
+    LogitsEach,
 }
 
 impl Want<'_> {
@@ -219,7 +224,7 @@ impl Want<'_> {
     pub fn output_rows(&self, len: usize) -> usize {
         match self {
             Want::Nothing => 0,
-            Want::GreedyEach => len,
+            Want::GreedyEach | Want::LogitsEach => len,
             Want::Logits | Want::Greedy | Want::GreedyAmong(_) => 1.min(len),
         }
     }
@@ -375,8 +380,8 @@ pub trait InferenceBackend: Sized + Send + 'static {
         true
     }
 
-    /// Whether the backend answers [`Want::GreedyEach`] with, at every position, the bits a
-    /// chunk ending there would give: then a pass over drafted tokens verifies them exactly
+    /// Whether the backend answers [`Want::GreedyEach`] and [`Want::LogitsEach`] with, at
+    /// every position, the bits a chunk ending there would give: then a pass over drafted tokens verifies them exactly
     /// and the scheduler may speculate. By default no.
     fn verifies_drafts(&self) -> bool {
         false

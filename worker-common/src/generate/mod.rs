@@ -6,9 +6,9 @@
 //! [`Finished`] or a [`GenerateError`]; the caller turns that into the stream's one terminal
 //! event. [`generate`] runs one job alone, for the terminal tools and the tests.
 
-pub mod lookup;
 mod prompt;
 mod sequence;
+pub mod speculation;
 mod stop;
 
 use std::sync::Arc;
@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use prompt::{CHAT_TEMPLATE_KEY, PromptError, PromptFormatter, TemplateRendering};
-pub use sequence::{Sequence, Speculation, StepContext};
+pub use sequence::{Sequence, StepContext};
+pub use speculation::Speculation;
 pub use stop::{Released, StopMatcher};
 
 use crate::backend::{BackendError, InferenceBackend, PAGE_SIZE};

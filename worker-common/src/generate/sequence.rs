@@ -27,6 +27,8 @@ use crate::sampling::{Choice, Context, Logprobs, Sampler};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::stream::StreamDecoder;
 
+use super::speculation::{Agreement, Speculation};
+
 /// What [`Sequence::accept`] needs from the step beside the chunk's output.
 pub struct StepContext<'a> {
     /// Token text and end-of-generation ids.
@@ -146,13 +148,12 @@ impl Sequence {
         self.speculation
     }
 
-    /// Most tokens worth drafting now: 0 unless the sequence is decoding, asked for greedy
-    /// tokens (a grammar or not) and did not opt out; else one less than the tokens it may
-    /// still generate (a verify pass emits up to one more than it drafts).
+    /// Most tokens worth drafting now: 0 unless the sequence is decoding and did not opt out;
+    /// else one less than the tokens it may still generate (a verify pass emits up to one more
+    /// than it drafts).
     pub fn draft_room(&self) -> usize {
-        let greedy = self.sampler.is_plain_greedy();
         let ready = self.pending() == 1 && self.drafted == 0 && !self.needs_mask;
-        if !self.request.speculative || !greedy || !ready {
+        if !self.request.speculative || !ready {
             return 0;
         }
         (self.request.max_tokens - self.generated).saturating_sub(1)
@@ -221,10 +222,13 @@ impl Sequence {
 
     /// What a chunk of the next `len` pending tokens asks the backend for: nothing before the
     /// end of the history, else the greedy id (among the grammar's allowed ids) when that is
-    /// all the sampler would compute.
+    /// all the sampler would compute; with drafts, that after every position.
     pub fn want(&self, len: usize) -> Want<'_> {
         if self.drafted > 0 {
-            return Want::GreedyEach;
+            return match self.sampler.is_plain_greedy() {
+                true => Want::GreedyEach,
+                false => Want::LogitsEach,
+            };
         }
         if self.computed + len < self.history.len() {
             return Want::Nothing;
@@ -257,7 +261,11 @@ impl Sequence {
         step: &StepContext<'_>,
         sink: &mut dyn EventSink,
     ) -> Result<Option<Finished>, GenerateError> {
-        if self.drafted > 0 && !matches!(output, ChunkOutput::GreedyEach(_)) {
+        let verified = matches!(
+            output,
+            ChunkOutput::GreedyEach(_) | ChunkOutput::LogitsEach(_)
+        );
+        if self.drafted > 0 && !verified {
             return Err(GenerateError::Backend(BackendError::InvalidInput(format!(
                 "no choice per position for a chunk with {} drafts",
                 self.drafted
@@ -268,64 +276,89 @@ impl Sequence {
         let tokenizer = step.tokenizer;
         let choice = match output {
             ChunkOutput::Nothing => return Ok(None),
-            ChunkOutput::GreedyEach(choices) => return self.accept_verified(choices, step, sink),
+            ChunkOutput::GreedyEach(choices) => {
+                return self.accept_verified(Verified::Greedy(choices), step, sink);
+            }
+            ChunkOutput::LogitsEach(rows) => {
+                return self.accept_verified(Verified::Rows(rows), step, sink);
+            }
             ChunkOutput::Greedy(token) => Choice {
                 token,
                 logprobs: None,
             },
-            ChunkOutput::Logits(logits) => {
-                let allowed = match &self.grammar {
-                    Some(grammar) => Some(grammar.allowed()?),
-                    None => None,
-                };
-                let context = Context {
-                    history: &self.history,
-                    prompt_len: self.request.prompt_tokens.len(),
-                    end_of_generation: tokenizer.vocab().end_of_generation(),
-                    allowed,
-                };
-                self.sampler.choose(logits, &context)
-            }
+            ChunkOutput::Logits(logits) => self.sample(logits, tokenizer)?,
         };
         self.count_step(step);
         self.take(choice, step, sink)
     }
 
-    /// Takes a verify pass's greedy choices, one after the next input and each draft: every
-    /// choice up to and including the first that differs from its draft is the model's next
-    /// token, exactly as one step each would have chosen it; the positions of the drafts after
-    /// that one are forgotten (their keys and values are overwritten by later steps).
+    /// The sampler's choice from `logits` after the history so far, under the grammar's mask.
+    fn sample(&mut self, logits: &[f32], tokenizer: &Tokenizer) -> Result<Choice, GenerateError> {
+        let allowed = match &self.grammar {
+            Some(grammar) => Some(grammar.allowed()?),
+            None => None,
+        };
+        let context = Context {
+            history: &self.history,
+            prompt_len: self.request.prompt_tokens.len(),
+            end_of_generation: tokenizer.vocab().end_of_generation(),
+            allowed,
+        };
+        Ok(self.sampler.choose(logits, &context))
+    }
+
+    /// Takes a verify pass's outputs, one after the next input and each draft: the token
+    /// chosen at each position, up to and including the first that differs from its draft, is
+    /// the model's next token, exactly as one step each would have chosen it (greedy, or the
+    /// sampler with the same draw from the sequence's stream, since a token is drawn for each
+    /// position taken and no other); the positions of the drafts after that one are forgotten
+    /// (their keys and values are overwritten by later steps).
     fn accept_verified(
         &mut self,
-        choices: &[u32],
+        outputs: Verified<'_>,
         step: &StepContext<'_>,
         sink: &mut dyn EventSink,
     ) -> Result<Option<Finished>, GenerateError> {
         let drafts = self.history.split_off(self.history.len() - self.drafted);
         self.drafted = 0;
-        if choices.len() != drafts.len() + 1 {
+        let positions = drafts.len() + 1;
+        let width = match outputs {
+            Verified::Greedy(choices) => usize::from(choices.len() == positions),
+            Verified::Rows(rows) => rows.len() / positions,
+        };
+        if width == 0 || outputs.len() != width * positions {
             return Err(GenerateError::Backend(BackendError::InvalidInput(format!(
-                "{} choices for a verify pass of {} drafts",
-                choices.len(),
+                "{} outputs for a verify pass of {} drafts",
+                outputs.len(),
                 drafts.len()
             ))));
         }
         self.count_step(step);
         let mut agreed = 0;
-        for (i, &token) in choices.iter().enumerate() {
-            // The pass chose without a mask: where its choice is allowed it is the masked choice
-            // too; where not, the position runs again in the next step, with the mask.
-            if let Some(grammar) = &self.grammar
-                && !grammar.allows(token)?
-            {
-                self.computed -= 1;
-                self.needs_mask = true;
-                break;
-            }
-            let choice = Choice {
-                token,
-                logprobs: None,
+        for i in 0..positions {
+            let choice = match outputs {
+                Verified::Rows(rows) => {
+                    self.sample(&rows[i * width..(i + 1) * width], step.tokenizer)?
+                }
+                Verified::Greedy(choices) => {
+                    let token = choices[i];
+                    // The pass chose without a mask: where its choice is allowed it is the
+                    // masked choice too; where not, the position runs again in the next step,
+                    // with the mask.
+                    if let Some(grammar) = &self.grammar
+                        && !grammar.allows(token)?
+                    {
+                        self.computed -= 1;
+                        self.needs_mask = true;
+                        break;
+                    }
+                    Choice {
+                        token,
+                        logprobs: None,
+                    }
+                }
             };
+            let token = choice.token;
             if let Some(done) = self.take(choice, step, sink)? {
                 return Ok(Some(done));
             }
@@ -531,55 +564,19 @@ impl TextStream {
     }
 }
 
-/// Tokens a sequence drafted and drafts the model agreed with.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Speculation {
-    /// Tokens drafted.
-    pub drafted: u64,
-    /// Drafts equal to the model's own choice, kept without a step of their own.
-    pub accepted: u64,
+/// A verify pass's outputs: the greedy choice after each position, or the logits rows.
+#[derive(Clone, Copy)]
+enum Verified<'a> {
+    Greedy(&'a [u32]),
+    Rows(&'a [f32]),
 }
 
-/// How often the model agreed with a sequence's drafts lately: counts of drafts agreed with and
-/// of verify passes that stopped at a refused draft, decayed per pass so that they follow the
-/// text (code copied from the prompt, then new code).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct Agreement {
-    agreed: f64,
-    refused: f64,
-}
-
-/// The weight the counts keep at each verify pass: half, so that a sequence that starts copying
-/// its prompt drafts 2, 5, then 11 tokens (measured on code rewrites: 0.75 ramped too slowly and
-/// gave 1.25x where 0.5 gave 1.6x at 2 CPU threads).
-const AGREEMENT_DECAY: f64 = 0.5;
-
-impl Agreement {
-    /// The chance that the model agrees with the next draft given the previous one was agreed
-    /// with: agreed / (agreed + refused), with one of each assumed (an even chance at first).
-    fn chance(&self) -> f64 {
-        (self.agreed + 1.0) / (self.agreed + self.refused + 2.0)
-    }
-
-    /// Drafts worth proposing, at most `max`: the j-th is used only if the j drafts up to it
-    /// are all agreed with, with chance `chance^j`, which must exceed `cost`.
-    fn worth(&self, cost: f64, max: usize) -> usize {
-        let chance = self.chance();
-        let mut reach = 1.0;
-        let mut drafts = 0;
-        while drafts < max {
-            reach *= chance;
-            if reach <= cost {
-                break;
-            }
-            drafts += 1;
+impl Verified<'_> {
+    /// Values held: choices, or logits.
+    fn len(&self) -> usize {
+        match self {
+            Verified::Greedy(choices) => choices.len(),
+            Verified::Rows(rows) => rows.len(),
         }
-        drafts
-    }
-
-    /// Takes a verify pass: `agreed` of its `drafted` drafts were agreed with.
-    fn observe(&mut self, agreed: usize, drafted: usize) {
-        self.agreed = self.agreed * AGREEMENT_DECAY + agreed as f64;
-        self.refused = self.refused * AGREEMENT_DECAY + f64::from(u8::from(agreed < drafted));
     }
 }

@@ -32,7 +32,7 @@ use pacing::PrefillPacer;
 pub use pages::{PagePool, PrefixIndex, chain_hash};
 
 use crate::backend::{BackendError, Chunk, InferenceBackend, PAGE_SIZE, PageId, StepOutputs};
-use crate::generate::lookup::{NGRAMS, prompt_lookup};
+use crate::generate::speculation::{NGRAMS, prompt_lookup};
 use crate::generate::{EventSink, Finished, GenerateError, Sequence, StepContext};
 use crate::tokenizer::Tokenizer;
 

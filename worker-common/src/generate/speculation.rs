@@ -1,7 +1,10 @@
-//! Prompt lookup (n-gram) drafting: where a sequence's last few tokens appeared before in its
-//! history, the tokens that followed them then are the draft for what follows now. Edits,
-//! retrieval answers and code repeat their input at length, and there the model agrees with
-//! such drafts for many tokens in a row (specs/SPECULATIVE.md).
+//! Speculation's drafting side (specs/SPECULATIVE.md): prompt lookup (n-gram) drafts, and how
+//! often the model agreed with a sequence's drafts, which decides how many it drafts next.
+//!
+//! Prompt lookup: where a sequence's last few tokens appeared before in its history, the tokens
+//! that followed them then are the draft for what follows now. Edits, retrieval answers and
+//! code repeat their input at length, and there the model agrees with such drafts for many
+//! tokens in a row.
 
 use std::ops::RangeInclusive;
 
@@ -35,6 +38,59 @@ pub fn prompt_lookup(history: &[u32], ngrams: RangeInclusive<usize>, max: usize)
         }
     }
     &[]
+}
+
+/// Tokens a sequence drafted and drafts the model agreed with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Speculation {
+    /// Tokens drafted.
+    pub drafted: u64,
+    /// Drafts equal to the model's own choice, kept without a step of their own.
+    pub accepted: u64,
+}
+
+/// How often the model agreed with a sequence's drafts lately: counts of drafts agreed with and
+/// of verify passes that stopped at a refused draft, decayed per pass so that they follow the
+/// text (code copied from the prompt, then new code).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Agreement {
+    agreed: f64,
+    refused: f64,
+}
+
+/// The weight the counts keep at each verify pass: half, so that a sequence that starts copying
+/// its prompt drafts 2, 5, then 11 tokens (measured on code rewrites: 0.75 ramped too slowly and
+/// gave 1.25x where 0.5 gave 1.6x at 2 CPU threads).
+const AGREEMENT_DECAY: f64 = 0.5;
+
+impl Agreement {
+    /// The chance that the model agrees with the next draft given the previous one was agreed
+    /// with: agreed / (agreed + refused), with one of each assumed (an even chance at first).
+    fn chance(&self) -> f64 {
+        (self.agreed + 1.0) / (self.agreed + self.refused + 2.0)
+    }
+
+    /// Drafts worth proposing, at most `max`: the j-th is used only if the j drafts up to it
+    /// are all agreed with, with chance `chance^j`, which must exceed `cost`.
+    pub(crate) fn worth(&self, cost: f64, max: usize) -> usize {
+        let chance = self.chance();
+        let mut reach = 1.0;
+        let mut drafts = 0;
+        while drafts < max {
+            reach *= chance;
+            if reach <= cost {
+                break;
+            }
+            drafts += 1;
+        }
+        drafts
+    }
+
+    /// Takes a verify pass: `agreed` of its `drafted` drafts were agreed with.
+    pub(crate) fn observe(&mut self, agreed: usize, drafted: usize) {
+        self.agreed = self.agreed * AGREEMENT_DECAY + agreed as f64;
+        self.refused = self.refused * AGREEMENT_DECAY + f64::from(u8::from(agreed < drafted));
+    }
 }
 
 #[cfg(test)]
