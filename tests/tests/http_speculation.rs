@@ -2,15 +2,18 @@
 //! (`LLORCH_TEST_WORKER`, default `llorch-cpud`) on SmolLM2: greedy jobs get exactly the tokens
 //! they get without speculation, alone and together, while drafts are verified and accepted;
 //! `speculative: false` opts a job out; seeded sampled jobs speculate and keep their seed's
-//! tokens; structured output speculates and stays valid, with the tokens it has without.
+//! tokens; structured output speculates and stays valid, with the tokens it has without; a
+//! draft model (`--draft-model`) gives the same tokens, and one of another vocabulary is refused.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
+use llorch_tests::assets::Model;
 use llorch_tests::http::{self, post_json};
 use llorch_tests::stream::{assert_well_formed, job, run, terminal, text};
-use llorch_tests::worker::{serial, smollm2};
+use llorch_tests::worker::{Worker, serial, smollm2};
 use serde_json::{Value, json};
 
 /// A prompt whose answer repeats most of it: prompt lookup's case.
@@ -193,4 +196,50 @@ fn structured_output_speculates_and_keeps_its_tokens() {
         let parsed: Value = serde_json::from_str(&plain.0).expect("valid JSON");
         assert!(parsed["colors"].is_array(), "{parsed}");
     }
+}
+
+#[test]
+fn a_draft_model_gives_exactly_the_tokens_of_plain_decoding() {
+    let _serial = serial();
+    let model = Model::SmolLm2.path();
+    let draft = model.display().to_string();
+    let worker = smollm2(&["--draft-model", &draft, "--parallel", "2"]);
+    let addr = worker.addr;
+    for (i, prompt) in [REWRITE, LIST].into_iter().enumerate() {
+        let plain = finished(
+            addr,
+            &greedy(&format!("p{i}"), prompt, json!({"speculative": false})),
+        );
+        let fast = finished(addr, &greedy(&format!("f{i}"), prompt, json!({})));
+        assert_eq!(
+            fast, plain,
+            "prompt {i}: the draft model changed the output"
+        );
+    }
+    let sampled = |id: &str, speculative: bool| {
+        let fields = json!({"raw": true, "temperature": 0.8, "seed": 11, "max_tokens": 40,
+            "speculative": speculative});
+        finished(addr, &job(id, REWRITE, fields))
+    };
+    assert_eq!(sampled("s1", true), sampled("s0", false));
+    // The model drafting for itself: greedy drafts are all its own choices.
+    let accepted = metric(addr, "worker_spec_accepted_tokens_total");
+    let drafted = metric(addr, "worker_spec_draft_tokens_total");
+    assert!(accepted > 0.5 * drafted, "{accepted} of {drafted}");
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused_at_start() {
+    let _serial = serial();
+    let draft = Model::Qwen05.path().display().to_string();
+    let mut worker = Worker::spawn(&Model::SmolLm2.path(), &["--draft-model", &draft]);
+    let status = worker
+        .wait_exit(Duration::from_secs(120))
+        .expect("still running");
+    assert_eq!(status.code(), Some(1));
+    let logs = worker.log_lines().join("\n");
+    assert!(
+        logs.contains("another vocabulary") && logs.contains("qwen"),
+        "{logs}"
+    );
 }

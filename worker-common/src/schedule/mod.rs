@@ -14,25 +14,27 @@
 //! bounded by the steps' measured times (`pacing.rs`), shortest prompt first, so a long prompt
 //! neither stretches the running decodes' inter-token latency nor keeps short prompts waiting.
 //!
-//! With speculation on, a decoding sequence may also draft tokens by prompt lookup: its chunk
-//! is then its next input and the drafts, and the step verifies them (specs/SPECULATIVE.md).
+//! With speculation on, a decoding sequence may also draft tokens (prompt lookup or a draft
+//! model, `draft.rs`): its chunk is then its next input and the drafts, and the step verifies
+//! them (specs/SPECULATIVE.md).
 //! Drafts never delay a prompt: they run only in steps without prompt tokens, each as long as
 //! the sequence's measured agreement makes it pay for its measured cost.
 //!
 //! New jobs are admitted by the caller, in arrival order, while [`Scheduler::can_admit`] says
 //! there is room (a slot and the prompt's pages): the caller owns the waiting queue.
 
+mod draft;
 mod pacing;
 mod pages;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+pub use draft::{CATCH_UP, DraftModel, DraftWant, Drafter};
 use pacing::PrefillPacer;
 pub use pages::{PagePool, PrefixIndex, chain_hash};
 
 use crate::backend::{BackendError, Chunk, InferenceBackend, PAGE_SIZE, PageId, StepOutputs};
-use crate::generate::speculation::{NGRAMS, prompt_lookup};
 use crate::generate::{EventSink, Finished, GenerateError, Sequence, StepContext};
 use crate::tokenizer::Tokenizer;
 
@@ -58,8 +60,8 @@ pub struct SchedulerConfig {
     /// ([`InferenceBackend::paces_prefill`]). Every backend's results are the same however a
     /// prompt is cut (specs/BACKEND.md), so the cuts change no token.
     pub paced_prefill: bool,
-    /// Most tokens a decoding sequence drafts by prompt lookup for one step (`--draft-max`
-    /// with `--spec-ngram`); 0: no speculation. Only for a backend that
+    /// Most tokens a decoding sequence drafts for one step (`--draft-max` with `--spec-ngram`
+    /// or `--draft-model`); 0: no speculation. Only for a backend that
     /// [`verifies_drafts`](InferenceBackend::verifies_drafts).
     pub draft_max: usize,
 }
@@ -134,6 +136,8 @@ pub struct Scheduler<J> {
     admitted: u64,
     stats: SchedulerStats,
     pacer: PrefillPacer,
+    /// The draft model, when there is one (else drafts come from prompt lookup).
+    drafter: Option<Box<dyn Drafter>>,
 }
 
 /// The next prefill chunk of `seq`: up to the next multiple of `grid` (or the end of its
@@ -170,6 +174,7 @@ impl<J: EventSink> Scheduler<J> {
             admitted: 0,
             stats: SchedulerStats::default(),
             pacer: PrefillPacer::default(),
+            drafter: None,
         }
     }
 
@@ -205,6 +210,11 @@ impl<J: EventSink> Scheduler<J> {
         self.attach_cached(&mut entry);
         self.stats.cached_tokens += entry.seq.computed() as u64;
         self.running.push(entry);
+    }
+
+    /// Drafts from `drafter` (a draft model) instead of prompt lookup.
+    pub fn set_drafter(&mut self, drafter: Box<dyn Drafter>) {
+        self.drafter = Some(drafter);
     }
 
     /// A view of the prefix cache other threads can query.
@@ -288,6 +298,9 @@ impl<J: EventSink> Scheduler<J> {
                 Err(err) => Err(GenerateError::Backend(duplicate(err))),
             };
             self.stats.accepted_tokens += entry.seq.speculation().accepted - accepted;
+            if let Some(drafter) = &mut self.drafter {
+                drafter.truncate(entry.order, entry.seq.computed());
+            }
             match outcome {
                 Ok(None) => register_full_pages(&mut self.pool, entry),
                 Ok(Some(done)) => finished.push((i, Ok(done))),
@@ -451,30 +464,6 @@ impl<J: EventSink> Scheduler<J> {
         }
     }
 
-    /// Gives the decodes of `plan` drafts by prompt lookup, within `budget` tokens, each as
-    /// many as its agreement so far makes worth a draft's measured cost; returns the tokens
-    /// drafted. A sequence whose drafts would need a page the pool lacks drafts nothing.
-    fn draft(&mut self, plan: &mut [(usize, usize)], mut budget: usize) -> usize {
-        let cost = self.pacer.draft_cost(plan.len());
-        let mut drafted = 0;
-        for (i, len) in plan.iter_mut() {
-            let seq = &self.running[*i].seq;
-            let most = seq.draft_len(cost, self.config.draft_max).min(budget);
-            let drafts = prompt_lookup(seq.history(), NGRAMS, most).to_vec();
-            let end = seq.computed() + 1 + drafts.len();
-            if drafts.is_empty() || !self.grow(*i, end) {
-                continue;
-            }
-            let seq = &mut self.running[*i].seq;
-            seq.propose(&drafts);
-            *len += seq.drafted();
-            budget -= seq.drafted();
-            drafted += seq.drafted();
-        }
-        self.stats.drafted_tokens += drafted as u64;
-        drafted
-    }
-
     /// Whether the chunk `(i, len)` of a plan is a decode (or a prompt's last token), drafts
     /// aside.
     fn is_decode(&self, i: usize, len: usize) -> bool {
@@ -544,6 +533,9 @@ impl<J: EventSink> Scheduler<J> {
             return;
         };
         self.pool.release(&entry.pages);
+        if let Some(drafter) = &mut self.drafter {
+            drafter.release(entry.order);
+        }
         entry.pages.clear();
         entry.registered = 0;
         entry.parent_hash = 0;
@@ -555,6 +547,9 @@ impl<J: EventSink> Scheduler<J> {
 
     fn end(&mut self, entry: Entry<J>, result: Result<Finished, GenerateError>) -> Ended<J> {
         self.pool.release(&entry.pages);
+        if let Some(drafter) = &mut self.drafter {
+            drafter.release(entry.order);
+        }
         Ended {
             job: entry.job,
             result,

@@ -9,6 +9,7 @@ use crate::sampling::SamplingParams;
 use crate::testing::{ScriptedBackend, StepRecord, TINY_EOS, tiny_tokenizer};
 
 mod properties;
+mod speculation;
 
 /// A job that keeps its events.
 #[derive(Default)]
@@ -580,46 +581,4 @@ fn a_slow_grammar_mask_holds_only_its_own_sequence() {
 fn a_quick_grammar_mask_keeps_its_sequence_in_every_step() {
     let (quick, plain) = grammar_beside_plain(Duration::ZERO);
     assert_eq!(quick, [1, 2, 3], "the plain job's decodes: {plain:?}");
-}
-
-/// A greedy job under a grammar speculates: drafts are verified without a mask, a choice the
-/// grammar refuses runs again with it, and the job gets the tokens it gets without drafts.
-#[test]
-fn a_grammar_job_speculates_and_keeps_its_tokens() {
-    use crate::grammar::{GrammarSpec, Grammars};
-    let grammars = Grammars::new(&tiny_tokenizer()).unwrap();
-    // Repeats its last three tokens, except an `x` (refused by the grammar) every fifth.
-    let copying: crate::testing::Script = Arc::new(|history: &[u32]| {
-        if history.len().is_multiple_of(5) {
-            7
-        } else {
-            history[history.len() - 3]
-        }
-    });
-    let run = |draft_max: usize| {
-        let mut request = request(vec![1, 2, 3, 1, 2, 3, 1, 2, 3], 20);
-        request.sampling.temperature = 0.0;
-        let spec = GrammarSpec::Regex("[abc]{12}".into());
-        request.grammar = Some(grammars.compile(&spec).unwrap());
-        let mut backend = ScriptedBackend::new(64, 10, copying.clone());
-        let steps = backend.steps();
-        let config = SchedulerConfig {
-            draft_max,
-            ..config(1)
-        };
-        let result = run_all(config, &mut backend, vec![request]).remove(0).1;
-        let verified = steps
-            .lock()
-            .unwrap()
-            .iter()
-            .skip(1)
-            .any(|s| s.chunks[0].1 > 1);
-        (tokens(&result), verified)
-    };
-    let (plain, _) = run(0);
-    let (fast, verified) = run(8);
-    assert_eq!(fast, plain);
-    assert!(verified, "no verify pass ran");
-    assert_eq!(plain.len(), 12, "{plain:?}");
-    assert!(plain.iter().all(|t| (1..=3).contains(t)), "{plain:?}");
 }
