@@ -4,7 +4,7 @@ function with one change" prompts (greedy, the answer repeats most of the prompt
 
     scripts/bench-spec.py --binary target/release/llorch-cpud --model M.gguf \\
         [--peer .peer/cpu/build/bin/llama-server] [--threads T] [--tokens 256] [--gpu] \\
-        [--clients 16] [--json FILE] [--timeout 900]
+        [--clients 16] [--draft-model D.gguf] [--json FILE] [--timeout 900]
 
 Batch 1, for each prompt in turn: ours without speculation, ours with `--spec-ngram`, the peer
 without, with `--spec-default` (its maintainers' recommended n-gram setting) and with
@@ -13,7 +13,9 @@ the answer). Decode tok/s = (generated tokens - 1) / (last token - first token).
 Our two runs must give the same text (speculation is exact); the report says whether they do.
 Then `--clients` clients at once (distinct prompts), ours without and with speculation:
 aggregate tok/s = all generated tokens / wall time. /metrics gives the drafted and accepted
-tokens. Reuses bench-concurrency.py's process and HTTP helpers. Standard library only.
+tokens. With `--draft-model D`: "write this function" code prompts of `--tokens` tokens
+instead (no stop), ours without and with `--draft-model D`, the peer without and with `-md D`.
+Reuses bench-concurrency.py's process and HTTP helpers. Standard library only.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+SPEC_SIDE = "ours --spec-ngram"
 _spec = importlib.util.spec_from_file_location("bench_concurrency", HERE / "bench-concurrency.py")
 bc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bc)
@@ -47,6 +50,24 @@ FUNCTIONS = [
      "    name, age, city = parts\n    return {'name': name.strip(), 'age': int(age),"
      " 'city': city.strip()}\n"),
 ]
+
+
+WRITE = [
+    "Write a Python function `merge_intervals(intervals)` that merges overlapping intervals, "
+    "with a docstring, type hints and three doctest examples.",
+    "Write a Python class `LRUCache` with `get` and `put` in O(1), using a dict and a doubly "
+    "linked list, with comments.",
+    "Write a Python function that parses a CSV file of orders (id, customer, amount, date) and "
+    "returns the total amount per customer per month, with error handling.",
+]
+
+
+def write_prompt(index):
+    return (f"{WRITE[index % len(WRITE)]}\n\n```python\n")
+
+
+def job_prompt(args, index, salt=""):
+    return write_prompt(index) if args.draft_model else rewrite_prompt(index, salt)
 
 
 def rewrite_prompt(index, salt=""):
@@ -87,7 +108,8 @@ def stream(port, path, body, deadline, text_of, end_of):
     return "".join(text), times, tokens if tokens is not None else len(times), None
 
 
-# The rewritten function ends at its code fence: the task's answer, not the prose after it.
+# The rewritten function ends at its code fence: the task's answer, not the prose after it
+# (the draft-model task sets none: it writes `--tokens` tokens).
 STOP = ["```"]
 
 
@@ -144,7 +166,9 @@ def ours_argv(args, spec, parallel):
             "--parallel", str(parallel), "--ctx-size", "2048", "--queue-depth", "64"]
     if args.threads and not args.gpu:
         argv += ["--threads", str(args.threads)]
-    return argv + (["--spec-ngram"] if spec else [])
+    if not spec:
+        return argv
+    return argv + (["--draft-model", args.draft_model] if args.draft_model else ["--spec-ngram"])
 
 
 def peer_argv(args, port, extra):
@@ -159,8 +183,11 @@ def peer_argv(args, port, extra):
 
 def batch_one(args, deadline):
     """Rows of (side, prompt index, tokens, decode tok/s, text)."""
-    sides = [("ours", False, []), ("ours --spec-ngram", True, [])]
-    if args.peer:
+    sides = [("ours", False, []), (SPEC_SIDE, True, [])]
+    if args.peer and args.draft_model:
+        sides += [("llama-server", None, []),
+                  ("llama-server -md", None, ["-md", args.draft_model])]
+    elif args.peer:
         sides += [("llama-server", None, []), ("llama-server --spec-default", None,
                                                 ["--spec-default"]),
                   ("llama-server --spec-type ngram-simple", None,
@@ -175,8 +202,8 @@ def batch_one(args, deadline):
             job = ours_job if ours else peer_job
             job(port, "Warm-up: say hello.", 8, deadline, "warm")
             for i in range(len(FUNCTIONS)):
-                text, times, tokens, error = job(port, rewrite_prompt(i), args.tokens, deadline,
-                                                 f"p{i}")
+                text, times, tokens, error = job(port, job_prompt(args, i), args.tokens,
+                                                 deadline, f"p{i}")
                 rows.append((name, i, tokens, decode_rate(times, tokens), text, error))
             if spec:
                 counters = {k: metric(port, f"worker_spec_{k}_tokens_total")
@@ -197,7 +224,7 @@ def together(args, spec, deadline):
 
         def client(i):
             barrier.wait(timeout=60)
-            results[i] = ours_job(port, rewrite_prompt(i, f"_{i}"), args.tokens, deadline,
+            results[i] = ours_job(port, job_prompt(args, i, f"_{i}"), args.tokens, deadline,
                                   f"c{i}")
 
         released = bc.release_together(client, n, barrier, deadline)
@@ -219,19 +246,24 @@ def main():
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--gpu", action="store_true")
+    p.add_argument("--draft-model")
     p.add_argument("--json")
     p.add_argument("--timeout", type=float, default=900)
     args = p.parse_args()
+    global SPEC_SIDE
+    if args.draft_model:
+        SPEC_SIDE = "ours --draft-model"
+        STOP.clear()
     deadline = bc.Deadline(args.timeout)
     rows, counters = batch_one(args, deadline)
     plain_texts = {i: t for side, i, _, _, t, _ in rows if side == "ours"}
-    spec_texts = {i: t for side, i, _, _, t, _ in rows if side == "ours --spec-ngram"}
+    spec_texts = {i: t for side, i, _, _, t, _ in rows if side == SPEC_SIDE}
     aggregate = {}
     if args.clients > 1:
         aggregate["plain"], plain_many = together(args, False, deadline)
         aggregate["spec"], spec_many = together(args, True, deadline)
         aggregate["same_text"] = plain_many == spec_many
-    print(f"# Prompt-lookup speculation, {datetime.date.today()}, {platform.machine()}, "
+    print(f"# {SPEC_SIDE} beside llama-server, {datetime.date.today()}, {platform.machine()}, "
           f"{Path(args.model).name}, {args.tokens} tokens, greedy, threads {args.threads}\n")
     print("| side | prompt | tokens | decode tok/s | error |\n|---|---:|---:|---:|---|")
     for side, i, tokens, rate, _, error in rows:

@@ -162,8 +162,9 @@ impl Sequence {
     /// How many tokens to draft: at most `max` and [`draft_room`](Self::draft_room), and only
     /// those whose chance of agreement, by this sequence's agreement so far, exceeds `cost`
     /// (the chance at which a draft pays for the compute it takes).
-    pub fn draft_len(&self, cost: f64, max: usize) -> usize {
-        self.agreement.worth(cost, max.min(self.draft_room()))
+    pub fn draft_len(&mut self, cost: f64, max: usize) -> usize {
+        let room = max.min(self.draft_room());
+        self.agreement.worth(cost, room)
     }
 
     /// Appends `drafts` (at most [`draft_room`](Self::draft_room), and only as many as its

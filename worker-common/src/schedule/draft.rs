@@ -229,14 +229,19 @@ impl<J: EventSink> Scheduler<J> {
     pub(super) fn draft(&mut self, plan: &mut [(usize, usize)], mut budget: usize) -> usize {
         let draft_step = self.drafter.as_ref().map_or(0.0, |d| d.step_seconds());
         let cost = self.pacer.draft_cost(plan.len(), draft_step);
+        let mosts: Vec<usize> = plan
+            .iter()
+            .map(|&(i, _)| self.running[i].seq.draft_len(cost, self.config.draft_max))
+            .collect();
         let wants: Vec<DraftWant<'_>> = plan
             .iter()
-            .map(|&(i, _)| {
+            .zip(mosts)
+            .map(|(&(i, _), most)| {
                 let entry: &Entry<J> = &self.running[i];
                 DraftWant {
                     id: entry.order,
                     history: entry.seq.history(),
-                    most: entry.seq.draft_len(cost, self.config.draft_max),
+                    most,
                 }
             })
             .collect();
