@@ -3,6 +3,16 @@
 use super::*;
 use crate::backend::PageId;
 
+/// A chunk of `tokens` at position 0 on `pages` that wants `want`.
+fn at_zero<'a>(pages: &'a [PageId], want: Want<'a>, tokens: &'static [u32]) -> Chunk<'a> {
+    Chunk {
+        tokens,
+        start_pos: 0,
+        pages,
+        want,
+    }
+}
+
 /// A one-token chunk at position 0 on `pages` that wants `want`.
 fn one_token<'a>(pages: &'a [PageId], want: Want<'a>) -> Chunk<'a> {
     Chunk {
@@ -47,12 +57,7 @@ fn each_chunk_gets_the_output_it_asked_for() {
 #[test]
 fn host_logits_become_the_row_or_the_greedy_choice_and_bad_chunks_are_refused() {
     let pages = [PageId(0)];
-    let chunk = |want, tokens: &'static [u32]| Chunk {
-        tokens,
-        start_pos: 0,
-        pages: &pages,
-        want,
-    };
+    let chunk = |want, tokens| at_zero(&pages, want, tokens);
     let mut outputs = StepOutputs::new(3);
     let chunks = [chunk(Want::Logits, &[1]), chunk(Want::Greedy, &[2])];
     assert!(outputs.begin(&chunks, 1).is_ok());
@@ -179,12 +184,7 @@ fn put_rows_equals_put_logits_chunk_by_chunk() {
 #[test]
 fn greedy_each_and_logits_each_chunks_get_an_output_per_position() {
     let pages = [PageId(0)];
-    let chunk = |want, tokens: &'static [u32]| Chunk {
-        tokens,
-        start_pos: 0,
-        pages: &pages,
-        want,
-    };
+    let chunk = |want, tokens| at_zero(&pages, want, tokens);
     let chunks = [
         chunk(Want::Greedy, &[1]),
         chunk(Want::GreedyEach, &[1, 2, 3]),
