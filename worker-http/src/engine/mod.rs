@@ -196,9 +196,13 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<LoadedBackends
         context_length,
         "model loaded"
     );
+    // A backend that cannot verify drafts runs without speculation (`draft_max` warns): its
+    // memory is not spent on a draft model it would not use.
     let draft = match &settings.draft_model {
-        Some(path) => Some(draft::load::<B>(path, &loaded.tokenizer, options, &config)?),
-        None => None,
+        Some(path) if backend.verifies_drafts() => {
+            Some(draft::load::<B>(path, &loaded.tokenizer, options, &config)?)
+        }
+        _ => None,
     };
     Ok((backend, draft, loaded))
 }
