@@ -86,6 +86,7 @@ fn main() -> Result<()> {
         deadline: None,
         ignore_eos: false,
         grammar: None,
+        speculative: true,
     };
     let mut stdout = std::io::stdout();
     let mut sink = |event: GenerateEvent| {

@@ -78,9 +78,9 @@ pub struct Model<'a> {
 }
 
 impl Model<'_> {
-    /// Runs every token of `chunks` (validated) and leaves in `buf.logits` the logits of the
-    /// last position of each chunk that wants an output, in order, or with `all_rows` of every
-    /// position of every chunk.
+    /// Runs every token of `chunks` (validated) and leaves in `buf.logits` the logits of each
+    /// chunk's output rows ([`Want::output_rows`](worker_common::backend::Want::output_rows)),
+    /// in order, or with `all_rows` of every position of every chunk.
     pub fn forward(
         &self,
         chunks: &[Chunk<'_>],
@@ -91,14 +91,15 @@ impl Model<'_> {
         buf.rows.clear();
         buf.output_rows.clear();
         for (index, chunk) in chunks.iter().enumerate() {
-            let first = buf.rows.len();
             let rows = (chunk.start_pos..chunk.end_pos()).map(|pos| Row { pos, chunk: index });
             buf.rows.extend(rows);
-            if all_rows {
-                buf.output_rows.extend(first..buf.rows.len());
-            } else if chunk.want.has_output() {
-                buf.output_rows.push(buf.rows.len() - 1);
-            }
+            let outputs = if all_rows {
+                chunk.tokens.len()
+            } else {
+                chunk.want.output_rows(chunk.tokens.len())
+            };
+            buf.output_rows
+                .extend(buf.rows.len() - outputs..buf.rows.len());
         }
         let n = buf.rows.len();
         if n == 0 {

@@ -116,6 +116,12 @@ impl InferenceBackend for CpuBackend {
         }
     }
 
+    /// Every position's logits are the same bits however the positions are cut into chunks
+    /// and however many rows a matrix product holds (specs/CPU_NUMERICS.md).
+    fn verifies_drafts(&self) -> bool {
+        true
+    }
+
     fn kv_pages(&self) -> usize {
         self.kv.pages()
     }

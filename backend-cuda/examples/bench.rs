@@ -123,6 +123,7 @@ fn through_generate(
         deadline: None,
         ignore_eos: false,
         grammar: None,
+        speculative: true,
     };
     let mut rates = Vec::new();
     let mut timed = Timed {

@@ -340,6 +340,13 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         outputs.begin(chunks, self.kv.pages)?;
         for chunk in chunks {
+            // The scheduler asks only a backend that verifies drafts (this one does not yet).
+            if matches!(chunk.want, Want::GreedyEach | Want::LogitsEach) {
+                return Err(BackendError::Unsupported {
+                    backend: Self::WORKER_TYPE,
+                    what: "a choice per position (speculative decoding)".to_owned(),
+                });
+            }
             if chunk.end_pos() > self.kv.context_length {
                 return Err(BackendError::InvalidInput(format!(
                     "position {} is past the context length {}",
@@ -415,7 +422,7 @@ impl CudaBackend {
                     choices = true;
                 }
                 Want::Greedy => choices = true,
-                Want::Nothing | Want::Logits => {}
+                Want::Nothing | Want::Logits | Want::GreedyEach | Want::LogitsEach => {}
             }
         }
         if choices {
@@ -423,7 +430,7 @@ impl CudaBackend {
         }
         for (head, &index) in wanting.iter().enumerate() {
             match chunks[index].want {
-                Want::Nothing => {}
+                Want::Nothing | Want::GreedyEach | Want::LogitsEach => {}
                 Want::Logits => {
                     self.scratch.download_logits(&self.gpu, head)?;
                     let logits = self.scratch.logits()?;

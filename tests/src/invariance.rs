@@ -35,6 +35,8 @@ pub enum Got {
     Logits(Vec<u32>),
     /// The greedy choice.
     Greedy(u32),
+    /// The greedy choice after each position.
+    GreedyEach(Vec<u32>),
 }
 
 impl Got {
@@ -70,6 +72,8 @@ impl<B: InferenceBackend> Harness<B> {
                     ChunkOutput::Logits(logits) => (Got::Logits(bits(logits)), logits.to_vec()),
                     ChunkOutput::Nothing => (Got::Nothing, Vec::new()),
                     ChunkOutput::Greedy(id) => (Got::Greedy(id), Vec::new()),
+                    ChunkOutput::GreedyEach(ids) => (Got::GreedyEach(ids.to_vec()), Vec::new()),
+                    ChunkOutput::LogitsEach(rows) => (Got::Logits(bits(rows)), rows.to_vec()),
                 },
             )
             .collect()
@@ -280,4 +284,38 @@ fn difference(got: &Got, expected: &Got) -> String {
         }
         _ => format!("got {got:?}, alone {expected:?}"),
     }
+}
+
+/// Asserts that one chunk over the last `drafts + 1` tokens of `prompt` wanting the greedy
+/// choice after each position (a speculative verify pass, its "drafts" the prompt's own
+/// tokens) gets the choices of one-token steps at those positions, beside another sequence's
+/// prefill in the same step.
+pub fn assert_verify_pass_matches_single_steps<B: InferenceBackend>(
+    h: &mut Harness<B>,
+    prompt: &[u32],
+    drafts: usize,
+) {
+    let first = prompt.len() - drafts - 1;
+    let table = pages(&[0, 1, 2, 3]);
+    h.step(&[chunk(&prompt[..first], 0, &table, Want::Nothing)]);
+    let singles: Vec<u32> = (first..prompt.len())
+        .map(|pos| {
+            let step = h.step(&[chunk(&prompt[pos..=pos], pos, &table, Want::Greedy)]);
+            match &step[0].0 {
+                Got::Greedy(id) => *id,
+                other => panic!("a greedy step gave {other:?}"),
+            }
+        })
+        .collect();
+    let (table, beside) = (pages(&[6, 4, 9, 5]), pages(&[10, 12, 11]));
+    h.step(&[chunk(&prompt[..first], 0, &table, Want::Nothing)]);
+    let verify = h.step(&[
+        chunk(&prompt[..9], 0, &beside, Want::Greedy),
+        chunk(&prompt[first..], first, &table, Want::GreedyEach),
+    ]);
+    assert_eq!(
+        verify[1].0,
+        Got::GreedyEach(singles),
+        "a verify pass of {drafts} drafts differs from one-token steps"
+    );
 }

@@ -2,7 +2,8 @@
 //! synthetic Llama 3.1, Qwen3, Phi-3 and MXFP4 models (RoPE factors, Q/K norms): a chunk's
 //! logits, and the keys and values it stores, are bit-identical whatever else is in the step,
 //! however its sequence's positions were split into chunks, and whether its prefix was computed
-//! by itself or shared by page reference.
+//! by itself or shared by page reference; a speculative verify pass (the greedy choice after
+//! each position of a chunk) gives the choices of one-token steps.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,7 +11,8 @@ use backend_cpu::{CpuBackend, CpuOptions};
 use llorch_tests::assets::{self, Asset, Model};
 use llorch_tests::invariance::{
     Got, Harness, TEXTS, alone, assert_same, assert_shared_prefix_matches_own_prefill,
-    assert_split_prefill_matches_one_chunk, prompt, together,
+    assert_split_prefill_matches_one_chunk, assert_verify_pass_matches_single_steps, prompt,
+    together,
 };
 use llorch_tests::synthetic::Synthetic;
 use worker_common::backend::Want;
@@ -54,6 +56,8 @@ fn invariance(model: impl Asset) {
     let h = &mut fixture.harness;
     assert_split_prefill_matches_one_chunk(h, a, &[7, 16]);
     assert_shared_prefix_matches_own_prefill(h, a, &b[..12]);
+    // (d) A speculative verify pass of 8 drafts gives one-token steps' choices.
+    assert_verify_pass_matches_single_steps(h, a, 8);
 }
 
 #[test]

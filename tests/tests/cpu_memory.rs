@@ -51,6 +51,7 @@ fn smollm2_resident_memory_is_file_plus_kv_plus_64_mib() {
         deadline: None,
         ignore_eos: false,
         grammar: None,
+        speculative: true,
     };
     // The KV this request writes: prompt + max_tokens positions, f16 K and V.
     let hp = &model.spec.hparams;

@@ -51,6 +51,7 @@ fn request(prompt_tokens: Vec<u32>, max_tokens: usize, temperature: f32) -> Gene
         deadline: None,
         ignore_eos: false,
         grammar: None,
+        speculative: true,
     }
 }
 

@@ -304,6 +304,9 @@ impl<'a> Run<'a> {
                 self.tokens.push(token);
                 Got::Greedy(token)
             }
+            ChunkOutput::GreedyEach(_) | ChunkOutput::LogitsEach(_) => {
+                panic!("no verify pass was asked, got one")
+            }
         };
         self.got.push(got);
     }

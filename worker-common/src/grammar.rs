@@ -565,6 +565,29 @@ impl Guide {
         self.next.mask.get().is_none() && self.next.expected > SLOW_MASK
     }
 
+    /// Whether the grammar allows `token` next (waits for the mask, as [`allowed`](Self::allowed)).
+    pub fn allows(&self, token: u32) -> Result<bool, GrammarError> {
+        let mask = self.allowed()?;
+        let word = mask.get(token as usize / 32).copied().unwrap_or(0);
+        Ok(word >> (token % 32) & 1 == 1)
+    }
+
+    /// How many of `tokens`, from the first, the grammar allows in a row from here (a
+    /// speculative sequence's drafts are cut there). Waits for the mask: the parser comes back
+    /// with it.
+    pub fn allowed_prefix(&self, tokens: &[u32]) -> Result<usize, GrammarError> {
+        self.allowed()?;
+        let mut slot = self
+            .next
+            .matcher
+            .lock()
+            .map_err(|_| GrammarError::Step("the grammar parser was lost".into()))?;
+        let matcher = slot
+            .as_mut()
+            .ok_or_else(|| GrammarError::Step("the grammar parser was lost".into()))?;
+        matcher.validate_tokens(tokens).map_err(step)
+    }
+
     /// Advances past `token` and starts computing the next mask in the background.
     pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
         self.allowed()?;

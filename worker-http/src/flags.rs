@@ -76,6 +76,23 @@ pub struct CommonFlags {
     #[arg(long, env = "LLORCH_NO_PREFIX_CACHE")]
     pub no_prefix_cache: bool,
 
+    /// Speculative decoding by prompt lookup: a greedy job drafts the tokens that followed the
+    /// latest earlier occurrence of its last few tokens, and one step verifies them (the same
+    /// tokens as without, faster where the output repeats the input; specs/SPECULATIVE.md).
+    #[arg(long, env = "LLORCH_SPEC_NGRAM", conflicts_with = "draft_model")]
+    pub spec_ngram: bool,
+
+    /// Speculative decoding with a draft model: a smaller GGUF model with the same vocabulary
+    /// drafts each job's next tokens on the same backend (its own KV pages), and one step of
+    /// the model verifies them (the same tokens as without; specs/SPECULATIVE.md).
+    #[arg(long, env = "LLORCH_DRAFT_MODEL", value_name = "PATH")]
+    pub draft_model: Option<std::path::PathBuf>,
+
+    /// Most tokens a job drafts for one step when speculating (fewer while the model disagrees
+    /// with its drafts or the step has no room for them).
+    #[arg(long, env = "LLORCH_DRAFT_MAX", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub draft_max: u32,
+
     /// Seconds a job may run before it ends with INFERENCE_TIMEOUT.
     #[arg(long, env = "LLORCH_INFERENCE_TIMEOUT_SEC", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub inference_timeout_sec: u64,

@@ -107,6 +107,9 @@ impl JobEnd {
                     inter_token_latency: (tokens_out > 1)
                         .then(|| done.decode_time_ms / 1e3 / (tokens_out - 1) as f64),
                     duration,
+                    acceptance: (done.speculation.drafted > 0).then(|| {
+                        done.speculation.accepted as f64 / done.speculation.drafted as f64
+                    }),
                 }
             }
             JobEnd::Failed { code, .. } => JobRecord {
@@ -119,6 +122,7 @@ impl JobEnd {
                 time_to_first_token: None,
                 inter_token_latency: None,
                 duration,
+                acceptance: None,
             },
         }
     }

@@ -32,6 +32,9 @@ const LATENCY_BOUNDS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
 ];
 
+/// Bucket bounds of the per-job draft acceptance ratio.
+const RATIO_BOUNDS: [f64; 10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
 /// Bucket bounds of the step size histograms (sequences or tokens in one step).
 const SIZE_BOUNDS: [f64; 12] = [
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
@@ -94,6 +97,8 @@ pub struct JobRecord {
     pub inter_token_latency: Option<f64>,
     /// Seconds the job ran on the engine.
     pub duration: f64,
+    /// Of its drafted tokens, the share the model agreed with; `None` when it drafted none.
+    pub acceptance: Option<f64>,
 }
 
 /// The worker's metrics.
@@ -110,6 +115,7 @@ pub struct Metrics {
     step_duration: Histogram,
     step_sequences: Histogram,
     step_tokens: Histogram,
+    spec_acceptance: Histogram,
 }
 
 impl Default for Metrics {
@@ -125,6 +131,7 @@ impl Default for Metrics {
             step_duration: Histogram::new(&LATENCY_BOUNDS),
             step_sequences: Histogram::new(&SIZE_BOUNDS),
             step_tokens: Histogram::new(&SIZE_BOUNDS),
+            spec_acceptance: Histogram::new(&RATIO_BOUNDS),
         }
     }
 }
@@ -176,6 +183,9 @@ impl Metrics {
             self.inter_token_latency.observe(seconds);
         }
         self.inference_duration.observe(job.duration);
+        if let Some(ratio) = job.acceptance {
+            self.spec_acceptance.observe(ratio);
+        }
     }
 
     /// The Prometheus text exposition.
@@ -229,6 +239,11 @@ impl Metrics {
             &mut out,
             "worker_inference_duration_seconds",
             "Time a job ran on the engine.",
+        );
+        self.spec_acceptance.render(
+            &mut out,
+            "worker_spec_acceptance_ratio",
+            "Of a job's drafted tokens, the share the model agreed with; jobs that drafted only.",
         );
         gauge(
             &mut out,
@@ -293,6 +308,18 @@ impl Metrics {
             "Prompt tokens whose KV came from the prefix cache.",
             stats.cached_tokens,
         );
+        counter(
+            out,
+            "worker_spec_draft_tokens_total",
+            "Tokens drafted for speculative decoding (--spec-ngram).",
+            stats.drafted_tokens,
+        );
+        counter(
+            out,
+            "worker_spec_accepted_tokens_total",
+            "Drafted tokens the model agreed with: tokens that took no step of their own.",
+            stats.accepted_tokens,
+        );
         self.step_sequences
             .render(out, "worker_batch_size", "Sequences per engine step.");
         self.step_tokens
@@ -335,6 +362,7 @@ mod tests {
             time_to_first_token: Some(0.003),
             inter_token_latency: Some(0.02),
             duration: 0.2,
+            acceptance: Some(0.75),
         });
         metrics.record_step(3, 40, 0.004);
         metrics.record_numerics();
@@ -347,6 +375,8 @@ mod tests {
                 kv_pages_free: 4,
                 preemptions: 2,
                 cached_tokens: 32,
+                drafted_tokens: 9,
+                accepted_tokens: 4,
                 last_step: None,
             },
             memory: MemoryUsage {
@@ -371,6 +401,10 @@ mod tests {
         assert!(text.contains("worker_kv_cache_usage_ratio 0.6\n"));
         assert!(text.contains("worker_preemptions_total 2\n"));
         assert!(text.contains("worker_prefix_cache_hit_tokens_total 32\n"));
+        assert!(text.contains("worker_spec_draft_tokens_total 9\n"));
+        assert!(text.contains("worker_spec_accepted_tokens_total 4\n"));
+        assert!(text.contains("worker_spec_acceptance_ratio_bucket{le=\"0.7\"} 0\n"));
+        assert!(text.contains("worker_spec_acceptance_ratio_bucket{le=\"0.8\"} 1\n"));
         assert!(text.contains("worker_batch_size_bucket{le=\"2\"} 0\n"));
         assert!(text.contains("worker_batch_size_bucket{le=\"4\"} 1\n"));
         assert!(text.contains("worker_batch_tokens_sum 40\n"));

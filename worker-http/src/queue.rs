@@ -275,6 +275,7 @@ mod tests {
             deadline: None,
             ignore_eos: false,
             grammar: None,
+            speculative: true,
         };
         let job = Job {
             id: id.into(),

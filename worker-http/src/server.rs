@@ -233,6 +233,11 @@ fn settings<B: Load>(flags: &CommonFlags, access: Access) -> Settings {
         batch_tokens: flags.batch_tokens,
         kv_cache_mb: flags.kv_cache_mb,
         prefix_cache: !flags.no_prefix_cache,
+        draft_max: match flags.spec_ngram || flags.draft_model.is_some() {
+            true => flags.draft_max,
+            false => 0,
+        },
+        draft_model: flags.draft_model.clone(),
         worker_type: B::WORKER_TYPE,
         memory_architecture: B::MEMORY_ARCHITECTURE,
         access,

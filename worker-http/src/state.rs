@@ -41,6 +41,11 @@ pub struct Settings {
     pub kv_cache_mb: Option<u64>,
     /// Whether full KV pages are shared between prompts (`--no-prefix-cache` turns it off).
     pub prefix_cache: bool,
+    /// Most tokens a job drafts per step (`--draft-max` with `--spec-ngram` or
+    /// `--draft-model`); 0: no speculation.
+    pub draft_max: u32,
+    /// `--draft-model`, when given.
+    pub draft_model: Option<std::path::PathBuf>,
     /// The backend's `WORKER_TYPE`.
     pub worker_type: &'static str,
     /// The backend's `MEMORY_ARCHITECTURE`.

@@ -73,6 +73,7 @@ pub async fn submit(
         deadline: None,
         ignore_eos: job.ignore_eos,
         grammar,
+        speculative: job.speculative,
     };
     let queued_job = Job {
         id: job_id.clone(),

@@ -201,12 +201,32 @@ pub enum Want<'a> {
     /// step, [`masked_greedy_choice`](crate::sampling::masked_greedy_choice)); the mask may
     /// still be computing while the step runs, so a backend asks for it only once it needs it.
     GreedyAmong(&'a dyn AllowedIds),
+    /// The greedy choice after every position of the chunk, as [`Want::Greedy`] would give it
+    /// for a chunk ending there: the verify pass of speculative decoding, whose chunk is the
+    /// sequence's next input followed by drafted tokens (specs/SPECULATIVE.md). Asked only of
+    /// a backend that [`verifies_drafts`](InferenceBackend::verifies_drafts).
+    GreedyEach,
+    /// The logits after every position of the chunk: the verify pass of a sampled (or
+    /// penalized, or logprobs-reporting) sequence's drafts, each row the one `Want::Logits`
+    /// would give a chunk ending there. Asked only of a backend that
+    /// [`verifies_drafts`](InferenceBackend::verifies_drafts).
+    LogitsEach,
 }
 
 impl Want<'_> {
     /// Whether the chunk wants anything back (its last row goes through the output head).
     pub fn has_output(&self) -> bool {
         !matches!(self, Want::Nothing)
+    }
+
+    /// How many of a chunk's `len` rows go through the output head: its last, every one
+    /// ([`Want::GreedyEach`]) or none.
+    pub fn output_rows(&self, len: usize) -> usize {
+        match self {
+            Want::Nothing => 0,
+            Want::GreedyEach | Want::LogitsEach => len,
+            Want::Logits | Want::Greedy | Want::GreedyAmong(_) => 1.min(len),
+        }
     }
 }
 
@@ -358,6 +378,13 @@ pub trait InferenceBackend: Sized + Send + 'static {
     /// ones says no and keeps its grid.
     fn paces_prefill(&self) -> bool {
         true
+    }
+
+    /// Whether the backend answers [`Want::GreedyEach`] and [`Want::LogitsEach`] with, at
+    /// every position, the bits a chunk ending there would give: then a pass over drafted tokens verifies them exactly
+    /// and the scheduler may speculate. By default no.
+    fn verifies_drafts(&self) -> bool {
+        false
     }
 
     /// Allocates now what steps within `limits` need, so that memory does not grow under load

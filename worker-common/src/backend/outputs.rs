@@ -21,6 +21,11 @@ pub enum ChunkOutput<'a> {
     Logits(&'a [f32]),
     /// The greedy choice over them.
     Greedy(u32),
+    /// The greedy choice after each of its positions, in order ([`Want::GreedyEach`]).
+    GreedyEach(&'a [u32]),
+    /// The logits after each of its positions, one row of `vocab_size` after another
+    /// ([`Want::LogitsEach`]).
+    LogitsEach(&'a [f32]),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,9 +33,19 @@ enum Slot {
     Nothing,
     /// Row `n` of the logits buffer, written by the backend.
     Logits(usize),
+    /// Rows `first..first + len` of the logits buffer ([`Want::LogitsEach`]).
+    LogitsEach {
+        first: usize,
+        len: usize,
+    },
     /// Set by [`StepOutputs::put_logits`], [`StepOutputs::set_greedy`] or
     /// [`StepOutputs::set_non_finite`].
     Greedy(Option<Choice>),
+    /// Entries `first..first + len` of the per-position choices ([`Want::GreedyEach`]).
+    Each {
+        first: usize,
+        len: usize,
+    },
 }
 
 /// What a greedy chunk got.
@@ -48,6 +63,9 @@ pub struct StepOutputs {
     vocab_size: usize,
     slots: Vec<Slot>,
     logits: Vec<f32>,
+    /// The per-position choices of [`Want::GreedyEach`] chunks, and their tokens.
+    each: Vec<Option<Choice>>,
+    each_tokens: Vec<u32>,
 }
 
 impl StepOutputs {
@@ -70,9 +88,10 @@ impl StepOutputs {
     }
 
     /// Prepares a slot per chunk: a logits row for each chunk that wants logits, an unset
-    /// choice for each that wants the greedy id.
+    /// choice for each that wants the greedy id, one per position for each that wants them all.
     pub fn prepare(&mut self, chunks: &[Chunk<'_>]) {
         self.slots.clear();
+        self.each.clear();
         let mut rows = 0;
         for chunk in chunks {
             self.slots.push(match chunk.want {
@@ -81,9 +100,24 @@ impl StepOutputs {
                     rows += 1;
                     Slot::Logits(rows - 1)
                 }
+                Want::LogitsEach => {
+                    let first = rows;
+                    rows += chunk.tokens.len();
+                    Slot::LogitsEach {
+                        first,
+                        len: chunk.tokens.len(),
+                    }
+                }
                 Want::Greedy | Want::GreedyAmong(_) => Slot::Greedy(None),
+                Want::GreedyEach => {
+                    let first = self.each.len();
+                    let len = chunk.tokens.len();
+                    self.each.resize(first + len, None);
+                    Slot::Each { first, len }
+                }
             });
         }
+        self.each_tokens.resize(self.each.len(), 0);
         self.logits.resize(rows * self.vocab_size, 0.0);
     }
 
@@ -115,11 +149,12 @@ impl StepOutputs {
     }
 
     /// [`put_logits`](Self::put_logits) for every chunk of the step that has an output,
-    /// `rows` holding their last positions' logits one after another in chunk order (extra
-    /// rows are ignored). The greedy choices, a scan of the vocabulary each, are tasks the
-    /// backend's `run(tasks, body)` runs (`body(i)` for each `i < tasks`), in parallel on its
-    /// threads: one after another they held a step of many sequences on one thread. Errors
-    /// when `rows` holds fewer rows than chunks with an output.
+    /// `rows` holding the logits of their output rows ([`Want::output_rows`]: the last
+    /// position, or every position) one after another in chunk order (extra rows are ignored).
+    /// The greedy choices, a scan of the vocabulary each, are tasks the backend's
+    /// `run(tasks, body)` runs (`body(i)` for each `i < tasks`), in parallel on its threads:
+    /// one after another they held a step of many sequences on one thread. Errors when `rows`
+    /// holds fewer rows than the chunks' outputs.
     pub fn put_rows(
         &mut self,
         chunks: &[Chunk<'_>],
@@ -129,26 +164,32 @@ impl StepOutputs {
         let mut row_of = rows.chunks_exact(self.vocab_size.max(1));
         let mut outputs = Vec::with_capacity(chunks.len());
         for (index, chunk) in chunks.iter().enumerate() {
-            if !chunk.want.has_output() {
-                continue;
+            for position in 0..chunk.want.output_rows(chunk.tokens.len()) {
+                let row = row_of.next().ok_or_else(|| {
+                    BackendError::InvalidInput(format!("no logits computed for chunk {index}"))
+                })?;
+                outputs.push((index, chunk.want, position, row));
             }
-            let row = row_of.next().ok_or_else(|| {
-                BackendError::InvalidInput(format!("no logits computed for chunk {index}"))
-            })?;
-            outputs.push((index, chunk.want, row));
         }
         let slots = &self.slots;
         let choices: Vec<OnceLock<Choice>> = outputs.iter().map(|_| OnceLock::new()).collect();
         run(outputs.len(), &|i| {
-            let (index, want, row) = outputs[i];
-            if let Some(Slot::Greedy(_)) = slots.get(index) {
+            let (index, want, _, row) = outputs[i];
+            if let Some(Slot::Greedy(_) | Slot::Each { .. }) = slots.get(index) {
                 let _ = choices[i].set(choose(want, row));
             }
         });
-        for (&(index, want, row), choice) in outputs.iter().zip(choices) {
-            match choice.into_inner() {
-                Some(choice) => self.set_choice(index, choice),
-                None => self.put_logits(index, want, row),
+        for (&(index, want, position, row), choice) in outputs.iter().zip(choices) {
+            match (choice.into_inner(), self.slots.get(index)) {
+                (Some(choice), _) => self.set_choice_at(index, position, choice),
+                (None, Some(&Slot::LogitsEach { first, len })) if position < len => {
+                    let width = self.vocab_size;
+                    let at = (first + position) * width;
+                    if let Some(out) = self.logits.get_mut(at..at + width) {
+                        out.copy_from_slice(row);
+                    }
+                }
+                (None, _) => self.put_logits(index, want, row),
             }
         }
         Ok(())
@@ -167,8 +208,21 @@ impl StepOutputs {
     }
 
     fn set_choice(&mut self, index: usize, set: Choice) {
-        if let Some(Slot::Greedy(choice)) = self.slots.get_mut(index) {
-            *choice = Some(set);
+        self.set_choice_at(index, 0, set);
+    }
+
+    /// Records the choice after position `position` of chunk `index` (0 for a chunk with one
+    /// choice).
+    fn set_choice_at(&mut self, index: usize, position: usize, set: Choice) {
+        match self.slots.get_mut(index) {
+            Some(Slot::Greedy(choice)) => *choice = Some(set),
+            Some(&mut Slot::Each { first, len }) if position < len => {
+                self.each[first + position] = Some(set);
+                if let Choice::Token(token) = set {
+                    self.each_tokens[first + position] = token;
+                }
+            }
+            _ => {}
         }
     }
 
@@ -187,17 +241,42 @@ impl StepOutputs {
                 }
                 ChunkOutput::Logits(logits)
             }
+            Slot::LogitsEach { first, len } => {
+                let width = self.vocab_size;
+                let logits = &self.logits[first * width..(first + len) * width];
+                if let Some(first) = first_non_finite(logits) {
+                    return Err(BackendError::NonFiniteLogits {
+                        first: Some((first.0 % width.max(1) as u32, first.1)),
+                    });
+                }
+                ChunkOutput::LogitsEach(logits)
+            }
             Slot::Greedy(Some(Choice::Token(token))) => ChunkOutput::Greedy(token),
             Slot::Greedy(Some(Choice::NonFinite(first))) => {
                 return Err(BackendError::NonFiniteLogits { first });
             }
             Slot::Greedy(None) => return Err(missing()),
+            Slot::Each { first, len } => {
+                for choice in &self.each[first..first + len] {
+                    match choice {
+                        Some(Choice::Token(_)) => {}
+                        Some(Choice::NonFinite(first)) => {
+                            return Err(BackendError::NonFiniteLogits { first: *first });
+                        }
+                        None => return Err(missing()),
+                    }
+                }
+                ChunkOutput::GreedyEach(&self.each_tokens[first..first + len])
+            }
         })
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.logits.capacity() * size_of::<f32>() + self.slots.capacity() * size_of::<Slot>()
+        self.logits.capacity() * size_of::<f32>()
+            + self.slots.capacity() * size_of::<Slot>()
+            + self.each.capacity() * size_of::<Option<Choice>>()
+            + self.each_tokens.capacity() * size_of::<u32>()
     }
 }
 
@@ -236,239 +315,4 @@ fn choose(want: Want<'_>, logits: &[f32]) -> Choice {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::PageId;
-
-    /// A one-token chunk at position 0 on `pages` that wants `want`.
-    fn one_token<'a>(pages: &'a [PageId], want: Want<'a>) -> Chunk<'a> {
-        Chunk {
-            tokens: &[1],
-            start_pos: 0,
-            pages,
-            want,
-        }
-    }
-
-    #[test]
-    fn each_chunk_gets_the_output_it_asked_for() {
-        let pages = [PageId(0)];
-        let chunk = |want| one_token(&pages, want);
-        let mut outputs = StepOutputs::new(3);
-        outputs.prepare(&[
-            chunk(Want::Logits),
-            chunk(Want::Nothing),
-            chunk(Want::Greedy),
-            chunk(Want::Logits),
-        ]);
-        if let Some(row) = outputs.logits_mut(3) {
-            row.copy_from_slice(&[1.0, 2.0, 3.0]);
-        }
-        assert!(outputs.logits_mut(1).is_none());
-        assert!(
-            outputs.get(2).is_err(),
-            "an unset greedy choice is an error"
-        );
-        outputs.set_greedy(2, 7);
-        outputs.set_greedy(1, 9);
-        assert_eq!(outputs.get(0).ok(), Some(ChunkOutput::Logits(&[0.0; 3])));
-        assert_eq!(outputs.get(1).ok(), Some(ChunkOutput::Nothing));
-        assert_eq!(outputs.get(2).ok(), Some(ChunkOutput::Greedy(7)));
-        assert_eq!(
-            outputs.get(3).ok(),
-            Some(ChunkOutput::Logits(&[1.0, 2.0, 3.0]))
-        );
-        assert!(outputs.get(4).is_err());
-    }
-
-    #[test]
-    fn host_logits_become_the_row_or_the_greedy_choice_and_bad_chunks_are_refused() {
-        let pages = [PageId(0)];
-        let chunk = |want, tokens: &'static [u32]| Chunk {
-            tokens,
-            start_pos: 0,
-            pages: &pages,
-            want,
-        };
-        let mut outputs = StepOutputs::new(3);
-        let chunks = [chunk(Want::Logits, &[1]), chunk(Want::Greedy, &[2])];
-        assert!(outputs.begin(&chunks, 1).is_ok());
-        outputs.put_logits(0, Want::Logits, &[0.5, 0.25, 0.0]);
-        outputs.put_logits(1, Want::Greedy, &[0.0, 2.0, 2.0]);
-        assert_eq!(
-            outputs.get(0).ok(),
-            Some(ChunkOutput::Logits(&[0.5, 0.25, 0.0]))
-        );
-        assert_eq!(
-            outputs.get(1).ok(),
-            Some(ChunkOutput::Greedy(1)),
-            "lowest id on ties"
-        );
-        assert!(
-            outputs.begin(&[chunk(Want::Logits, &[3])], 1).is_err(),
-            "token 3 ≥ vocab 3"
-        );
-        assert!(
-            outputs.begin(&chunks, 0).is_err(),
-            "page 0 outside an empty pool"
-        );
-    }
-
-    /// A mask that is ready, or lost.
-    struct Fixed(Option<Vec<u32>>);
-
-    impl crate::backend::AllowedIds for Fixed {
-        fn wait(&self) -> Option<&[u32]> {
-            self.0.as_deref()
-        }
-    }
-
-    #[test]
-    fn a_masked_greedy_chunk_gets_the_best_allowed_id_from_host_logits() {
-        let pages = [PageId(0)];
-        let odd = Fixed(Some(vec![0b1010]));
-        let lost = Fixed(None);
-        let chunks = [
-            one_token(&pages, Want::GreedyAmong(&odd)),
-            one_token(&pages, Want::GreedyAmong(&lost)),
-            one_token(&pages, Want::GreedyAmong(&odd)),
-        ];
-        let mut outputs = StepOutputs::new(4);
-        assert!(outputs.begin(&chunks, 1).is_ok());
-        for (index, chunk) in chunks.iter().enumerate() {
-            let logits = match index {
-                2 => [0.0, f32::NAN, 0.0, 0.0],
-                _ => [9.0, 1.0, 5.0, 3.0],
-            };
-            outputs.put_logits(index, chunk.want, &logits);
-        }
-        assert_eq!(
-            outputs.get(0).ok(),
-            Some(ChunkOutput::Greedy(3)),
-            "ids 1 and 3 only"
-        );
-        assert_eq!(
-            outputs.get(1).ok(),
-            Some(ChunkOutput::Greedy(0)),
-            "a lost mask leaves the plain choice, which its sequence discards"
-        );
-        assert!(
-            matches!(outputs.get(2), Err(BackendError::NonFiniteLogits { .. })),
-            "a NaN outside the mask still counts"
-        );
-    }
-
-    /// Runs the tasks of `put_rows` one after another, backwards (any order must do).
-    fn serial(tasks: usize, body: &(dyn Fn(usize) + Sync)) {
-        (0..tasks).rev().for_each(body);
-    }
-
-    /// `put_rows` hands each chunk what `put_logits` would, row by row in chunk order, skipping
-    /// chunks without an output; too few rows is an error, not a panic.
-    #[test]
-    fn put_rows_equals_put_logits_chunk_by_chunk() {
-        let pages = [PageId(0)];
-        let odd = Fixed(Some(vec![0b1010]));
-        let wants = [
-            Want::Greedy,
-            Want::Nothing,
-            Want::Logits,
-            Want::GreedyAmong(&odd),
-            Want::Greedy,
-        ];
-        let chunks: Vec<Chunk<'_>> = wants.iter().map(|&w| one_token(&pages, w)).collect();
-        let rows = [
-            [1.0, 7.0, 7.0, -3.0],
-            [0.5, 0.25, 0.0, 2.0],
-            [9.0, 1.0, 5.0, 3.0],
-            [0.0, 1.0, f32::INFINITY, 2.0],
-        ];
-        let (mut by_rows, mut one_by_one) = (StepOutputs::new(4), StepOutputs::new(4));
-        assert!(by_rows.begin(&chunks, 1).is_ok());
-        assert!(one_by_one.begin(&chunks, 1).is_ok());
-        assert!(
-            by_rows
-                .put_rows(&chunks, rows.as_flattened(), &serial)
-                .is_ok()
-        );
-        let with_output = [0, 2, 3, 4];
-        for (&index, row) in with_output.iter().zip(&rows) {
-            one_by_one.put_logits(index, chunks[index].want, row);
-        }
-        for index in 0..chunks.len() {
-            assert_eq!(
-                format!("{:?}", by_rows.get(index)),
-                format!("{:?}", one_by_one.get(index)),
-                "chunk {index}"
-            );
-        }
-        assert_eq!(by_rows.get(0).ok(), Some(ChunkOutput::Greedy(1)));
-        assert!(
-            by_rows
-                .put_rows(&chunks, &rows.as_flattened()[..12], &serial)
-                .is_err()
-        );
-    }
-
-    #[test]
-    fn non_finite_logits_are_an_error_however_they_arrive() {
-        let pages = [PageId(0)];
-        let chunk = |want| one_token(&pages, want);
-        let mut outputs = StepOutputs::new(4);
-        let chunks = [
-            chunk(Want::Logits),
-            chunk(Want::Greedy),
-            chunk(Want::Greedy),
-            chunk(Want::Logits),
-        ];
-        assert!(outputs.begin(&chunks, 1).is_ok());
-        outputs.put_logits(0, Want::Logits, &[0.5, f32::NAN, 1.0, f32::INFINITY]);
-        outputs.put_logits(1, Want::Greedy, &[0.0, 1.0, f32::NEG_INFINITY, 2.0]);
-        outputs.set_non_finite(2);
-        outputs.put_logits(3, Want::Logits, &[f32::MAX, f32::MIN, 1e-45, -0.0]);
-        let first = |index| match outputs.get(index) {
-            Err(BackendError::NonFiniteLogits { first }) => first,
-            other => panic!("chunk {index}: {other:?}"),
-        };
-        let nan = first(0);
-        assert!(
-            matches!(nan, Some((1, v)) if v.is_nan()),
-            "the first one: {nan:?}"
-        );
-        assert_eq!(first(1), Some((2, f32::NEG_INFINITY)), "no greedy choice");
-        assert_eq!(first(2), None, "flagged by a device");
-        assert_eq!(
-            outputs.get(3).ok(),
-            Some(ChunkOutput::Logits(&[f32::MAX, f32::MIN, 1e-45, -0.0])),
-            "extreme but finite logits pass"
-        );
-        let message = outputs.get(1).err().map(|e| e.to_string());
-        assert!(
-            message.is_some_and(|m| m.contains("-inf for token 2")),
-            "the error names the value and the token"
-        );
-    }
-
-    #[test]
-    fn the_scan_finds_every_kind_of_non_finite_value_at_any_position() {
-        let specials = [
-            f32::NAN,
-            -f32::NAN,
-            f32::from_bits(0x7f80_0001),
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-        ];
-        for len in [1, 15, 16, 17, 1000] {
-            let mut row = vec![1.0f32; len];
-            assert_eq!(first_non_finite(&row), None);
-            for at in [0, len / 2, len - 1] {
-                for special in specials {
-                    row[at] = special;
-                    let found = first_non_finite(&row);
-                    assert_eq!(found.map(|f| f.0), Some(at as u32), "{special} at {at}");
-                    row[at] = 1.0;
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -8,6 +8,7 @@
 
 mod prompt;
 mod sequence;
+pub mod speculation;
 mod stop;
 
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 
 pub use prompt::{CHAT_TEMPLATE_KEY, PromptError, PromptFormatter, TemplateRendering};
 pub use sequence::{Sequence, StepContext};
+pub use speculation::Speculation;
 pub use stop::{Released, StopMatcher};
 
 use crate::backend::{BackendError, InferenceBackend, PAGE_SIZE};
@@ -66,6 +68,9 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// The grammar the output must follow, compiled for this job.
     pub grammar: Option<Constraint>,
+    /// Whether the scheduler may draft tokens for this job when the worker speculates
+    /// (specs/SPECULATIVE.md); `false` is the request's opt-out.
+    pub speculative: bool,
 }
 
 /// A streamed event of a running job.
@@ -177,6 +182,8 @@ pub struct Finished {
     /// Of the decode time, the steps this job was in (shared with the jobs beside it; the rest
     /// is detokenizing, stop checks, sending events and other jobs' work).
     pub decode_steps_ms: f64,
+    /// Tokens drafted for the job and drafts the model agreed with (speculation).
+    pub speculation: Speculation,
 }
 
 /// Why a job ended abnormally.
@@ -230,6 +237,7 @@ pub fn generate<B: InferenceBackend>(
         prefix_cache: false,
         // Alone, no decode waits for its prompt.
         paced_prefill: false,
+        draft_max: 0,
     };
     let needed = sequence.max_len().div_ceil(PAGE_SIZE);
     if needed > backend.kv_pages() {

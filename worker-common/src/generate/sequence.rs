@@ -8,6 +8,11 @@
 //! `history[computed..]`: the prompt at first (in chunks), then one token per step. A sequence
 //! preempted for pages starts again from `computed = 0` and re-runs its whole history, which
 //! gives the same logits (batch invariance) and so the same tokens, without a gap or a repeat.
+//!
+//! While decoding, the scheduler may append drafted tokens to the history for one step
+//! ([`Sequence::propose`]); the step verifies them and [`Sequence::accept`] keeps the run the
+//! model agrees with, then the model's own next token, and forgets the rest
+//! (specs/SPECULATIVE.md).
 
 use std::time::{Duration, Instant};
 
@@ -16,11 +21,13 @@ use super::{
     CancelToken, EventSink, Finished, GenerateError, GenerateEvent, GenerateRequest, LogprobEntry,
     METRICS_INTERVAL, StopReason, TokenLogprob,
 };
-use crate::backend::{ChunkOutput, Want};
+use crate::backend::{BackendError, ChunkOutput, Want};
 use crate::grammar::{Constraint, Guide};
 use crate::sampling::{Choice, Context, Logprobs, Sampler};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::stream::StreamDecoder;
+
+use super::speculation::{Agreement, Speculation};
 
 /// What [`Sequence::accept`] needs from the step beside the chunk's output.
 pub struct StepContext<'a> {
@@ -40,8 +47,17 @@ pub struct Sequence {
     sampler: Sampler,
     /// The grammar the output follows, if any.
     grammar: Option<Guide>,
-    /// The prompt, then every generated token (an end-of-generation token excluded).
+    /// The prompt, then every generated token (an end-of-generation token excluded), then
+    /// the `drafted` tokens proposed for the step being run.
     history: Vec<u32>,
+    drafted: usize,
+    /// Tokens drafted and drafts the model agreed with, since the start.
+    speculation: Speculation,
+    /// How often the model agreed with this sequence's drafts lately.
+    agreement: Agreement,
+    /// A verify pass's choice was refused by the grammar: the next step takes that position's
+    /// choice with the mask, without drafts.
+    needs_mask: bool,
     /// Positions of `history` whose keys and values are stored.
     computed: usize,
     /// Prompt tokens whose pages came from the prefix cache.
@@ -77,6 +93,10 @@ impl Sequence {
             text: TextStream::new(&request.stop),
             pending_logprobs: Vec::new(),
             history,
+            drafted: 0,
+            speculation: Speculation::default(),
+            agreement: Agreement::default(),
+            needs_mask: false,
             computed: 0,
             cached_tokens: 0,
             generated: 0,
@@ -101,7 +121,8 @@ impl Sequence {
         self.request.prompt_tokens.len()
     }
 
-    /// The tokens run so far or next: the prompt, then the generated tokens.
+    /// The tokens run so far or next: the prompt, then the generated tokens, then the drafted
+    /// ones while a step verifies them.
     pub fn history(&self) -> &[u32] {
         &self.history
     }
@@ -111,9 +132,63 @@ impl Sequence {
         self.computed
     }
 
-    /// Tokens still to run before the next token can be chosen (1 while decoding).
+    /// Tokens still to run before the next token can be chosen (1 while decoding), drafts not
+    /// counted.
     pub fn pending(&self) -> usize {
-        self.history.len() - self.computed
+        self.history.len() - self.drafted - self.computed
+    }
+
+    /// Tokens drafted for the next step (0 when the sequence does not speculate in it).
+    pub fn drafted(&self) -> usize {
+        self.drafted
+    }
+
+    /// Tokens drafted and drafts accepted since the start.
+    pub fn speculation(&self) -> Speculation {
+        self.speculation
+    }
+
+    /// Most tokens worth drafting now: 0 unless the sequence is decoding and did not opt out;
+    /// else one less than the tokens it may still generate (a verify pass emits up to one more
+    /// than it drafts).
+    pub fn draft_room(&self) -> usize {
+        let ready = self.pending() == 1 && self.drafted == 0 && !self.needs_mask;
+        if !self.request.speculative || !ready {
+            return 0;
+        }
+        (self.request.max_tokens - self.generated).saturating_sub(1)
+    }
+
+    /// How many tokens to draft: at most `max` and [`draft_room`](Self::draft_room), and only
+    /// those whose chance of agreement, by this sequence's agreement so far, exceeds `cost`
+    /// (the chance at which a draft pays for the compute it takes).
+    pub fn draft_len(&mut self, cost: f64, max: usize) -> usize {
+        let room = max.min(self.draft_room());
+        self.agreement.worth(cost, room)
+    }
+
+    /// Appends `drafts` (at most [`draft_room`](Self::draft_room), and only as many as its
+    /// grammar allows in a row) for the next step: its chunk is then the next input and the
+    /// drafts, and it wants the greedy choice after each.
+    pub fn propose(&mut self, drafts: &[u32]) {
+        let mut take = drafts.len().min(self.draft_room());
+        if let Some(grammar) = &self.grammar {
+            // A grammar that fails here fails again, and is reported, where the job takes its
+            // next token.
+            take = grammar
+                .allowed_prefix(&drafts[..take])
+                .unwrap_or(0)
+                .min(take);
+        }
+        self.history.extend_from_slice(&drafts[..take]);
+        self.drafted = take;
+        self.speculation.drafted += take as u64;
+    }
+
+    /// Forgets the drafts of a step that did not run.
+    pub fn clear_drafts(&mut self) {
+        self.history.truncate(self.history.len() - self.drafted);
+        self.drafted = 0;
     }
 
     /// Prompt tokens taken from the prefix cache.
@@ -131,6 +206,7 @@ impl Sequence {
 
     /// Forgets every stored position (its pages were taken back): the history runs again.
     pub fn preempt(&mut self) {
+        self.clear_drafts();
         self.computed = 0;
     }
 
@@ -147,8 +223,14 @@ impl Sequence {
 
     /// What a chunk of the next `len` pending tokens asks the backend for: nothing before the
     /// end of the history, else the greedy id (among the grammar's allowed ids) when that is
-    /// all the sampler would compute.
+    /// all the sampler would compute; with drafts, that after every position.
     pub fn want(&self, len: usize) -> Want<'_> {
+        if self.drafted > 0 {
+            return match self.sampler.is_plain_greedy() {
+                true => Want::GreedyEach,
+                false => Want::LogitsEach,
+            };
+        }
         if self.computed + len < self.history.len() {
             return Want::Nothing;
         }
@@ -180,28 +262,121 @@ impl Sequence {
         step: &StepContext<'_>,
         sink: &mut dyn EventSink,
     ) -> Result<Option<Finished>, GenerateError> {
-        self.computed += len;
+        let verified = matches!(
+            output,
+            ChunkOutput::GreedyEach(_) | ChunkOutput::LogitsEach(_)
+        );
+        if self.drafted > 0 && !verified {
+            return Err(GenerateError::Backend(BackendError::InvalidInput(format!(
+                "no choice per position for a chunk with {} drafts",
+                self.drafted
+            ))));
+        }
+        // A draft's position counts once the model agrees with it (`accept_verified`).
+        self.computed += len.saturating_sub(self.drafted);
         let tokenizer = step.tokenizer;
-        let Choice { token, logprobs } = match output {
+        let choice = match output {
             ChunkOutput::Nothing => return Ok(None),
+            ChunkOutput::GreedyEach(choices) => {
+                return self.accept_verified(Verified::Greedy(choices), step, sink);
+            }
+            ChunkOutput::LogitsEach(rows) => {
+                return self.accept_verified(Verified::Rows(rows), step, sink);
+            }
             ChunkOutput::Greedy(token) => Choice {
                 token,
                 logprobs: None,
             },
-            ChunkOutput::Logits(logits) => {
-                let allowed = match &self.grammar {
-                    Some(grammar) => Some(grammar.allowed()?),
-                    None => None,
-                };
-                let context = Context {
-                    history: &self.history,
-                    prompt_len: self.request.prompt_tokens.len(),
-                    end_of_generation: tokenizer.vocab().end_of_generation(),
-                    allowed,
-                };
-                self.sampler.choose(logits, &context)
-            }
+            ChunkOutput::Logits(logits) => self.sample(logits, tokenizer)?,
         };
+        self.count_step(step);
+        self.take(choice, step, sink)
+    }
+
+    /// The sampler's choice from `logits` after the history so far, under the grammar's mask.
+    fn sample(&mut self, logits: &[f32], tokenizer: &Tokenizer) -> Result<Choice, GenerateError> {
+        let allowed = match &self.grammar {
+            Some(grammar) => Some(grammar.allowed()?),
+            None => None,
+        };
+        let context = Context {
+            history: &self.history,
+            prompt_len: self.request.prompt_tokens.len(),
+            end_of_generation: tokenizer.vocab().end_of_generation(),
+            allowed,
+        };
+        Ok(self.sampler.choose(logits, &context))
+    }
+
+    /// Takes a verify pass's outputs, one after the next input and each draft: the token
+    /// chosen at each position, up to and including the first that differs from its draft, is
+    /// the model's next token, exactly as one step each would have chosen it (greedy, or the
+    /// sampler with the same draw from the sequence's stream, since a token is drawn for each
+    /// position taken and no other); the positions of the drafts after that one are forgotten
+    /// (their keys and values are overwritten by later steps).
+    fn accept_verified(
+        &mut self,
+        outputs: Verified<'_>,
+        step: &StepContext<'_>,
+        sink: &mut dyn EventSink,
+    ) -> Result<Option<Finished>, GenerateError> {
+        let drafts = self.history.split_off(self.history.len() - self.drafted);
+        self.drafted = 0;
+        let positions = drafts.len() + 1;
+        let width = match outputs {
+            Verified::Greedy(choices) => usize::from(choices.len() == positions),
+            Verified::Rows(rows) => rows.len() / positions,
+        };
+        if width == 0 || outputs.len() != width * positions {
+            return Err(GenerateError::Backend(BackendError::InvalidInput(format!(
+                "{} outputs for a verify pass of {} drafts",
+                outputs.len(),
+                drafts.len()
+            ))));
+        }
+        self.count_step(step);
+        let mut agreed = 0;
+        for i in 0..positions {
+            let choice = match outputs {
+                Verified::Rows(rows) => {
+                    self.sample(&rows[i * width..(i + 1) * width], step.tokenizer)?
+                }
+                Verified::Greedy(choices) => {
+                    let token = choices[i];
+                    // The pass chose without a mask: where its choice is allowed it is the
+                    // masked choice too; where not, the position runs again in the next step,
+                    // with the mask.
+                    if let Some(grammar) = &self.grammar
+                        && !grammar.allows(token)?
+                    {
+                        self.computed -= 1;
+                        self.needs_mask = true;
+                        break;
+                    }
+                    Choice {
+                        token,
+                        logprobs: None,
+                    }
+                }
+            };
+            let token = choice.token;
+            if let Some(done) = self.take(choice, step, sink)? {
+                return Ok(Some(done));
+            }
+            if drafts.get(i) != Some(&token) {
+                break;
+            }
+            // The draft is the token just taken: its keys and values are the right ones.
+            self.computed += 1;
+            agreed += 1;
+        }
+        self.speculation.accepted += agreed as u64;
+        self.agreement.observe(agreed, drafts.len());
+        Ok(None)
+    }
+
+    /// Starts the clocks at the first token, or counts a decode step's time.
+    fn count_step(&mut self, step: &StepContext<'_>) {
         let now = Instant::now();
         match self.first_token_at {
             None => {
@@ -212,6 +387,18 @@ impl Sequence {
             }
             Some(_) => self.decode_steps += step.step_time,
         }
+    }
+
+    /// Takes the next token: ends at end-of-generation, a stop string or `max_tokens`, else
+    /// streams its text.
+    fn take(
+        &mut self,
+        Choice { token, logprobs }: Choice,
+        step: &StepContext<'_>,
+        sink: &mut dyn EventSink,
+    ) -> Result<Option<Finished>, GenerateError> {
+        let tokenizer = step.tokenizer;
+        self.needs_mask = false;
         if tokenizer.is_end_of_generation(token) && !self.request.ignore_eos {
             return self.finish(StopReason::Eos, None, sink).map(Some);
         }
@@ -263,6 +450,7 @@ impl Sequence {
             time_to_first_token_ms: ms_between(self.started, first_token_at),
             decode_time_ms: ms_between(first_token_at, Instant::now()),
             decode_steps_ms: self.decode_steps.as_secs_f64() * 1e3,
+            speculation: self.speculation,
         })
     }
 
@@ -374,5 +562,22 @@ impl TextStream {
             released.text.push_str(&self.stops.finish());
         }
         released.text
+    }
+}
+
+/// A verify pass's outputs: the greedy choice after each position, or the logits rows.
+#[derive(Clone, Copy)]
+enum Verified<'a> {
+    Greedy(&'a [u32]),
+    Rows(&'a [f32]),
+}
+
+impl Verified<'_> {
+    /// Values held: choices, or logits.
+    fn len(&self) -> usize {
+        match self {
+            Verified::Greedy(choices) => choices.len(),
+            Verified::Rows(rows) => rows.len(),
+        }
     }
 }

@@ -14,15 +14,23 @@
 //! bounded by the steps' measured times (`pacing.rs`), shortest prompt first, so a long prompt
 //! neither stretches the running decodes' inter-token latency nor keeps short prompts waiting.
 //!
+//! With speculation on, a decoding sequence may also draft tokens (prompt lookup or a draft
+//! model, `draft.rs`): its chunk is then its next input and the drafts, and the step verifies
+//! them (specs/SPECULATIVE.md).
+//! Drafts never delay a prompt: they run only in steps without prompt tokens, each as long as
+//! the sequence's measured agreement makes it pay for its measured cost.
+//!
 //! New jobs are admitted by the caller, in arrival order, while [`Scheduler::can_admit`] says
 //! there is room (a slot and the prompt's pages): the caller owns the waiting queue.
 
+mod draft;
 mod pacing;
 mod pages;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+pub use draft::{CATCH_UP, DraftModel, DraftWant, Drafter};
 use pacing::PrefillPacer;
 pub use pages::{PagePool, PrefixIndex, chain_hash};
 
@@ -52,6 +60,10 @@ pub struct SchedulerConfig {
     /// ([`InferenceBackend::paces_prefill`]). Every backend's results are the same however a
     /// prompt is cut (specs/BACKEND.md), so the cuts change no token.
     pub paced_prefill: bool,
+    /// Most tokens a decoding sequence drafts for one step (`--draft-max` with `--spec-ngram`
+    /// or `--draft-model`); 0: no speculation. Only for a backend that
+    /// [`verifies_drafts`](InferenceBackend::verifies_drafts).
+    pub draft_max: usize,
 }
 
 /// A job that left the scheduler, with how it ended.
@@ -77,6 +89,10 @@ pub struct SchedulerStats {
     pub preemptions: u64,
     /// Prompt tokens taken from the prefix cache so far.
     pub cached_tokens: u64,
+    /// Tokens drafted so far (speculation).
+    pub drafted_tokens: u64,
+    /// Drafted tokens the model agreed with so far.
+    pub accepted_tokens: u64,
     /// The last step: chunks, tokens and duration.
     pub last_step: Option<StepStats>,
 }
@@ -120,6 +136,8 @@ pub struct Scheduler<J> {
     admitted: u64,
     stats: SchedulerStats,
     pacer: PrefillPacer,
+    /// The draft model, when there is one (else drafts come from prompt lookup).
+    drafter: Option<Box<dyn Drafter>>,
 }
 
 /// The next prefill chunk of `seq`: up to the next multiple of `grid` (or the end of its
@@ -156,6 +174,7 @@ impl<J: EventSink> Scheduler<J> {
             admitted: 0,
             stats: SchedulerStats::default(),
             pacer: PrefillPacer::default(),
+            drafter: None,
         }
     }
 
@@ -191,6 +210,11 @@ impl<J: EventSink> Scheduler<J> {
         self.attach_cached(&mut entry);
         self.stats.cached_tokens += entry.seq.computed() as u64;
         self.running.push(entry);
+    }
+
+    /// Drafts from `drafter` (a draft model) instead of prompt lookup.
+    pub fn set_drafter(&mut self, drafter: Box<dyn Drafter>) {
+        self.drafter = Some(drafter);
     }
 
     /// A view of the prefix cache other threads can query.
@@ -264,6 +288,7 @@ impl<J: EventSink> Scheduler<J> {
         let mut finished = Vec::new();
         for (k, &(i, len)) in plan.iter().enumerate() {
             let entry = &mut self.running[i];
+            let accepted = entry.seq.speculation().accepted;
             let outcome = match &result {
                 Ok(()) => self
                     .outputs
@@ -272,6 +297,10 @@ impl<J: EventSink> Scheduler<J> {
                     .and_then(|out| entry.seq.accept(len, out, &step, &mut entry.job)),
                 Err(err) => Err(GenerateError::Backend(duplicate(err))),
             };
+            self.stats.accepted_tokens += entry.seq.speculation().accepted - accepted;
+            if let Some(drafter) = &mut self.drafter {
+                drafter.truncate(entry.order, entry.seq.computed());
+            }
             match outcome {
                 Ok(None) => register_full_pages(&mut self.pool, entry),
                 Ok(Some(done)) => finished.push((i, Ok(done))),
@@ -366,6 +395,9 @@ impl<J: EventSink> Scheduler<J> {
 
     /// Chooses this step's chunks: `(index in running, tokens)`, decodes first.
     fn plan(&mut self) -> Vec<(usize, usize)> {
+        for entry in &mut self.running {
+            entry.seq.clear_drafts();
+        }
         loop {
             self.reserve_decode_pages();
             let mut plan = Vec::new();
@@ -377,6 +409,9 @@ impl<J: EventSink> Scheduler<J> {
                     plan.push((i, 1));
                     budget -= 1;
                 }
+            }
+            if self.config.draft_max > 0 && !self.running.iter().any(|e| e.seq.pending() >= 2) {
+                budget -= self.draft(&mut plan, budget);
             }
             let paced = self.config.paced_prefill;
             let mut allowance = budget;
@@ -429,9 +464,11 @@ impl<J: EventSink> Scheduler<J> {
         }
     }
 
-    /// Whether the chunk `(i, len)` of a plan is a decode (or a prompt's last token).
+    /// Whether the chunk `(i, len)` of a plan is a decode (or a prompt's last token), drafts
+    /// aside.
     fn is_decode(&self, i: usize, len: usize) -> bool {
-        len == 1 && self.running[i].seq.pending() == 1
+        let seq = &self.running[i].seq;
+        seq.pending() == 1 && len == 1 + seq.drafted()
     }
 
     /// The sequences with prompt tokens to compute, in the order they take the step's
@@ -496,6 +533,9 @@ impl<J: EventSink> Scheduler<J> {
             return;
         };
         self.pool.release(&entry.pages);
+        if let Some(drafter) = &mut self.drafter {
+            drafter.release(entry.order);
+        }
         entry.pages.clear();
         entry.registered = 0;
         entry.parent_hash = 0;
@@ -507,6 +547,9 @@ impl<J: EventSink> Scheduler<J> {
 
     fn end(&mut self, entry: Entry<J>, result: Result<Finished, GenerateError>) -> Ended<J> {
         self.pool.release(&entry.pages);
+        if let Some(drafter) = &mut self.drafter {
+            drafter.release(entry.order);
+        }
         Ended {
             job: entry.job,
             result,

@@ -101,6 +101,21 @@ impl PrefillPacer {
         prompt_tokens as f64 * per_token <= bound
     }
 
+    /// The chance of agreement a drafted token must have to pay for itself in a step of
+    /// `decodes` decodes: it costs what a prompt token adds to a step, plus its share of a
+    /// draft model's step (`draft_step` seconds, shared by the step's decodes; 0 for prompt
+    /// lookup), and yields one token when the model agrees, where the step yields `decodes`
+    /// tokens in a decode-only step's time. Before both were timed: 0 (draft freely; the steps
+    /// time it).
+    pub(super) fn draft_cost(&self, decodes: usize, draft_step: f64) -> f64 {
+        match (self.per_prompt_token, self.decode_step) {
+            (Some(per_token), Some(step)) if step > 0.0 => {
+                (per_token * decodes.max(1) as f64 + draft_step) / step
+            }
+            _ => 0.0,
+        }
+    }
+
     /// Takes the prompt tokens a step planned from its allowance off the credit.
     pub(super) fn spend(&mut self, prompt_tokens: usize) {
         self.credit = (self.credit - prompt_tokens as f64).max(0.0);

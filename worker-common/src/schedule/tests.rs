@@ -9,6 +9,7 @@ use crate::sampling::SamplingParams;
 use crate::testing::{ScriptedBackend, StepRecord, TINY_EOS, tiny_tokenizer};
 
 mod properties;
+mod speculation;
 
 /// A job that keeps its events.
 #[derive(Default)]
@@ -42,6 +43,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         deadline: None,
         ignore_eos: false,
         grammar: None,
+        speculative: true,
     }
 }
 
@@ -56,6 +58,7 @@ fn config(max_running: usize) -> SchedulerConfig {
         prefill_chunk: PREFILL_CHUNK,
         prefix_cache: true,
         paced_prefill: false,
+        draft_max: 0,
     }
 }
 
@@ -143,6 +146,7 @@ fn long_prompts_are_cut_on_the_prefill_grid_and_decodes_go_first() {
         prefill_chunk: PREFILL_CHUNK,
         prefix_cache: false,
         paced_prefill: false,
+        draft_max: 0,
     };
     run_all(config, &mut backend, requests);
     let steps = steps.lock().unwrap();

@@ -139,6 +139,11 @@ impl InferenceBackend for ScriptedBackend {
         Ok(())
     }
 
+    /// Each position's logits follow from the history up to it alone.
+    fn verifies_drafts(&self) -> bool {
+        true
+    }
+
     fn step(
         &mut self,
         chunks: &[Chunk<'_>],
@@ -175,10 +180,14 @@ impl InferenceBackend for ScriptedBackend {
             _ => {}
         }
         outputs.begin(chunks, self.pool.len())?;
-        for (i, chunk) in chunks.iter().enumerate() {
+        let mut rows = Vec::new();
+        for chunk in chunks {
             let history = self.history(chunk)?;
-            outputs.put_logits(i, chunk.want, &self.logits(&history));
+            let len = chunk.tokens.len();
+            for row in len - chunk.want.output_rows(len)..len {
+                rows.extend(self.logits(&history[..chunk.start_pos + row + 1]));
+            }
         }
-        Ok(())
+        outputs.put_rows(chunks, &rows, &|tasks, body| (0..tasks).for_each(body))
     }
 }

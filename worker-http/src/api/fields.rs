@@ -236,12 +236,17 @@ impl<'a> Fields<'a> {
 
     /// An optional boolean field, false when absent.
     pub(super) fn boolean(&mut self, field: &str) -> bool {
+        self.boolean_or(field, false)
+    }
+
+    /// Boolean `field`, `default` when absent; records the error if it is not a boolean.
+    pub(super) fn boolean_or(&mut self, field: &str, default: bool) -> bool {
         match self.get(field) {
-            None => false,
+            None => default,
             Some(Value::Bool(value)) => *value,
             Some(other) => {
                 self.wrong_type(field, "boolean", other);
-                false
+                default
             }
         }
     }

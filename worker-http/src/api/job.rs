@@ -46,6 +46,9 @@ pub struct JobSpec {
     pub ignore_eos: bool,
     /// The grammar the output must follow.
     pub grammar: Option<Grammar>,
+    /// Whether the job may speculate when the worker does (the `speculative` extension field,
+    /// default true; specs/SPECULATIVE.md).
+    pub speculative: bool,
 }
 
 /// A requested grammar and the field it came in (`grammar`, `response_format`), for errors.

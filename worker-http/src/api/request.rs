@@ -45,6 +45,8 @@ pub struct ExecuteRequest {
     pub ignore_eos: bool,
     /// The grammar the output must follow.
     pub grammar: Option<GrammarSpec>,
+    /// Whether the job may speculate (`speculative`, default true).
+    pub speculative: bool,
 }
 
 impl ExecuteRequest {
@@ -67,6 +69,7 @@ impl ExecuteRequest {
         let ignore_eos = fields.boolean("ignore_eos");
         let grammar = fields.grammar();
         fields.check_grammar_end(grammar.as_ref(), ignore_eos);
+        let speculative = fields.boolean_or("speculative", true);
         if !fields.errors.is_empty() {
             return Err(fields.errors);
         }
@@ -82,6 +85,7 @@ impl ExecuteRequest {
             raw,
             ignore_eos,
             grammar,
+            speculative,
         })
     }
 
@@ -101,6 +105,7 @@ impl ExecuteRequest {
                 spec,
                 field: "grammar",
             }),
+            speculative: self.speculative,
         };
         (self.job_id, job)
     }

@@ -3,6 +3,7 @@
 //! (`worker_common::schedule`). The async runtime never runs model code. A panic in a step
 //! fails the worker instead of killing the thread unnoticed ([`failure`]).
 
+mod draft;
 mod failure;
 mod running;
 
@@ -16,7 +17,7 @@ use worker_common::backend::{
 };
 use worker_common::generate::{PromptFormatter, Sequence, TemplateRendering, check_context};
 use worker_common::model::{ModelError, ModelFile};
-use worker_common::schedule::{Ended, PrefixIndex, Scheduler, SchedulerConfig};
+use worker_common::schedule::{DraftModel, Ended, PrefixIndex, Scheduler, SchedulerConfig};
 use worker_common::tokenizer::template::TemplateError;
 use worker_common::tokenizer::{Tokenizer, TokenizerError};
 
@@ -70,6 +71,16 @@ pub enum LoadError {
         /// The context length.
         context: usize,
     },
+    /// The draft model does not share the model's vocabulary.
+    #[error(
+        "the draft model {path} has another vocabulary than the model ({difference}); a draft model must share the model's tokenizer"
+    )]
+    DraftVocabulary {
+        /// `--draft-model`.
+        path: String,
+        /// Where the vocabularies differ.
+        difference: String,
+    },
     /// The engine thread could not be started.
     #[error("starting the engine thread: {0}")]
     Thread(#[from] std::io::Error),
@@ -95,8 +106,8 @@ pub fn spawn<B: Load>(
     let handle = std::thread::Builder::new()
         .name("engine".into())
         .spawn(move || match load::<B>(&shared, &options) {
-            Ok((mut backend, loaded)) => {
-                let scheduler = publish(&shared, &mut backend, loaded);
+            Ok((mut backend, draft, loaded)) => {
+                let scheduler = publish(&shared, &mut backend, draft, loaded);
                 let _ = ready.send(Ok(()));
                 crate::grammars::build_in_background(&shared);
                 serve(&shared, backend, scheduler);
@@ -108,7 +119,10 @@ pub fn spawn<B: Load>(
     Ok(handle)
 }
 
-fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), LoadError> {
+/// The model's backend, the draft model's when there is one, and what the worker publishes.
+type LoadedBackends<B> = (B, Option<B>, Loaded);
+
+fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<LoadedBackends<B>, LoadError> {
     let settings = &shared.settings;
     let worker_id = settings.worker_id.as_str();
     let path = settings.model_ref.display().to_string();
@@ -182,7 +196,15 @@ fn load<B: Load>(shared: &Shared, options: &B::Options) -> Result<(B, Loaded), L
         context_length,
         "model loaded"
     );
-    Ok((backend, loaded))
+    // A backend that cannot verify drafts runs without speculation (`draft_max` warns): its
+    // memory is not spent on a draft model it would not use.
+    let draft = match &settings.draft_model {
+        Some(path) if backend.verifies_drafts() => {
+            Some(draft::load::<B>(path, &loaded.tokenizer, options, &config)?)
+        }
+        _ => None,
+    };
+    Ok((backend, draft, loaded))
 }
 
 /// The grammar compiler over the model's vocabulary; a vocabulary it cannot take leaves
@@ -203,6 +225,7 @@ fn context_length(flag: Option<u32>, model: usize) -> Result<usize, LoadError> {
 fn publish<B: InferenceBackend>(
     shared: &Shared,
     backend: &mut B,
+    draft: Option<B>,
     mut loaded: Loaded,
 ) -> Scheduler<Running> {
     let config = SchedulerConfig {
@@ -211,8 +234,14 @@ fn publish<B: InferenceBackend>(
         prefill_chunk: backend.prefill_chunk(),
         prefix_cache: shared.settings.prefix_cache,
         paced_prefill: backend.paces_prefill(),
+        draft_max: draft_max(shared.settings.draft_max, backend),
     };
-    let scheduler = Scheduler::new(config, backend.kv_pages(), backend.vocab_size());
+    let mut scheduler = Scheduler::new(config, backend.kv_pages(), backend.vocab_size());
+    if let Some(draft) = draft
+        && config.draft_max > 0
+    {
+        scheduler.set_drafter(Box::new(DraftModel::new(draft)));
+    }
     let limits = StepLimits {
         tokens: scheduler.config().step_tokens,
         sequences: scheduler.config().max_running,
@@ -227,6 +256,22 @@ fn publish<B: InferenceBackend>(
     scheduler
 }
 
+/// The scheduler's `draft_max`: `--draft-max` with `--spec-ngram` or `--draft-model`, on a
+/// backend whose verify pass gives the tokens one step each would; on another speculation stays
+/// off, with a warning.
+fn draft_max<B: InferenceBackend>(requested: u32, backend: &B) -> usize {
+    if requested > 0 && !backend.verifies_drafts() {
+        tracing::warn!(
+            event = "speculation_unsupported",
+            backend = B::WORKER_TYPE,
+            "speculation is off: the {} backend does not verify drafts exactly yet",
+            B::WORKER_TYPE
+        );
+        return 0;
+    }
+    requested as usize
+}
+
 /// Serves the queue with an already built backend on a new engine thread (the in-process
 /// route tests, over a scripted backend).
 #[cfg(test)]
@@ -237,7 +282,7 @@ pub(crate) fn start_loaded<B: InferenceBackend>(
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut backend = backend;
-        let scheduler = publish(&shared, &mut backend, loaded);
+        let scheduler = publish(&shared, &mut backend, None, loaded);
         serve(&shared, backend, scheduler);
     })
 }

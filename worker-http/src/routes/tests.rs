@@ -37,6 +37,8 @@ pub(super) fn settings(parallel: u32) -> Settings {
         batch_tokens: 512,
         kv_cache_mb: None,
         prefix_cache: true,
+        draft_max: 0,
+        draft_model: None,
         access: crate::Access::default(),
         test_engine_panic: None,
     }

@@ -139,6 +139,7 @@ fn random_config(rng: &mut Rng) -> SchedulerConfig {
         prefill_chunk,
         prefix_cache: rng.chance(50),
         paced_prefill: rng.chance(50),
+        draft_max: [0, 0, 1, 4, 16][rng.pick(0..=4)],
     }
 }
 
@@ -151,6 +152,9 @@ struct Covered {
     failed: usize,
     /// Steps in which two or more jobs ended.
     ended_together: usize,
+    /// Drafted tokens, and those the script agreed with.
+    drafted: u64,
+    accepted: u64,
 }
 
 /// Runs one trial; panics (naming the seed) when a job gets another's result, ends twice or
@@ -195,7 +199,12 @@ fn trial(seed: u64, covered: &mut Covered) {
             if !scheduler.can_admit(spec.prompt.len()) {
                 break;
             }
-            let request = request(spec.prompt.clone(), spec.max_tokens);
+            let mut request = request(spec.prompt.clone(), spec.max_tokens);
+            // Every other job greedy, so that it may speculate (the script's logits make
+            // sampling at T = 1 pick the same tokens).
+            if name % 2 == 0 {
+                request.sampling.temperature = 0.0;
+            }
             let seq = Sequence::new(request, cancels[name].clone()).unwrap();
             let job = Job {
                 name,
@@ -234,6 +243,8 @@ fn trial(seed: u64, covered: &mut Covered) {
             assert!(results.iter().all(Option::is_some), "{context}");
             covered.preemptions += stats.preemptions;
             covered.cached_tokens += stats.cached_tokens;
+            covered.drafted += stats.drafted_tokens;
+            covered.accepted += stats.accepted_tokens;
             return;
         }
     }
@@ -271,13 +282,16 @@ fn random_traffic_gives_every_job_its_own_result_once_and_returns_every_page() {
         cancelled,
         failed,
         ended_together,
+        drafted,
+        accepted,
     } = covered;
     eprintln!(
         "{preemptions} preemptions, {cached_tokens} cached tokens, {cancelled} cancelled, \
-         {failed} failed, {ended_together} steps ending several jobs"
+         {failed} failed, {ended_together} steps ending several jobs, {accepted} of {drafted} \
+         drafts accepted"
     );
     assert!(preemptions > 0 && cached_tokens > 0 && cancelled > 0 && failed > 0);
-    assert!(ended_together > 0);
+    assert!(ended_together > 0 && accepted > 0 && accepted < drafted);
 }
 
 /// The case that panicked the engine: an old job still prefilling a long prompt while two

@@ -79,6 +79,7 @@ impl MessagesRequest {
                 stop,
                 ignore_eos: false,
                 grammar,
+                speculative: true,
             },
             stream,
             tools,

@@ -253,6 +253,7 @@ mod tests {
             time_to_first_token_ms: 1.0,
             decode_time_ms: 1.0,
             decode_steps_ms: 1.0,
+            speculation: Default::default(),
         }
     }
 

@@ -79,6 +79,7 @@ impl OpenAiRequest {
         let include_usage = stream_options(&mut fields);
         let tokens_as_ids = fields.boolean("return_tokens_as_token_ids");
         let choices = choice_count(&mut fields);
+        let speculative = fields.boolean_or("speculative", true);
         refuse_unsupported(&mut fields, endpoint);
         if !fields.errors.is_empty() {
             return Err(fields.errors);
@@ -99,6 +100,7 @@ impl OpenAiRequest {
                     spec,
                     field: "response_format",
                 }),
+                speculative,
             },
             stream,
             include_usage: stream && include_usage,

@@ -132,6 +132,7 @@ impl ResponsesRequest {
                 stop: Vec::new(),
                 ignore_eos: false,
                 grammar,
+                speculative: true,
             },
             stream,
             tools,

@@ -14,6 +14,7 @@ fn done(stop_reason: StopReason) -> Finished {
         time_to_first_token_ms: 1.0,
         decode_time_ms: 1.0,
         decode_steps_ms: 1.0,
+        speculation: Default::default(),
     }
 }
 
