@@ -144,6 +144,10 @@ impl<B: InferenceBackend> Drafter for DraftModel<B> {
                 },
             })
             .collect();
+        // No step when nobody drafts: an empty step's time would pull the measured cost down.
+        if chunks.is_empty() {
+            return drafts;
+        }
         let Some(first) = self.run(&chunks) else {
             return drafts;
         };

@@ -98,3 +98,21 @@ fn a_draft_model_drafts_and_every_job_keeps_its_tokens() {
     assert!(stats.accepted_tokens < stats.drafted_tokens, "{stats:?}");
     assert_eq!(stats.kv_pages_free, 128);
 }
+
+#[test]
+fn a_draft_model_runs_no_step_when_nobody_drafts() {
+    use crate::schedule::{DraftModel, DraftWant, Drafter};
+    let backend = ScriptedBackend::new(16, 10, script());
+    let steps = backend.steps();
+    let mut model = DraftModel::new(backend);
+    let history = [1, 2, 3];
+    let resting = DraftWant {
+        id: 1,
+        history: &history,
+        most: 0,
+    };
+    assert_eq!(model.draft(&[]), Vec::<Vec<u32>>::new());
+    assert_eq!(model.draft(&[resting]), vec![Vec::<u32>::new()]);
+    assert!(steps.lock().unwrap().is_empty(), "no step ran");
+    assert_eq!(model.step_seconds(), 0.0, "nothing measured");
+}
