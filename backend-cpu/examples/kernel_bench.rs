@@ -112,13 +112,15 @@ fn legacy_decode() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// The k-quant formats (and IQ4_XS, which shares their super-block) the GGUF-layout tiles read.
-const K_FORMATS: [KQuant; 5] = [
+/// The k-quant formats (and IQ4_XS, IQ3_S, which share their super-block) the GGUF-layout tiles
+/// read.
+const K_FORMATS: [KQuant; 6] = [
     KQuant::Q3K,
     KQuant::Q4K,
     KQuant::Q5K,
     KQuant::Q6K,
     KQuant::Iq4Xs,
+    KQuant::Iq3S,
 ];
 
 /// The d (and dmin) offsets of a k-quant super-block.
@@ -126,7 +128,7 @@ fn k_scales(format: KQuant) -> &'static [usize] {
     match format {
         KQuant::Q3K => &[108],
         KQuant::Q6K => &[208],
-        KQuant::Iq4Xs => &[0],
+        KQuant::Iq4Xs | KQuant::Iq3S => &[0],
         _ => &[0, 2],
     }
 }
@@ -170,6 +172,7 @@ fn k_prefill() -> Result<(), Box<dyn Error>> {
             KQuant::Q5K => dot::dot_q5_k_q8_k,
             KQuant::Q6K => dot::dot_q6_k_q8_k,
             KQuant::Iq4Xs => dot::dot_iq4_xs_q8_k,
+            KQuant::Iq3S => dot::dot_iq3_s_q8_k,
         };
         let per_row = best(PREFILL_REPS, || {
             for (row, out) in weights

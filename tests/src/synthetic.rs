@@ -37,6 +37,8 @@ pub enum Synthetic {
     Iq4Xs,
     /// `llama` in an IQ4_NL mix (IQ4_NL but for the Q6_K output).
     Iq4Nl,
+    /// `llama` in an IQ3_S mix (IQ3_S but for the Q6_K output).
+    Iq3S,
     /// `qwen2` with F16, BF16 and F32 matrices (no fixture: the CUDA backend's float formats,
     /// generated where it is tested).
     Float,
@@ -44,7 +46,7 @@ pub enum Synthetic {
 
 impl Synthetic {
     /// Every synthetic model with logit fixtures.
-    pub const ALL: [Synthetic; 8] = [
+    pub const ALL: [Synthetic; 9] = [
         Synthetic::Llama3,
         Synthetic::Qwen3,
         Synthetic::Phi3,
@@ -53,6 +55,7 @@ impl Synthetic {
         Synthetic::Q3K,
         Synthetic::Iq4Xs,
         Synthetic::Iq4Nl,
+        Synthetic::Iq3S,
     ];
 
     /// Its short name, as in file names.
@@ -66,14 +69,18 @@ impl Synthetic {
             Synthetic::Q3K => "q3_k",
             Synthetic::Iq4Xs => "iq4_xs",
             Synthetic::Iq4Nl => "iq4_nl",
+            Synthetic::Iq3S => "iq3_s",
             Synthetic::Float => "float",
         }
     }
 
     /// Whether the CUDA backend reads every tensor format of the model (it has no Q3_K,
-    /// IQ4_XS or IQ4_NL kernels yet and refuses such a file by name).
+    /// IQ4_XS, IQ4_NL or IQ3_S kernels yet and refuses such a file by name).
     pub fn on_cuda(self) -> bool {
-        !matches!(self, Synthetic::Q3K | Synthetic::Iq4Xs | Synthetic::Iq4Nl)
+        !matches!(
+            self,
+            Synthetic::Q3K | Synthetic::Iq4Xs | Synthetic::Iq4Nl | Synthetic::Iq3S
+        )
     }
 
     /// The model's path; fails the test with the command that makes it when it is missing.

@@ -15,7 +15,7 @@
 //! `avx512vl`, k-quants only) before AVX2 + FMA + F16C before [`scalar`].
 //!
 //! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q3_K, Q4_K, Q5_K, Q6_K, and the
-//! i-quant IQ4_XS, which shares their super-block and activation). For every super-block in
+//! i-quants IQ4_XS and IQ3_S, which share their super-block and activation). For every super-block in
 //! order, exact i32 sums, then one f32 step:
 //!
 //! - Q3_K: `isum = Σ_k (sc_k - 32) · (Σ_{l in sub-block k} (q_l + 4) · y_l − 4 · bsums[k])`
@@ -33,10 +33,15 @@
 //! - IQ4_XS: `isum = Σ_ib (ls_ib - 32) · Σ_{l in sub-block ib} v_l · y_l` over the 8 sub-blocks
 //!   of 32 (`v` the grid value `kvalues_iq4nl[q]` of the 4-bit index, `ls_ib` the 6-bit
 //!   scale); then `sum = sum + (d_w * d_a) * isum`, as Q6_K.
+//! - IQ3_S: `isum = Σ_ib (1 + 2 s_ib) · Σ_{j in sub-block ib} v_j · y_j` over the 8 sub-blocks
+//!   of 32 (`v` the grid magnitude of the element's 4-element group, `iq3s_grid[index]`, with
+//!   its stored sign; `s_ib` the 4-bit scale); then `sum = sum + (d_w * d_a) * isum`, as
+//!   ggml's `ggml_vec_dot_iq3_s_q8_K`.
 //!
 //! `isum` and `msum` are converted to f32 with one rounding (they may exceed 2^24). No
 //! overflow for any input bytes: Q3_K `|isum| ≤ 32·(256·7·128 + 4·16·32768) < 2^27`, Q4_K `|isum| ≤ 256·15·128·63 < 2^25`, Q5_K
-//! `≤ 256·31·128·63 < 2^26`, Q6_K `≤ 256·32·128·128 = 2^27`, IQ4_XS `≤ 256·127·128·32 < 2^27`,
+//! `≤ 256·31·128·63 < 2^26`, Q6_K `≤ 256·32·128·128 = 2^27`, IQ4_XS `≤ 256·127·128·32 < 2^27`, IQ3_S
+//! `≤ 256·15·128·31 < 2^24`,
 //! and `|msum| ≤ 8·63·2·32768 < 2^25` even for arbitrary i16 `bsums`.
 //!
 //! **Float rows** (F32, F16, BF16 weights × f32 activations): 32 lane accumulators
@@ -71,7 +76,7 @@ use crate::quant::activation::BlockQ8K;
 #[cfg(test)]
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
 use crate::quant::f16_le;
-pub use crate::quant::{DotError, IQ4_XS_BYTES};
+pub use crate::quant::{DotError, IQ3_S_BYTES, IQ4_XS_BYTES};
 
 /// Bytes per Q3_K super-block: `hmask: [u8; 32]`, `qs: [u8; 64]`, `scales: [u8; 12]`, `d: f16`.
 pub const Q3_K_BYTES: usize = 110;
@@ -96,6 +101,8 @@ pub enum KQuant {
     Q6K,
     /// [`IQ4_XS_BYTES`]-byte super-blocks.
     Iq4Xs,
+    /// [`IQ3_S_BYTES`]-byte super-blocks.
+    Iq3S,
 }
 
 impl KQuant {
@@ -107,6 +114,7 @@ impl KQuant {
             KQuant::Q5K => Q5_K_BYTES,
             KQuant::Q6K => Q6_K_BYTES,
             KQuant::Iq4Xs => IQ4_XS_BYTES,
+            KQuant::Iq3S => IQ3_S_BYTES,
         }
     }
 }
@@ -225,6 +233,11 @@ dispatch!(
     /// Dot product of an IQ4_XS weight row (136-byte super-blocks) with Q8_K activations; see
     /// [`dot_q4_k_q8_k`].
     dot_iq4_xs_q8_k, BlockQ8K, IQ4_XS_BYTES, iq4_xs_q8_k, [k_simd::iq4_xs_q8_k]
+);
+dispatch!(
+    /// Dot product of an IQ3_S weight row (110-byte super-blocks) with Q8_K activations; see
+    /// [`dot_q4_k_q8_k`].
+    dot_iq3_s_q8_k, BlockQ8K, IQ3_S_BYTES, iq3_s_q8_k, [k_simd::iq3_s_q8_k]
 );
 dispatch!(
     /// Dot product of an F32 weight row (`w`, raw little-endian bytes, any alignment) with f32

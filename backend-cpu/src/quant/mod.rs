@@ -14,8 +14,11 @@
 pub mod activation;
 mod float;
 mod i_quants;
-pub use i_quants::{IQ4_NL_BYTES, IQ4_XS_BYTES};
-pub(crate) use i_quants::{KVALUES_IQ4NL, iq4_value, iq4_xs_scales, iq4_xs_value};
+pub use i_quants::{IQ3_S_BYTES, IQ4_NL_BYTES, IQ4_XS_BYTES};
+pub(crate) use i_quants::{
+    IQ3S_GRID, KVALUES_IQ4NL, iq3_s_index, iq3_s_scales, iq3_s_value, iq4_value, iq4_xs_scales,
+    iq4_xs_value,
+};
 mod k_quants;
 #[cfg(test)]
 pub(crate) use k_quants::scale_min;
@@ -116,6 +119,7 @@ pub fn is_supported(ggml_type: GgmlType) -> bool {
             | GgmlType::Q6_K
             | GgmlType::IQ4_NL
             | GgmlType::IQ4_XS
+            | GgmlType::IQ3_S
     )
 }
 
@@ -169,6 +173,7 @@ pub fn dequantize(ggml_type: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(
         GgmlType::Q6_K => k_quants::q6_k(data, out),
         GgmlType::IQ4_NL => i_quants::iq4_nl(data, out),
         GgmlType::IQ4_XS => i_quants::iq4_xs(data, out),
+        GgmlType::IQ3_S => i_quants::iq3_s(data, out),
         other => return Err(QuantError::Unsupported(other)),
     }
     Ok(())

@@ -206,6 +206,11 @@ mod tests {
             ),
             (256, 2 + 2 + 4 + 128)
         );
+        // block_iq3_s: d, qs[QK_K/4], qh[QK_K/32], signs[QK_K/8], scales[QK_K/64].
+        assert_eq!(
+            (GgmlType::IQ3_S.block_size(), GgmlType::IQ3_S.block_bytes()),
+            (256, 2 + 64 + 8 + 32 + 4)
+        );
         assert_eq!(GgmlType::Q8_0.bytes_for(64), Some(68));
         assert_eq!(GgmlType::Q8_0.bytes_for(33), None);
         assert_eq!(GgmlType::F32.bytes_for(u64::MAX), None);

@@ -1,10 +1,13 @@
-//! Scalar kernels of the k-quant (and IQ4_XS) super-blocks against Q8_K activations (see the
+//! Scalar kernels of the k-quant (and IQ4_XS, IQ3_S) super-blocks against Q8_K activations (see the
 //! parent module for the order and the overflow bounds).
 
 use super::{
-    BlockQ8K, IQ4_XS_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, f16_le, weight_blocks,
+    BlockQ8K, IQ3_S_BYTES, IQ4_XS_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, f16_le,
+    weight_blocks,
 };
-use crate::quant::{iq4_xs_scales, iq4_xs_value, q3_k_quant, q3_k_scales};
+use crate::quant::{
+    iq3_s_scales, iq3_s_value, iq4_xs_scales, iq4_xs_value, q3_k_quant, q3_k_scales,
+};
 
 /// The 8 scales and 8 mins of a Q4_K / Q5_K super-block, unpacked from bytes 4..16 with
 /// word-wide masks (branch-free); equal to `get_scale_min_k4` /
@@ -177,6 +180,27 @@ pub(super) fn iq4_xs_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
                 .map(|(l, &y)| i32::from(iq4_xs_value(w, ib, l)) * i32::from(y))
                 .sum();
             isum += (i32::from(scales[ib]) - 32) * s;
+        }
+        sum += (f16_le([w[0], w[1]]) * a.d) * isum as f32;
+    }
+    sum
+}
+
+/// IQ3_S: sub-block `ib` covers the activation's elements `32 ib..32 ib + 32`, with the signed
+/// grid magnitudes [`iq3_s_value`] and the odd multiplier `1 + 2 s_ib`, as ggml's
+/// `ggml_vec_dot_iq3_s_q8_K`: `isum = Σ_ib (1 + 2 s_ib) · Σ_j v_j · y_j`.
+pub(super) fn iq3_s_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (w, a) in weight_blocks::<IQ3_S_BYTES>(w).zip(a) {
+        let scales = iq3_s_scales(w);
+        let mut isum = 0i32;
+        for (ib, y) in a.qs.chunks_exact(32).enumerate() {
+            let s: i32 = y
+                .iter()
+                .enumerate()
+                .map(|(j, &y)| i32::from(iq3_s_value(w, ib, j)) * i32::from(y))
+                .sum();
+            isum += i32::from(scales[ib]) * s;
         }
         sum += (f16_le([w[0], w[1]]) * a.d) * isum as f32;
     }

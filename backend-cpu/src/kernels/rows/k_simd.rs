@@ -12,13 +12,14 @@
 //! from two exact `vpmaddubsw`) at most `8 · 128 · 2 · 8192 = 2^24`. The Q4_K/Q5_K mins go
 //! through `vpmaddwd` of the activation's `bsums` by the mins repeated per pair (at most
 //! `2 · 32768 · 63` per lane). IQ4_XS's signed grid values go through `vpmaddubsw` with the
-//! activations' magnitudes ([`iq4_xs`]). Then the very scalar f32 step of [`super::k_quants`].
+//! activations' magnitudes ([`iq4_xs`]), and so do IQ3_S's signed grid magnitudes ([`iq3_s`]). Then the very scalar f32 step of [`super::k_quants`].
 //!
 //! A tile unpacks each weight super-block once for its `C` tokens and loads each activation
 //! block once for its `R` rows; every row prefetches the super-blocks ahead of it, as several
 //! interleaved row streams defeat the hardware prefetchers.
 #![allow(unused_unsafe)]
 
+mod iq3_s;
 mod iq4_xs;
 
 use std::arch::x86_64::*;
@@ -62,6 +63,7 @@ pub(super) fn dot_rows(
         KQuant::Q5K => run!(formats::Q5K),
         KQuant::Q6K => run!(formats::Q6K),
         KQuant::Iq4Xs => run!(formats::Iq4Xs),
+        KQuant::Iq3S => run!(formats::Iq3S),
     }
     true
 }
@@ -96,6 +98,7 @@ pub(super) fn one(format: KQuant, vnni: bool, w: &[u8], a: &[BlockQ8K]) -> Optio
         KQuant::Q5K => run!(formats::Q5K),
         KQuant::Q6K => run!(formats::Q6K),
         KQuant::Iq4Xs => run!(formats::Iq4Xs),
+        KQuant::Iq3S => run!(formats::Iq3S),
     }
     Some(out[0])
 }
@@ -125,6 +128,11 @@ pub(super) fn q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
 /// [`q4_k_q8_k`] for IQ4_XS.
 pub(super) fn iq4_xs_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
     one(KQuant::Iq4Xs, crate::isa::vnni(), w, a)
+}
+
+/// [`q4_k_q8_k`] for IQ3_S.
+pub(super) fn iq3_s_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
+    one(KQuant::Iq3S, crate::isa::vnni(), w, a)
 }
 
 /// [`tiles`] compiled for AVX2.
@@ -333,10 +341,14 @@ unsafe fn tile<F: KType, const VNNI: bool, const R: usize, const C: usize>(
                 prefetch(row, i, bytes);
             }
             let a: [&BlockQ8K; C] = std::array::from_fn(|c| &cols[c][i]);
-            if matches!(format, KQuant::Q6K | KQuant::Q3K | KQuant::Iq4Xs) {
+            if matches!(
+                format,
+                KQuant::Q6K | KQuant::Q3K | KQuant::Iq4Xs | KQuant::Iq3S
+            ) {
                 let (isums, d_at) = match format {
                     KQuant::Q6K => (q6_isums::<VNNI, R, C>(w, a), 208),
                     KQuant::Q3K => (q3_isums::<VNNI, R, C>(w, a), 108),
+                    KQuant::Iq3S => (iq3_s::isums::<VNNI, R, C>(w, a), 0),
                     _ => (iq4_xs::isums::<VNNI, R, C>(w, a), 0),
                 };
                 for r in 0..R {

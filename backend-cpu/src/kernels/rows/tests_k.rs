@@ -63,7 +63,7 @@ type Kernel = fn(&[u8], &[BlockQ8K]) -> Result<f32, DotError>;
 type Simd = fn(&[u8], &[BlockQ8K]) -> Option<f32>;
 
 /// (name, bytes, d offset, has dmin, dispatching, scalar, AVX2).
-const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 5] = [
+const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 6] = [
     (
         "q3_k",
         Q3_K_BYTES,
@@ -108,6 +108,15 @@ const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 5] = [
         dot_iq4_xs_q8_k,
         scalar::dot_iq4_xs_q8_k,
         |w, a| k_simd::one(KQuant::Iq4Xs, false, w, a),
+    ),
+    (
+        "iq3_s",
+        IQ3_S_BYTES,
+        0,
+        false,
+        dot_iq3_s_q8_k,
+        scalar::dot_iq3_s_q8_k,
+        |w, a| k_simd::one(KQuant::Iq3S, false, w, a),
     ),
 ];
 
@@ -160,8 +169,10 @@ fn k_extremes_are_exact() {
         let msum = 63 * 8 * 2 * i64::from(bsum);
         // Q3_K: scale 63 - 32, code q + 4 = 7, offset 4 · bsums; Q4_K: sc = m = 63, q = 15;
         // Q5_K: q = 31; Q6_K: scale -1 (0xFF), q = 63 - 32; IQ4_XS: scale 63 - 32, index 15
-        // (grid value 113).
+        // (grid value 113); IQ3_S: multiplier 31, index 511 (magnitudes 1, 1, 15, 15: 32 a
+        // group of four, 64 groups), every sign negative.
         let iq4 = (31 * 113 * y * 256) as f32;
+        let iq3 = (-31 * 32 * y * 64) as f32;
         let q3 = (31 * 7 * y * 256 - 4 * 31 * 16 * i64::from(bsum)) as f32;
         let q4 = (63 * 15 * y * 256 - msum) as f32;
         let q5 = (63 * 31 * y * 256 - msum) as f32;
@@ -177,7 +188,8 @@ fn k_extremes_are_exact() {
                 "q4_k" => q4,
                 "q5_k" => q5,
                 "q6_k" => q6,
-                _ => iq4,
+                "iq4_xs" => iq4,
+                _ => iq3,
             };
             assert_eq!(reference(&w, &a).unwrap(), want, "{name} {aq}");
             assert_eq!(dispatched(&w, &a).unwrap(), want, "{name} {aq}");
@@ -215,7 +227,8 @@ fn k_scalar_dots_match_f64_reference() {
                 "q4_k" => GgmlType::Q4_K,
                 "q5_k" => GgmlType::Q5_K,
                 "q6_k" => GgmlType::Q6_K,
-                _ => GgmlType::IQ4_XS,
+                "iq4_xs" => GgmlType::IQ4_XS,
+                _ => GgmlType::IQ3_S,
             };
             let w = k_weights(&mut rng, blocks, bytes, d_at, two);
             let (want, _) = reference(ggml_type, &w, &a);
@@ -234,11 +247,13 @@ fn k_scalar_dots_match_f64_reference() {
                         let (sc, m) = (sc.iter().max().unwrap(), m.iter().max().unwrap());
                         (d * 31.0 * f64::from(*sc) + dmin * f64::from(*m)) * ya
                     } else {
-                        // The largest |scale · q|: Q3_K 32 · 4, Q6_K 128 · 32, IQ4_XS 32 · 127.
+                        // The largest |scale · q|: Q3_K 32 · 4, Q6_K 128 · 32, IQ4_XS 32 · 127,
+                        // IQ3_S 31 · 15.
                         let most = match name {
                             "q3_k" => 32.0 * 4.0,
                             "q6_k" => 128.0 * 32.0,
-                            _ => 32.0 * 127.0,
+                            "iq4_xs" => 32.0 * 127.0,
+                            _ => 31.0 * 15.0,
                         };
                         f16::from_le_bytes([w[d_at], w[d_at + 1]]).to_f64().abs() * most * ya
                     }

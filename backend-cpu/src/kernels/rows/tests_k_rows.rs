@@ -7,12 +7,13 @@ use super::*;
 use crate::quant::test_rng::Rng;
 
 /// (format, offset of `d`, whether `dmin` follows it).
-const FORMATS: [(KQuant, usize, bool); 5] = [
+const FORMATS: [(KQuant, usize, bool); 6] = [
     (KQuant::Q3K, 108, false),
     (KQuant::Q4K, 0, true),
     (KQuant::Q5K, 0, true),
     (KQuant::Q6K, 208, false),
     (KQuant::Iq4Xs, 0, false),
+    (KQuant::Iq3S, 0, false),
 ];
 
 fn tiles_equal_scalar() {
@@ -49,6 +50,7 @@ fn tiles_equal_scalar() {
                     KQuant::Q5K => scalar::dot_q5_k_q8_k,
                     KQuant::Q6K => scalar::dot_q6_k_q8_k,
                     KQuant::Iq4Xs => scalar::dot_iq4_xs_q8_k,
+                    KQuant::Iq3S => scalar::dot_iq3_s_q8_k,
                 };
                 for (r, row) in w.chunks_exact(row_bytes).enumerate() {
                     for (c, col) in a.chunks_exact(blocks).enumerate() {

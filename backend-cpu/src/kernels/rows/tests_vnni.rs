@@ -27,7 +27,7 @@ fn vnni_matches_scalar_bit_for_bit() {
         return;
     }
     let mut rng = Rng(0xA076_1D64_78BD_642F);
-    let k: [(&str, usize, usize, bool, KFn, SimdK); 5] = [
+    let k: [(&str, usize, usize, bool, KFn, SimdK); 6] = [
         (
             "q3_k",
             Q3_K_BYTES,
@@ -67,6 +67,14 @@ fn vnni_matches_scalar_bit_for_bit() {
             false,
             scalar::dot_iq4_xs_q8_k,
             |w, a| k_simd::one(KQuant::Iq4Xs, true, w, a),
+        ),
+        (
+            "iq3_s",
+            IQ3_S_BYTES,
+            0,
+            false,
+            scalar::dot_iq3_s_q8_k,
+            |w, a| k_simd::one(KQuant::Iq3S, true, w, a),
         ),
     ];
     for round in 0..20 {
@@ -123,6 +131,9 @@ fn vnni_extremes_are_exact() {
             let w = block(IQ4_XS_BYTES, 2);
             let want = scalar::dot_iq4_xs_q8_k(&w, &ak).unwrap();
             assert_eq!(k_simd::one(KQuant::Iq4Xs, true, &w, &ak).unwrap(), want);
+            let w = block(IQ3_S_BYTES, 2);
+            let want = scalar::dot_iq3_s_q8_k(&w, &ak).unwrap();
+            assert_eq!(k_simd::one(KQuant::Iq3S, true, &w, &ak).unwrap(), want);
         }
     }
 }
