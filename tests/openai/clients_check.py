@@ -88,6 +88,9 @@ from langchain_core.exceptions import ContextOverflowError  # noqa: E402
 from langchain_core.messages import AIMessage, AIMessageChunk  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
 
+# The worker's API key (tests/tests/http_openai.rs sets it when the worker has one).
+API_KEY = os.environ.get("LLORCH_TEST_API_KEY", "none")
+
 OVER_THE_CONTEXT = "word " * 3000  # about 3,000 tokens, over the worker's 2,048
 QUESTION = "In one sentence, what is the capital of France?"
 
@@ -103,7 +106,7 @@ def offline(what):
 
 
 def check_langchain(base, model):
-    llm = ChatOpenAI(base_url=base + "/v1", api_key="none", model=model, temperature=0,
+    llm = ChatOpenAI(base_url=base + "/v1", api_key=API_KEY, model=model, temperature=0,
                      max_tokens=24, max_retries=0, timeout=300)
     reply = llm.invoke(QUESTION)
     check(isinstance(reply, AIMessage) and isinstance(reply.content, str) and reply.content.strip(),
@@ -141,7 +144,7 @@ def check_langchain(base, model):
 
 def check_litellm(base, model):
     litellm.suppress_debug_info = True
-    request = dict(model=f"openai/{model}", api_base=base + "/v1", api_key="none",
+    request = dict(model=f"openai/{model}", api_base=base + "/v1", api_key=API_KEY,
                    messages=[{"role": "user", "content": QUESTION}], max_tokens=24,
                    temperature=0, num_retries=0, timeout=300)
     whole = litellm.completion(**request)
@@ -185,7 +188,7 @@ class Person(pydantic.BaseModel):
 def start_instructor(pool, base, model):
     """instructor's `create` and `create_iterable`, started side by side on `pool` (the worker
     batches them: half the wall time): the futures of their results."""
-    client = instructor.from_openai(openai.OpenAI(base_url=base + "/v1", api_key="none",
+    client = instructor.from_openai(openai.OpenAI(base_url=base + "/v1", api_key=API_KEY,
                                                   max_retries=0, timeout=300))
     check(client.mode == instructor.Mode.TOOLS, f"instructor's default mode is {client.mode}")
     text = "Ada is 36 years old and lives in London, in the United Kingdom."
@@ -224,7 +227,7 @@ def check_instructor(one, many):
 
 def main():
     base = sys.argv[1].rstrip("/")
-    model = openai.OpenAI(base_url=base + "/v1", api_key="none").models.list().data[0].id
+    model = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY).models.list().data[0].id
     check_langchain(base, model)
     check_litellm(base, model)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:

@@ -17,6 +17,7 @@ non-zero, naming the failed check, on the first failure.
 """
 
 import json
+import os
 import sys
 
 import jsonschema
@@ -24,6 +25,9 @@ import openai
 import pydantic
 from openai.types import ErrorObject
 from openai.types.responses import Response, ResponseStreamEvent
+
+# The worker's API key (tests/tests/http_openai.rs sets it when the worker has one).
+API_KEY = os.environ.get("LLORCH_TEST_API_KEY", "none")
 
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 
@@ -281,7 +285,7 @@ def check_errors(client, model):
 
 def main():
     base = sys.argv[1].rstrip("/")
-    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=600)
+    client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0, timeout=600)
     model = client.models.list().data[0].id
     check_text(client, model)
     check_structured(client, model)

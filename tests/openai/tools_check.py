@@ -7,10 +7,14 @@ validates; a follow-up turn with the `tool` message (and `tool_choice: none`) ge
 """
 
 import json
+import os
 import sys
 
 import jsonschema
 import openai
+
+# The worker's API key (tests/tests/http_openai.rs sets it when the worker has one).
+API_KEY = os.environ.get("LLORCH_TEST_API_KEY", "none")
 
 WEATHER = {
     "type": "object",
@@ -72,7 +76,7 @@ def streamed(client, model, **request):
 
 def main():
     base = sys.argv[1].rstrip("/")
-    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=600)
+    client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0, timeout=600)
     model = client.models.list().data[0].id
     request = dict(messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=80)
 

@@ -97,7 +97,7 @@ fn a_second_job_sharing_a_long_prefix_is_served_from_the_kv_cache() {
             json!({"raw": true, "temperature": 0, "max_tokens": 8}),
         )
     };
-    let worker = smollm2(&[]);
+    let worker = smollm2(&["--threads", "2"]);
     let first = run(worker.addr, &body("first", "and the first"));
     let second = run(worker.addr, &body("second", "and the second"));
     let prompt_tokens = second[0].data["prompt_tokens"].as_u64().unwrap();
@@ -119,7 +119,7 @@ fn a_second_job_sharing_a_long_prefix_is_served_from_the_kv_cache() {
     );
     assert!(metric(worker.addr, "worker_prefix_cache_hit_tokens_total") >= cached as f64);
     drop(worker);
-    let uncached = smollm2(&["--no-prefix-cache"]);
+    let uncached = smollm2(&["--no-prefix-cache", "--threads", "2"]);
     run(uncached.addr, &body("first", "and the first"));
     let again = run(uncached.addr, &body("second", "and the second"));
     assert_eq!(terminal(&again)["cached_tokens"], 0);
@@ -197,6 +197,8 @@ fn two_hundred_jobs_on_a_small_kv_pool_all_end_once_with_preemptions_counted() {
         "8",
         "--queue-depth",
         "256",
+        "--threads",
+        "2",
     ]);
     let addr = worker.addr;
     let pages = health(addr)["kv_pages_total"].as_u64().unwrap();

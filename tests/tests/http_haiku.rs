@@ -112,6 +112,12 @@ fn minute_words_are_spelled_out() {
     assert!(!contains_word("twenty-ninety", "twenty-nine"));
 }
 
+/// Haikus the test asks for before a missing word fails it: each is a new prompt (the minute's
+/// word, a new nonce) and a new seed. One haiku in about thirty writes the number in digits
+/// (specs/HTTP.md), so one attempt failed CI about once in thirty runs; three fail about once in
+/// 30,000, while a worker that ignores the prompt still fails every time.
+const ATTEMPTS: u32 = 3;
+
 #[test]
 fn qwen_writes_a_haiku_with_the_minute_word() {
     let worker = Worker::ready(&Model::Qwen15.path(), &threads());
@@ -153,8 +159,7 @@ fn qwen_writes_a_haiku_with_the_minute_word() {
         )
         .unwrap();
         eprintln!("{report}");
-        let minute_changed = unix_now().as_secs() / 60 != minute;
-        if !found && minute_changed && attempt == 1 {
+        if !found && attempt < ATTEMPTS {
             continue;
         }
         assert_eq!(terminal(&events)["type"], "end");

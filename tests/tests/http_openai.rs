@@ -14,9 +14,9 @@ use std::process::Command;
 use llorch_tests::assets::{Model, python_sdk};
 use llorch_tests::worker::{Worker, serial};
 
-/// Runs `tests/openai/<script>` against `worker` with the SDK on the path; returns its output
-/// and fails the test when it fails.
-fn run_python(script: &str, worker: &Worker, args: &[&str]) -> String {
+/// Runs `tests/openai/<script>` against `worker` with the SDK on the path (and the worker's API
+/// key, if any, in `LLORCH_TEST_API_KEY`); returns its output and fails the test when it fails.
+fn run_python(script: &str, worker: &Worker, args: &[&str], key: Option<&str>) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("openai")
         .join(script);
@@ -26,6 +26,7 @@ fn run_python(script: &str, worker: &Worker, args: &[&str]) -> String {
         .arg(format!("http://{}", worker.addr))
         .args(args)
         .env("PYTHONPATH", python_sdk())
+        .env("LLORCH_TEST_API_KEY", key.unwrap_or("none"))
         .output()
         .unwrap_or_else(|err| panic!("cannot run {python}: {err}"));
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -47,7 +48,7 @@ fn the_official_openai_sdk_drives_the_worker() {
         &Model::Qwen05.path(),
         &["--threads", "2", "--ctx-size", "1024"],
     );
-    let stdout = run_python("sdk_check.py", &worker, &[]);
+    let stdout = run_python("sdk_check.py", &worker, &[], None);
     assert!(stdout.contains("every check passed"), "{stdout}");
 }
 
@@ -58,74 +59,72 @@ fn structured_output_follows_its_json_schema() {
     let _serial = serial();
     for model in [Model::SmolLm2, Model::Qwen05] {
         let worker = Worker::ready(&model.path(), &["--threads", "2", "--parallel", "8"]);
-        let stdout = run_python("structured_check.py", &worker, &["10"]);
+        let stdout = run_python("structured_check.py", &worker, &["10"], None);
         assert!(stdout.contains("all 50 replies valid"), "{stdout}");
     }
 }
 
-/// Qwen2.5-Coder-1.5B with two functions: a weather question gets a parsed, valid
-/// `get_weather` call (whole and streamed), a named `tool_choice` forces a valid one at T = 0.8,
-/// and the tool's answer in a follow-up turn becomes text.
+/// The four checks that need Qwen2.5-Coder-1.5B (a model whose template renders tools), at once
+/// against one worker (2,048-token contexts, four decoded together, an API key): each reply is
+/// the same bits whatever runs beside it (specs/CPU_NUMERICS.md), so running them together checks
+/// what running them one by one would, in about the time of the slowest.
+///
+/// - `tools_check.py`: two functions; a weather question gets a parsed, valid `get_weather` call
+///   (whole and streamed), a named `tool_choice` forces a valid one at T = 0.8, and the tool's
+///   answer in a follow-up turn becomes text.
+/// - `messages_check.py`: Anthropic's Messages API as its users reach it, through the official
+///   `anthropic` SDK (pinned in `scripts/requirements-sdk.txt`) with the key sent as `x-api-key`:
+///   `messages.create` and `messages.stream`, stop sequences, a tool round trip, errors, every
+///   reply and event validated against the SDK's types.
+/// - `responses_check.py`: OpenAI's Responses API through the official `openai` SDK:
+///   `responses.create` (instructions, usage, a `max_output_tokens` cut), `responses.parse` with
+///   a pydantic `text_format`, a forced function call answered by resending the items and
+///   through `previous_response_id`, `responses.stream` (text and a call's arguments), errors.
+/// - `clients_check.py`: three third-party clients, offline: LangChain's `ChatOpenAI` (`invoke`,
+///   `stream`, and a prompt over the context raising its `ContextOverflowError`),
+///   `litellm.completion` (whole, streamed, and `ContextWindowExceededError`), and `instructor`
+///   in its TOOLS mode (`create` and `create_iterable` returning a validated pydantic model).
 #[test]
-fn tool_calls_are_rendered_parsed_and_answered() {
+fn tools_messages_responses_and_third_party_clients_drive_one_worker_at_once() {
+    const KEY: &str = "qwen15-checks-key";
     let _serial = serial();
     let worker = Worker::ready(
         &Model::Qwen15.path(),
-        &["--threads", "2", "--ctx-size", "2048"],
+        &[
+            "--threads",
+            "2",
+            "--ctx-size",
+            "2048",
+            "--parallel",
+            "4",
+            "--api-key",
+            KEY,
+        ],
     );
-    let stdout = run_python("tools_check.py", &worker, &[]);
-    assert!(stdout.contains("every check passed"), "{stdout}");
-}
-
-/// Anthropic's Messages API as its users reach it: the official `anthropic` SDK (pinned in
-/// `scripts/requirements-sdk.txt`) drives Qwen2.5-Coder-1.5B through
-/// `tests/openai/messages_check.py`, with the worker's key sent as `x-api-key`:
-/// `messages.create` and `messages.stream`, stop sequences, a tool round trip, errors, every
-/// reply and event validated against the SDK's types.
-#[test]
-fn the_official_anthropic_sdk_drives_the_messages_api() {
-    const KEY: &str = "messages-check-key";
-    let _serial = serial();
-    let worker = Worker::ready(
-        &Model::Qwen15.path(),
-        &["--threads", "2", "--ctx-size", "2048", "--api-key", KEY],
-    );
-    let stdout = run_python("messages_check.py", &worker, &[KEY]);
-    assert!(stdout.contains("every check passed"), "{stdout}");
-}
-
-/// OpenAI's Responses API as its users reach it: the official `openai` SDK drives
-/// Qwen2.5-Coder-1.5B through `tests/openai/responses_check.py`: `responses.create` (instructions,
-/// usage, a `max_output_tokens` cut), `responses.parse` with a pydantic `text_format`, a forced
-/// function call answered by resending the items and through `previous_response_id`,
-/// `responses.stream` (text and a call's arguments), errors; every response and event validated
-/// against the SDK's types.
-#[test]
-fn the_official_openai_sdk_drives_the_responses_api() {
-    let _serial = serial();
-    let worker = Worker::ready(
-        &Model::Qwen15.path(),
-        &["--threads", "2", "--ctx-size", "2048"],
-    );
-    let stdout = run_python("responses_check.py", &worker, &[]);
-    assert!(stdout.contains("every check passed"), "{stdout}");
-}
-
-/// Three third-party clients of OpenAI's API (pinned in `scripts/requirements-sdk.txt`) drive
-/// Qwen2.5-Coder-1.5B in a 2,048-token context through `tests/openai/clients_check.py`, offline:
-/// LangChain's `ChatOpenAI` (`invoke`, `stream`, and a prompt over the context raising its
-/// `ContextOverflowError`), `litellm.completion` (whole, streamed, and
-/// `ContextWindowExceededError`), and `instructor` in its TOOLS mode (`create` and
-/// `create_iterable` returning a validated pydantic model with a nested one).
-#[test]
-fn third_party_openai_clients_drive_the_worker() {
-    let _serial = serial();
-    let worker = Worker::ready(
-        &Model::Qwen15.path(),
-        &["--threads", "2", "--ctx-size", "2048"],
-    );
-    let stdout = run_python("clients_check.py", &worker, &[]);
-    assert!(stdout.contains("every check passed"), "{stdout}");
+    let worker = &worker;
+    let checks = [
+        ("tools_check.py", vec![]),
+        ("messages_check.py", vec![KEY]),
+        ("responses_check.py", vec![]),
+        ("clients_check.py", vec![]),
+    ];
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = checks
+            .iter()
+            .map(|(script, args)| {
+                (
+                    script,
+                    scope.spawn(move || run_python(script, worker, args, Some(KEY))),
+                )
+            })
+            .collect();
+        for (script, run) in runs {
+            let stdout = run
+                .join()
+                .unwrap_or_else(|_| panic!("{script} failed (its output is above)"));
+            assert!(stdout.contains("every check passed"), "{script}: {stdout}");
+        }
+    });
 }
 
 /// `logprobs` at T = 0 through the worker against a log-softmax of the logits the CPU backend

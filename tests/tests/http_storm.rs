@@ -127,6 +127,8 @@ fn five_hundred_jobs_with_random_cancels_and_disconnects() {
         "512",
         "--kv-cache-mb",
         "16",
+        "--threads",
+        "2",
     ]);
     let addr = worker.addr;
     // Warm: every page of the small pool written once, then a small storm of the same mix, so
