@@ -73,7 +73,7 @@ pub type FloatDot = fn(&[u8], &[f32]) -> Result<f32, DotError>;
 pub enum Kernel {
     /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (packed at load).
     Legacy(Legacy),
-    /// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S.
+    /// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S.
     KQuant(KQuant),
     /// F32, F16, BF16: one row × one token per call.
     Float(FloatDot),
@@ -85,6 +85,7 @@ pub fn kernel(ggml_type: GgmlType) -> Option<Kernel> {
         return Some(Kernel::Legacy(format));
     }
     Some(match ggml_type {
+        GgmlType::Q2_K => Kernel::KQuant(KQuant::Q2K),
         GgmlType::Q3_K => Kernel::KQuant(KQuant::Q3K),
         GgmlType::Q4_K => Kernel::KQuant(KQuant::Q4K),
         GgmlType::Q5_K => Kernel::KQuant(KQuant::Q5K),
