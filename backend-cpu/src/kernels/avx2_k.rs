@@ -1,7 +1,7 @@
 //! AVX2 (+FMA, F16C) kernels over the packed k-quant layouts ([`super::packed_k`]), with
-//! AVX-512 VNNI integer dots where the CPU has them, bit-identical to the k-quants' scalar reference (`super::rows::scalar`):
-//! lane `r` of the integer sums is row `r`'s exact `isum` and `msum`, and the f32 step is the
-//! reference's, eight rows at a time.
+//! AVX-512 VNNI integer dots where the CPU has them, bit-identical to the k-quants' scalar
+//! reference (`super::rows::scalar`): lane `r` of the integer sums is row `r`'s exact `isum`
+//! and `msum`, and the f32 step is the reference's, eight rows at a time.
 //!
 //! Per sub-block, the unsigned codes (≤ 15) times the broadcast activation quads are summed
 //! exactly per lane by `vpdpbusd`, or by `vpmaddubsw` pairs (four of them added in i16, at most

@@ -176,8 +176,8 @@ fn k_extremes_are_exact() {
         }];
         let y = i64::from(aq);
         let msum = 63 * 8 * 2 * i64::from(bsum);
-        // Q2_K: sc = m = 15, q = 3, each min against one `bsums`; Q3_K: scale 63 - 32, code q + 4 = 7, offset 4 · bsums; Q4_K: sc = m = 63, q = 15;
-        // Q5_K: q = 31; Q6_K: scale -1 (0xFF), q = 63 - 32; IQ4_XS: scale 63 - 32, index 15
+        // Q2_K: sc = m = 15, q = 3, each min against one `bsums`; Q3_K: scale 63 - 32, code
+        // q + 4 = 7, offset 4 · bsums; Q4_K: sc = m = 63, q = 15; Q5_K: q = 31; Q6_K: scale -1 (0xFF), q = 63 - 32; IQ4_XS: scale 63 - 32, index 15
         // (grid value 113); IQ3_S: multiplier 31, index 511 (magnitudes 1, 1, 15, 15: 32 a
         // group of four, 64 groups), every sign negative.
         let iq4 = (31 * 113 * y * 256) as f32;
