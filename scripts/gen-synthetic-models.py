@@ -41,6 +41,10 @@ One file per architecture, named `synthetic-<arch>.gguf`:
           untied output (llama.cpp's IQ3_S files keep it so; they also take Q4_K for V where
           the model has 4 or more query heads a key/value head, not this model's 2); Phi-3's
           tokenizer.
+  q2_k    `llama` in a Q2_K mix, as llama.cpp's MOSTLY_Q2_K files (llama-quant.cpp): Q2_K for the
+          embeddings, Q/K, gate and up, Q3_K for V (Q4_K where the model has 4 or more query
+          heads a key/value head, not this model's 2), the attention output and down, Q6_K for
+          the untied output; Phi-3's tokenizer.
   float   `qwen2` (Q/K/V biases) whose matrices are the float formats: Q/K/V and the
           embeddings F16, the attention output, gate and up BF16, the down projection F32,
           the untied output F16. No fixture: the CUDA backend's f32 GEMV and its many-row twin
@@ -172,6 +176,16 @@ IQ3_S_MIX = {
     **{name: Q.IQ3_S for name in Q4_K_M},
     "output": Q.Q6_K,
 }
+# MOSTLY_Q2_K at this file's head ratio (2 query heads a key/value head); Q2_K_MIX_GQA4 at 4 or
+# more, where llama.cpp gives V Q4_K.
+Q2_K_MIX = {
+    **{name: Q.Q2_K for name in Q4_K_M},
+    "attn_v": Q.Q3_K,
+    "attn_output": Q.Q3_K,
+    "ffn_down": Q.Q3_K,
+    "output": Q.Q6_K,
+}
+Q2_K_MIX_GQA4 = {**Q2_K_MIX, "attn_v": Q.Q4_K}
 MXFP4_FFN = {
     **ALL_Q8_0,
     "token_embd": Q.MXFP4,
@@ -306,6 +320,14 @@ ARCHS = {
         # model's margins are smaller (median 0.80, IQ4_XS's 1.22), so more sit near 0.5.
         stream_salt="/2",
     ),
+    "q2_k": Arch(
+        gguf_arch="llama",
+        vocab_file="ggml-vocab-phi-3.gguf",
+        shape=Shape(),
+        file_type=gguf.LlamaFileType.MOSTLY_Q2_K,
+        formats=Q2_K_MIX,
+        metadata={"context_length": 4096, "rope.freq_base": 10000.0},
+    ),
     "float": Arch(
         gguf_arch="qwen2",
         vocab_file="ggml-vocab-qwen2.gguf",
@@ -333,12 +355,14 @@ ARCHS = {
 # Not fixture models: the shapes GPU users serve, in the mixes they download, for speed and memory
 # measurements, generated where they are measured: `llama3.1-8b` (Llama-3.1-8B, Q4_K_M, 4.8 GiB),
 # `qwen2.5-7b` (Qwen2.5-7B with its Q/K/V biases), `llama3.2-1b` (for the CPU), and
-# `<name>-q5_k_m`, `-q3_k_m`, `-iq4_xs`, `-iq4_nl`, `-iq3_s`, `-q6_k`, `-q8_0`, `-f16` of each (F16: 15 GiB, Gaussian
+# `<name>-q5_k_m`, `-q3_k_m`, `-q2_k` (every shape here has 4 query heads a key/value head or more),
+# `-iq4_xs`, `-iq4_nl`, `-iq3_s`, `-q6_k`, `-q8_0`, `-f16` of each (F16: 15 GiB, Gaussian
 # weights).
 FULL_SIZE_MIXES = {
     "": (gguf.LlamaFileType.MOSTLY_Q4_K_M, Q4_K_M),
     "-q5_k_m": (gguf.LlamaFileType.MOSTLY_Q5_K_M, Q5_K_M),
     "-q3_k_m": (gguf.LlamaFileType.MOSTLY_Q3_K_M, Q3_K_M),
+    "-q2_k": (gguf.LlamaFileType.MOSTLY_Q2_K, Q2_K_MIX_GQA4),
     "-iq4_xs": (gguf.LlamaFileType.MOSTLY_IQ4_XS, IQ4_XS_MIX),
     "-iq4_nl": (gguf.LlamaFileType.MOSTLY_IQ4_NL, IQ4_NL_MIX),
     "-iq3_s": (gguf.LlamaFileType.MOSTLY_IQ3_S, IQ3_S_MIX),
@@ -367,17 +391,18 @@ for shape_name, (gguf_arch, vocab, n_vocab, shape, metadata) in FULL_SIZE_SHAPES
 
 # Byte offsets of the f16 super-block scales in a K-quant (or IQ4_XS, IQ4_NL, IQ3_S) block: (d,
 # dmin or None).
-KQUANT_SCALES = {Q.Q3_K: (108, None), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, None),
+KQUANT_SCALES = {Q.Q2_K: (80, 82), Q.Q3_K: (108, None), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, None),
                  Q.IQ4_XS: (0, None), Q.IQ4_NL: (0, None), Q.IQ3_S: (0, None)}
 # The sub-block offset (dmin) in units of d that centres a format's unsigned quants.
-DMIN_CENTRE = {Q.Q4_K: 7.5, Q.Q5_K: 15.5}
+DMIN_CENTRE = {Q.Q2_K: 1.5, Q.Q4_K: 7.5, Q.Q5_K: 15.5}
 
 
 def kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q, sigma: float) -> np.ndarray:
     """Random K-quant (or IQ4_XS, IQ4_NL, IQ3_S) blocks whose weights spread ≈ sigma: every byte
     drawn uniformly (so any sub-block scale, any index and, for IQ3_S, any sign), then the f16 block scale
     set per block (a random factor in [0.75, 1.25] around the value that gives sigma), Q4_K's
-    dmin at 7.5 × d (Q5_K's at 15.5 × d) so the sub-block offsets centre the weights."""
+    dmin at 7.5 × d (Q5_K's at 15.5 × d, Q2_K's at 1.5 × d: the mean scale times the mean quant
+    over the mean min) so the sub-block offsets centre the weights."""
     block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     n_blocks = rows * cols // block_elems
     blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)

@@ -114,7 +114,8 @@ fn legacy_decode() -> Result<(), Box<dyn Error>> {
 
 /// The k-quant formats (and IQ4_XS, IQ3_S, which share their super-block) the GGUF-layout tiles
 /// read.
-const K_FORMATS: [KQuant; 6] = [
+const K_FORMATS: [KQuant; 7] = [
+    KQuant::Q2K,
     KQuant::Q3K,
     KQuant::Q4K,
     KQuant::Q5K,
@@ -126,6 +127,7 @@ const K_FORMATS: [KQuant; 6] = [
 /// The d (and dmin) offsets of a k-quant super-block.
 fn k_scales(format: KQuant) -> &'static [usize] {
     match format {
+        KQuant::Q2K => &[80, 82],
         KQuant::Q3K => &[108],
         KQuant::Q6K => &[208],
         KQuant::Iq4Xs | KQuant::Iq3S => &[0],
@@ -167,6 +169,7 @@ fn k_prefill() -> Result<(), Box<dyn Error>> {
             Ok(dot::dot_rows_k(format, &weights, &q8_k, tokens, &mut out)?)
         })?;
         let one = match format {
+            KQuant::Q2K => dot::dot_q2_k_q8_k,
             KQuant::Q3K => dot::dot_q3_k_q8_k,
             KQuant::Q4K => dot::dot_q4_k_q8_k,
             KQuant::Q5K => dot::dot_q5_k_q8_k,

@@ -221,6 +221,9 @@ fn dot_chunk(
         (Activations::KQuant(_, a), Some(Packed::Q3K(packed))) => {
             return kernels::dot_packed_k_into(packed, groups, a, out).map_err(|e| e.to_string());
         }
+        (Activations::KQuant(_, a), Some(Packed::Q2K(packed))) => {
+            return kernels::dot_packed_k_into(packed, groups, a, out).map_err(|e| e.to_string());
+        }
         (Activations::KQuant(_, a), Some(Packed::Iq4Xs(packed))) => {
             return kernels::dot_packed_k_into(packed, groups, a, out).map_err(|e| e.to_string());
         }

@@ -11,10 +11,10 @@ use worker_common::backend::BackendError;
 use worker_common::gguf::{GgmlType, Gguf};
 use worker_common::model::{self, MatrixTensor, ModelSpec, TensorSource, VectorTensor};
 
-use crate::kernels::formats::{Iq4Xs, Q3K, Q4K, Q6K};
+use crate::kernels::formats::{Iq4Xs, Q2K, Q3K, Q4K, Q6K};
 use crate::kernels::{
-    Arena, GROUP, KLayout, Legacy, PackedIq4Xs, PackedK, PackedQ3K, PackedQ6K, PackedRows,
-    packed_k_available,
+    Arena, GROUP, KLayout, Legacy, PackedIq4Xs, PackedK, PackedQ2K, PackedQ3K, PackedQ6K,
+    PackedRows, packed_k_available,
 };
 use crate::quant;
 use crate::team::Team;
@@ -54,6 +54,8 @@ pub enum Packed {
     Q6K(PackedQ6K),
     /// Q3_K.
     Q3K(PackedQ3K),
+    /// Q2_K.
+    Q2K(PackedQ2K),
     /// IQ4_XS.
     Iq4Xs(PackedIq4Xs),
 }
@@ -66,6 +68,7 @@ impl Packed {
             Packed::KQuant(p) => p.bytes(),
             Packed::Q6K(p) => p.bytes(),
             Packed::Q3K(p) => p.bytes(),
+            Packed::Q2K(p) => p.bytes(),
             Packed::Iq4Xs(p) => p.bytes(),
         }
     }
@@ -104,6 +107,11 @@ impl Packed {
             GgmlType::Q3_K => Some(
                 PackedQ3K::pack_in(Some(arena), raw, rows)
                     .map(Packed::Q3K)
+                    .ok_or_else(bad),
+            ),
+            GgmlType::Q2_K => Some(
+                PackedQ2K::pack_in(Some(arena), raw, rows)
+                    .map(Packed::Q2K)
                     .ok_or_else(bad),
             ),
             GgmlType::IQ4_XS => Some(
@@ -209,6 +217,7 @@ fn packed_len(ggml_type: GgmlType, rows: usize, row_bytes: usize) -> usize {
         (None, GgmlType::Q4_K) => (Q4K::BLOCK_BYTES, Q4K::GROUP_BYTES),
         (None, GgmlType::Q6_K) => (Q6K::BLOCK_BYTES, Q6K::GROUP_BYTES),
         (None, GgmlType::Q3_K) => (Q3K::BLOCK_BYTES, Q3K::GROUP_BYTES),
+        (None, GgmlType::Q2_K) => (Q2K::BLOCK_BYTES, Q2K::GROUP_BYTES),
         (None, GgmlType::IQ4_XS) => (Iq4Xs::BLOCK_BYTES, Iq4Xs::GROUP_BYTES),
         _ => return 0,
     };
@@ -216,7 +225,7 @@ fn packed_len(ggml_type: GgmlType, rows: usize, row_bytes: usize) -> usize {
 }
 
 /// Repacks every matmul matrix whose format has a packed kernel on this CPU (the 32-element
-/// formats with IQ4_NL, Q3_K, Q4_K, Q6_K and IQ4_XS: `kernels::packed`, `kernels::packed_k`) into one arena, a matrix per
+/// formats with IQ4_NL, Q2_K, Q3_K, Q4_K, Q6_K and IQ4_XS: `kernels::packed`, `kernels::packed_k`) into one arena, a matrix per
 /// task of `team`; returns the file ranges no longer read, whose pages the caller may release.
 pub fn pack(
     team: &Team,
@@ -356,6 +365,7 @@ mod tests {
             GgmlType::Q5_1,
             GgmlType::Q8_0,
             GgmlType::IQ4_NL,
+            GgmlType::Q2_K,
             GgmlType::Q3_K,
             GgmlType::Q4_K,
             GgmlType::Q6_K,

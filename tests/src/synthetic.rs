@@ -39,6 +39,8 @@ pub enum Synthetic {
     Iq4Nl,
     /// `llama` in an IQ3_S mix (IQ3_S but for the Q6_K output).
     Iq3S,
+    /// `llama` in a Q2_K mix (Q2_K, Q3_K, Q6_K).
+    Q2K,
     /// `qwen2` with F16, BF16 and F32 matrices (no fixture: the CUDA backend's float formats,
     /// generated where it is tested).
     Float,
@@ -46,7 +48,7 @@ pub enum Synthetic {
 
 impl Synthetic {
     /// Every synthetic model with logit fixtures.
-    pub const ALL: [Synthetic; 9] = [
+    pub const ALL: [Synthetic; 10] = [
         Synthetic::Llama3,
         Synthetic::Qwen3,
         Synthetic::Phi3,
@@ -56,6 +58,7 @@ impl Synthetic {
         Synthetic::Iq4Xs,
         Synthetic::Iq4Nl,
         Synthetic::Iq3S,
+        Synthetic::Q2K,
     ];
 
     /// Its short name, as in file names.
@@ -70,16 +73,17 @@ impl Synthetic {
             Synthetic::Iq4Xs => "iq4_xs",
             Synthetic::Iq4Nl => "iq4_nl",
             Synthetic::Iq3S => "iq3_s",
+            Synthetic::Q2K => "q2_k",
             Synthetic::Float => "float",
         }
     }
 
-    /// Whether the CUDA backend reads every tensor format of the model (it has no Q3_K,
+    /// Whether the CUDA backend reads every tensor format of the model (it has no Q2_K, Q3_K,
     /// IQ4_XS, IQ4_NL or IQ3_S kernels yet and refuses such a file by name).
     pub fn on_cuda(self) -> bool {
         !matches!(
             self,
-            Synthetic::Q3K | Synthetic::Iq4Xs | Synthetic::Iq4Nl | Synthetic::Iq3S
+            Synthetic::Q2K | Synthetic::Q3K | Synthetic::Iq4Xs | Synthetic::Iq4Nl | Synthetic::Iq3S
         )
     }
 

@@ -140,6 +140,7 @@ fn candle_dtype(ggml_type: GgmlType) -> Option<GgmlDType> {
         GgmlType::Q5_0 => GgmlDType::Q5_0,
         GgmlType::Q5_1 => GgmlDType::Q5_1,
         GgmlType::Q8_0 => GgmlDType::Q8_0,
+        GgmlType::Q2_K => GgmlDType::Q2K,
         GgmlType::Q3_K => GgmlDType::Q3K,
         GgmlType::Q4_K => GgmlDType::Q4K,
         GgmlType::Q5_K => GgmlDType::Q5K,

@@ -1,7 +1,7 @@
-//! AVX2 (+FMA, F16C) kernels over [`PackedK`] (Q4_K) and [`PackedQ6K`], with AVX-512 VNNI integer dots where the
-//! CPU has them, bit-identical to the k-quants' scalar reference (`super::rows::scalar`):
-//! lane `r` of the integer sums is row `r`'s exact `isum` and `msum`, and the f32 step is the
-//! reference's, eight rows at a time.
+//! AVX2 (+FMA, F16C) kernels over the packed k-quant layouts ([`super::packed_k`]), with
+//! AVX-512 VNNI integer dots where the CPU has them, bit-identical to the k-quants' scalar
+//! reference (`super::rows::scalar`): lane `r` of the integer sums is row `r`'s exact `isum`
+//! and `msum`, and the f32 step is the reference's, eight rows at a time.
 //!
 //! Per sub-block, the unsigned codes (≤ 15) times the broadcast activation quads are summed
 //! exactly per lane by `vpdpbusd`, or by `vpmaddubsw` pairs (four of them added in i16, at most
@@ -19,6 +19,11 @@
 //! starting at `−4·b_s`, so it is the reference's exact `Σ (q + 4)·y − 4·b_s`; then times the
 //! row's scale less 32 (i8).
 //!
+//! Q2_K: the 2-bit codes (≤ 3) through the same dot, each sub-block's sum times the row's
+//! scale (the low nibble of its stored byte); the mins (the high nibbles) times the
+//! activation's `bsums[s]` (`vpmulld`, at most `15·32768` each) into a second sum per lane,
+//! `msum`; then Q4_K's f32 step. `|isum| < 2^21`, `|msum| < 2^23`.
+//!
 //! IQ4_XS: the indices become grid values by one `vpshufb` of the grid. With VNNI, the grid
 //! holds the codes `v + 128` (`1..=241`, unsigned) and `vpdpbusd` sums them against the
 //! activations from a lane start of `−128·(b_2ib + b_2ib+1)`, as Q6_K's offset; the AVX2
@@ -34,8 +39,8 @@ use std::ops::Range;
 use super::avx2::{dot_groups, iq4nl_grid, load_f16x8, signed_dot};
 use super::packed::Packed;
 use super::packed_k::{
-    IQ4_QS, IQ4_SC, KLayout, Q3K_HM, Q3K_QS, Q3K_SC, Q4K_MINS, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL,
-    Q6K_SC,
+    IQ4_QS, IQ4_SC, KLayout, Q2K_QS, Q2K_SC, Q3K_HM, Q3K_QS, Q3K_SC, Q4K_MINS, Q4K_QS, Q4K_SC,
+    Q6K_QH, Q6K_QL, Q6K_SC,
 };
 use super::rows::KQuant;
 use super::{GROUP, MAX_COLS, TokenOutputs};
@@ -150,6 +155,7 @@ unsafe fn tile<F: KLayout, const VNNI: bool, const C: usize>(
             match F::FORMAT {
                 KQuant::Q6K => q6_k_block::<VNNI, C>(gb, &y, &mut sums),
                 KQuant::Q3K => q3_k_block::<VNNI, C>(gb, &y, &mut sums),
+                KQuant::Q2K => q2_k_block::<VNNI, C>(gb, &y, &mut sums),
                 KQuant::Iq4Xs => iq4_xs_block::<VNNI, C>(gb, &y, &mut sums),
                 _ => q4_k_block::<VNNI, C>(gb, &y, &mut sums),
             }
@@ -277,6 +283,59 @@ unsafe fn q3_k_block<const VNNI: bool, const C: usize>(
         q3_k_quarter::<VNNI, C, 1, 2>(gb, y, &mut isum);
         q3_k_quarter::<VNNI, C, 1, 3>(gb, y, &mut isum);
         add_scaled(gb, y, &isum, sums);
+    }
+}
+
+/// One Q2_K group-super-block against `C` tokens:
+/// `sum + ((d·d_a)·isum − (dmin·d_a)·msum)`.
+#[inline(always)]
+unsafe fn q2_k_block<const VNNI: bool, const C: usize>(
+    gb: *const u8,
+    y: &[&BlockQ8K; C],
+    sums: &mut [__m256; C],
+) {
+    // SAFETY: `gb` points at a whole Q2_K group-super-block; AVX2 (and VNNI) guaranteed.
+    unsafe {
+        let three = _mm256_set1_epi8(3);
+        let low4 = _mm256_set1_epi32(0x0F);
+        let mut isum = [_mm256_setzero_si256(); C];
+        let mut msum = [_mm256_setzero_si256(); C];
+        for h in 0..2 {
+            // Plain loops, not closures (see `super::avx2::codes`).
+            let mut qs = [_mm256_setzero_si256(); 8];
+            for (m, v) in qs.iter_mut().enumerate() {
+                *v = load(gb.add(Q2K_QS + 32 * (8 * h + m)));
+            }
+            for k in 0..4 {
+                let mut codes = [_mm256_setzero_si256(); 8];
+                for (code, &v) in codes.iter_mut().zip(&qs) {
+                    let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32));
+                    *code = _mm256_and_si256(v, three);
+                }
+                let [q0, q1, q2, q3, q4, q5, q6, q7] = codes;
+                for (half, quads) in [[q0, q1, q2, q3], [q4, q5, q6, q7]].iter().enumerate() {
+                    let s = 8 * h + 2 * k + half;
+                    let raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64(gb.add(Q2K_SC + 8 * s).cast()));
+                    let scale = _mm256_and_si256(raw, low4);
+                    let min = _mm256_srli_epi32::<4>(raw);
+                    for j in 0..C {
+                        let at = y[j].qs.as_ptr().add(16 * s);
+                        let sub = dot_groups::<VNNI, 4, 4>(quads, at, _mm256_setzero_si256());
+                        isum[j] = _mm256_add_epi32(isum[j], _mm256_mullo_epi32(sub, scale));
+                        let b = _mm256_set1_epi32(i32::from(y[j].bsums[s]));
+                        msum[j] = _mm256_add_epi32(msum[j], _mm256_mullo_epi32(min, b));
+                    }
+                }
+            }
+        }
+        let d = load_f16x8(gb);
+        let dmin = load_f16x8(gb.add(16));
+        for j in 0..C {
+            let d_a = _mm256_set1_ps(y[j].d);
+            let scaled = _mm256_mul_ps(_mm256_mul_ps(d, d_a), _mm256_cvtepi32_ps(isum[j]));
+            let mins = _mm256_mul_ps(_mm256_mul_ps(dmin, d_a), _mm256_cvtepi32_ps(msum[j]));
+            sums[j] = _mm256_add_ps(sums[j], _mm256_sub_ps(scaled, mins));
+        }
     }
 }
 

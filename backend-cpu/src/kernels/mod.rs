@@ -6,7 +6,7 @@
 //! | family | layout | oracle | AVX2 / AVX-512 VNNI |
 //! |---|---|---|---|
 //! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL | repacked, 8 rows interleaved | [`scalar`] | `avx2` |
-//! | Q3_K, Q4_K, Q6_K, IQ4_XS | repacked, 8 rows interleaved | [`rows::scalar`] | `avx2_k` |
+//! | Q2_K, Q3_K, Q4_K, Q6_K, IQ4_XS | repacked, 8 rows interleaved | [`rows::scalar`] | `avx2_k` |
 //! | Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S | GGUF rows | [`rows::scalar`] | `rows/k_simd` |
 //! | F32, F16, BF16 | GGUF rows | [`rows::scalar`] | `rows/avx2_float` |
 //!
@@ -57,7 +57,9 @@ use worker_common::gguf::GgmlType;
 
 pub use arena::Arena;
 pub use packed::{GROUP, PackedRows};
-pub use packed_k::{KLayout, PackedIq4Xs, PackedK, PackedQ3K, PackedQ6K, packed_k_available};
+pub use packed_k::{
+    KLayout, PackedIq4Xs, PackedK, PackedQ2K, PackedQ3K, PackedQ6K, packed_k_available,
+};
 
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use rows::DotError;
@@ -73,7 +75,7 @@ pub type FloatDot = fn(&[u8], &[f32]) -> Result<f32, DotError>;
 pub enum Kernel {
     /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (packed at load).
     Legacy(Legacy),
-    /// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S.
+    /// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S.
     KQuant(KQuant),
     /// F32, F16, BF16: one row × one token per call.
     Float(FloatDot),
@@ -85,6 +87,7 @@ pub fn kernel(ggml_type: GgmlType) -> Option<Kernel> {
         return Some(Kernel::Legacy(format));
     }
     Some(match ggml_type {
+        GgmlType::Q2_K => Kernel::KQuant(KQuant::Q2K),
         GgmlType::Q3_K => Kernel::KQuant(KQuant::Q3K),
         GgmlType::Q4_K => Kernel::KQuant(KQuant::Q4K),
         GgmlType::Q5_K => Kernel::KQuant(KQuant::Q5K),

@@ -1,4 +1,4 @@
-//! Q3_K, Q4_K, Q6_K and IQ4_XS rows repacked at load, [`GROUP`](super::GROUP) rows interleaved per super-block as the
+//! Q2_K, Q3_K, Q4_K, Q6_K and IQ4_XS rows repacked at load, [`GROUP`](super::GROUP) rows interleaved per super-block as the
 //! 32-element formats are ([`super::packed`]): one 32-byte quant vector holds four consecutive
 //! elements of each of eight rows, so one integer dot instruction adds four products for eight
 //! rows, and each row's exact super-block sums end in one i32 lane. The kernels keep the
@@ -28,6 +28,12 @@
 //! `128h + 32k + 4m..+4` (half `h`, quarter `k`, `m < 8`) take bits `2k..2k + 2` of `qs`
 //! vector `8h + m` and bit `4h + k` of `hmask` vector `m`: codes `q + 4` in `0..8`.
 //!
+//! Q2_K (672 bytes, the eight raw super-blocks' size, as decode reads every byte once):
+//! `d[8]`, `dmin[8]` (f16); `sc[16][8]` (u8, sub-block-major: the rows' scale bytes as stored,
+//! scale in the low nibble, min in the high); 16 vectors of `qs`, vector `v` holding in bytes
+//! `4r..4r+4` the `qs` bytes `4v..4v+4` of row `r`. Elements `128h + 32k + 4m..+4` (half `h`,
+//! quarter `k`, `m < 8`) take bits `2k..2k + 2` of `qs` vector `8h + m`, as Q3_K's low bits.
+//!
 //! IQ4_XS (1104 bytes, 8 × 138): `d[8]` (f16); `sc[8][8]` (i8, sub-block-major: the six-bit
 //! scales less 32, unpacked); 32 vectors of `qs`, vector `v` holding in bytes `4r..4r+4` the
 //! `qs` bytes `4v..4v+4` of row `r`. Sub-block `ib` takes vectors `4ib..4ib + 4`: vector
@@ -37,9 +43,9 @@
 use std::sync::Arc;
 
 use super::arena::Arena;
-use super::formats::{Iq4Xs, KType, Q3K, Q4K, Q6K};
+use super::formats::{Iq4Xs, KType, Q2K, Q3K, Q4K, Q6K};
 use super::packed::Packed;
-use super::rows::{IQ4_XS_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
+use super::rows::{IQ4_XS_BYTES, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q6_K_BYTES, scales_mins};
 use crate::quant::{iq4_xs_scales, q3_k_scales};
 
 /// A k-quant format with an interleaved layout and a packed kernel.
@@ -75,6 +81,18 @@ impl KLayout for Q3K {
     const GROUP_BYTES: usize = Q3K_HM + 8 * 32;
     fn put(block: &[u8], lane: usize, out: &mut [u8]) {
         put_q3_k(block, lane, out);
+    }
+}
+
+/// Offsets inside a Q2_K group-super-block.
+pub(super) const Q2K_SC: usize = 32;
+pub(super) const Q2K_QS: usize = Q2K_SC + 128;
+
+impl KLayout for Q2K {
+    const BLOCK_BYTES: usize = Q2_K_BYTES;
+    const GROUP_BYTES: usize = Q2K_QS + 16 * 32;
+    fn put(block: &[u8], lane: usize, out: &mut [u8]) {
+        put_q2_k(block, lane, out);
     }
 }
 
@@ -114,6 +132,9 @@ pub type PackedQ6K = Packed<Q6K>;
 
 /// A matrix of Q3_K rows in the interleaved layout.
 pub type PackedQ3K = Packed<Q3K>;
+
+/// A matrix of Q2_K rows in the interleaved layout.
+pub type PackedQ2K = Packed<Q2K>;
 
 /// A matrix of IQ4_XS rows in the interleaved layout.
 pub type PackedIq4Xs = Packed<Iq4Xs>;
@@ -191,6 +212,20 @@ fn put_q3_k(block: &[u8], lane: usize, out: &mut [u8]) {
     }
     for u in 0..8 {
         put_dword(block, 4 * u, lane, out, Q3K_HM + 32 * u);
+    }
+}
+
+fn put_q2_k(block: &[u8], lane: usize, out: &mut [u8]) {
+    let Ok(block) = <&[u8; Q2_K_BYTES]>::try_from(block) else {
+        return;
+    };
+    out[2 * lane..2 * lane + 2].copy_from_slice(&block[80..82]);
+    out[16 + 2 * lane..16 + 2 * lane + 2].copy_from_slice(&block[82..84]);
+    for s in 0..16 {
+        out[Q2K_SC + 8 * s + lane] = block[s];
+    }
+    for v in 0..16 {
+        put_dword(block, 16 + 4 * v, lane, out, Q2K_QS + 32 * v);
     }
 }
 

@@ -14,10 +14,13 @@
 //! Kernel choice, the process's [`crate::isa`] level: AVX-512 VNNI (256-bit, `avx512vnni` +
 //! `avx512vl`, k-quants only) before AVX2 + FMA + F16C before [`scalar`].
 //!
-//! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q3_K, Q4_K, Q5_K, Q6_K, and the
+//! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and the
 //! i-quants IQ4_XS and IQ3_S, which share their super-block and activation). For every super-block in
 //! order, exact i32 sums, then one f32 step:
 //!
+//! - Q2_K: `isum = Σ_j sc_j · Σ_{l in sub-block j} q_l · y_l` over the 16 sub-blocks of 16
+//!   (`q` the unsigned 2-bit quant, `sc_j` the 4-bit scale) and `msum = Σ_j m_j · bsums[j]`
+//!   (`m_j` the 4-bit min); then the Q4_K step, as ggml's `ggml_vec_dot_q2_K_q8_K`.
 //! - Q3_K: `isum = Σ_k (sc_k - 32) · (Σ_{l in sub-block k} (q_l + 4) · y_l − 4 · bsums[k])`
 //!   over the 16 sub-blocks of 16 (`q` the signed 3-bit quant, `sc_k` the 6-bit scale, `bsums`
 //!   the activation block's stored sums: the same as `Σ q·y` for consistent ones); then
@@ -39,7 +42,9 @@
 //!   ggml's `ggml_vec_dot_iq3_s_q8_K`.
 //!
 //! `isum` and `msum` are converted to f32 with one rounding (they may exceed 2^24). No
-//! overflow for any input bytes: Q3_K `|isum| ≤ 32·(256·7·128 + 4·16·32768) < 2^27`, Q4_K `|isum| ≤ 256·15·128·63 < 2^25`, Q5_K
+//! overflow for any input bytes: Q2_K `|isum| ≤ 256·3·128·15 < 2^21` and
+//! `|msum| ≤ 16·15·32768 < 2^23`, Q3_K `|isum| ≤ 32·(256·7·128 + 4·16·32768) < 2^27`,
+//! Q4_K `|isum| ≤ 256·15·128·63 < 2^25`, Q5_K
 //! `≤ 256·31·128·63 < 2^26`, Q6_K `≤ 256·32·128·128 = 2^27`, IQ4_XS `≤ 256·127·128·32 < 2^27`, IQ3_S
 //! `≤ 256·15·128·31 < 2^24`,
 //! and `|msum| ≤ 8·63·2·32768 < 2^25` even for arbitrary i16 `bsums`.
@@ -76,7 +81,7 @@ use crate::quant::activation::BlockQ8K;
 #[cfg(test)]
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
 use crate::quant::f16_le;
-pub use crate::quant::{DotError, IQ3_S_BYTES, IQ4_XS_BYTES};
+pub use crate::quant::{DotError, IQ3_S_BYTES, IQ4_XS_BYTES, Q2_K_BYTES};
 
 /// Bytes per Q3_K super-block: `hmask: [u8; 32]`, `qs: [u8; 64]`, `scales: [u8; 12]`, `d: f16`.
 pub const Q3_K_BYTES: usize = 110;
@@ -91,6 +96,8 @@ pub const Q6_K_BYTES: usize = 210;
 /// A k-quant weight format (256-element super-blocks, dotted with Q8_K activations).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KQuant {
+    /// [`Q2_K_BYTES`]-byte super-blocks.
+    Q2K,
     /// [`Q3_K_BYTES`]-byte super-blocks.
     Q3K,
     /// [`Q4_K_BYTES`]-byte super-blocks.
@@ -109,6 +116,7 @@ impl KQuant {
     /// Bytes per super-block.
     pub const fn block_bytes(self) -> usize {
         match self {
+            KQuant::Q2K => Q2_K_BYTES,
             KQuant::Q3K => Q3_K_BYTES,
             KQuant::Q4K => Q4_K_BYTES,
             KQuant::Q5K => Q5_K_BYTES,
@@ -213,6 +221,11 @@ dispatch!(
     ///
     /// Errors when `w` is not exactly one super-block per activation block; never panics.
     dot_q4_k_q8_k, BlockQ8K, Q4_K_BYTES, q4_k_q8_k, [k_simd::q4_k_q8_k]
+);
+dispatch!(
+    /// Dot product of a Q2_K weight row (84-byte super-blocks) with Q8_K activations; see
+    /// [`dot_q4_k_q8_k`].
+    dot_q2_k_q8_k, BlockQ8K, Q2_K_BYTES, q2_k_q8_k, [k_simd::q2_k_q8_k]
 );
 dispatch!(
     /// Dot product of a Q3_K weight row (110-byte super-blocks) with Q8_K activations; see

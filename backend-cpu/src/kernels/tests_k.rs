@@ -1,4 +1,4 @@
-//! The packed Q3_K, Q4_K, Q6_K and IQ4_XS kernels against the k-quants' scalar reference on the raw rows,
+//! The packed Q2_K, Q3_K, Q4_K, Q6_K and IQ4_XS kernels against the k-quants' scalar reference on the raw rows,
 //! bit for bit, with the VNNI body (where the CPU has it) and the AVX2 body forced.
 
 use half::f16;
@@ -6,8 +6,8 @@ use half::f16;
 use super::packed::Packed;
 use super::rows::{KQuant, scalar};
 use super::{
-    GROUP, KLayout, PackedIq4Xs, PackedK, PackedQ3K, PackedQ6K, dot_packed_k, dot_packed_k_into,
-    packed_k_available,
+    GROUP, KLayout, PackedIq4Xs, PackedK, PackedQ2K, PackedQ3K, PackedQ6K, dot_packed_k,
+    dot_packed_k_into, packed_k_available,
 };
 use crate::quant::activation::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::quant::test_rng::Rng;
@@ -21,6 +21,7 @@ fn weights(rng: &mut Rng, format: KQuant, blocks: usize, extreme: bool) -> Vec<u
         let start = w.len();
         w.extend((0..format.block_bytes()).map(|_| if extreme { 0xFF } else { rng.byte() }));
         let scales: &[usize] = match format {
+            KQuant::Q2K => &[80, 82],
             KQuant::Q3K => &[108],
             KQuant::Q6K => &[208],
             KQuant::Iq4Xs => &[0],
@@ -48,6 +49,7 @@ fn packed_equals_scalar() {
     check_format(&mut rng, PackedK::pack);
     check_format(&mut rng, PackedQ6K::pack);
     check_format(&mut rng, PackedQ3K::pack);
+    check_format(&mut rng, PackedQ2K::pack);
     check_format(&mut rng, PackedIq4Xs::pack);
 }
 

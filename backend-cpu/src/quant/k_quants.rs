@@ -1,5 +1,8 @@
-//! The 256-element k-quant super-blocks: Q3_K, Q4_K, Q5_K and Q6_K.
+//! The 256-element k-quant super-blocks: Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (layouts as ggml's
+//! `block_q*_K` in ggml-common.h, values as `dequantize_row_q*_K` in ggml-quants.c).
 //!
+//! Q2_K has 16 sub-blocks of 16, each with a 4-bit scale and a 4-bit min in one byte:
+//! `(d * sc) * q - (dmin * m)`, `q` an unsigned 2-bit quant.
 //! Q3_K has 16 sub-blocks of 16 with 6-bit scales stored with an offset of 32:
 //! `(d * (sc - 32)) * q`, `q` a signed 3-bit quant (2 low bits in `qs`, the third in `hmask`).
 //! Q4_K and Q5_K split a super-block into 8 sub-blocks of 32 with a 6-bit scale and a 6-bit min
@@ -38,6 +41,33 @@ fn packed_scales(block: &[u8]) -> [u8; 12] {
 fn sub_block(j: usize, scales: &[u8; 12], d: f32, dmin: f32) -> (f32, f32) {
     let (sc, m) = scale_min(j, scales);
     (d * f32::from(sc), dmin * f32::from(m))
+}
+
+/// Bytes per Q2_K super-block: `scales: [u8; 16]` (scale in the low nibble, min in the high),
+/// `qs: [u8; 64]`, `d, dmin: f16`.
+pub const Q2_K_BYTES: usize = 84;
+
+/// The unsigned 2-bit quant of element `128 h + 32 k + l` of a Q2_K block (h in 0..2, k in
+/// 0..4, l in 0..32): bits `2k..2k + 2` of `qs[32 h + l]`; its scale byte is
+/// `scales[8 h + 2 k + l / 16]` (the same walk as Q3_K's low bits).
+pub(crate) fn q2_k_quant(block: &[u8; Q2_K_BYTES], h: usize, k: usize, l: usize) -> u8 {
+    (block[16 + 32 * h + l] >> (2 * k)) & 3
+}
+
+/// Q2_K (84 bytes): element `128 h + 32 k + l` is `(d * sc) * q - (dmin * m)` with `sc`, `m`
+/// the low and high nibbles of `scales[8 h + 2 k + l / 16]` and `q` [`q2_k_quant`], each
+/// product one f32 rounding as in `dequantize_row_q2_K`.
+pub(super) fn q2_k(data: &[u8], out: &mut [f32]) {
+    for (block, y) in blocks::<Q2_K_BYTES, QK_K>(data, out) {
+        let d = f16_le([block[80], block[81]]);
+        let dmin = f16_le([block[82], block[83]]);
+        for (i, y) in y.iter_mut().enumerate() {
+            let (h, k, l) = (i / 128, (i / 32) % 4, i % 32);
+            let sc = block[8 * h + 2 * k + l / 16];
+            let (dl, ml) = (d * f32::from(sc & 0x0F), dmin * f32::from(sc >> 4));
+            *y = dl * f32::from(q2_k_quant(block, h, k, l)) - ml;
+        }
+    }
 }
 
 /// The 16 scales of a Q3_K block (bytes 96..108, each `0..64`, stored with an offset of 32),

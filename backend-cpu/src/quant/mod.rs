@@ -20,9 +20,10 @@ pub(crate) use i_quants::{
     iq4_xs_value,
 };
 mod k_quants;
+pub use k_quants::Q2_K_BYTES;
 #[cfg(test)]
 pub(crate) use k_quants::scale_min;
-pub(crate) use k_quants::{q3_k_quant, q3_k_scales};
+pub(crate) use k_quants::{q2_k_quant, q3_k_quant, q3_k_scales};
 mod legacy;
 
 use worker_common::gguf::GgmlType;
@@ -113,6 +114,7 @@ pub fn is_supported(ggml_type: GgmlType) -> bool {
             | GgmlType::Q5_0
             | GgmlType::Q5_1
             | GgmlType::Q8_0
+            | GgmlType::Q2_K
             | GgmlType::Q3_K
             | GgmlType::Q4_K
             | GgmlType::Q5_K
@@ -167,6 +169,7 @@ pub fn dequantize(ggml_type: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(
         GgmlType::Q5_0 => legacy::q5_0(data, out),
         GgmlType::Q5_1 => legacy::q5_1(data, out),
         GgmlType::Q8_0 => legacy::q8_0(data, out),
+        GgmlType::Q2_K => k_quants::q2_k(data, out),
         GgmlType::Q3_K => k_quants::q3_k(data, out),
         GgmlType::Q4_K => k_quants::q4_k(data, out),
         GgmlType::Q5_K => k_quants::q5_k(data, out),
@@ -203,3 +206,5 @@ pub(crate) fn f16_le(bytes: [u8; 2]) -> f32 {
 pub(crate) mod test_rng;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_q2_k;

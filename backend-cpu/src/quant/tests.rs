@@ -6,18 +6,18 @@ use super::test_rng::Rng;
 use super::*;
 
 const F16_ONE: [u8; 2] = [0x00, 0x3C];
-const F16_HALF: [u8; 2] = [0x00, 0x38];
-const F16_QUARTER: [u8; 2] = [0x00, 0x34];
+pub(super) const F16_HALF: [u8; 2] = [0x00, 0x38];
+pub(super) const F16_QUARTER: [u8; 2] = [0x00, 0x34];
 const F16_MINUS_ONE: [u8; 2] = [0x00, 0xBC];
 
-fn run(ggml_type: GgmlType, data: &[u8]) -> Vec<f32> {
+pub(super) fn run(ggml_type: GgmlType, data: &[u8]) -> Vec<f32> {
     let mut out = vec![f32::NAN; element_count(ggml_type, data.len()).unwrap()];
     dequantize(ggml_type, data, &mut out).unwrap();
     out
 }
 
 /// Asserts bit equality, so `-0.0` and `0.0` differ.
-fn assert_bits(ours: &[f32], expected: &[f32]) {
+pub(super) fn assert_bits(ours: &[f32], expected: &[f32]) {
     assert_eq!(ours.len(), expected.len());
     for (i, (a, b)) in ours.iter().zip(expected).enumerate() {
         assert_eq!(a.to_bits(), b.to_bits(), "element {i}: {a} vs {b}");
@@ -566,7 +566,7 @@ fn unsupported_types_are_errors_naming_the_type() {
         assert_eq!(err, QuantError::Unsupported(t));
         assert!(err.to_string().contains(t.name()), "{err}");
     }
-    assert!(!is_supported(GgmlType::Q2_K));
+    assert!(!is_supported(GgmlType::IQ3_XXS));
 }
 
 #[test]

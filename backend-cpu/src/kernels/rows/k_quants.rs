@@ -2,11 +2,11 @@
 //! parent module for the order and the overflow bounds).
 
 use super::{
-    BlockQ8K, IQ3_S_BYTES, IQ4_XS_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, f16_le,
-    weight_blocks,
+    BlockQ8K, IQ3_S_BYTES, IQ4_XS_BYTES, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES,
+    Q6_K_BYTES, f16_le, weight_blocks,
 };
 use crate::quant::{
-    iq3_s_scales, iq3_s_value, iq4_xs_scales, iq4_xs_value, q3_k_quant, q3_k_scales,
+    iq3_s_scales, iq3_s_value, iq4_xs_scales, iq4_xs_value, q2_k_quant, q3_k_quant, q3_k_scales,
 };
 
 /// The 8 scales and 8 mins of a Q4_K / Q5_K super-block, unpacked from bytes 4..16 with
@@ -103,6 +103,32 @@ pub(super) fn q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let isum = k_isum(&w[48..], Some(&w[16..48]), &scales, &a.qs);
         let (d, dmin) = (f16_le([w[0], w[1]]), f16_le([w[2], w[3]]));
         sum = k_step(sum, d, dmin, a.d, isum, min_sum(&mins, &a.bsums));
+    }
+    sum
+}
+
+/// Q2_K, in the order of ggml's `ggml_vec_dot_q2_K_q8_K`: element `128 h + 32 k + l` (h in
+/// 0..2, k in 0..4, l in 0..32) is the unsigned 2-bit quant [`q2_k_quant`] of sub-block
+/// `j = 8 h + 2 k + l / 16`, which covers the activation's 16 elements `16 j..16 j + 16`
+/// (stored sum `bsums[j]`) with the low nibble of `scales[j]` as its scale and the high one as
+/// its min: `isum = Σ_j sc_j · Σ q·y`, `msum = Σ_j m_j · bsums[j]`, then [`k_step`] as Q4_K.
+pub(super) fn q2_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (w, a) in weight_blocks::<Q2_K_BYTES>(w).zip(a) {
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for (j, &sc) in w[..16].iter().enumerate() {
+            let (h, k, first) = (j / 8, (j % 8) / 2, 16 * (j % 2));
+            let s: i32 = (first..first + 16)
+                .map(|l| {
+                    let y = a.qs[128 * h + 32 * k + l];
+                    i32::from(q2_k_quant(w, h, k, l)) * i32::from(y)
+                })
+                .sum();
+            isum += i32::from(sc & 0x0F) * s;
+            msum += i32::from(sc >> 4) * i32::from(a.bsums[j]);
+        }
+        let (d, dmin) = (f16_le([w[80], w[81]]), f16_le([w[82], w[83]]));
+        sum = k_step(sum, d, dmin, a.d, isum, msum);
     }
     sum
 }

@@ -12,7 +12,9 @@
 //! from two exact `vpmaddubsw`) at most `8 · 128 · 2 · 8192 = 2^24`. The Q4_K/Q5_K mins go
 //! through `vpmaddwd` of the activation's `bsums` by the mins repeated per pair (at most
 //! `2 · 32768 · 63` per lane). IQ4_XS's signed grid values go through `vpmaddubsw` with the
-//! activations' magnitudes ([`iq4_xs`]), and so do IQ3_S's signed grid magnitudes ([`iq3_s`]). Then the very scalar f32 step of [`super::k_quants`].
+//! activations' magnitudes ([`iq4_xs`]), and so do IQ3_S's signed grid magnitudes ([`iq3_s`]);
+//! Q2_K's 2-bit codes and 4-bit scales and mins take Q4_K's path ([`q2_k`]). Then the very
+//! scalar f32 step of [`super::k_quants`].
 //!
 //! A tile unpacks each weight super-block once for its `C` tokens and loads each activation
 //! block once for its `R` rows; every row prefetches the super-blocks ahead of it, as several
@@ -21,6 +23,7 @@
 
 mod iq3_s;
 mod iq4_xs;
+mod q2_k;
 
 use std::arch::x86_64::*;
 
@@ -58,6 +61,7 @@ pub(super) fn dot_rows(
         };
     }
     match format {
+        KQuant::Q2K => run!(formats::Q2K),
         KQuant::Q3K => run!(formats::Q3K),
         KQuant::Q4K => run!(formats::Q4K),
         KQuant::Q5K => run!(formats::Q5K),
@@ -93,6 +97,7 @@ pub(super) fn one(format: KQuant, vnni: bool, w: &[u8], a: &[BlockQ8K]) -> Optio
         };
     }
     match format {
+        KQuant::Q2K => run!(formats::Q2K),
         KQuant::Q3K => run!(formats::Q3K),
         KQuant::Q4K => run!(formats::Q4K),
         KQuant::Q5K => run!(formats::Q5K),
@@ -101,6 +106,12 @@ pub(super) fn one(format: KQuant, vnni: bool, w: &[u8], a: &[BlockQ8K]) -> Optio
         KQuant::Iq3S => run!(formats::Iq3S),
     }
     Some(out[0])
+}
+
+/// The one-row Q2_K × Q8_K dot of [`super::scalar`] with the VNNI or AVX2 body (as
+/// [`crate::isa`] says); `None` below AVX2.
+pub(super) fn q2_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
+    one(KQuant::Q2K, crate::isa::vnni(), w, a)
 }
 
 /// The one-row Q3_K × Q8_K dot of [`super::scalar`] with the VNNI or AVX2 body (as
@@ -358,10 +369,13 @@ unsafe fn tile<F: KType, const VNNI: bool, const R: usize, const C: usize>(
                     }
                 }
             } else {
-                let five = format == KQuant::Q5K;
-                let (isums, msums) = k_isums::<VNNI, R, C>(w, a, five);
+                let ((isums, msums), d_at) = match format {
+                    KQuant::Q2K => (q2_k::isums::<VNNI, R, C>(w, a), 80),
+                    _ => (k_isums::<VNNI, R, C>(w, a, format == KQuant::Q5K), 0),
+                };
                 for r in 0..R {
-                    let (d, dmin) = (f16_le([w[r][0], w[r][1]]), f16_le([w[r][2], w[r][3]]));
+                    let d = f16_le([w[r][d_at], w[r][d_at + 1]]);
+                    let dmin = f16_le([w[r][d_at + 2], w[r][d_at + 3]]);
                     for c in 0..C {
                         sums[r][c] = k_step(sums[r][c], d, dmin, a[c].d, isums[r][c], msums[r][c]);
                     }

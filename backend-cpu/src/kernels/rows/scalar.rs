@@ -6,11 +6,11 @@
 
 pub(super) use super::float::{bf16_f32, f16_f32, f32_f32};
 pub(super) use super::k_quants::{
-    iq3_s_q8_k, iq4_xs_q8_k, q3_k_q8_k, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k,
+    iq3_s_q8_k, iq4_xs_q8_k, q2_k_q8_k, q3_k_q8_k, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k,
 };
 use super::{
-    BlockQ8K, DotError, IQ3_S_BYTES, IQ4_XS_BYTES, KQuant, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES,
-    Q6_K_BYTES, check_len, check_rows,
+    BlockQ8K, DotError, IQ3_S_BYTES, IQ4_XS_BYTES, KQuant, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES,
+    Q5_K_BYTES, Q6_K_BYTES, check_len, check_rows,
 };
 
 /// Defines a public length-checking wrapper around a scalar kernel.
@@ -23,6 +23,7 @@ macro_rules! checked {
     };
 }
 
+checked!(dot_q2_k_q8_k, BlockQ8K, Q2_K_BYTES, q2_k_q8_k);
 checked!(dot_q3_k_q8_k, BlockQ8K, Q3_K_BYTES, q3_k_q8_k);
 checked!(dot_q4_k_q8_k, BlockQ8K, Q4_K_BYTES, q4_k_q8_k);
 checked!(dot_q5_k_q8_k, BlockQ8K, Q5_K_BYTES, q5_k_q8_k);
@@ -57,6 +58,7 @@ pub(super) fn dot_rows_k_unchecked(
     out: &mut [f32],
 ) {
     let kernel = match format {
+        KQuant::Q2K => q2_k_q8_k,
         KQuant::Q3K => q3_k_q8_k,
         KQuant::Q4K => q4_k_q8_k,
         KQuant::Q5K => q5_k_q8_k,

@@ -63,7 +63,16 @@ type Kernel = fn(&[u8], &[BlockQ8K]) -> Result<f32, DotError>;
 type Simd = fn(&[u8], &[BlockQ8K]) -> Option<f32>;
 
 /// (name, bytes, d offset, has dmin, dispatching, scalar, AVX2).
-const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 6] = [
+const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 7] = [
+    (
+        "q2_k",
+        Q2_K_BYTES,
+        80,
+        true,
+        dot_q2_k_q8_k,
+        scalar::dot_q2_k_q8_k,
+        |w, a| k_simd::one(KQuant::Q2K, false, w, a),
+    ),
     (
         "q3_k",
         Q3_K_BYTES,
@@ -167,12 +176,13 @@ fn k_extremes_are_exact() {
         }];
         let y = i64::from(aq);
         let msum = 63 * 8 * 2 * i64::from(bsum);
-        // Q3_K: scale 63 - 32, code q + 4 = 7, offset 4 · bsums; Q4_K: sc = m = 63, q = 15;
-        // Q5_K: q = 31; Q6_K: scale -1 (0xFF), q = 63 - 32; IQ4_XS: scale 63 - 32, index 15
+        // Q2_K: sc = m = 15, q = 3, each min against one `bsums`; Q3_K: scale 63 - 32, code
+        // q + 4 = 7, offset 4 · bsums; Q4_K: sc = m = 63, q = 15; Q5_K: q = 31; Q6_K: scale -1 (0xFF), q = 63 - 32; IQ4_XS: scale 63 - 32, index 15
         // (grid value 113); IQ3_S: multiplier 31, index 511 (magnitudes 1, 1, 15, 15: 32 a
         // group of four, 64 groups), every sign negative.
         let iq4 = (31 * 113 * y * 256) as f32;
         let iq3 = (-31 * 32 * y * 64) as f32;
+        let q2 = (15 * 3 * y * 256 - 15 * 16 * i64::from(bsum)) as f32;
         let q3 = (31 * 7 * y * 256 - 4 * 31 * 16 * i64::from(bsum)) as f32;
         let q4 = (63 * 15 * y * 256 - msum) as f32;
         let q5 = (63 * 31 * y * 256 - msum) as f32;
@@ -181,9 +191,10 @@ fn k_extremes_are_exact() {
             let mut w = vec![0xFF; bytes];
             w[d_at..d_at + 2].copy_from_slice(&f16::ONE.to_le_bytes());
             if two {
-                w[2..4].copy_from_slice(&f16::ONE.to_le_bytes());
+                w[d_at + 2..d_at + 4].copy_from_slice(&f16::ONE.to_le_bytes());
             }
             let want = match name {
+                "q2_k" => q2,
                 "q3_k" => q3,
                 "q4_k" => q4,
                 "q5_k" => q5,
@@ -223,6 +234,7 @@ fn k_scalar_dots_match_f64_reference() {
             .collect();
         for (name, bytes, d_at, two, _, reference_dot, _) in KERNELS {
             let ggml_type = match name {
+                "q2_k" => GgmlType::Q2_K,
                 "q3_k" => GgmlType::Q3_K,
                 "q4_k" => GgmlType::Q4_K,
                 "q5_k" => GgmlType::Q5_K,
@@ -239,7 +251,11 @@ fn k_scalar_dots_match_f64_reference() {
                 .zip(a.chunks(QK_K))
                 .map(|(w, a)| {
                     let ya: f64 = a.iter().map(|v| v.abs()).sum();
-                    if two {
+                    let f16_at = |i: usize| f16::from_le_bytes([w[i], w[i + 1]]).to_f64().abs();
+                    if name == "q2_k" {
+                        // The largest scale · q (15 · 3) and min (15).
+                        (f16_at(80) * 15.0 * 3.0 + f16_at(82) * 15.0) * ya
+                    } else if two {
                         let w: &[u8; 16] = w[..16].try_into().unwrap();
                         let (sc, m) = scales_mins(w);
                         let d = f16::from_le_bytes([w[0], w[1]]).to_f64().abs();

@@ -7,7 +7,8 @@ use super::*;
 use crate::quant::test_rng::Rng;
 
 /// (format, offset of `d`, whether `dmin` follows it).
-const FORMATS: [(KQuant, usize, bool); 6] = [
+const FORMATS: [(KQuant, usize, bool); 7] = [
+    (KQuant::Q2K, 80, true),
     (KQuant::Q3K, 108, false),
     (KQuant::Q4K, 0, true),
     (KQuant::Q5K, 0, true),
@@ -45,6 +46,7 @@ fn tiles_equal_scalar() {
                 // Each output is also the one-row dot of its row and column.
                 let row_bytes = blocks * format.block_bytes();
                 let one = match format {
+                    KQuant::Q2K => scalar::dot_q2_k_q8_k,
                     KQuant::Q3K => scalar::dot_q3_k_q8_k,
                     KQuant::Q4K => scalar::dot_q4_k_q8_k,
                     KQuant::Q5K => scalar::dot_q5_k_q8_k,

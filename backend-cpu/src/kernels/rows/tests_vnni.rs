@@ -27,7 +27,15 @@ fn vnni_matches_scalar_bit_for_bit() {
         return;
     }
     let mut rng = Rng(0xA076_1D64_78BD_642F);
-    let k: [(&str, usize, usize, bool, KFn, SimdK); 6] = [
+    let k: [(&str, usize, usize, bool, KFn, SimdK); 7] = [
+        (
+            "q2_k",
+            Q2_K_BYTES,
+            80,
+            true,
+            scalar::dot_q2_k_q8_k,
+            |w, a| k_simd::one(KQuant::Q2K, true, w, a),
+        ),
         (
             "q3_k",
             Q3_K_BYTES,
@@ -120,6 +128,11 @@ fn vnni_extremes_are_exact() {
             let w = block(Q5_K_BYTES, 4);
             let want = scalar::dot_q5_k_q8_k(&w, &ak).unwrap();
             assert_eq!(k_simd::one(KQuant::Q5K, true, &w, &ak).unwrap(), want);
+            let mut w = vec![wb; Q2_K_BYTES];
+            w[80..82].copy_from_slice(&f16::ONE.to_le_bytes());
+            w[82..].copy_from_slice(&f16::ONE.to_le_bytes());
+            let want = scalar::dot_q2_k_q8_k(&w, &ak).unwrap();
+            assert_eq!(k_simd::one(KQuant::Q2K, true, &w, &ak).unwrap(), want);
             let mut w = vec![wb; Q3_K_BYTES];
             w[108..].copy_from_slice(&f16::ONE.to_le_bytes());
             let want = scalar::dot_q3_k_q8_k(&w, &ak).unwrap();
