@@ -311,13 +311,21 @@ unsafe fn sum_pair(a: __m256i, b: __m256i) -> (i32, i32) {
     }
 }
 
-/// The exact sum of the eight lanes of each (row, token) accumulator.
+/// The exact sum of the eight lanes of each (row, token) accumulator. Plain loops, not
+/// `std::array::from_fn`: a closure does not inherit the tiles' target features, and where it
+/// was not inlined (the 2 × 4 tiles) every intrinsic in it became a call passing vectors
+/// through memory, making the tiled Q6_K, IQ4_XS and IQ3_S prefill slower than one row × token
+/// per call.
 #[inline(always)]
 unsafe fn lane_sums<const R: usize, const C: usize>(acc: [[__m256i; C]; R]) -> [[i32; C]; R] {
-    // SAFETY: only reached from the tiles, whose callers guarantee AVX2.
-    std::array::from_fn(|r| {
-        std::array::from_fn(|c| unsafe { sum_pair(acc[r][c], _mm256_setzero_si256()).0 })
-    })
+    let mut sums = [[0; C]; R];
+    for (row, acc) in sums.iter_mut().zip(&acc) {
+        for (sum, &lanes) in row.iter_mut().zip(acc) {
+            // SAFETY: only reached from the tiles, whose callers guarantee AVX2.
+            *sum = unsafe { sum_pair(lanes, _mm256_setzero_si256()).0 };
+        }
+    }
+    sums
 }
 
 /// Asks for the super-block [`PREFETCH_BLOCKS`] ahead of block `i` of `row`, a line every 64
