@@ -24,10 +24,11 @@
 mod iq3_s;
 mod iq4_xs;
 mod q2_k;
+mod q3_k;
 
 use std::arch::x86_64::*;
 
-use super::k_quants::{k_step, q3_scales_words, scales_mins};
+use super::k_quants::{k_step, scales_mins};
 use super::{BlockQ8K, KQuant, f16_le};
 use crate::kernels::formats::{self, KType};
 
@@ -366,7 +367,7 @@ unsafe fn tile<F: KType, const VNNI: bool, const R: usize, const C: usize>(
             ) {
                 let (isums, d_at) = match format {
                     KQuant::Q6K => (q6_isums::<VNNI, R, C>(w, a), 208),
-                    KQuant::Q3K => (q3_isums::<VNNI, R, C>(w, a), 108),
+                    KQuant::Q3K => (q3_k::isums::<VNNI, R, C>(w, a), 108),
                     KQuant::Iq3S => (iq3_s::isums::<VNNI, R, C>(w, a), 0),
                     _ => (iq4_xs::isums::<VNNI, R, C>(w, a), 0),
                 };
@@ -467,74 +468,6 @@ unsafe fn k_isums<const VNNI: bool, const R: usize, const C: usize>(
     }
 }
 
-/// `isum` of one Q3_K super-block per (row, token). Each half (128 elements) uses the 32
-/// bytes of `qs` at `32 + 32h`; its chunk `k` takes bits `2k..2k + 2` of them and bit
-/// `4h + k` of `hmask` (bytes 0..32) as the code's bit 2, so the code is `q + 4` in `0..8`
-/// (the reference's `q` minus 4 when that bit is clear), with scale `8h + 2k` for elements
-/// 0..16 and `8h + 2k + 1` for 16..32, less 32. The codes' pair sums with the activations
-/// (`vpmaddubsw`, at most `2 · 7 · 128`) are scaled into the accumulator; the offset,
-/// `4 · Σ_j sc_j · bsums[j]`, is one `vpmaddwd` of the 16 scales by `bsums` per token.
-#[inline(always)]
-unsafe fn q3_isums<const VNNI: bool, const R: usize, const C: usize>(
-    w: [&[u8]; R],
-    a: [&BlockQ8K; C],
-) -> [[i32; C]; R] {
-    unsafe {
-        let three = _mm256_set1_epi8(3);
-        let four = _mm256_set1_epi8(4);
-        let zero = _mm256_setzero_si256();
-        // The signed scales less 32 of each half (sub-blocks 8h..8h + 8), and all 16 in
-        // sub-block order, per row.
-        let mut scales = [[zero; R]; 2];
-        let mut all_scales = [zero; R];
-        let mut hmask = [zero; R];
-        let offset = _mm256_set1_epi16(32);
-        for r in 0..R {
-            let words = q3_scales_words(w[r].try_into().unwrap_or(&[0; 110]));
-            for (half, word) in words.iter().enumerate() {
-                let eight = both_halves(word.to_le_bytes(), false);
-                scales[half][r] = _mm256_sub_epi16(eight, offset);
-            }
-            let sixteen = _mm_set_epi64x(words[1] as i64, words[0] as i64);
-            all_scales[r] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(sixteen), offset);
-            hmask[r] = load32(w[r], 0);
-        }
-        let mut acc = [[zero; C]; R];
-        for (half, half_scales) in scales.iter().enumerate() {
-            for k in 0..4 {
-                let mut q = [zero; R];
-                let mut sc = [zero; R];
-                let bit = 4 * half + k;
-                for r in 0..R {
-                    let qs = load32(w[r], 32 + 32 * half);
-                    let low = _mm256_and_si256(shift_right(qs, 2 * k), three);
-                    // Bit `bit` of each hmask byte, moved to bit 2 (0 or 4 per byte).
-                    let high = _mm256_and_si256(shift_right_left(hmask[r], bit), four);
-                    q[r] = _mm256_or_si256(low, high);
-                    sc[r] = pick(half_scales[r], 2 * k, 2 * k + 1);
-                }
-                for c in 0..C {
-                    let y = load32(&a[c].qs, 128 * half + 32 * k);
-                    for r in 0..R {
-                        let pairs = _mm256_maddubs_epi16(q[r], y);
-                        acc[r][c] = scaled_add::<VNNI>(acc[r][c], pairs, sc[r]);
-                    }
-                }
-            }
-        }
-        let mut isums = [[0; C]; R];
-        for c in 0..C {
-            let bsums = _mm256_loadu_si256(a[c].bsums.as_ptr().cast());
-            for r in 0..R {
-                let offsets = _mm256_madd_epi16(bsums, all_scales[r]);
-                let (codes, offset) = sum_pair(acc[r][c], offsets);
-                isums[r][c] = codes - 4 * offset;
-            }
-        }
-        isums
-    }
-}
-
 /// `v` shifted right by `bits` (0..8) in 16-bit lanes; the callers' masks drop the bits that
 /// cross from one byte into the other.
 #[inline(always)]
@@ -542,15 +475,24 @@ unsafe fn shift_right(v: __m256i, bits: usize) -> __m256i {
     unsafe { _mm256_srl_epi16(v, _mm_cvtsi32_si128(bits as i32)) }
 }
 
-/// `v` with bit `bit` (0..8) of each byte moved to bit 2, by a 16-bit shift either way; the
-/// callers' mask keeps bit 2 of each byte only.
+/// Adds the pair sums of the unsigned codes `q[r]` with the activations `a[c].qs[at..at + 32]`
+/// (`vpmaddubsw`), scaled per pair by `sc[r]`, into `acc[r][c]`: the inner loop of the
+/// two-bit-code formats (Q2_K, Q3_K).
 #[inline(always)]
-unsafe fn shift_right_left(v: __m256i, bit: usize) -> __m256i {
+unsafe fn add_codes<const VNNI: bool, const R: usize, const C: usize>(
+    acc: &mut [[__m256i; C]; R],
+    q: &[__m256i; R],
+    sc: &[__m256i; R],
+    a: [&BlockQ8K; C],
+    at: usize,
+) {
     unsafe {
-        if bit >= 2 {
-            shift_right(v, bit - 2)
-        } else {
-            _mm256_sll_epi16(v, _mm_cvtsi32_si128((2 - bit) as i32))
+        for c in 0..C {
+            let y = load32(&a[c].qs, at);
+            for r in 0..R {
+                let pairs = _mm256_maddubs_epi16(q[r], y);
+                acc[r][c] = scaled_add::<VNNI>(acc[r][c], pairs, sc[r]);
+            }
         }
     }
 }

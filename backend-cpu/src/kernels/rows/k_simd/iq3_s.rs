@@ -70,8 +70,12 @@ pub(super) unsafe fn isums<const VNNI: bool, const R: usize, const C: usize>(
         let blocks: [&[u8; IQ3_S_BYTES]; R] =
             std::array::from_fn(|r| w[r].try_into().unwrap_or(&[0; IQ3_S_BYTES]));
         // The eight odd multipliers of each row, as i16 in both halves.
-        let scales: [__m256i; R] =
-            std::array::from_fn(|r| both_halves(iq3_s_scales(blocks[r]), false));
+        // A loop, not `std::array::from_fn`: the closure would not inherit the target features,
+        // and an intrinsic in it can become an out-of-line call (see `lane_sums`).
+        let mut scales = [zero; R];
+        for r in 0..R {
+            scales[r] = both_halves(iq3_s_scales(blocks[r]), false);
+        }
         let mut acc = [[zero; C]; R];
         for ib in 0..8 {
             let mut v = [zero; R];

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{BlockQ8K, load32, pick, scaled_add, shift_right, sum_pair};
+use super::{BlockQ8K, add_codes, load32, pick, shift_right, sum_pair};
 
 /// `isum` and `msum` of one Q2_K super-block per (row, token).
 #[inline(always)]
@@ -40,7 +40,12 @@ pub(super) unsafe fn isums<const VNNI: bool, const R: usize, const C: usize>(
         }
         let mut acc = [[zero; C]; R];
         for (half, half_scales) in scales.iter().enumerate() {
-            let qs: [__m256i; R] = std::array::from_fn(|r| load32(w[r], 16 + 32 * half));
+            // A loop, not `std::array::from_fn`: the closure would not inherit the target
+            // features, and an intrinsic in it can become an out-of-line call (see `lane_sums`).
+            let mut qs = [zero; R];
+            for r in 0..R {
+                qs[r] = load32(w[r], 16 + 32 * half);
+            }
             for k in 0..4 {
                 let mut q = [zero; R];
                 let mut sc = [zero; R];
@@ -48,13 +53,7 @@ pub(super) unsafe fn isums<const VNNI: bool, const R: usize, const C: usize>(
                     q[r] = _mm256_and_si256(shift_right(qs[r], 2 * k), three);
                     sc[r] = pick(half_scales[r], 2 * k, 2 * k + 1);
                 }
-                for c in 0..C {
-                    let y = load32(&a[c].qs, 128 * half + 32 * k);
-                    for r in 0..R {
-                        let pairs = _mm256_maddubs_epi16(q[r], y);
-                        acc[r][c] = scaled_add::<VNNI>(acc[r][c], pairs, sc[r]);
-                    }
-                }
+                add_codes::<VNNI, R, C>(&mut acc, &q, &sc, a, 128 * half + 32 * k);
             }
         }
         let mut isums = [[0; C]; R];
