@@ -31,21 +31,25 @@ pub fn position_bytes(hp: &HyperParams) -> u64 {
 }
 
 /// The default pool size: with `parallel` (`--parallel N`), N full contexts, as llama-server
-/// sizes its cache for `-np N -c N·ctx`; without, 64 contexts capped at 16 GiB. Either way at
-/// most what is free after the weights less a headroom (the larger of [`MIN_HEADROOM`] and a
-/// tenth of the device). The caller checks that it holds at least one context.
+/// sizes its cache for `-np N -c N·ctx`; without, 64 contexts capped at 16 GiB, or one context
+/// where one is larger (a 128k-token context of an 8B model takes 16 GiB). A context counts
+/// whole pages: a sequence holds its last positions in a page of its own. Either way at most
+/// what is free after the weights less a headroom (the larger of [`MIN_HEADROOM`] and a tenth
+/// of the device). The caller checks that it holds at least one context.
 pub fn default_bytes(
     free: u64,
     total: u64,
     (context_length, parallel): (usize, Option<usize>),
     position: u64,
 ) -> u64 {
-    let context = (context_length as u64).saturating_mul(position);
+    let context = (context_length.div_ceil(PAGE_SIZE) * PAGE_SIZE) as u64;
+    let context = context.saturating_mul(position);
     let wanted = match parallel {
         Some(parallel) => (parallel as u64).saturating_mul(context),
         None => MAX_DEFAULT_CONTEXTS
             .saturating_mul(context)
-            .min(MAX_DEFAULT_BYTES),
+            .min(MAX_DEFAULT_BYTES)
+            .max(context),
     };
     free.saturating_sub(headroom(total)).min(wanted)
 }
@@ -133,5 +137,30 @@ mod tests {
             2 * GIB
         );
         assert_eq!(default_bytes(GIB / 2, 4 * GIB, (8192, None), 1 << 20), 0);
+    }
+
+    #[test]
+    fn the_default_pool_holds_whole_pages_of_a_context_of_any_length() {
+        // Llama-3.1-8B: 128 KiB a position. A context of 9,000 positions takes 563 pages
+        // (9,008 positions): the pool sized for 9,000 would hold none (found on an H100:
+        // `--ctx-size 9000 --parallel 1` failed to load with INSUFFICIENT_VRAM).
+        let position = 128 << 10;
+        let one = 9000_usize.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        for parallel in [Some(1), Some(3), None] {
+            let bytes = default_bytes(70 * GIB, 80 * GIB, (9000, parallel), position);
+            assert!(
+                bytes >= one as u64 * position,
+                "{parallel:?}: {bytes} bytes hold no context of 9,000 positions"
+            );
+        }
+        // Its trained 131,072 positions (16 GiB) without --parallel: one context, above the cap.
+        assert_eq!(
+            default_bytes(70 * GIB, 80 * GIB, (131_072, None), position),
+            16 * GIB
+        );
+        assert_eq!(
+            default_bytes(70 * GIB, 80 * GIB, (131_073, None), position),
+            16 * GIB + PAGE_SIZE as u64 * position
+        );
     }
 }
