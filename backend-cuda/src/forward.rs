@@ -94,7 +94,7 @@ impl Model<'_> {
             rows: need.rows,
             heads: need.heads,
             long,
-            head_is_last: chunks.len() == 1,
+            head_is_last: chunks.len() == 1 && need.heads == 1,
             splits,
         };
         let decodes = pass.rows == chunks.len() && pass.heads == chunks.len();

@@ -273,6 +273,12 @@ impl InferenceBackend for CudaBackend {
         false
     }
 
+    fn verifies_drafts(&self) -> bool {
+        // One arithmetic for every row count and chunking (specs/CUDA.md): row p of a verify
+        // pass is the bits of a one-token step at that position.
+        true
+    }
+
     /// Activation buffers (and the GEMM's room) for a pass of every token of the budget, a
     /// head row per sequence and every sequence's full page table: no step grows them after,
     /// so the memory `/health` reports does not move under load.
@@ -340,13 +346,6 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         outputs.begin(chunks, self.kv.pages)?;
         for chunk in chunks {
-            // The scheduler asks only a backend that verifies drafts (this one does not yet).
-            if matches!(chunk.want, Want::GreedyEach | Want::LogitsEach) {
-                return Err(BackendError::Unsupported {
-                    backend: Self::WORKER_TYPE,
-                    what: "a choice per position (speculative decoding)".to_owned(),
-                });
-            }
             if chunk.end_pos() > self.kv.context_length {
                 return Err(BackendError::InvalidInput(format!(
                     "position {} is past the context length {}",
@@ -397,21 +396,29 @@ impl CudaBackend {
     }
 
     /// Downloads what the chunks of a pass (`pass`: indices into `chunks`) want into
-    /// `outputs`, waiting for the pass: the greedy choices in one copy (a grammar's mask is
-    /// waited for while the pass runs, then applied on the device), logits row by row.
+    /// `outputs`, waiting for the pass: the greedy choices of every head row in one copy (a
+    /// grammar's mask is waited for while the pass runs, then applied on the device), the logits
+    /// of each chunk's head rows in one copy per chunk. A chunk's head rows are its
+    /// [`Want::output_rows`], after those of the chunks before it in the pass.
     fn collect(
         &mut self,
         pass: &[usize],
         chunks: &[Chunk<'_>],
         outputs: &mut StepOutputs,
     ) -> Result<(), BackendError> {
-        let wanting: Vec<usize> = pass
-            .iter()
-            .copied()
-            .filter(|&i| chunks[i].want.has_output())
-            .collect();
+        // (chunk index, its first head row, its head rows)
+        let mut heads = Vec::with_capacity(pass.len());
+        let mut next = 0;
+        for &index in pass {
+            let chunk = &chunks[index];
+            let rows = chunk.want.output_rows(chunk.tokens.len());
+            if rows > 0 {
+                heads.push((index, next, rows));
+                next += rows;
+            }
+        }
         let mut choices = false;
-        for (head, &index) in wanting.iter().enumerate() {
+        for &(index, head, _) in &heads {
             match chunks[index].want {
                 // A mask that could not be computed leaves the plain choice, which the
                 // sequence discards (AllowedIds::wait).
@@ -421,31 +428,35 @@ impl CudaBackend {
                     }
                     choices = true;
                 }
-                Want::Greedy => choices = true,
-                Want::Nothing | Want::Logits | Want::GreedyEach | Want::LogitsEach => {}
+                Want::Greedy | Want::GreedyEach => choices = true,
+                Want::Nothing | Want::Logits | Want::LogitsEach => {}
             }
         }
         if choices {
             self.scratch.download_choices(&self.gpu)?;
         }
-        for (head, &index) in wanting.iter().enumerate() {
+        for &(index, head, rows) in &heads {
             match chunks[index].want {
-                Want::Nothing | Want::GreedyEach | Want::LogitsEach => {}
-                Want::Logits => {
-                    self.scratch.download_logits(&self.gpu, head)?;
-                    let logits = self.scratch.logits()?;
-                    if let Some(row) = outputs.logits_mut(index) {
-                        row.copy_from_slice(logits);
+                Want::Nothing => {}
+                Want::Logits | Want::LogitsEach => {
+                    self.scratch.download_logits(&self.gpu, head, rows)?;
+                    for position in 0..rows {
+                        let logits = self.scratch.logits(position)?;
+                        if let Some(row) = outputs.logits_at_mut(index, position) {
+                            row.copy_from_slice(logits);
+                        }
                     }
                 }
-                Want::Greedy | Want::GreedyAmong(_) => {
-                    let choice = self.scratch.greedy(head).ok_or_else(|| {
-                        BackendError::Device("the greedy choice was not downloaded".to_owned())
-                    })?;
-                    if choice == ops::NON_FINITE_CHOICE {
-                        outputs.set_non_finite(index);
-                    } else {
-                        outputs.set_greedy(index, choice);
+                Want::Greedy | Want::GreedyAmong(_) | Want::GreedyEach => {
+                    for position in 0..rows {
+                        let choice = self.scratch.greedy(head + position).ok_or_else(|| {
+                            BackendError::Device("the greedy choice was not downloaded".to_owned())
+                        })?;
+                        if choice == ops::NON_FINITE_CHOICE {
+                            outputs.set_non_finite_at(index, position);
+                        } else {
+                            outputs.set_greedy_at(index, position, choice);
+                        }
                     }
                 }
             }

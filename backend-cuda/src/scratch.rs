@@ -325,7 +325,8 @@ impl Scratch {
 
     /// Uploads the rows of a pass over `chunks` into [`Act::Step`], in one copy: each chunk's
     /// tokens at their positions with its page table (the entries it reaches), and as head
-    /// rows the last token of each chunk that wants an output. [`Scratch::reserve`] made room
+    /// rows the rows each chunk wants an output after ([`Want::output_rows`]: its last, or all
+    /// of them for a verify pass), in chunk order. [`Scratch::reserve`] made room
     /// ([`Scratch::need`]).
     pub fn upload_step(&mut self, gpu: &Gpu, chunks: &[&Chunk<'_>]) -> Result<(), BackendError> {
         let need = Self::need(chunks, false);
@@ -348,10 +349,11 @@ impl Scratch {
                 words[layout.tables / 4 + row] = entries as u32;
                 row += 1;
             }
-            if chunk.want.has_output() {
-                words[layout.heads / 4 + heads] = (row - 1) as u32;
-                heads += 1;
+            let outputs = chunk.want.output_rows(chunk.tokens.len());
+            for k in 0..outputs {
+                words[layout.heads / 4 + heads + k] = (row - outputs + k) as u32;
             }
+            heads += outputs;
             for (k, page) in table.iter().enumerate() {
                 words[layout.pages / 4 + entries + k] = page.0;
             }
@@ -369,19 +371,34 @@ impl Scratch {
         let rows = chunks.iter().map(|c| c.tokens.len()).sum();
         Need {
             rows,
-            heads: chunks.iter().filter(|c| c.want.has_output()).count(),
+            heads: chunks
+                .iter()
+                .map(|c| c.want.output_rows(c.tokens.len()))
+                .sum(),
             split_rows: if split { rows } else { 0 },
             table_entries: chunks.iter().map(|c| table_len(c)).sum(),
         }
     }
 
-    /// Copies head row `head`'s logits from the GPU into the page-locked buffer and waits
-    /// for them.
-    pub fn download_logits(&mut self, gpu: &Gpu, head: usize) -> Result<(), BackendError> {
+    /// Copies the logits of head rows `head..head + count` (one after another on the GPU) into
+    /// the page-locked buffer in one copy and waits for them.
+    pub fn download_logits(
+        &mut self,
+        gpu: &Gpu,
+        head: usize,
+        count: usize,
+    ) -> Result<(), BackendError> {
+        if head + count > self.heads {
+            return Err(BackendError::InvalidInput(format!(
+                "logits rows {head}..{} asked of a pass of {} head rows",
+                head + count,
+                self.heads
+            )));
+        }
         let vocab = self.vocab;
         let src = self.logits_row(head);
         let logits = self.logits.as_mut().ok_or_else(no_logits)?;
-        gpu.download_pinned(src, logits, 0, vocab)
+        gpu.download_pinned(src, logits, 0, count * vocab)
     }
 
     /// Copies the greedy choices of the last pass's head rows (after the logits' room in the
@@ -426,9 +443,12 @@ impl Scratch {
         gpu.argmax_logits(logits, self.vocab, 1, out, self.argmax(), Some(allowed))
     }
 
-    /// The logits downloaded last.
-    pub fn logits(&self) -> Result<&[f32], BackendError> {
-        Ok(&self.downloaded()?[..self.vocab])
+    /// Row `row` of the logits downloaded last.
+    pub fn logits(&self, row: usize) -> Result<&[f32], BackendError> {
+        let vocab = self.vocab;
+        self.downloaded()?
+            .get(row * vocab..(row + 1) * vocab)
+            .ok_or_else(|| BackendError::InvalidInput(format!("no downloaded logits row {row}")))
     }
 
     /// The greedy choice of head row `head`, once downloaded.

@@ -289,7 +289,8 @@ fn difference(got: &Got, expected: &Got) -> String {
 /// Asserts that one chunk over the last `drafts + 1` tokens of `prompt` wanting the greedy
 /// choice after each position (a speculative verify pass, its "drafts" the prompt's own
 /// tokens) gets the choices of one-token steps at those positions, beside another sequence's
-/// prefill in the same step.
+/// prefill in the same step; and that one wanting the logits after each position gets their
+/// logits, bit for bit.
 pub fn assert_verify_pass_matches_single_steps<B: InferenceBackend>(
     h: &mut Harness<B>,
     prompt: &[u32],
@@ -298,24 +299,33 @@ pub fn assert_verify_pass_matches_single_steps<B: InferenceBackend>(
     let first = prompt.len() - drafts - 1;
     let table = pages(&[0, 1, 2, 3]);
     h.step(&[chunk(&prompt[..first], 0, &table, Want::Nothing)]);
-    let singles: Vec<u32> = (first..prompt.len())
-        .map(|pos| {
-            let step = h.step(&[chunk(&prompt[pos..=pos], pos, &table, Want::Greedy)]);
-            match &step[0].0 {
-                Got::Greedy(id) => *id,
-                other => panic!("a greedy step gave {other:?}"),
-            }
-        })
-        .collect();
+    let mut singles = Vec::new();
+    let mut single_logits = Vec::new();
+    for pos in first..prompt.len() {
+        let step = h.step(&[chunk(&prompt[pos..=pos], pos, &table, Want::Greedy)]);
+        match &step[0].0 {
+            Got::Greedy(id) => singles.push(*id),
+            other => panic!("a greedy step gave {other:?}"),
+        }
+        let step = h.step(&[chunk(&prompt[pos..=pos], pos, &table, Want::Logits)]);
+        match &step[0].0 {
+            Got::Logits(bits) => single_logits.extend_from_slice(bits),
+            other => panic!("a logits step gave {other:?}"),
+        }
+    }
     let (table, beside) = (pages(&[6, 4, 9, 5]), pages(&[10, 12, 11]));
-    h.step(&[chunk(&prompt[..first], 0, &table, Want::Nothing)]);
-    let verify = h.step(&[
-        chunk(&prompt[..9], 0, &beside, Want::Greedy),
-        chunk(&prompt[first..], first, &table, Want::GreedyEach),
-    ]);
-    assert_eq!(
-        verify[1].0,
-        Got::GreedyEach(singles),
-        "a verify pass of {drafts} drafts differs from one-token steps"
-    );
+    for (want, expected) in [
+        (Want::GreedyEach, Got::GreedyEach(singles)),
+        (Want::LogitsEach, Got::Logits(single_logits)),
+    ] {
+        h.step(&[chunk(&prompt[..first], 0, &table, Want::Nothing)]);
+        let verify = h.step(&[
+            chunk(&prompt[..9], 0, &beside, Want::Greedy),
+            chunk(&prompt[first..], first, &table, want),
+        ]);
+        assert!(
+            verify[1].0 == expected,
+            "a verify pass of {drafts} drafts ({want:?}) differs from one-token steps"
+        );
+    }
 }

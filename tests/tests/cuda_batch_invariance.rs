@@ -14,7 +14,8 @@ use backend_cuda::{CudaBackend, CudaOptions};
 use llorch_tests::assets::{self, Asset, Model};
 use llorch_tests::invariance::{
     Got, Harness, TEXTS, alone, assert_same, assert_shared_prefix_matches_own_prefill,
-    assert_split_prefill_matches_one_chunk, prompt, together,
+    assert_split_prefill_matches_one_chunk, assert_verify_pass_matches_single_steps, prompt,
+    together,
 };
 use llorch_tests::synthetic::Synthetic;
 use worker_common::backend::Want;
@@ -58,6 +59,9 @@ fn invariance(model: impl Asset) {
     // the GEMM, then the GEMVs for the rest.
     assert_split_prefill_matches_one_chunk(&mut h, &prompts[0], &[1, 7, 16, 17, 33]);
     assert_shared_prefix_matches_own_prefill(&mut h, &prompts[0], &prompts[1][..12]);
+    // Speculative verify passes: 9 rows (the GEMVs) and 21 (the GEMM) against one-token steps.
+    assert_verify_pass_matches_single_steps(&mut h, &prompts[0], 8);
+    assert_verify_pass_matches_single_steps(&mut h, &prompts[0], 20);
 }
 
 /// A pass is captured as a CUDA graph the second time its shape comes and replayed after for

@@ -133,6 +133,19 @@ impl StepOutputs {
         }
     }
 
+    /// The logits row of position `position` of chunk `index` that wants them after every
+    /// position ([`Want::LogitsEach`]), or of its one row ([`Want::Logits`], position 0), for the
+    /// backend to write; `None` when that chunk has no such row.
+    pub fn logits_at_mut(&mut self, index: usize, position: usize) -> Option<&mut [f32]> {
+        let width = self.vocab_size;
+        let row = match *self.slots.get(index)? {
+            Slot::Logits(row) if position == 0 => row,
+            Slot::LogitsEach { first, len } if position < len => first + position,
+            _ => return None,
+        };
+        self.logits.get_mut(row * width..(row + 1) * width)
+    }
+
     /// Hands chunk `index`, which wants `want`, what it wants from the logits of its last
     /// position, computed on the host: the row itself, or its greedy choice ([`greedy_choice`],
     /// [`masked_greedy_choice`]) unless a logit is not finite; nothing for `Nothing`.
@@ -205,6 +218,18 @@ impl StepOutputs {
     /// [`BackendError::NonFiniteLogits`]); ignored when that chunk did not ask for a choice.
     pub fn set_non_finite(&mut self, index: usize) {
         self.set_choice(index, Choice::NonFinite(None));
+    }
+
+    /// Records the greedy choice after position `position` of chunk `index` (0 for a chunk with
+    /// one choice), for a backend that chose on the device; ignored when that chunk has no such
+    /// choice.
+    pub fn set_greedy_at(&mut self, index: usize, position: usize, token: u32) {
+        self.set_choice_at(index, position, Choice::Token(token));
+    }
+
+    /// [`set_non_finite`](Self::set_non_finite) for the choice after position `position`.
+    pub fn set_non_finite_at(&mut self, index: usize, position: usize) {
+        self.set_choice_at(index, position, Choice::NonFinite(None));
     }
 
     fn set_choice(&mut self, index: usize, set: Choice) {

@@ -309,3 +309,53 @@ fn the_scan_finds_every_kind_of_non_finite_value_at_any_position() {
         }
     }
 }
+
+/// A backend that chose on the device or downloads rows one by one fills the same outputs as
+/// `put_rows`: choices and rows per position, a non-finite flag where the device saw one.
+#[test]
+fn device_choices_and_rows_per_position_fill_each_chunk() {
+    let pages = [PageId(0)];
+    let chunk = |want, tokens| at_zero(&pages, want, tokens);
+    let chunks = [
+        chunk(Want::GreedyEach, &[1, 2, 3]),
+        chunk(Want::LogitsEach, &[1, 2]),
+        chunk(Want::GreedyEach, &[2, 1]),
+        chunk(Want::Logits, &[3]),
+    ];
+    let mut outputs = StepOutputs::new(4);
+    assert!(outputs.begin(&chunks, 1).is_ok());
+    for (position, token) in [(0, 1), (1, 0), (2, 1)] {
+        outputs.set_greedy_at(0, position, token);
+    }
+    outputs.set_greedy_at(0, 3, 1);
+    for position in 0..2 {
+        if let Some(row) = outputs.logits_at_mut(1, position) {
+            row.copy_from_slice(&[position as f32, 1.0, 0.0, 0.0]);
+        }
+    }
+    assert!(outputs.logits_at_mut(1, 2).is_none(), "past the chunk");
+    assert!(outputs.logits_at_mut(0, 0).is_none(), "a chunk of choices");
+    outputs.set_greedy_at(2, 0, 0);
+    outputs.set_non_finite_at(2, 1);
+    if let Some(row) = outputs.logits_at_mut(3, 0) {
+        row.copy_from_slice(&[2.0, 3.0, 0.0, 0.0]);
+    }
+    assert_eq!(
+        outputs.get(0).ok(),
+        Some(ChunkOutput::GreedyEach(&[1, 0, 1]))
+    );
+    assert_eq!(
+        outputs.get(1).ok(),
+        Some(ChunkOutput::LogitsEach(&[
+            0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0
+        ]))
+    );
+    assert!(matches!(
+        outputs.get(2),
+        Err(BackendError::NonFiniteLogits { first: None })
+    ));
+    assert_eq!(
+        outputs.get(3).ok(),
+        Some(ChunkOutput::Logits(&[2.0, 3.0, 0.0, 0.0]))
+    );
+}
