@@ -41,7 +41,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = Path(os.environ.get("LLORCH_ASSETS", Path.home() / ".cache" / "llorch"))
 CONTEXTS = {"llama3": [512], "mxfp4": [512], "qwen3": [512], "phi3": [512, 8192], "gpt-oss": [512],
-            "q3_k": [512], "iq4_xs": [512], "iq4_nl": [512], "iq3_s": [512], "q2_k": [512]}
+            "q3_k": [512], "iq4_xs": [512], "iq4_nl": [512], "iq3_s": [512], "q2_k": [512],
+            "iq3_xxs": [512]}
 N_PREDICT = 24
 TOP_K = 20
 PROMPTS = [

@@ -45,6 +45,12 @@ One file per architecture, named `synthetic-<arch>.gguf`:
           embeddings, Q/K, gate and up, Q3_K for V (Q4_K where the model has 4 or more query
           heads a key/value head, not this model's 2), the attention output and down, Q6_K for
           the untied output; Phi-3's tokenizer.
+  iq3_xxs `llama` in an IQ3_XXS mix, as llama.cpp's MOSTLY_IQ3_XXS files without an imatrix
+          (llama-quant.cpp) but for Q/K: IQ3_XXS for Q, K (llama.cpp's IQ2_S, a format we do
+          not read), gate and up; IQ3_S for the embeddings, V (Q4_K where the model has 4 or
+          more query heads a key/value head, not this model's 2) and the attention output;
+          Q3_K for down (Q4_K in llama.cpp's first eighth of the layers, none of this model's
+          four); Q5_K for the untied output; Phi-3's tokenizer.
   float   `qwen2` (Q/K/V biases) whose matrices are the float formats: Q/K/V and the
           embeddings F16, the attention output, gate and up BF16, the down projection F32,
           the untied output F16. No fixture: the CUDA backend's f32 GEMV and its many-row twin
@@ -53,8 +59,8 @@ One file per architecture, named `synthetic-<arch>.gguf`:
 
 Every model: 4 layers, width 256, 4 query heads and 2 key/value heads, FFN 512 (gpt-oss: 256
 per expert). Weights are
-random but valid blocks of the format (K-quant, IQ4_XS, IQ4_NL and IQ3_S blocks drawn byte by
-byte, so every sub-block scale, index and sign occurs, with their f16 scales set so a weight's spread is ≈ 1/√cols; Q8_0 quantized from Gaussian values), norms near 1 but the final
+random but valid blocks of the format (K-quant, IQ4_XS, IQ4_NL, IQ3_S and IQ3_XXS blocks drawn
+byte by byte, so every sub-block scale, index and sign occurs, with their f16 scales set so a weight's spread is ≈ 1/√cols; Q8_0 quantized from Gaussian values), norms near 1 but the final
 one near 4. The same seed
 (`--seed`, default 17) gives the same bytes: numpy's PCG64 streams are stable across versions, and
 requirements-synthetic.txt pins numpy and gguf. Tokenizer metadata is copied from llama.cpp's
@@ -186,6 +192,18 @@ Q2_K_MIX = {
     "output": Q.Q6_K,
 }
 Q2_K_MIX_GQA4 = {**Q2_K_MIX, "attn_v": Q.Q4_K}
+# MOSTLY_IQ3_XXS without an imatrix at this file's head ratio, Q/K in IQ3_XXS for llama.cpp's
+# IQ2_S; IQ3_XXS_MIX_GQA4 at 4 or more query heads a key/value head, where llama.cpp gives V
+# Q4_K (and the first eighth of the down matrices Q4_K, kept Q3_K here).
+IQ3_XXS_MIX = {
+    **{name: Q.IQ3_XXS for name in Q4_K_M},
+    "token_embd": Q.IQ3_S,
+    "attn_v": Q.IQ3_S,
+    "attn_output": Q.IQ3_S,
+    "ffn_down": Q.Q3_K,
+    "output": Q.Q5_K,
+}
+IQ3_XXS_MIX_GQA4 = {**IQ3_XXS_MIX, "attn_v": Q.Q4_K}
 MXFP4_FFN = {
     **ALL_Q8_0,
     "token_embd": Q.MXFP4,
@@ -328,6 +346,14 @@ ARCHS = {
         formats=Q2_K_MIX,
         metadata={"context_length": 4096, "rope.freq_base": 10000.0},
     ),
+    "iq3_xxs": Arch(
+        gguf_arch="llama",
+        vocab_file="ggml-vocab-phi-3.gguf",
+        shape=Shape(),
+        file_type=gguf.LlamaFileType.MOSTLY_IQ3_XXS,
+        formats=IQ3_XXS_MIX,
+        metadata={"context_length": 4096, "rope.freq_base": 10000.0},
+    ),
     "float": Arch(
         gguf_arch="qwen2",
         vocab_file="ggml-vocab-qwen2.gguf",
@@ -356,7 +382,7 @@ ARCHS = {
 # measurements, generated where they are measured: `llama3.1-8b` (Llama-3.1-8B, Q4_K_M, 4.8 GiB),
 # `qwen2.5-7b` (Qwen2.5-7B with its Q/K/V biases), `llama3.2-1b` (for the CPU), and
 # `<name>-q5_k_m`, `-q3_k_m`, `-q2_k` (every shape here has 4 query heads a key/value head or more),
-# `-iq4_xs`, `-iq4_nl`, `-iq3_s`, `-q6_k`, `-q8_0`, `-f16` of each (F16: 15 GiB, Gaussian
+# `-iq4_xs`, `-iq4_nl`, `-iq3_s`, `-iq3_xxs`, `-q6_k`, `-q8_0`, `-f16` of each (F16: 15 GiB, Gaussian
 # weights).
 FULL_SIZE_MIXES = {
     "": (gguf.LlamaFileType.MOSTLY_Q4_K_M, Q4_K_M),
@@ -366,6 +392,7 @@ FULL_SIZE_MIXES = {
     "-iq4_xs": (gguf.LlamaFileType.MOSTLY_IQ4_XS, IQ4_XS_MIX),
     "-iq4_nl": (gguf.LlamaFileType.MOSTLY_IQ4_NL, IQ4_NL_MIX),
     "-iq3_s": (gguf.LlamaFileType.MOSTLY_IQ3_S, IQ3_S_MIX),
+    "-iq3_xxs": (gguf.LlamaFileType.MOSTLY_IQ3_XXS, IQ3_XXS_MIX_GQA4),
     "-q6_k": (gguf.LlamaFileType.MOSTLY_Q6_K, ALL_Q6_K),
     "-q8_0": (gguf.LlamaFileType.MOSTLY_Q8_0, ALL_Q8_0),
     "-f16": (gguf.LlamaFileType.MOSTLY_F16, {name: Q.F16 for name in Q4_K_M}),
@@ -389,17 +416,19 @@ for shape_name, (gguf_arch, vocab, n_vocab, shape, metadata) in FULL_SIZE_SHAPES
                                           file_type=file_type, formats=formats, metadata=metadata,
                                           full_size=True, n_vocab=n_vocab)
 
-# Byte offsets of the f16 super-block scales in a K-quant (or IQ4_XS, IQ4_NL, IQ3_S) block: (d,
-# dmin or None).
+# Byte offsets of the f16 super-block scales in a K-quant (or IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS)
+# block: (d, dmin or None).
 KQUANT_SCALES = {Q.Q2_K: (80, 82), Q.Q3_K: (108, None), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, None),
-                 Q.IQ4_XS: (0, None), Q.IQ4_NL: (0, None), Q.IQ3_S: (0, None)}
+                 Q.IQ4_XS: (0, None), Q.IQ4_NL: (0, None), Q.IQ3_S: (0, None),
+                 Q.IQ3_XXS: (0, None)}
 # The sub-block offset (dmin) in units of d that centres a format's unsigned quants.
 DMIN_CENTRE = {Q.Q2_K: 1.5, Q.Q4_K: 7.5, Q.Q5_K: 15.5}
 
 
 def kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q, sigma: float) -> np.ndarray:
-    """Random K-quant (or IQ4_XS, IQ4_NL, IQ3_S) blocks whose weights spread ≈ sigma: every byte
-    drawn uniformly (so any sub-block scale, any index and, for IQ3_S, any sign), then the f16 block scale
+    """Random K-quant (or IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS) blocks whose weights spread ≈ sigma:
+    every byte drawn uniformly (so any sub-block scale, any index and, for IQ3_S and IQ3_XXS, any
+    sign), then the f16 block scale
     set per block (a random factor in [0.75, 1.25] around the value that gives sigma), Q4_K's
     dmin at 7.5 × d (Q5_K's at 15.5 × d, Q2_K's at 1.5 × d: the mean scale times the mean quant
     over the mean min) so the sub-block offsets centre the weights."""
@@ -446,7 +475,7 @@ def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> n
 
 def matrix(rng: np.random.Generator, rows: int, cols: int, qtype: Q, full_size: bool = False) -> np.ndarray:
     """A `rows` × `cols` matrix in `qtype`, weights spreading ≈ 1/√cols."""
-    # K-quant, IQ4_XS, IQ4_NL and IQ3_S blocks are drawn byte by byte already, float formats from Gaussians (fast enough at
+    # K-quant, IQ4_XS, IQ4_NL, IQ3_S and IQ3_XXS blocks are drawn byte by byte already, float formats from Gaussians (fast enough at
     # full size).
     if full_size and qtype in (Q.Q8_0, Q.MXFP4):
         return random_blocks(rng, rows, cols, qtype)

@@ -112,9 +112,9 @@ fn legacy_decode() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// The k-quant formats (and IQ4_XS, IQ3_S, which share their super-block) the GGUF-layout tiles
-/// read.
-const K_FORMATS: [KQuant; 7] = [
+/// The k-quant formats (and IQ4_XS, IQ3_S, IQ3_XXS, which share their super-block) the
+/// GGUF-layout tiles read.
+const K_FORMATS: [KQuant; 8] = [
     KQuant::Q2K,
     KQuant::Q3K,
     KQuant::Q4K,
@@ -122,6 +122,7 @@ const K_FORMATS: [KQuant; 7] = [
     KQuant::Q6K,
     KQuant::Iq4Xs,
     KQuant::Iq3S,
+    KQuant::Iq3Xxs,
 ];
 
 /// The d (and dmin) offsets of a k-quant super-block.
@@ -130,7 +131,7 @@ fn k_scales(format: KQuant) -> &'static [usize] {
         KQuant::Q2K => &[80, 82],
         KQuant::Q3K => &[108],
         KQuant::Q6K => &[208],
-        KQuant::Iq4Xs | KQuant::Iq3S => &[0],
+        KQuant::Iq4Xs | KQuant::Iq3S | KQuant::Iq3Xxs => &[0],
         _ => &[0, 2],
     }
 }
@@ -176,6 +177,7 @@ fn k_prefill() -> Result<(), Box<dyn Error>> {
             KQuant::Q6K => dot::dot_q6_k_q8_k,
             KQuant::Iq4Xs => dot::dot_iq4_xs_q8_k,
             KQuant::Iq3S => dot::dot_iq3_s_q8_k,
+            KQuant::Iq3Xxs => dot::dot_iq3_xxs_q8_k,
         };
         let per_row = best(PREFILL_REPS, || {
             for (row, out) in weights

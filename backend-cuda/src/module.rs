@@ -428,6 +428,27 @@ mod tests {
         assert!(!supports(GgmlType::MXFP4) && supports(GgmlType::Q6_K));
     }
 
+    /// The formats only the CPU backend reads have no kernel here, so a file with one is
+    /// refused at load, naming the tensor and its type (`weights.rs`), not run wrong.
+    #[test]
+    fn the_cpu_only_formats_have_no_kernel() {
+        for t in [
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+            GgmlType::IQ4_NL,
+            GgmlType::IQ4_XS,
+            GgmlType::IQ3_S,
+            GgmlType::IQ3_XXS,
+        ] {
+            assert!(!supports(t), "{t}");
+            assert!(
+                WEIGHT_FORMATS
+                    .iter()
+                    .all(|f| f.suffix != t.name().to_lowercase())
+            );
+        }
+    }
+
     /// The chunk dispatch names every chunk format once, the last as its default.
     #[test]
     fn the_chunk_dispatch_covers_every_chunk_format() {

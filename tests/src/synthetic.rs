@@ -41,6 +41,8 @@ pub enum Synthetic {
     Iq3S,
     /// `llama` in a Q2_K mix (Q2_K, Q3_K, Q6_K).
     Q2K,
+    /// `llama` in an IQ3_XXS mix (IQ3_XXS, IQ3_S, Q3_K, Q5_K).
+    Iq3Xxs,
     /// `qwen2` with F16, BF16 and F32 matrices (no fixture: the CUDA backend's float formats,
     /// generated where it is tested).
     Float,
@@ -48,7 +50,7 @@ pub enum Synthetic {
 
 impl Synthetic {
     /// Every synthetic model with logit fixtures.
-    pub const ALL: [Synthetic; 10] = [
+    pub const ALL: [Synthetic; 11] = [
         Synthetic::Llama3,
         Synthetic::Qwen3,
         Synthetic::Phi3,
@@ -59,6 +61,7 @@ impl Synthetic {
         Synthetic::Iq4Nl,
         Synthetic::Iq3S,
         Synthetic::Q2K,
+        Synthetic::Iq3Xxs,
     ];
 
     /// Its short name, as in file names.
@@ -74,16 +77,22 @@ impl Synthetic {
             Synthetic::Iq4Nl => "iq4_nl",
             Synthetic::Iq3S => "iq3_s",
             Synthetic::Q2K => "q2_k",
+            Synthetic::Iq3Xxs => "iq3_xxs",
             Synthetic::Float => "float",
         }
     }
 
     /// Whether the CUDA backend reads every tensor format of the model (it has no Q2_K, Q3_K,
-    /// IQ4_XS, IQ4_NL or IQ3_S kernels yet and refuses such a file by name).
+    /// IQ4_XS, IQ4_NL, IQ3_S or IQ3_XXS kernels yet and refuses such a file by name).
     pub fn on_cuda(self) -> bool {
         !matches!(
             self,
-            Synthetic::Q2K | Synthetic::Q3K | Synthetic::Iq4Xs | Synthetic::Iq4Nl | Synthetic::Iq3S
+            Synthetic::Q2K
+                | Synthetic::Q3K
+                | Synthetic::Iq4Xs
+                | Synthetic::Iq4Nl
+                | Synthetic::Iq3S
+                | Synthetic::Iq3Xxs
         )
     }
 

@@ -9,7 +9,7 @@
 //! exact match also holds for implementations that order the products differently.)
 //! The models use F32, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K only, so every supported format is also
 //! compared on random blocks, which reach every bit pattern of quants, scales and mins; all but
-//! IQ4_NL, IQ3_S and IQ4_XS, which candle does not read (their dequantizers are held to hand-built
+//! IQ3_XXS, IQ4_NL, IQ3_S and IQ4_XS, which candle does not read (their dequantizers are held to hand-built
 //! blocks and to gguf-py's in `backend_cpu::quant`'s unit tests).
 
 #![allow(clippy::unwrap_used)]
@@ -145,7 +145,7 @@ fn candle_dtype(ggml_type: GgmlType) -> Option<GgmlDType> {
         GgmlType::Q4_K => GgmlDType::Q4K,
         GgmlType::Q5_K => GgmlDType::Q5K,
         GgmlType::Q6_K => GgmlDType::Q6K,
-        GgmlType::IQ4_NL | GgmlType::IQ3_S | GgmlType::IQ4_XS => return None,
+        GgmlType::IQ3_XXS | GgmlType::IQ4_NL | GgmlType::IQ3_S | GgmlType::IQ4_XS => return None,
         other => panic!("{other} is not supported"),
     })
 }
@@ -201,6 +201,11 @@ fn random_blocks_of_every_supported_format_dequantize_like_candle() {
     // Only the formats candle is known to lack go unchecked here.
     assert_eq!(
         not_in_candle,
-        [GgmlType::IQ4_NL, GgmlType::IQ3_S, GgmlType::IQ4_XS]
+        [
+            GgmlType::IQ3_XXS,
+            GgmlType::IQ4_NL,
+            GgmlType::IQ3_S,
+            GgmlType::IQ4_XS
+        ]
     );
 }

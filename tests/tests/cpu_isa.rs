@@ -1,7 +1,7 @@
 //! `LLORCH_CPU_ISA` on the real CPU worker: every instruction-set level this machine has (the
 //! scalar oracle always) shows in `/health` and gives the same greedy tokens and the same
 //! log-probabilities, bit for bit, on SmolLM2 (32-element formats), Qwen 0.5B (k-quants) and
-//! the synthetic Q3_K_M, IQ4_XS, IQ4_NL, IQ3_S and Q2_K models;
+//! the synthetic Q3_K_M, IQ4_XS, IQ4_NL, IQ3_S, Q2_K and IQ3_XXS models;
 //! a level the CPU lacks or a name that is none fails the start with `MODEL_LOAD_FAILED`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -106,6 +106,11 @@ fn every_isa_level_gives_the_same_tokens_and_logprobs_on_iq3_s() {
 #[test]
 fn every_isa_level_gives_the_same_tokens_and_logprobs_on_q2_k() {
     every_level_computes_the_same_bits(Synthetic::Q2K);
+}
+
+#[test]
+fn every_isa_level_gives_the_same_tokens_and_logprobs_on_iq3_xxs() {
+    every_level_computes_the_same_bits(Synthetic::Iq3Xxs);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The CPU backend against llama.cpp b11434 on the synthetic models of the architectures no
 //! real weights of reach us (Llama 3.1's RoPE frequency factors, Qwen3's Q/K norms, Phi-3's
 //! long and short RoPE factors, gpt-oss's routed experts, sinks and sliding windows) and on
-//! MXFP4, Q3_K, IQ4_XS, IQ4_NL, IQ3_S and Q2_K weights: every generated position of 8 prompts, the prompt in one step
+//! MXFP4, Q3_K, IQ4_XS, IQ4_NL, IQ3_S, Q2_K and IQ3_XXS weights: every generated position of 8 prompts, the prompt in one step
 //! and then llama.cpp's greedy tokens one at a time. Top-1 agrees wherever llama.cpp's top-2
 //! margin is > 0.5 and the logits of its top-20 are close.
 
@@ -66,6 +66,11 @@ fn iq3_s_matrices_match_llama_cpp() {
 #[test]
 fn q2_k_matrices_match_llama_cpp() {
     check(Synthetic::Q2K, 512);
+}
+
+#[test]
+fn iq3_xxs_matrices_match_llama_cpp() {
+    check(Synthetic::Iq3Xxs, 512);
 }
 
 #[test]

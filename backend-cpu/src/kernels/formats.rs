@@ -37,4 +37,4 @@ markers!(
     Legacy: Q4_0 => Q4_0, Q4_1 => Q4_1, Q5_0 => Q5_0, Q5_1 => Q5_1, Q8_0 => Q8_0, Iq4Nl => Iq4Nl
 );
 markers!(KType, KQuant: Q2K => Q2K, Q3K => Q3K, Q4K => Q4K, Q5K => Q5K, Q6K => Q6K, Iq4Xs => Iq4Xs,
-    Iq3S => Iq3S);
+    Iq3S => Iq3S, Iq3Xxs => Iq3Xxs);

@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL | repacked, 8 rows interleaved | [`scalar`] | `avx2` |
 //! | Q2_K, Q3_K, Q4_K, Q6_K, IQ4_XS | repacked, 8 rows interleaved | [`rows::scalar`] | `avx2_k` |
-//! | Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S | GGUF rows | [`rows::scalar`] | `rows/k_simd` |
+//! | Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S, IQ3_XXS | GGUF rows | [`rows::scalar`] | `rows/k_simd` |
 //! | F32, F16, BF16 | GGUF rows | [`rows::scalar`] | `rows/avx2_float` |
 //!
 //! # The 32-element formats
@@ -70,12 +70,12 @@ pub type FloatDot = fn(&[u8], &[f32]) -> Result<f32, DotError>;
 
 /// The kernel family of a weight type, which fixes the activation format it reads (ggml's
 /// `vec_dot_type`): Q8_0/Q8_1 for the 32-element formats (IQ4_NL's too), Q8_K for the
-/// k-quants, IQ4_XS and IQ3_S, f32 for floats.
+/// k-quants, IQ4_XS, IQ3_S and IQ3_XXS, f32 for floats.
 #[derive(Debug, Clone, Copy)]
 pub enum Kernel {
     /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (packed at load).
     Legacy(Legacy),
-    /// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S.
+    /// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S, IQ3_XXS.
     KQuant(KQuant),
     /// F32, F16, BF16: one row × one token per call.
     Float(FloatDot),
@@ -94,6 +94,7 @@ pub fn kernel(ggml_type: GgmlType) -> Option<Kernel> {
         GgmlType::Q6_K => Kernel::KQuant(KQuant::Q6K),
         GgmlType::IQ4_XS => Kernel::KQuant(KQuant::Iq4Xs),
         GgmlType::IQ3_S => Kernel::KQuant(KQuant::Iq3S),
+        GgmlType::IQ3_XXS => Kernel::KQuant(KQuant::Iq3Xxs),
         GgmlType::F32 => Kernel::Float(rows::dot_f32_f32),
         GgmlType::F16 => Kernel::Float(rows::dot_f16_f32),
         GgmlType::BF16 => Kernel::Float(rows::dot_bf16_f32),

@@ -15,8 +15,8 @@
 //! `avx512vl`, k-quants only) before AVX2 + FMA + F16C before [`scalar`].
 //!
 //! **K-quants** (256-element super-blocks × [`BlockQ8K`]; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and the
-//! i-quants IQ4_XS and IQ3_S, which share their super-block and activation). For every super-block in
-//! order, exact i32 sums, then one f32 step:
+//! i-quants IQ4_XS, IQ3_S and IQ3_XXS, which share their super-block and activation). For every
+//! super-block in order, exact i32 sums, then one f32 step:
 //!
 //! - Q2_K: `isum = Σ_j sc_j · Σ_{l in sub-block j} q_l · y_l` over the 16 sub-blocks of 16
 //!   (`q` the unsigned 2-bit quant, `sc_j` the 4-bit scale) and `msum = Σ_j m_j · bsums[j]`
@@ -40,13 +40,18 @@
 //!   of 32 (`v` the grid magnitude of the element's 4-element group, `iq3s_grid[index]`, with
 //!   its stored sign; `s_ib` the 4-bit scale); then `sum = sum + (d_w * d_a) * isum`, as
 //!   ggml's `ggml_vec_dot_iq3_s_q8_K`.
+//! - IQ3_XXS: `isum = Σ_ib (1 + 2 s_ib) · Σ_{j in sub-block ib} v_j · y_j` as IQ3_S (`v` from
+//!   `iq3xxs_grid[qs[8 ib + k]]`, its sign from `ksigns_iq2xs` of the sub-block's 7-bit sign
+//!   indices); then `sum = sum + (d_w * d_a) * isum`, and `0.25 * sum` after the last
+//!   super-block, as ggml's `ggml_vec_dot_iq3_xxs_q8_K` (its `d * (0.5 + s) * 0.5` is
+//!   `d · (1 + 2 s) / 4`).
 //!
 //! `isum` and `msum` are converted to f32 with one rounding (they may exceed 2^24). No
 //! overflow for any input bytes: Q2_K `|isum| ≤ 256·3·128·15 < 2^21` and
 //! `|msum| ≤ 16·15·32768 < 2^23`, Q3_K `|isum| ≤ 32·(256·7·128 + 4·16·32768) < 2^27`,
 //! Q4_K `|isum| ≤ 256·15·128·63 < 2^25`, Q5_K
 //! `≤ 256·31·128·63 < 2^26`, Q6_K `≤ 256·32·128·128 = 2^27`, IQ4_XS `≤ 256·127·128·32 < 2^27`, IQ3_S
-//! `≤ 256·15·128·31 < 2^24`,
+//! `≤ 256·15·128·31 < 2^24`, IQ3_XXS `≤ 256·62·128·31 < 2^26`,
 //! and `|msum| ≤ 8·63·2·32768 < 2^25` even for arbitrary i16 `bsums`.
 //!
 //! **Float rows** (F32, F16, BF16 weights × f32 activations): 32 lane accumulators
@@ -81,7 +86,7 @@ use crate::quant::activation::BlockQ8K;
 #[cfg(test)]
 use crate::quant::activation::{BlockQ8_0, BlockQ8_1};
 use crate::quant::f16_le;
-pub use crate::quant::{DotError, IQ3_S_BYTES, IQ4_XS_BYTES, Q2_K_BYTES};
+pub use crate::quant::{DotError, IQ3_S_BYTES, IQ3_XXS_BYTES, IQ4_XS_BYTES, Q2_K_BYTES};
 
 /// Bytes per Q3_K super-block: `hmask: [u8; 32]`, `qs: [u8; 64]`, `scales: [u8; 12]`, `d: f16`.
 pub const Q3_K_BYTES: usize = 110;
@@ -110,6 +115,8 @@ pub enum KQuant {
     Iq4Xs,
     /// [`IQ3_S_BYTES`]-byte super-blocks.
     Iq3S,
+    /// [`IQ3_XXS_BYTES`]-byte super-blocks.
+    Iq3Xxs,
 }
 
 impl KQuant {
@@ -123,6 +130,7 @@ impl KQuant {
             KQuant::Q6K => Q6_K_BYTES,
             KQuant::Iq4Xs => IQ4_XS_BYTES,
             KQuant::Iq3S => IQ3_S_BYTES,
+            KQuant::Iq3Xxs => IQ3_XXS_BYTES,
         }
     }
 }
@@ -251,6 +259,11 @@ dispatch!(
     /// Dot product of an IQ3_S weight row (110-byte super-blocks) with Q8_K activations; see
     /// [`dot_q4_k_q8_k`].
     dot_iq3_s_q8_k, BlockQ8K, IQ3_S_BYTES, iq3_s_q8_k, [k_simd::iq3_s_q8_k]
+);
+dispatch!(
+    /// Dot product of an IQ3_XXS weight row (98-byte super-blocks) with Q8_K activations; see
+    /// [`dot_q4_k_q8_k`].
+    dot_iq3_xxs_q8_k, BlockQ8K, IQ3_XXS_BYTES, iq3_xxs_q8_k, [k_simd::iq3_xxs_q8_k]
 );
 dispatch!(
     /// Dot product of an F32 weight row (`w`, raw little-endian bytes, any alignment) with f32

@@ -1,6 +1,7 @@
 //! The i-quants read so far: IQ4_NL and IQ4_XS, whose 4-bit indices select the values of one
 //! fixed non-uniform grid, [`KVALUES_IQ4NL`], and IQ3_S, whose 9-bit indices select four
-//! magnitudes at once from [`IQ3S_GRID`] and whose signs are stored apart.
+//! magnitudes at once from [`IQ3S_GRID`] and whose signs are stored apart (IQ3_XXS, the same
+//! idea with 8-bit indices and parity-completed sign indices, in the sibling `iq3_xxs`).
 //!
 //! IQ4_NL (18 bytes, `block_iq4_nl` of ggml-common.h): `d: f16`, `qs: [u8; 16]`, the legacy
 //! 32-element shape of Q4_0: byte `j` of `qs` holds element `j`'s index in its low nibble and

@@ -14,11 +14,14 @@
 pub mod activation;
 mod float;
 mod i_quants;
+mod iq3_xxs;
 pub use i_quants::{IQ3_S_BYTES, IQ4_NL_BYTES, IQ4_XS_BYTES};
 pub(crate) use i_quants::{
     IQ3S_GRID, KVALUES_IQ4NL, iq3_s_index, iq3_s_scales, iq3_s_value, iq4_value, iq4_xs_scales,
     iq4_xs_value,
 };
+pub use iq3_xxs::IQ3_XXS_BYTES;
+pub(crate) use iq3_xxs::{iq3_xxs_entry, iq3_xxs_scales, iq3_xxs_signs, iq3_xxs_value};
 mod k_quants;
 pub use k_quants::Q2_K_BYTES;
 #[cfg(test)]
@@ -122,6 +125,7 @@ pub fn is_supported(ggml_type: GgmlType) -> bool {
             | GgmlType::IQ4_NL
             | GgmlType::IQ4_XS
             | GgmlType::IQ3_S
+            | GgmlType::IQ3_XXS
     )
 }
 
@@ -177,6 +181,7 @@ pub fn dequantize(ggml_type: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(
         GgmlType::IQ4_NL => i_quants::iq4_nl(data, out),
         GgmlType::IQ4_XS => i_quants::iq4_xs(data, out),
         GgmlType::IQ3_S => i_quants::iq3_s(data, out),
+        GgmlType::IQ3_XXS => iq3_xxs::iq3_xxs(data, out),
         other => return Err(QuantError::Unsupported(other)),
     }
     Ok(())
@@ -206,5 +211,7 @@ pub(crate) fn f16_le(bytes: [u8; 2]) -> f32 {
 pub(crate) mod test_rng;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_iq3_xxs;
 #[cfg(test)]
 mod tests_q2_k;

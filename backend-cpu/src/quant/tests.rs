@@ -566,7 +566,7 @@ fn unsupported_types_are_errors_naming_the_type() {
         assert_eq!(err, QuantError::Unsupported(t));
         assert!(err.to_string().contains(t.name()), "{err}");
     }
-    assert!(!is_supported(GgmlType::IQ3_XXS));
+    assert!(!is_supported(GgmlType::IQ2_XXS));
 }
 
 #[test]

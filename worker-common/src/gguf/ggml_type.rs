@@ -211,6 +211,14 @@ mod tests {
             (GgmlType::IQ3_S.block_size(), GgmlType::IQ3_S.block_bytes()),
             (256, 2 + 64 + 8 + 32 + 4)
         );
+        // block_iq3_xxs: d, qs[3*QK_K/8] (64 grid index bytes, 32 of scales and signs).
+        assert_eq!(
+            (
+                GgmlType::IQ3_XXS.block_size(),
+                GgmlType::IQ3_XXS.block_bytes()
+            ),
+            (256, 2 + 64 + 32)
+        );
         assert_eq!(GgmlType::Q8_0.bytes_for(64), Some(68));
         assert_eq!(GgmlType::Q8_0.bytes_for(33), None);
         assert_eq!(GgmlType::F32.bytes_for(u64::MAX), None);

@@ -1,12 +1,13 @@
-//! Scalar kernels of the k-quant (and IQ4_XS, IQ3_S) super-blocks against Q8_K activations (see the
+//! Scalar kernels of the k-quant (and IQ4_XS, IQ3_S, IQ3_XXS) super-blocks against Q8_K activations (see the
 //! parent module for the order and the overflow bounds).
 
 use super::{
-    BlockQ8K, IQ3_S_BYTES, IQ4_XS_BYTES, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES,
-    Q6_K_BYTES, f16_le, weight_blocks,
+    BlockQ8K, IQ3_S_BYTES, IQ3_XXS_BYTES, IQ4_XS_BYTES, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES,
+    Q5_K_BYTES, Q6_K_BYTES, f16_le, weight_blocks,
 };
 use crate::quant::{
-    iq3_s_scales, iq3_s_value, iq4_xs_scales, iq4_xs_value, q2_k_quant, q3_k_quant, q3_k_scales,
+    iq3_s_scales, iq3_s_value, iq3_xxs_scales, iq3_xxs_value, iq4_xs_scales, iq4_xs_value,
+    q2_k_quant, q3_k_quant, q3_k_scales,
 };
 
 /// The 8 scales and 8 mins of a Q4_K / Q5_K super-block, unpacked from bytes 4..16 with
@@ -231,4 +232,25 @@ pub(super) fn iq3_s_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
         sum += (f16_le([w[0], w[1]]) * a.d) * isum as f32;
     }
     sum
+}
+
+/// IQ3_XXS: as IQ3_S with [`iq3_xxs_value`] and the multipliers `1 + 2 s_ib` of
+/// [`iq3_xxs_scales`], then `0.25 · sum` (ggml's `ggml_vec_dot_iq3_xxs_q8_K` keeps the
+/// dequantizer's `(0.5 + s) · 0.5 = (1 + 2 s) / 4` as the odd integer and a final quarter).
+pub(super) fn iq3_xxs_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (w, a) in weight_blocks::<IQ3_XXS_BYTES>(w).zip(a) {
+        let scales = iq3_xxs_scales(w);
+        let mut isum = 0i32;
+        for (ib, y) in a.qs.chunks_exact(32).enumerate() {
+            let s: i32 = y
+                .iter()
+                .enumerate()
+                .map(|(j, &y)| i32::from(iq3_xxs_value(w, ib, j)) * i32::from(y))
+                .sum();
+            isum += i32::from(scales[ib]) * s;
+        }
+        sum += (f16_le([w[0], w[1]]) * a.d) * isum as f32;
+    }
+    0.25 * sum
 }

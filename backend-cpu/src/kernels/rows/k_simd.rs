@@ -12,7 +12,8 @@
 //! from two exact `vpmaddubsw`) at most `8 · 128 · 2 · 8192 = 2^24`. The Q4_K/Q5_K mins go
 //! through `vpmaddwd` of the activation's `bsums` by the mins repeated per pair (at most
 //! `2 · 32768 · 63` per lane). IQ4_XS's signed grid values go through `vpmaddubsw` with the
-//! activations' magnitudes ([`iq4_xs`]), and so do IQ3_S's signed grid magnitudes ([`iq3_s`]);
+//! activations' magnitudes ([`iq4_xs`]), and so do IQ3_S's and IQ3_XXS's signed grid magnitudes
+//! ([`iq3_s`], [`iq3_xxs`]);
 //! Q2_K's 2-bit codes and 4-bit scales and mins take Q4_K's path ([`q2_k`]). Then the very
 //! scalar f32 step of [`super::k_quants`].
 //!
@@ -22,6 +23,7 @@
 #![allow(unused_unsafe)]
 
 mod iq3_s;
+mod iq3_xxs;
 mod iq4_xs;
 mod q2_k;
 mod q3_k;
@@ -69,6 +71,7 @@ pub(super) fn dot_rows(
         KQuant::Q6K => run!(formats::Q6K),
         KQuant::Iq4Xs => run!(formats::Iq4Xs),
         KQuant::Iq3S => run!(formats::Iq3S),
+        KQuant::Iq3Xxs => run!(formats::Iq3Xxs),
     }
     true
 }
@@ -105,6 +108,7 @@ pub(super) fn one(format: KQuant, vnni: bool, w: &[u8], a: &[BlockQ8K]) -> Optio
         KQuant::Q6K => run!(formats::Q6K),
         KQuant::Iq4Xs => run!(formats::Iq4Xs),
         KQuant::Iq3S => run!(formats::Iq3S),
+        KQuant::Iq3Xxs => run!(formats::Iq3Xxs),
     }
     Some(out[0])
 }
@@ -145,6 +149,11 @@ pub(super) fn iq4_xs_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
 /// [`q4_k_q8_k`] for IQ3_S.
 pub(super) fn iq3_s_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
     one(KQuant::Iq3S, crate::isa::vnni(), w, a)
+}
+
+/// [`q4_k_q8_k`] for IQ3_XXS.
+pub(super) fn iq3_xxs_q8_k(w: &[u8], a: &[BlockQ8K]) -> Option<f32> {
+    one(KQuant::Iq3Xxs, crate::isa::vnni(), w, a)
 }
 
 /// [`tiles`] compiled for AVX2.
@@ -363,12 +372,13 @@ unsafe fn tile<F: KType, const VNNI: bool, const R: usize, const C: usize>(
             let a: [&BlockQ8K; C] = std::array::from_fn(|c| &cols[c][i]);
             if matches!(
                 format,
-                KQuant::Q6K | KQuant::Q3K | KQuant::Iq4Xs | KQuant::Iq3S
+                KQuant::Q6K | KQuant::Q3K | KQuant::Iq4Xs | KQuant::Iq3S | KQuant::Iq3Xxs
             ) {
                 let (isums, d_at) = match format {
                     KQuant::Q6K => (q6_isums::<VNNI, R, C>(w, a), 208),
                     KQuant::Q3K => (q3_k::isums::<VNNI, R, C>(w, a), 108),
-                    KQuant::Iq3S => (iq3_s::isums::<VNNI, R, C>(w, a), 0),
+                    KQuant::Iq3S => (iq3_s::isums::<iq3_s::Iq3S, _, VNNI, R, C>(w, a), 0),
+                    KQuant::Iq3Xxs => (iq3_s::isums::<iq3_xxs::Iq3Xxs, _, VNNI, R, C>(w, a), 0),
                     _ => (iq4_xs::isums::<VNNI, R, C>(w, a), 0),
                 };
                 for r in 0..R {
@@ -390,6 +400,12 @@ unsafe fn tile<F: KType, const VNNI: bool, const R: usize, const C: usize>(
                     }
                 }
             }
+        }
+    }
+    if format == KQuant::Iq3Xxs {
+        // ggml's final quarter of IQ3_XXS (see `super::k_quants::iq3_xxs_q8_k`).
+        for sum in sums.iter_mut().flatten() {
+            *sum *= 0.25;
         }
     }
     sums

@@ -6,11 +6,11 @@
 
 pub(super) use super::float::{bf16_f32, f16_f32, f32_f32};
 pub(super) use super::k_quants::{
-    iq3_s_q8_k, iq4_xs_q8_k, q2_k_q8_k, q3_k_q8_k, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k,
+    iq3_s_q8_k, iq3_xxs_q8_k, iq4_xs_q8_k, q2_k_q8_k, q3_k_q8_k, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k,
 };
 use super::{
-    BlockQ8K, DotError, IQ3_S_BYTES, IQ4_XS_BYTES, KQuant, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES,
-    Q5_K_BYTES, Q6_K_BYTES, check_len, check_rows,
+    BlockQ8K, DotError, IQ3_S_BYTES, IQ3_XXS_BYTES, IQ4_XS_BYTES, KQuant, Q2_K_BYTES, Q3_K_BYTES,
+    Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, check_len, check_rows,
 };
 
 /// Defines a public length-checking wrapper around a scalar kernel.
@@ -30,6 +30,7 @@ checked!(dot_q5_k_q8_k, BlockQ8K, Q5_K_BYTES, q5_k_q8_k);
 checked!(dot_q6_k_q8_k, BlockQ8K, Q6_K_BYTES, q6_k_q8_k);
 checked!(dot_iq4_xs_q8_k, BlockQ8K, IQ4_XS_BYTES, iq4_xs_q8_k);
 checked!(dot_iq3_s_q8_k, BlockQ8K, IQ3_S_BYTES, iq3_s_q8_k);
+checked!(dot_iq3_xxs_q8_k, BlockQ8K, IQ3_XXS_BYTES, iq3_xxs_q8_k);
 checked!(dot_f32_f32, f32, 4, f32_f32);
 checked!(dot_f16_f32, f32, 2, f16_f32);
 checked!(dot_bf16_f32, f32, 2, bf16_f32);
@@ -65,6 +66,7 @@ pub(super) fn dot_rows_k_unchecked(
         KQuant::Q6K => q6_k_q8_k,
         KQuant::Iq4Xs => iq4_xs_q8_k,
         KQuant::Iq3S => iq3_s_q8_k,
+        KQuant::Iq3Xxs => iq3_xxs_q8_k,
     };
     let blocks = a.len() / cols;
     for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(cols)) {

@@ -63,7 +63,7 @@ type Kernel = fn(&[u8], &[BlockQ8K]) -> Result<f32, DotError>;
 type Simd = fn(&[u8], &[BlockQ8K]) -> Option<f32>;
 
 /// (name, bytes, d offset, has dmin, dispatching, scalar, AVX2).
-const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 7] = [
+const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 8] = [
     (
         "q2_k",
         Q2_K_BYTES,
@@ -127,6 +127,15 @@ const KERNELS: [(&str, usize, usize, bool, Kernel, Kernel, Simd); 7] = [
         scalar::dot_iq3_s_q8_k,
         |w, a| k_simd::one(KQuant::Iq3S, false, w, a),
     ),
+    (
+        "iq3_xxs",
+        IQ3_XXS_BYTES,
+        0,
+        false,
+        dot_iq3_xxs_q8_k,
+        scalar::dot_iq3_xxs_q8_k,
+        |w, a| k_simd::one(KQuant::Iq3Xxs, false, w, a),
+    ),
 ];
 
 #[test]
@@ -179,9 +188,12 @@ fn k_extremes_are_exact() {
         // Q2_K: sc = m = 15, q = 3, each min against one `bsums`; Q3_K: scale 63 - 32, code
         // q + 4 = 7, offset 4 · bsums; Q4_K: sc = m = 63, q = 15; Q5_K: q = 31; Q6_K: scale -1 (0xFF), q = 63 - 32; IQ4_XS: scale 63 - 32, index 15
         // (grid value 113); IQ3_S: multiplier 31, index 511 (magnitudes 1, 1, 15, 15: 32 a
-        // group of four, 64 groups), every sign negative.
+        // group of four, 64 groups), every sign negative; IQ3_XXS: multiplier 31, index 255
+        // (magnitudes 4, 28, 52, 62: 146 a group), sign index 127 (all eight negative), and
+        // the final quarter.
         let iq4 = (31 * 113 * y * 256) as f32;
         let iq3 = (-31 * 32 * y * 64) as f32;
+        let iq3_xxs = 0.25 * (-31 * 146 * y * 64) as f32;
         let q2 = (15 * 3 * y * 256 - 15 * 16 * i64::from(bsum)) as f32;
         let q3 = (31 * 7 * y * 256 - 4 * 31 * 16 * i64::from(bsum)) as f32;
         let q4 = (63 * 15 * y * 256 - msum) as f32;
@@ -200,6 +212,7 @@ fn k_extremes_are_exact() {
                 "q5_k" => q5,
                 "q6_k" => q6,
                 "iq4_xs" => iq4,
+                "iq3_xxs" => iq3_xxs,
                 _ => iq3,
             };
             assert_eq!(reference(&w, &a).unwrap(), want, "{name} {aq}");
@@ -240,6 +253,7 @@ fn k_scalar_dots_match_f64_reference() {
                 "q5_k" => GgmlType::Q5_K,
                 "q6_k" => GgmlType::Q6_K,
                 "iq4_xs" => GgmlType::IQ4_XS,
+                "iq3_xxs" => GgmlType::IQ3_XXS,
                 _ => GgmlType::IQ3_S,
             };
             let w = k_weights(&mut rng, blocks, bytes, d_at, two);
@@ -264,11 +278,12 @@ fn k_scalar_dots_match_f64_reference() {
                         (d * 31.0 * f64::from(*sc) + dmin * f64::from(*m)) * ya
                     } else {
                         // The largest |scale · q|: Q3_K 32 · 4, Q6_K 128 · 32, IQ4_XS 32 · 127,
-                        // IQ3_S 31 · 15.
+                        // IQ3_S 31 · 15, IQ3_XXS 31 · 62 (a quarter of it in fact).
                         let most = match name {
                             "q3_k" => 32.0 * 4.0,
                             "q6_k" => 128.0 * 32.0,
                             "iq4_xs" => 32.0 * 127.0,
+                            "iq3_xxs" => 31.0 * 62.0,
                             _ => 31.0 * 15.0,
                         };
                         f16::from_le_bytes([w[d_at], w[d_at + 1]]).to_f64().abs() * most * ya

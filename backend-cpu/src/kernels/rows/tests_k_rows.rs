@@ -7,7 +7,7 @@ use super::*;
 use crate::quant::test_rng::Rng;
 
 /// (format, offset of `d`, whether `dmin` follows it).
-const FORMATS: [(KQuant, usize, bool); 7] = [
+const FORMATS: [(KQuant, usize, bool); 8] = [
     (KQuant::Q2K, 80, true),
     (KQuant::Q3K, 108, false),
     (KQuant::Q4K, 0, true),
@@ -15,6 +15,7 @@ const FORMATS: [(KQuant, usize, bool); 7] = [
     (KQuant::Q6K, 208, false),
     (KQuant::Iq4Xs, 0, false),
     (KQuant::Iq3S, 0, false),
+    (KQuant::Iq3Xxs, 0, false),
 ];
 
 fn tiles_equal_scalar() {
@@ -53,6 +54,7 @@ fn tiles_equal_scalar() {
                     KQuant::Q6K => scalar::dot_q6_k_q8_k,
                     KQuant::Iq4Xs => scalar::dot_iq4_xs_q8_k,
                     KQuant::Iq3S => scalar::dot_iq3_s_q8_k,
+                    KQuant::Iq3Xxs => scalar::dot_iq3_xxs_q8_k,
                 };
                 for (r, row) in w.chunks_exact(row_bytes).enumerate() {
                     for (c, col) in a.chunks_exact(blocks).enumerate() {

@@ -27,7 +27,7 @@ fn vnni_matches_scalar_bit_for_bit() {
         return;
     }
     let mut rng = Rng(0xA076_1D64_78BD_642F);
-    let k: [(&str, usize, usize, bool, KFn, SimdK); 7] = [
+    let k: [(&str, usize, usize, bool, KFn, SimdK); 8] = [
         (
             "q2_k",
             Q2_K_BYTES,
@@ -83,6 +83,14 @@ fn vnni_matches_scalar_bit_for_bit() {
             false,
             scalar::dot_iq3_s_q8_k,
             |w, a| k_simd::one(KQuant::Iq3S, true, w, a),
+        ),
+        (
+            "iq3_xxs",
+            IQ3_XXS_BYTES,
+            0,
+            false,
+            scalar::dot_iq3_xxs_q8_k,
+            |w, a| k_simd::one(KQuant::Iq3Xxs, true, w, a),
         ),
     ];
     for round in 0..20 {
@@ -147,6 +155,9 @@ fn vnni_extremes_are_exact() {
             let w = block(IQ3_S_BYTES, 2);
             let want = scalar::dot_iq3_s_q8_k(&w, &ak).unwrap();
             assert_eq!(k_simd::one(KQuant::Iq3S, true, &w, &ak).unwrap(), want);
+            let w = block(IQ3_XXS_BYTES, 2);
+            let want = scalar::dot_iq3_xxs_q8_k(&w, &ak).unwrap();
+            assert_eq!(k_simd::one(KQuant::Iq3Xxs, true, &w, &ak).unwrap(), want);
         }
     }
 }

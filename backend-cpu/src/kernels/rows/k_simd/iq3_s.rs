@@ -1,4 +1,4 @@
-//! IQ3_S's integer sums for the tiles of the parent module.
+//! IQ3_S's (and IQ3_XXS's, [`super::iq3_xxs`]) integer sums for the tiles of the parent module.
 //!
 //! A sub-block's 32 magnitudes are its eight grid entries, one dword each (group `k` of four
 //! elements in dword `k`), read from [`IQ3S_GRID`] by eight scalar loads. Its 32 sign bits (the
@@ -19,28 +19,55 @@ use crate::quant::{IQ3_S_BYTES, IQ3S_GRID, iq3_s_index, iq3_s_scales};
 /// Offset of `signs` in an IQ3_S super-block.
 const SIGNS: usize = 74;
 
-/// The 32 signed values of sub-block `ib` (0..8) of `block`, as bytes.
+/// A format whose 32-element sub-blocks are eight 4-magnitude grid entries with 32 stored
+/// sign bits and an odd multiplier (IQ3_S, IQ3_XXS): [`isums`] for either. Monomorphised and
+/// always inlined, so the tiles' target features reach every intrinsic.
+pub(super) trait SignedGrid<const N: usize> {
+    /// The eight odd multipliers of the super-block.
+    fn multipliers(block: &[u8; N]) -> [u8; 8];
+    /// The 32 signed values of sub-block `ib` (0..8), as bytes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    unsafe fn values(block: &[u8; N], ib: usize) -> __m256i;
+}
+
+/// IQ3_S's [`SignedGrid`].
+pub(super) struct Iq3S;
+
+impl SignedGrid<IQ3_S_BYTES> for Iq3S {
+    #[inline(always)]
+    fn multipliers(block: &[u8; IQ3_S_BYTES]) -> [u8; 8] {
+        iq3_s_scales(block)
+    }
+
+    #[inline(always)]
+    unsafe fn values(block: &[u8; IQ3_S_BYTES], ib: usize) -> __m256i {
+        let mut entries = [0; 8];
+        for (k, e) in entries.iter_mut().enumerate() {
+            *e = IQ3S_GRID[iq3_s_index(block, ib, k)];
+        }
+        let signs = u32::from_le_bytes([
+            block[SIGNS + 4 * ib],
+            block[SIGNS + 4 * ib + 1],
+            block[SIGNS + 4 * ib + 2],
+            block[SIGNS + 4 * ib + 3],
+        ]);
+        // SAFETY: the caller guarantees AVX2.
+        unsafe { signed(entries, signs) }
+    }
+}
+
+/// The eight grid `entries` (group `k` in dword `k`) with byte `j` negated where bit `j` of
+/// `signs` is set.
 #[inline(always)]
-unsafe fn values(block: &[u8; IQ3_S_BYTES], ib: usize) -> __m256i {
-    let entry = |k: usize| IQ3S_GRID[iq3_s_index(block, ib, k)] as i32;
-    let signs = i32::from_le_bytes([
-        block[SIGNS + 4 * ib],
-        block[SIGNS + 4 * ib + 1],
-        block[SIGNS + 4 * ib + 2],
-        block[SIGNS + 4 * ib + 3],
-    ]);
-    // SAFETY: only reached from `isums`, whose callers guarantee AVX2.
+pub(super) unsafe fn signed(entries: [u32; 8], signs: u32) -> __m256i {
+    // SAFETY: only reached from `SignedGrid::values`, whose callers guarantee AVX2.
     unsafe {
-        let grid = _mm256_set_epi32(
-            entry(7),
-            entry(6),
-            entry(5),
-            entry(4),
-            entry(3),
-            entry(2),
-            entry(1),
-            entry(0),
-        );
+        // Eight scalar inserts, not a store and a vector load, which would stall on store
+        // forwarding.
+        let e = entries.map(|e| e as i32);
+        let grid = _mm256_set_epi32(e[7], e[6], e[5], e[4], e[3], e[2], e[1], e[0]);
         // Byte j takes sign byte j / 8 (the dword is in both halves; the upper half's bytes are
         // 16..32, sign bytes 2 and 3).
         let spread = _mm256_set_epi64x(
@@ -50,16 +77,22 @@ unsafe fn values(block: &[u8; IQ3_S_BYTES], ib: usize) -> __m256i {
             0,
         );
         let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(signs), spread);
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(signs as i32), spread);
         let mask = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bits), bits);
         _mm256_sub_epi8(_mm256_xor_si256(grid, mask), mask)
     }
 }
 
-/// `isum` of one IQ3_S super-block per (row, token): sub-block `ib` (elements
-/// `32 ib..32 ib + 32`) with its signed grid magnitudes and the multiplier `1 + 2 s_ib`.
+/// `isum` of one IQ3_S or IQ3_XXS super-block per (row, token): sub-block `ib` (elements
+/// `32 ib..32 ib + 32`) with its signed grid magnitudes and its odd multiplier.
 #[inline(always)]
-pub(super) unsafe fn isums<const VNNI: bool, const R: usize, const C: usize>(
+pub(super) unsafe fn isums<
+    G: SignedGrid<N>,
+    const N: usize,
+    const VNNI: bool,
+    const R: usize,
+    const C: usize,
+>(
     w: [&[u8]; R],
     a: [&BlockQ8K; C],
 ) -> [[i32; C]; R] {
@@ -67,21 +100,20 @@ pub(super) unsafe fn isums<const VNNI: bool, const R: usize, const C: usize>(
     // when `VNNI`).
     unsafe {
         let zero = _mm256_setzero_si256();
-        let blocks: [&[u8; IQ3_S_BYTES]; R] =
-            std::array::from_fn(|r| w[r].try_into().unwrap_or(&[0; IQ3_S_BYTES]));
+        let blocks: [&[u8; N]; R] = std::array::from_fn(|r| w[r].try_into().unwrap_or(&[0; N]));
         // The eight odd multipliers of each row, as i16 in both halves.
         // A loop, not `std::array::from_fn`: the closure would not inherit the target features,
         // and an intrinsic in it can become an out-of-line call (see `lane_sums`).
         let mut scales = [zero; R];
         for r in 0..R {
-            scales[r] = both_halves(iq3_s_scales(blocks[r]), false);
+            scales[r] = both_halves(G::multipliers(blocks[r]), false);
         }
         let mut acc = [[zero; C]; R];
         for ib in 0..8 {
             let mut v = [zero; R];
             let mut sc = [zero; R];
             for r in 0..R {
-                v[r] = values(blocks[r], ib);
+                v[r] = G::values(blocks[r], ib);
                 sc[r] = pick(scales[r], ib, ib);
             }
             for c in 0..C {
