@@ -121,18 +121,6 @@ impl StepOutputs {
         self.logits.resize(rows * self.vocab_size, 0.0);
     }
 
-    /// The logits row of chunk `index`, for the backend to write; `None` when that chunk did
-    /// not ask for logits.
-    pub fn logits_mut(&mut self, index: usize) -> Option<&mut [f32]> {
-        match self.slots.get(index)? {
-            Slot::Logits(row) => {
-                let width = self.vocab_size;
-                self.logits.get_mut(row * width..(row + 1) * width)
-            }
-            _ => None,
-        }
-    }
-
     /// The logits row of position `position` of chunk `index` that wants them after every
     /// position ([`Want::LogitsEach`]), or of its one row ([`Want::Logits`], position 0), for the
     /// backend to write; `None` when that chunk has no such row.
@@ -152,7 +140,7 @@ impl StepOutputs {
     pub fn put_logits(&mut self, index: usize, want: Want<'_>, logits: &[f32]) {
         match self.slots.get(index) {
             Some(Slot::Logits(_)) => {
-                if let Some(row) = self.logits_mut(index) {
+                if let Some(row) = self.logits_at_mut(index, 0) {
                     row.copy_from_slice(logits);
                 }
             }
@@ -195,10 +183,8 @@ impl StepOutputs {
         for (&(index, want, position, row), choice) in outputs.iter().zip(choices) {
             match (choice.into_inner(), self.slots.get(index)) {
                 (Some(choice), _) => self.set_choice_at(index, position, choice),
-                (None, Some(&Slot::LogitsEach { first, len })) if position < len => {
-                    let width = self.vocab_size;
-                    let at = (first + position) * width;
-                    if let Some(out) = self.logits.get_mut(at..at + width) {
+                (None, Some(Slot::LogitsEach { .. })) => {
+                    if let Some(out) = self.logits_at_mut(index, position) {
                         out.copy_from_slice(row);
                     }
                 }
@@ -208,18 +194,6 @@ impl StepOutputs {
         Ok(())
     }
 
-    /// Records the greedy choice of chunk `index`; ignored when that chunk did not ask for it.
-    pub fn set_greedy(&mut self, index: usize, token: u32) {
-        self.set_choice(index, Choice::Token(token));
-    }
-
-    /// Records that chunk `index`'s logits were not all finite, for a backend that chose on the
-    /// device and only learnt that there (its [`get`](Self::get) is then
-    /// [`BackendError::NonFiniteLogits`]); ignored when that chunk did not ask for a choice.
-    pub fn set_non_finite(&mut self, index: usize) {
-        self.set_choice(index, Choice::NonFinite(None));
-    }
-
     /// Records the greedy choice after position `position` of chunk `index` (0 for a chunk with
     /// one choice), for a backend that chose on the device; ignored when that chunk has no such
     /// choice.
@@ -227,7 +201,10 @@ impl StepOutputs {
         self.set_choice_at(index, position, Choice::Token(token));
     }
 
-    /// [`set_non_finite`](Self::set_non_finite) for the choice after position `position`.
+    /// Records that the logits after position `position` of chunk `index` were not all finite,
+    /// for a backend that chose on the device and only learnt that there (its
+    /// [`get`](Self::get) is then [`BackendError::NonFiniteLogits`]); ignored when that chunk
+    /// has no such choice.
     pub fn set_non_finite_at(&mut self, index: usize, position: usize) {
         self.set_choice_at(index, position, Choice::NonFinite(None));
     }

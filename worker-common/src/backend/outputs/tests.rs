@@ -34,16 +34,16 @@ fn each_chunk_gets_the_output_it_asked_for() {
         chunk(Want::Greedy),
         chunk(Want::Logits),
     ]);
-    if let Some(row) = outputs.logits_mut(3) {
+    if let Some(row) = outputs.logits_at_mut(3, 0) {
         row.copy_from_slice(&[1.0, 2.0, 3.0]);
     }
-    assert!(outputs.logits_mut(1).is_none());
+    assert!(outputs.logits_at_mut(1, 0).is_none());
     assert!(
         outputs.get(2).is_err(),
         "an unset greedy choice is an error"
     );
-    outputs.set_greedy(2, 7);
-    outputs.set_greedy(1, 9);
+    outputs.set_greedy_at(2, 0, 7);
+    outputs.set_greedy_at(1, 0, 9);
     assert_eq!(outputs.get(0).ok(), Some(ChunkOutput::Logits(&[0.0; 3])));
     assert_eq!(outputs.get(1).ok(), Some(ChunkOutput::Nothing));
     assert_eq!(outputs.get(2).ok(), Some(ChunkOutput::Greedy(7)));
@@ -262,7 +262,7 @@ fn non_finite_logits_are_an_error_however_they_arrive() {
     assert!(outputs.begin(&chunks, 1).is_ok());
     outputs.put_logits(0, Want::Logits, &[0.5, f32::NAN, 1.0, f32::INFINITY]);
     outputs.put_logits(1, Want::Greedy, &[0.0, 1.0, f32::NEG_INFINITY, 2.0]);
-    outputs.set_non_finite(2);
+    outputs.set_non_finite_at(2, 0);
     outputs.put_logits(3, Want::Logits, &[f32::MAX, f32::MIN, 1e-45, -0.0]);
     let first = |index| match outputs.get(index) {
         Err(BackendError::NonFiniteLogits { first }) => first,
