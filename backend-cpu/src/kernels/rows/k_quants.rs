@@ -217,40 +217,38 @@ pub(super) fn iq4_xs_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 /// grid magnitudes [`iq3_s_value`] and the odd multiplier `1 + 2 s_ib`, as ggml's
 /// `ggml_vec_dot_iq3_s_q8_K`: `isum = Σ_ib (1 + 2 s_ib) · Σ_j v_j · y_j`.
 pub(super) fn iq3_s_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut sum = 0.0f32;
-    for (w, a) in weight_blocks::<IQ3_S_BYTES>(w).zip(a) {
-        let scales = iq3_s_scales(w);
-        let mut isum = 0i32;
-        for (ib, y) in a.qs.chunks_exact(32).enumerate() {
-            let s: i32 = y
-                .iter()
-                .enumerate()
-                .map(|(j, &y)| i32::from(iq3_s_value(w, ib, j)) * i32::from(y))
-                .sum();
-            isum += i32::from(scales[ib]) * s;
-        }
-        sum += (f16_le([w[0], w[1]]) * a.d) * isum as f32;
-    }
-    sum
+    signed_grid_q8_k::<IQ3_S_BYTES>(w, a, iq3_s_scales, iq3_s_value)
 }
 
 /// IQ3_XXS: as IQ3_S with [`iq3_xxs_value`] and the multipliers `1 + 2 s_ib` of
 /// [`iq3_xxs_scales`], then `0.25 · sum` (ggml's `ggml_vec_dot_iq3_xxs_q8_K` keeps the
 /// dequantizer's `(0.5 + s) · 0.5 = (1 + 2 s) / 4` as the odd integer and a final quarter).
 pub(super) fn iq3_xxs_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    0.25 * signed_grid_q8_k::<IQ3_XXS_BYTES>(w, a, iq3_xxs_scales, iq3_xxs_value)
+}
+
+/// The sum of the signed-grid formats (IQ3_S, IQ3_XXS) of `N`-byte super-blocks, from their
+/// eight odd multipliers and the signed value of element `j` of sub-block `ib`: per super-block
+/// `isum = Σ_ib multiplier_ib · Σ_j v_j · y_j`, then `sum += (d_w · d_a) · isum`.
+fn signed_grid_q8_k<const N: usize>(
+    w: &[u8],
+    a: &[BlockQ8K],
+    multipliers: fn(&[u8; N]) -> [u8; 8],
+    value: fn(&[u8; N], usize, usize) -> i8,
+) -> f32 {
     let mut sum = 0.0f32;
-    for (w, a) in weight_blocks::<IQ3_XXS_BYTES>(w).zip(a) {
-        let scales = iq3_xxs_scales(w);
+    for (w, a) in weight_blocks::<N>(w).zip(a) {
+        let scales = multipliers(w);
         let mut isum = 0i32;
         for (ib, y) in a.qs.chunks_exact(32).enumerate() {
             let s: i32 = y
                 .iter()
                 .enumerate()
-                .map(|(j, &y)| i32::from(iq3_xxs_value(w, ib, j)) * i32::from(y))
+                .map(|(j, &y)| i32::from(value(w, ib, j)) * i32::from(y))
                 .sum();
             isum += i32::from(scales[ib]) * s;
         }
         sum += (f16_le([w[0], w[1]]) * a.d) * isum as f32;
     }
-    0.25 * sum
+    sum
 }
